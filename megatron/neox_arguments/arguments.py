@@ -1,0 +1,225 @@
+"""NeoXArgs: every GPT-NeoX argument in one typed dataclass, loaded from YAML, validated, derived.
+
+Life cycle:
+  deepy.py:  NeoXArgs.from_ymls(paths)  -> read + merge YAML, map older names, check keys and types,
+             derive (world size, batch triple, precision, ...), validate, build the DeepSpeed config;
+             args.get_deepspeed_main_args() -> argv for deepspeed.launcher.runner, carrying the whole
+             config as one encoded argument.
+  workers:   NeoXArgs.consume_neox_args() -> the identical NeoXArgs, plus this process's rank.
+
+NeoXArgs is the union of the group dataclasses (one per section of the argument reference), so
+`args.num_layers` works as GPT-NeoX code expects and `dataclasses.fields(NeoXArgs)` lists every argument."""
+
+import argparse
+import base64
+import dataclasses
+import json
+import os
+import sys
+import typing
+import zlib
+from functools import lru_cache
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
+
+from megatron.neox_arguments.aliases import apply_aliases
+from megatron.neox_arguments.deepspeed_config import NeoXArgsDeepspeedConfig
+from megatron.neox_arguments.deepspeed_runner import NeoXArgsDeepspeedRunner
+from megatron.neox_arguments.derivation import (derive_batch, derive_model, derive_optimizer_and_zero,
+                                                derive_precision, derive_world)
+from megatron.neox_arguments.derived import NeoXArgsDerived
+from megatron.neox_arguments.ds_config import build_deepspeed_config
+from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.logging_args import NeoXArgsLogging
+from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
+from megatron.neox_arguments.lr_scheduler import NeoXArgsLRScheduler
+from megatron.neox_arguments.model import NeoXArgsModel
+from megatron.neox_arguments.moe import NeoXArgsMoE
+from megatron.neox_arguments.optimizer import NeoXArgsOptimizer
+from megatron.neox_arguments.other import NeoXArgsOther
+from megatron.neox_arguments.parallelism import NeoXArgsParallelism
+from megatron.neox_arguments.text_generation import NeoXArgsTextgen
+from megatron.neox_arguments.tokenizer import NeoXArgsTokenizer
+from megatron.neox_arguments.training import NeoXArgsTraining
+from megatron.neox_arguments.typecheck import coerce, describe
+from megatron.neox_arguments.validation import (derived_only_problems, model_problems, not_supported_problems,
+                                                parallelism_problems, training_problems, unknown_key_problems)
+
+ARGUMENT_GROUPS = (NeoXArgsParallelism, NeoXArgsModel, NeoXArgsOptimizer, NeoXArgsLRScheduler, NeoXArgsLogging,
+                   NeoXArgsOther, NeoXArgsTokenizer, NeoXArgsTraining, NeoXArgsTextgen, NeoXArgsMoE,
+                   NeoXArgsDeepspeedConfig, NeoXArgsDeepspeedRunner, NeoXArgsDerived)
+"""The argument groups in documentation order."""
+
+ENCODED_CONFIG_FLAG = "--neox_config"
+"""The worker argument that carries the whole validated config."""
+
+
+@dataclasses.dataclass
+class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
+    """All arguments; construct with from_ymls / from_dict (which validate), not directly."""
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_ymls(cls, paths: Sequence[str], overwrite_values: Optional[Mapping[str, Any]] = None) -> "NeoXArgs":
+        """Load, merge, validate and derive from YAML files; raises ConfigError listing every problem."""
+        values, origin, texts = read_config_files(paths)
+        values = merge_overrides(values, overwrite_values)
+        for key in overwrite_values or {}:
+            origin[normalize_key(key)] = "the command-line overrides"
+        if "config_files" not in values:
+            values["config_files"] = texts
+        return cls.from_dict(values, origin=origin)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], origin: Optional[Dict[str, str]] = None) -> "NeoXArgs":
+        """Validate and derive from a flat dict of arguments (keys with - or _)."""
+        values = {normalize_key(k): v for k, v in values.items()}
+        origin = dict(origin or {})
+        problems = apply_aliases(values, origin)
+        known = set(argument_types())
+        problems += unknown_key_problems(values, known, origin)
+        provided = set(values) & known
+        problems += derived_only_problems(provided)
+        clean: Dict[str, Any] = {}
+        for key in sorted(provided):
+            ok, value = coerce(values[key], argument_types()[key])
+            if ok:
+                clean[key] = value
+            else:
+                where = f" (in {origin[key]})" if key in origin else ""
+                problems.append(f"{key}={values[key]!r}{where} must be {describe(argument_types()[key])}")
+        if problems:
+            raise ConfigError(problems)
+        args = cls(**clean)
+        problems = args._derive_and_validate(provided)
+        if problems:
+            raise ConfigError(problems)
+        return args
+
+    def _derive_and_validate(self, provided: Set[str]) -> List[str]:
+        problems = not_supported_problems(self)
+        problems += derive_precision(self, provided)
+        problems += derive_optimizer_and_zero(self, provided)
+        problems += derive_world(self)
+        problems += derive_batch(self, provided)
+        problems += derive_model(self)
+        problems += model_problems(self)
+        problems += training_problems(self)
+        problems += parallelism_problems(self)
+        if not problems:
+            self.deepspeed_config, ds_problems = build_deepspeed_config(self)
+            problems += ds_problems
+        return problems
+
+    # ---- checks that depend on the script or the machine -------------------------------------------
+    def training_problems(self) -> List[str]:
+        """What train.py needs beyond a valid config (generate.py and eval.py do not need these)."""
+        problems = []
+        if self.train_iters is None and self.train_epochs is None:
+            problems.append("train_iters (or train_epochs) is required for training")
+        if self.optimizer is None:
+            problems.append("an optimizer dict is required for training, e.g. "
+                            "optimizer: {type: Adam, params: {lr: 0.0006, betas: [0.9, 0.95], eps: 1.0e-8}}")
+        has_data = self.data_path or self.train_data_paths
+        if not has_data:
+            problems.append("no training data: set data_path (or train_data_paths, valid_data_paths and "
+                            "test_data_paths)")
+        return problems
+
+    def check_device(self) -> None:
+        """Refuse what this worker's hardware cannot run (called where the workers start, not in deepy.py)."""
+        if self.precision == "fp16":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(["fp16 needs a CUDA GPU and this worker has none; on CPU use "
+                                   "bf16: {enabled: true} or fp32 (remove the fp16 dict)"])
+
+    # ---- launching ----------------------------------------------------------------------------
+    def get_deepspeed_main_args(self) -> List[str]:
+        """argv for deepspeed.launcher.runner: launcher options, the user script, the encoded config."""
+        from megatron.neox_arguments.launcher import deepspeed_runner_argv
+
+        return deepspeed_runner_argv(self)
+
+    def encode(self) -> str:
+        """The whole config as one command-line-safe string."""
+        payload = json.dumps(self.to_dict(), sort_keys=True).encode("utf-8")
+        return base64.urlsafe_b64encode(zlib.compress(payload, 9)).decode("ascii")
+
+    @classmethod
+    def decode(cls, encoded: str) -> "NeoXArgs":
+        """Inverse of encode(): the identical, already validated and derived arguments."""
+        try:
+            values = json.loads(zlib.decompress(base64.urlsafe_b64decode(encoded.encode("ascii"))))
+        except (ValueError, zlib.error) as exc:
+            raise ConfigError([f"{ENCODED_CONFIG_FLAG} is not a config encoded by deepy.py ({exc}); launch "
+                               f"workers through deepy.py"]) from None
+        unknown = set(values) - set(argument_types())
+        if unknown:
+            raise ConfigError([f"the encoded config has arguments this version does not know: {sorted(unknown)}; "
+                               f"deepy.py and the workers must run the same code"])
+        return cls(**values)
+
+    @classmethod
+    def consume_neox_args(cls, argv: Optional[Sequence[str]] = None,
+                          environ: Optional[Mapping[str, str]] = None) -> "NeoXArgs":
+        """In a worker: rebuild the launcher's NeoXArgs and fill this process's rank from the environment."""
+        parser = argparse.ArgumentParser(add_help=False)
+        parser.add_argument(ENCODED_CONFIG_FLAG, required=True)
+        parser.add_argument("--local_rank", type=int, default=None)
+        known, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+        args = cls.decode(known.neox_config)
+        env = os.environ if environ is None else environ
+        rank, local_rank, world_size = _ranks_from_environment(args, env)
+        args.rank = rank
+        args.local_rank = local_rank if local_rank is not None else known.local_rank
+        if world_size is not None:
+            args.world_size = world_size
+            if args.global_num_gpus is not None and world_size != args.global_num_gpus:
+                raise ConfigError([f"the launcher started {world_size} processes but the config was derived for "
+                                   f"global_num_gpus={args.global_num_gpus}; pass the same hostfile / num_gpus to "
+                                   f"deepy.py that the cluster provides"])
+        return args
+
+    # ---- conversions --------------------------------------------------------------------------
+    def to_dict(self) -> Dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def set_padded_vocab_size(self, tokenizer_vocab_size: int) -> int:
+        """Pad the tokenizer's vocabulary to a multiple of make_vocab_size_divisible_by x model_parallel_size
+        (so every tensor-parallel rank holds an equal slice); an explicit padded_vocab_size is kept if big enough."""
+        multiple = self.make_vocab_size_divisible_by * self.model_parallel_size
+        padded = -(-tokenizer_vocab_size // multiple) * multiple
+        if self.padded_vocab_size is not None:
+            if self.padded_vocab_size < tokenizer_vocab_size or self.padded_vocab_size % self.model_parallel_size:
+                raise ConfigError([f"padded_vocab_size={self.padded_vocab_size} must be >= the tokenizer's "
+                                   f"{tokenizer_vocab_size} tokens and divisible by model_parallel_size="
+                                   f"{self.model_parallel_size}"])
+            return self.padded_vocab_size
+        self.padded_vocab_size = padded
+        return padded
+
+
+def _ranks_from_environment(args: NeoXArgs, env: Mapping[str, str]):
+    """(rank, local_rank, world_size) from the variables of whichever launcher started us."""
+    if args.deepspeed_slurm:
+        names = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+    elif args.deepspeed_mpi:
+        names = next(((r, lr, w) for r, lr, w in (
+            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
+            ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_SIZE"),
+            ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE")) if r in env), ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    else:
+        names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    values = [int(env[n]) if n in env else None for n in names]
+    return values[0], values[1], values[2]
+
+
+@lru_cache(maxsize=None)
+def _resolved_types() -> Dict[str, Any]:
+    return typing.get_type_hints(NeoXArgs)
+
+
+def argument_types() -> Dict[str, Any]:
+    """Every argument name with its annotation."""
+    return _resolved_types()

@@ -1,0 +1,54 @@
+"""The argv deepy.py hands to DeepSpeed's runner (deepspeed.launcher.runner.main).
+
+Only options the user set are passed, so the runner's own defaults (e.g. /job/hostfile) stay in force.
+slurm's comment and account go through --launcher_args because upstream DeepSpeed's runner has no
+options of its own for them."""
+
+import os
+import shlex
+from typing import TYPE_CHECKING, List
+
+if TYPE_CHECKING:
+    from megatron.neox_arguments.arguments import NeoXArgs
+
+
+def deepspeed_runner_argv(args: "NeoXArgs") -> List[str]:
+    """Runner options, then the user script, then the encoded config for every worker."""
+    from megatron.neox_arguments.arguments import ENCODED_CONFIG_FLAG
+    from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE
+
+    if not args.user_script:
+        raise ValueError("user_script is not set; deepy.py sets it from its first argument")
+    argv: List[str] = []
+    if args.hostfile:
+        argv += ["--hostfile", args.hostfile]
+    if args.include:
+        argv += ["--include", args.include]
+    if args.exclude:
+        argv += ["--exclude", args.exclude]
+    if args.num_nodes is not None and args.num_nodes > 0:
+        argv += ["--num_nodes", str(args.num_nodes)]
+    if args.num_gpus is not None:
+        argv += ["--num_gpus", str(args.num_gpus)]
+    elif not args.hostfile and not os.path.isfile(DEFAULT_HOSTFILE) and args.global_num_gpus is not None:
+        # One node: left alone, the runner starts a rank per device, or per NUMA node on CPU; state the
+        # count the config was derived for.
+        argv += ["--num_gpus", str(args.global_num_gpus)]
+    argv += ["--master_port", str(args.master_port)]
+    if args.master_addr:
+        argv += ["--master_addr", args.master_addr]
+    argv += ["--launcher", args.launcher]
+    launcher_args: List[str] = []
+    if args.comment:
+        launcher_args += ["--comment", args.comment]
+    if args.account:
+        launcher_args += ["--account", args.account]
+    if launcher_args:
+        argv += ["--launcher_args", shlex.join(launcher_args)]
+    if args.force_multi:
+        argv.append("--force_multi")
+    if args.no_ssh_check:
+        argv.append("--no_ssh_check")
+    argv.append(args.user_script)
+    argv += [ENCODED_CONFIG_FLAG, args.encode()]
+    return argv

@@ -1,0 +1,165 @@
+"""NeoXArgsLogging: Console, tensorboard, wandb and comet logging, profiling.
+
+Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
+
+from dataclasses import dataclass
+from typing import List, Literal, Optional, Union  # noqa: F401
+
+
+@dataclass
+class NeoXArgsLogging:
+    """Console, tensorboard, wandb and comet logging, profiling."""
+
+    use_wandb: Optional[bool] = None
+    """
+    Flag indicating if wandb is to be used.
+    """
+
+    wandb_group: Optional[str] = None
+    """
+    Weights and Biases group name - used to group together "runs".
+    """
+
+    wandb_run_name: Optional[str] = None
+    """
+    Weights and Biases run name (deepy.py --wandb_run_name); wandb picks a random name when unset.
+    """
+
+    wandb_team: Optional[str] = None
+    """
+    Team name for Weights and Biases.
+    """
+
+    wandb_project: str = 'neox'
+    """
+    wandb project name
+    """
+
+    wandb_host: str = 'https://api.wandb.ai'
+    """
+    url of the wandb host
+    """
+
+    wandb_init_all_ranks: bool = False
+    """
+    Initialize wandb on all ranks.
+    """
+
+    git_hash: str = '62c9738a'
+    """
+    current git hash of repository
+    """
+
+    log_dir: Optional[str] = None
+    """
+    Directory to save logs to.
+    """
+
+    tensorboard_dir: Optional[str] = None
+    """
+    Write TensorBoard logs to this directory.
+    """
+
+    use_comet: Optional[bool] = None
+    """
+    Flag indicating if comet is to be used.
+    """
+
+    comet_workspace: Optional[str] = None
+    """
+    Comet workspace name, if not configured Comet Experiments will be created in the user configured
+    default workspace.
+    """
+
+    comet_project: Optional[str] = None
+    """
+    Comet project name, if not configured Comet Experiments will be created in the Uncategorized
+    Experiments project.
+    """
+
+    comet_experiment_name: Optional[str] = None
+    """
+    Custom name for the Comet experiment. If not provided, a random name is used.
+    """
+
+    comet_tags: Optional[list] = None
+    """
+    List of tags to attach to the created Comet Experiment.
+    """
+
+    comet_others: Optional[dict] = None
+    """
+    Custom metadata to attach to the created Comet Experiment.
+    """
+
+    log_interval: int = 100
+    """
+    Interval between logging.
+    """
+
+    log_grad_pct_zeros: bool = False
+    """
+    Log the percentage of zeros for the gradient of each parameter to wandb / tensorboard (useful for
+    debugging). Needs wandb_init_all_ranks set to True if using pipeline parallelism to log all ranks.
+    """
+
+    log_param_norm: bool = False
+    """
+    Log the frob norm of the parameters to wandb / tensorboard (useful for debugging). Needs
+    wandb_init_all_ranks set to True if using pipeline parallelism to log all ranks.
+    """
+
+    log_grad_norm: bool = False
+    """
+    Log the frob norm of the gradients to wandb / tensorboard (useful for debugging). (N.B - this will
+    only work with pp = 0 for now, as we don't have access to the gradients of the model because
+    deepspeed.)
+    """
+
+    log_optimizer_states: bool = False
+    """
+    Log the frob norm of the optimizer states to wandb / tensorboard (useful for debugging).
+    """
+
+    log_gradient_noise_scale: bool = False
+    """
+    Whether to log the gradient noise scale when training (cf. https://arxiv.org/abs/1812.06162 for
+    explanation)
+    """
+
+    gradient_noise_scale_n_batches: int = 5
+    """
+    Number of batches to accumulate gradients for in the gradient noise scale logger.
+    """
+
+    gradient_noise_scale_cpu_offload: bool = False
+    """
+    Whether to offload the buffered gradients to cpu when measuring gradient noise scale.
+    """
+
+    memory_profiling: bool = False
+    """
+    Whether to take a memory snapshot of the model. Useful for debugging memory issues.
+    """
+
+    memory_profiling_path: Optional[str] = None
+    """
+    Path to save memory snapshot to.
+    """
+
+    profile: bool = False
+    """
+    Enable nsys profiling. When using this option, nsys options should be specified in commandline. An
+    example nsys commandline is ``` nsys profile -s none -t nvtx,cuda -o <path/to/output_file> --force-
+    overwrite true --capture-range=cudaProfilerApi --capture-range-end=stop ```
+    """
+
+    profile_step_start: int = 10
+    """
+    Step to start profiling at.
+    """
+
+    profile_step_stop: int = 12
+    """
+    Step to stop profiling at.
+    """

@@ -1,0 +1,364 @@
+"""NeoXArgsModel: The shape and building blocks of the transformer.
+
+Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
+
+from dataclasses import dataclass
+from typing import List, Literal, Optional, Union  # noqa: F401
+
+
+@dataclass
+class NeoXArgsModel:
+    """The shape and building blocks of the transformer."""
+
+    precision: Optional[Literal['fp16', 'fp32', 'bfloat16']] = None
+    """
+    description of the used precision, either one of fp16 or fp32 (and in the future bf16).
+    """
+
+    num_layers: Optional[int] = None
+    """
+    Number of transformer layers.
+    """
+
+    hidden_size: Optional[int] = None
+    """
+    Transformer hidden size.
+    """
+
+    intermediate_size: Optional[int] = None
+    """
+    Transformer intermediate size. Default = 4h
+    """
+
+    mlp_multiple_of: int = 1
+    """
+    force mlp size to be a multiple of this value
+    """
+
+    expansion_factor: Optional[float] = None
+    """
+    Transformer intermediate size. Default = 4
+    """
+
+    num_attention_heads: Optional[int] = None
+    """
+    Number of transformer attention heads. If num_kv_heads is set, will control only number of query
+    heads.
+    """
+
+    num_kv_heads: Optional[int] = None
+    """
+    Number of transformer key/value attention heads. If set to None or the same value as
+    num_attention_heads, will perform multi-head attention (MHA). If set to < num_attention_heads but >
+    1, will perform grouped-query attention (GQA) (https://arxiv.org/pdf/2305.13245.pdf) If set to 1,
+    will perform multi-query attention. Must be < num_attention_heads and divide num_attention_heads
+    evenly.
+    """
+
+    seq_length: Optional[int] = None
+    """
+    Maximum sequence length to process.
+    """
+
+    sliding_window_width: Optional[int] = None
+    """
+    Width of the attention sliding window. Only supported with Flash Attention 2.
+    """
+
+    max_position_embeddings: Optional[int] = None
+    """
+    Maximum number of position embeddings to use. This is the size of position embedding.
+    """
+
+    norm: Literal['layernorm', 'rmsnorm', 'scalenorm', 'te_rmsnorm', 'te_layernorm'] = 'layernorm'
+    """
+    Normalization layer to use. Choose from "layernorm", "rmsnorm", "scalenorm", "te_rmsnorm",
+    "te_layernorm".
+    """
+
+    layernorm_fusion: bool = False
+    """
+    Use fused layer norm kernel (if `norm` is `layernorm`).
+    """
+
+    rmsnorm_fusion: bool = False
+    """
+    Use fused RMS norm kernel (if `norm` is `rmsnorm`).
+    """
+
+    use_qk_layernorm: bool = False
+    """
+    Use QK Normalization
+    """
+
+    layernorm_epsilon: float = 1e-05
+    """
+    Layer norm epsilon.
+    """
+
+    rms_norm_epsilon: float = 1e-08
+    """
+    Root mean squared norm epsilon
+    """
+
+    scalenorm_epsilon: float = 1e-08
+    """
+    Scalenorm epsilon
+    """
+
+    pos_emb: Literal['learned', 'rotary', 'sinusoidal', 'rpe', 'alibi', 'none'] = 'learned'
+    """
+    Type of positional embedding to use - choose from 'learned', 'rotary', 'sinusoidal', 'rpe', 'none'
+    """
+
+    rpe_num_buckets: int = 32
+    """
+    T5 relative positional encoding number of buckets, default 32.
+    """
+
+    rpe_max_distance: int = 128
+    """
+    T5 relative positional encoding max distance, default 128.
+    """
+
+    opt_pos_emb_offset: int = 0
+    """
+    Learned position embedding offset (only used by OPT, where it should be set to 2).
+    """
+
+    no_weight_tying: bool = False
+    """
+    Disables weight tying between embedding weights and final Linear layer
+    """
+
+    attention_config: Optional[list] = None
+    """
+    Attention configuration for gpt-neox The first item in the list specifies the attention type(s), and
+    should be a list of strings. The second item specifies the number of times to repeat those attention
+    types in the full list. attention type choices:  [global, local, sparse_fixed, sparse_variable,
+    bslongformer, bigbird, "gmlp", "amlp", "flash", "mamba", "rwkv"] So a 12 layer network with only
+    global attention could be specified like: [[[`global`], 12]] or a 12 layer network with alternating
+    global / local like: [[[`global`, `local`], 6]] If none is specified, this defaults to [[[`global`],
+    n_layers]]
+    """
+
+    sparsity_config: Optional[dict] = None
+    """
+    Sparsity configuration dict as defined in https://www.deepspeed.ai/docs/config-json/#sparse-
+    attention Note that since neox is autoregressive, attention is always "unidirectional" and
+    `horizontal_global_attention` is always false. The main difference between our sparsity config and
+    deepspeed's is that `mode` is ignored - since it is instead specified in attention_config defining
+    each layer. An example config is given below: "sparse_attention": { "block": 16,
+    "different_layout_per_head": true, "num_local_blocks": 4, "num_global_blocks": 1,
+    "num_different_global_patterns": 4, "num_random_blocks": 0, "local_window_blocks": [4],
+    "global_block_indices": [0], "global_block_end_indices": None, "num_sliding_window_blocks": 3 }
+    """
+
+    num_unique_layers: Optional[int] = None
+    """
+    Number of unique transformer layers. num-layers should be divisible by this value. Currently only
+    has an effect when pipe_parallel_size=0.
+    """
+
+    param_sharing_style: str = 'grouped'
+    """
+    Ordering of the shared parameters. For example, for a num-layers=4 and --num-unique-layers=2, we
+    will have the following ordering for two unique layers 1 and 2-: grouped: [1, 2, 1, 2] and spaced:
+    [1, 1, 2, 2].
+    """
+
+    make_vocab_size_divisible_by: int = 128
+    """
+    Pad the vocab size to be divisible by this value. This is added for computational efficiency
+    reasons.
+    """
+
+    activation: Literal['gelu', 'geglu', 'relu', 'softsign', 'swish', 'mish', 'silu', 'reglu', 'swiglu', 'bilinear', 'glu'] = 'gelu'
+    """
+    Activation function to use - choose from ["gelu", "geglu", "relu", "softsign", "swish", "mish",
+    "silu", "reglu", "swiglu", "bilinear", "glu"]
+    """
+
+    use_flashattn_swiglu: bool = False
+    """
+    Use flash attention's version of swiglu
+    """
+
+    scaled_upper_triang_masked_softmax_fusion: bool = False
+    """
+    Enable fusion of query_key_value_scaling time (upper diagonal) masking and softmax.
+    """
+
+    scaled_masked_softmax_fusion: bool = False
+    """
+    Enable fusion of query_key_value_scaling general masking and softmax.
+    """
+
+    bias_gelu_fusion: bool = False
+    """
+    Enable bias and gelu fusion.
+    """
+
+    bias_dropout_fusion: bool = False
+    """
+    Enable bias and dropout fusion.
+    """
+
+    rope_fusion: bool = False
+    """
+    Enable rotary embedding fusion.
+    """
+
+    fp16_lm_cross_entropy: bool = False
+    """
+    Move the cross entropy unreduced loss calculation for lm head to fp16.
+    """
+
+    init_method_std: float = 0.02
+    """
+    Standard deviation of the zero mean normal distribution used for weight initialization.
+    """
+
+    apply_query_key_layer_scaling: bool = False
+    """
+    Scale Q * K^T by 1 / layer-number. If this flag is set, then it will automatically set attention-
+    softmax-in-fp32 to true
+    """
+
+    use_cpu_initialization: bool = False
+    """
+    If set, affine parallel weights initialization uses CPU
+    """
+
+    attention_softmax_in_fp32: bool = False
+    """
+    Run attention masking and softmax in fp32.
+    """
+
+    rotary_pct: float = 1.0
+    """
+    pct of hidden dims to apply rotary positional embedding to
+    """
+
+    rotary_emb_base: int = 10000
+    """
+    Base for rotary positional embedding
+    """
+
+    rotary_save_freqs_buffer: bool = False
+    """
+    Used to control whether the `inv_freqs` buffer in rotary embeddings will be stored in checkpoints
+    (persistent=True) or not. Defaults to false, but is left configurable to maintain backward-
+    compatibility with GPT-NeoX checkpoints that were trained with this flag.
+    """
+
+    init_method: Literal['normal', 'scaled_normal', 'orthogonal', 'scaled_orthogonal', 'xavier_uniform', 'xavier_normal', 'wang_init', 'small_init', 'single_residual_scaled_normal'] = 'normal'
+    """
+    Init function used on all layers except ff residual outputs - choose from ["normal",
+    "scaled_normal", "orthogonal", "scaled_orthogonal", "xavier_uniform", "xavier_normal", "wang_init",
+    "small_init"]
+    """
+
+    output_layer_init_method: Literal['normal', 'scaled_normal', 'orthogonal', 'scaled_orthogonal', 'xavier_uniform', 'xavier_normal', 'wang_init', 'small_init', 'single_residual_scaled_normal'] = 'scaled_normal'
+    """
+    Init function used for ff residual outputs - choose from ["normal", "scaled_normal", "orthogonal",
+    "scaled_orthogonal", "xavier_uniform", "xavier_normal", "wang_init", "small_init"]
+    """
+
+    gmlp_attn_dim: int = 64
+    """
+    the dimension of the single head self attention in gmlp model (not used in gpt models). If None -
+    gmlp model doesn't use attention.
+    """
+
+    gpt_j_residual: bool = False
+    """
+    If false, we use the conventional residual path: x = x + attn(ln1(x)) x = x + mlp(ln2(x)) Otherwise,
+    we use the residual path from GPT-J, which offers a slight speedup: x = ln(x) x = x + attn(x) +
+    mlp(x)
+    """
+
+    gpt_j_tied: bool = False
+    """
+    If false, we use x = x + attn(ln1(x)) + mlp(ln2(x)) Otherwise, we tie the layer norms y = ln(x) x =
+    x + attn(y) + mlp(y)
+    """
+
+    use_bias_in_norms: bool = True
+    """
+    If false, norms (e.g. LayerNorm) will not have bias terms
+    """
+
+    use_bias_in_attn_linear: bool = True
+    """
+    If false, attn_linear (e.g. QKVO) will not have bias terms
+    """
+
+    use_bias_in_mlp: bool = True
+    """
+    If false, mlps will not have bias terms
+    """
+
+    soft_prompt_tuning: Optional[dict] = None
+    """
+    Dictionary configuring the soft prompt tuning parameters. If enabled, will train *only* the soft
+    prompt, and freezes the rest of the model. parameters in the dict are: 'enabled': bool = True #
+    enables soft prompting 'num_tokens': int = 10 # length of the soft prompt in tokens 'init_string':
+    str = '' # if provided, initialize the soft prompt with the word embeddings of this string
+    'init_range': float = 0.5 # if no init string is provided, initialize the soft prompt with a uniform
+    distribution between -init_range and init_rang
+    """
+
+    mamba_selective_scan_fusion: bool = False
+    """
+    Enable fused kernels for Mamba selective scan.
+    """
+
+    mamba_causal_conv_fusion: bool = False
+    """
+    Enable fused kernels for Mamba causal Conv1d.
+    """
+
+    mamba_inner_func_fusion: bool = False
+    """
+    Enable fused inner operator for Mamba. (Supersedes conv. and selective scan fusion flags, requires
+    each of those kernels to be installed.)
+    """
+
+    mamba_selective_fp32_params: bool = True
+    """
+    Keep selected parameters in fp32 for Mamba (A and D). Requires
+    https://github.com/EleutherAI/DeeperSpeed/pull/61 .
+    """
+
+    mamba_use_bias_in_conv: bool = True
+    """
+    If false, conv1d in mamba block will not have bias term
+    """
+
+    mamba_use_bias_in_linears: bool = False
+    """
+    Enable bias terms in mamba block up- and down- projections (in_proj and out_proj).
+    """
+
+    output_layer_parallelism: Literal['column'] = 'column'
+    """
+    Parameter controlling whether the output layer is parallelized over the hidden dim (row) or the
+    vocab dim (column)
+    """
+
+    dim_att: Optional[int] = None
+    """
+    Total dimension of the attention mechanism for RWKV. If not set, defaults to hidden_size.
+    """
+
+    head_size: Optional[int] = None
+    """
+    Size of each attention head for RWKV. Calculated as dim_att // num_attention_heads.
+    """
+
+    ffn_dim: Optional[int] = None
+    """
+    Dimension of the feed-forward network for RWKV. If not set, calculated based on hidden_size and
+    expansion_factor.
+    """

@@ -1,0 +1,129 @@
+"""NeoXArgsOther: Process-level settings: backend, seeds, ranks, what to run.
+
+Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
+
+from dataclasses import dataclass
+from typing import List, Literal, Optional, Union  # noqa: F401
+
+
+@dataclass
+class NeoXArgsOther:
+    """Process-level settings: backend, seeds, ranks, what to run."""
+
+    distributed_backend: Literal['nccl', 'gloo', 'mpi'] = 'nccl'
+    """
+    Which backend to use for distributed training.
+    """
+
+    local_rank: Optional[int] = None
+    """
+    local rank passed from distributed launcher.
+    """
+
+    rank: Optional[int] = None
+    """
+    global rank of process being run (passed in via distributed launcher)
+    """
+
+    lazy_mpu_init: bool = False
+    """
+    If set to True, initialize_megatron() skips DDP initialization and returns function to complete it
+    instead. Also turns on use-cpu-initialization flag. This is for external DDP manager.
+    """
+
+    short_seq_prob: float = 0.1
+    """
+    Probability of producing a short sequence.
+    """
+
+    eod_mask_loss: bool = False
+    """
+    Mask loss for the end of document tokens.
+    """
+
+    adlr_autoresume: bool = False
+    """
+    Enable auto-resume on adlr cluster.
+    """
+
+    adlr_autoresume_interval: int = 1000
+    """
+    Intervals over which check for auto-resume termination signal
+    """
+
+    seed: int = 1234
+    """
+    Random seed used for python, numpy, pytorch, and cuda.
+    """
+
+    onnx_safe: bool = False
+    """
+    Use workarounds for known problems with Torch ONNX exporter
+    """
+
+    deepscale: bool = False
+    """
+    (Deprecated) enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)'
+    """
+
+    deepscale_config: Optional[str] = None
+    """
+    (Deprecated) deepscale json configuration file.
+    """
+
+    deepspeed_mpi: bool = False
+    """
+    Run via MPI, this will attempt to discover the necessary variables to initialize torch distributed
+    from the MPI environment
+    """
+
+    deepspeed_slurm: bool = False
+    """
+    Run via SLURM, this will attempt to discover the necessary variables to initialize torch distributed
+    from the SLURM environment
+    """
+
+    user_script: Optional[str] = None
+    """
+    user script to be run
+    """
+
+    iteration: Optional[int] = None
+    """
+    Set during training
+    """
+
+    do_train: Optional[bool] = None
+    """
+    Set during training
+    """
+
+    do_valid: Optional[bool] = None
+    """
+    Set during training
+    """
+
+    do_test: Optional[bool] = None
+    """
+    Set during training
+    """
+
+    save_iters: Optional[list] = None
+    """
+    Set during training
+    """
+
+    global_num_gpus: Optional[int] = None
+    """
+    Set during launching
+    """
+
+    reset_position_ids: bool = False
+    """
+    Restart position ids after each end-of-document token (older GPT-NeoX argument, still honoured).
+    """
+
+    reset_attention_mask: bool = False
+    """
+    Block attention across end-of-document tokens (older GPT-NeoX argument, still honoured).
+    """

@@ -1,0 +1,86 @@
+"""NeoXArgsTextgen: Sampling and evaluation settings for generate.py and eval.py.
+
+Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
+
+from dataclasses import dataclass
+from typing import List, Literal, Optional, Union  # noqa: F401
+
+
+@dataclass
+class NeoXArgsTextgen:
+    """Sampling and evaluation settings for generate.py and eval.py."""
+
+    text_gen_type: Optional[Literal['unconditional', 'input-file', 'interactive', 'precompute']] = None
+    """
+    How to generate text/sample the model. Options: `unconditional`, `input-file`, `interactive`,
+    `precompute`
+    """
+
+    precompute_model_name: Optional[str] = None
+    """
+    Model name to use for saving precomputed logprobs
+    """
+
+    temperature: float = 0.0
+    """
+    exponential scaling output distribution ("higher == more risk")
+    """
+
+    top_p: float = 0.0
+    """
+    Top-p (nucleus) sampling chooses from the smallest possible set of tokens whose cumulative
+    probability exceeds the probability top_p.
+    """
+
+    top_k: int = 0
+    """
+    integer between 0 and the models vocab size. Filters out any logits with a probability less than
+    that of the top_kth token.
+    """
+
+    return_logits: bool = False
+    """
+    Boolean for whether to return the logits for generated tokens
+    """
+
+    maximum_tokens: int = 64
+    """
+    maximum number of tokens to be generated
+    """
+
+    prompt_end: str = ''
+    """
+    a single prompt's end. Defaults to newline
+    """
+
+    sample_input_file: Optional[str] = None
+    """
+    Get input from file instead of interactive mode, each line is an input.
+    """
+
+    sample_output_file: str = 'samples.txt'
+    """
+    Output file
+    """
+
+    num_samples: int = 1
+    """
+    Number of samples to generate unconditionally, defaults to 1 and interactive conditional sampling
+    """
+
+    recompute: bool = False
+    """
+    During generation recompute all attention instead of using previously computed keys/values. Should
+    be set to true for sparse attention models
+    """
+
+    eval_results_prefix: str = ''
+    """
+    prefix to which to save evaluation results - final fp will be {eval_results_prefix}_eval_results_yy-
+    mm-dd-HH-MM.json
+    """
+
+    eval_tasks: Optional[list] = None
+    """
+    Tasks to evaluate on using lm_eval_harness NOTE: Requires internet connection
+    """

@@ -1,0 +1,507 @@
+"""NeoXArgsTraining: Data, checkpoints, iteration counts, regularisation and precision-related training knobs.
+
+Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
+
+from dataclasses import dataclass
+from typing import List, Literal, Optional, Union  # noqa: F401
+
+
+@dataclass
+class NeoXArgsTraining:
+    """Data, checkpoints, iteration counts, regularisation and precision-related training knobs."""
+
+    data_path: Optional[str] = None
+    """
+    Path to combined dataset to split.
+    """
+
+    use_shared_fs: bool = True
+    """
+    Whether to use a shared filesystem for data loading. If False, local rank 0 on all nodes will
+    preprocess the data, otherwise only global rank 0 will preprocess the data. This is implemented in
+    megatron/data/gpt2_dataset.py::_build_index_mappings.
+    """
+
+    train_data_paths: Optional[list] = None
+    """
+    List of paths to train datasets.
+    """
+
+    train_label_data_paths: Optional[list] = None
+    """
+    List of paths to train label datasets (not shifted by 1 yet!).
+    """
+
+    train_reward_data_paths: Optional[list] = None
+    """
+    List of paths to train reward datasets
+    """
+
+    test_data_paths: Optional[list] = None
+    """
+    List of paths to test datasets.
+    """
+
+    test_label_data_paths: Optional[list] = None
+    """
+    List of paths to test label datasets (not shifted by 1 yet!).
+    """
+
+    test_reward_data_paths: Optional[list] = None
+    """
+    List of paths to test reward datasets
+    """
+
+    valid_data_paths: Optional[list] = None
+    """
+    List of paths to validation datasets.
+    """
+
+    valid_label_data_paths: Optional[list] = None
+    """
+    List of paths to validation label datasets (not shifted by 1 yet!).
+    """
+
+    valid_reward_data_paths: Optional[list] = None
+    """
+    List of paths to validation reward datasets
+    """
+
+    pos_train_data_paths: Optional[list] = None
+    """
+    """
+
+    neg_train_data_paths: Optional[list] = None
+    """
+    List of paths to positive and negative training datasets.
+    """
+
+    pos_train_label_data_paths: Optional[list] = None
+    """
+    """
+
+    neg_train_label_data_paths: Optional[list] = None
+    """
+    List of paths to positive and negative training label datasets (not shifted by 1 yet!).
+    """
+
+    pos_valid_data_paths: Optional[list] = None
+    """
+    """
+
+    neg_valid_data_paths: Optional[list] = None
+    """
+    List of paths to positive and negative validation datasets.
+    """
+
+    pos_valid_label_data_paths: Optional[list] = None
+    """
+    """
+
+    neg_valid_label_data_paths: Optional[list] = None
+    """
+    List of paths to positive and negative validation label datasets (not shifted by 1 yet!).
+    """
+
+    pos_test_data_paths: Optional[list] = None
+    """
+    """
+
+    neg_test_data_paths: Optional[list] = None
+    """
+    List of paths to positive and negative test datasets.
+    """
+
+    pos_test_label_data_paths: Optional[list] = None
+    """
+    """
+
+    neg_test_label_data_paths: Optional[list] = None
+    """
+    List of paths to positive and negative test label datasets (not shifted by 1 yet!).
+    """
+
+    train_data_weights: Optional[list] = None
+    """
+    List of 'weights' that decide how often to sample from each training dataset when blending datasets.
+    If None, defaults to equal weighting. Should be a list the same length as `train_data_paths`
+    """
+
+    valid_data_weights: Optional[list] = None
+    """
+    List of 'weights' that decide how often to sample from each validation dataset when blending
+    datasets. If None, defaults to equal weighting. Should be a list the same length as
+    `valid_data_paths`
+    """
+
+    test_data_weights: Optional[list] = None
+    """
+    List of 'weights' that decide how often to sample from each test dataset when blending datasets. If
+    None, defaults to equal weighting. Should be a list the same length as `test_data_paths`
+    """
+
+    weight_by_num_documents: bool = False
+    """
+    If True, Builds dataset weights from a multinomial distribution over groups of data according to the
+    number of documents in each group. WARNING: setting this to True will override any user provided
+    weights We sample from a group according to the probability p(L) ∝ |L| ** α, where p(L) is the
+    probability of sampling from a given group, |L| is the number of examples in that datapoint, and α
+    is a coefficient that acts to upsample data from underrepresented groups Hence α (`alpha`) allows us
+    to control how much to 'boost' the probability of training on low-resource groups. See
+    https://arxiv.org/abs/1911.02116 for more details
+    """
+
+    weighted_sampler_alpha: float = 1.0
+    """
+    Alpha value for `weight_by_num_documents`. Only has an effect if `weight_by_num_documents` = True.
+    when alpha = 1, the probability of sampling from a given group = n_samples / total_samples as alpha
+    -> 0, the probability of sampling from all groups becomes equal, and number of documents has no
+    effect as alpha -> inf, the probability of sampling from the groups with *the most samples* -> 1
+    """
+
+    data_impl: Literal['infer', 'mmap', 'cached'] = 'infer'
+    """
+    Implementation of indexed datasets, can be one of "infer", "cached", or "mmap"
+    """
+
+    pack_impl: Literal['packed', 'pack_until_overflow', 'unpacked'] = 'packed'
+    """
+    Packing implementation, can be one of "packed", "pack_until_overflow", or "unpacked". warning:
+    pack_until_overflow is very naive and will likely have issues with pretraining scale datasets
+    """
+
+    dataset_impl: Literal['gpt2', 'pairwise'] = 'gpt2'
+    """
+    Dataset implementation, can be one of "gpt2" or "pairwise"
+    """
+
+    train_impl: Literal['normal', 'dpo', 'rm', 'kto'] = 'normal'
+    """
+    Training implementation, can be one of "normal", "dpo", "kto", or "rm"
+    """
+
+    dpo_fp32: bool = True
+    """
+    Whether to cast logits to fp32 for DPO loss calculation.
+    """
+
+    dpo_reference_free: bool = False
+    """
+    Whether to use reference-free DPO.
+    """
+
+    dpo_beta: float = 0.1
+    """
+    Beta value for DPO
+    """
+
+    kto_fp32: bool = True
+    """
+    Whether to cast logits to fp32 for KTO loss calculation.
+    """
+
+    kto_desirable_weight: float = 1.0
+    """
+    Weight for desirable loss in KTO. Might help if you have unbalanced desirable and undesirable
+    classes.
+    """
+
+    kto_undesirable_weight: float = 1.0
+    """
+    Weight for undesirable loss in KTO. Might help if you have unbalanced desirable and undesirable
+    classes.
+    """
+
+    kto_beta: float = 0.1
+    """
+    Beta value for KTO
+    """
+
+    allow_chopped: bool = True
+    """
+    WARNING: if your packing impl is packed, this is ignored. Allow chopped samples in the dataset. (e.g
+    if your sequence length is 1024 and you have a sample of length 1026, it will be chopped to 1024)
+    """
+
+    mmap_warmup: bool = False
+    """
+    Warm up mmap files.
+    """
+
+    save: Optional[str] = None
+    """
+    Output directory to save checkpoints to.
+    """
+
+    s3_path: Optional[str] = None
+    """
+    Path to s3 bucket for saving checkpoints.
+    """
+
+    s3_chunk_size: int = 104857600
+    """
+    The number of bytes in each file chunk when uploading to s3. Defaults to 100MiB.
+    """
+
+    config_files: Optional[dict] = None
+    """
+    Store of original config files mapping config filename to file contents
+    """
+
+    load: Optional[str] = None
+    """
+    Directory containing a model checkpoint.
+    """
+
+    checkpoint_validation_with_forward_pass: bool = False
+    """
+    save input and output of a forward pass with the checkpoint and validate after load
+    """
+
+    checkpoint_scale: Literal['linear', 'log'] = 'linear'
+    """
+    How step at which checkpoints are saved should scale. "linear" implies 1 checkpoint will be saved at
+    every multiple of `checkpoint-factor`, while "log" implies that the number of steps between each
+    checkpoint will be multiplied by `checkpoint-factor` at each step, starting from step 1.
+    """
+
+    checkpoint_factor: Optional[int] = None
+    """
+    Acts as a multiplier on either the "log" or "linear" checkpoint spacing. With `checkpoint-
+    scale="linear"`, `checkpoint-factor=20`, and `train-iters=100`, checkpoints will be saved at steps
+    [20, 40, 60, 80, 100]. With `checkpoint-scale="log"`, `checkpoint-factor=2`, and `train-iters=100`,
+    checkpoints will be saved at steps [1, 2, 4, 8, 16, 32, 64, 100]. Note that the last checkpoint step
+    is always saved.
+    """
+
+    extra_save_iters: Optional[list] = None
+    """
+    Additional iterations when a checkpoint should be saved. Must be a list of ints or `None`.
+    """
+
+    no_save_optim: bool = False
+    """
+    Do not save current optimizer.
+    """
+
+    no_save_rng: bool = False
+    """
+    Do not save current rng state.
+    """
+
+    no_load_optim: bool = False
+    """
+    Do not load optimizer when loading checkpoint.
+    """
+
+    no_load_rng: bool = False
+    """
+    Do not load rng state when loading checkpoint.
+    """
+
+    finetune: bool = False
+    """
+    Load model for finetuning. Do not load optimizer or rng state from checkpoint and set iteration to
+    0. Assumed when loading a release checkpoint.
+    """
+
+    batch_size: Optional[int] = None
+    """
+    training microbatch size per gpu
+    """
+
+    train_iters: Optional[int] = None
+    """
+    Number of iterations to run for training.
+    """
+
+    train_epochs: Optional[int] = None
+    """
+    Number of epochs to run for training. Do not specify both train_epochs and train_iters. Not
+    currently compatible with data reweighing, pairwise datasets, and packing other than 'packed'
+    """
+
+    eval_iters: int = 100
+    """
+    Number of iterations to run for evaluation validation/test for.
+    """
+
+    keep_last_n_checkpoints: Optional[int] = None
+    """
+    Number of last checkpoints to keep
+    """
+
+    eval_interval: int = 1000
+    """
+    Interval between running evaluation on validation set.
+    """
+
+    split: str = '969, 30, 1'
+    """
+    Comma_separated list of proportions for training, validation, and test split. For example the split
+    90,5,5 will use 90% of data for training, 5% for validation and 5% for test.
+    """
+
+    vocab_file: Optional[str] = None
+    """
+    Path to the vocab file.
+    """
+
+    merge_file: Optional[str] = None
+    """
+    Path to the BPE merge file.
+    """
+
+    num_workers: int = 2
+    """
+    Dataloader number of workers.
+    """
+
+    exit_interval: Optional[int] = None
+    """
+    Exit the program after the iteration is divisible by this value.
+    """
+
+    attention_dropout: float = 0.0
+    """
+    Post attention dropout probability.
+    """
+
+    hidden_dropout: float = 0.0
+    """
+    Dropout probability for hidden state transformer.
+    """
+
+    weight_decay: float = 0.1
+    """
+    Weight decay coefficient for L2 regularization.
+    """
+
+    checkpoint_activations: bool = False
+    """
+    Checkpoint activation to allow for training with larger models, sequences, and batch sizes.
+    """
+
+    checkpoint_num_layers: int = 1
+    """
+    Chunk size (number of layers) for checkpointing.
+    """
+
+    deepspeed_activation_checkpointing: bool = True
+    """
+    DEPRECATED - TODO: remove Uses activation checkpointing from deepspeed
+    """
+
+    contiguous_checkpointing: bool = False
+    """
+    Contiguous memory checkpointing for activations.
+    """
+
+    checkpoint_in_cpu: bool = False
+    """
+    Move the activation checkpoints to CPU.
+    """
+
+    synchronize_each_layer: bool = False
+    """
+    does a synchronize at the beginning and end of each checkpointed layer.
+    """
+
+    profile_backward: bool = False
+    """
+    Enables backward pass profiling for checkpointed layers.
+    """
+
+    partition_activations: bool = False
+    """
+    Partition Activations across GPUs before checkpointing.
+    """
+
+    clip_grad: float = 1.0
+    """
+    Gradient clipping based on global L2 norm.
+    """
+
+    hysteresis: int = 2
+    """
+    hysteresis for dynamic loss scaling
+    """
+
+    dynamic_loss_scale: Optional[bool] = None
+    """
+    flag indicating whether dynamic loss scale is used
+    """
+
+    loss_scale: Optional[float] = None
+    """
+    Static loss scaling, positive power of 2 values can improve fp16 convergence. If None, dynamic loss
+    scaling is used.
+    """
+
+    loss_scale_window: float = 1000.0
+    """
+    Window over which to raise/lower dynamic scale.
+    """
+
+    min_scale: float = 1.0
+    """
+    Minimum loss scale for dynamic loss scale.
+    """
+
+    char_level_ppl: bool = False
+    """
+    Whether to calculate character level perplexity as well as token level perplexity. (may incur a time
+    cost)
+    """
+
+    use_mup: bool = False
+    """
+    Whether to use Microsoft's Mup https://github.com/microsoft/mup
+    """
+
+    coord_check: bool = False
+    """
+    Whether to generate a "coord check" plot to verify mup's implementation in neox
+    """
+
+    save_base_shapes: bool = False
+    """
+    Whether to save base shapes for mup. This will save the shapes to the path specified in base-shapes-
+    file.
+    """
+
+    base_shapes_file: Optional[str] = None
+    """
+    Path to the base shapes to save to/load from
+    """
+
+    mup_init_scale: float = 1.0
+    """
+    Initialization scale: All the parameters are multiplied by this value
+    """
+
+    mup_attn_temp: float = 1.0
+    """
+    Attention temperature: Reciprocal of the multiplier applied to the input to attention softmax
+    """
+
+    mup_output_temp: float = 1.0
+    """
+    Output temperature: Reciprocal of the multiplier applied to the input to softmax that produces the
+    distribution over output tokens.
+    """
+
+    mup_embedding_mult: float = 1.0
+    """
+    Scalar by which we multiply the output of the embedding layer
+    """
+
+    mup_rp_embedding_mult: float = 1.0
+    """
+    Scalar by which we multiply vectors representing relative position
+    """
+
+    mup_width_scale: int = 2
+    """
+    What to scale width by when creating the delta model for mup
+    """

@@ -1,0 +1,57 @@
+"""Every file in configs/ loads and validates, alone or with the setup files it is meant to be combined with."""
+
+import glob
+import os
+
+import pytest
+
+from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.loading import parse_yaml_text
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+SETUP_FILES = ("local_setup.yml", "text_generation.yml", "slurm_local.yml")
+
+
+def model_configs():
+    paths = sorted(glob.glob(os.path.join(CONFIGS, "**", "*.yml"), recursive=True))
+    return [os.path.relpath(p, CONFIGS) for p in paths if os.path.basename(p) not in SETUP_FILES]
+
+
+def gpus_for(path):
+    """Enough ranks for the file's pipeline x model parallelism (the shipped files assume a cluster)."""
+    values = parse_yaml_text(open(path, encoding="utf-8").read(), path)
+    return max(values.get("pipe_parallel_size", 0), 1) * values.get("model_parallel_size", 1)
+
+
+@pytest.mark.parametrize("name", model_configs())
+def test_model_config_loads(name):
+    path = os.path.join(CONFIGS, name)
+    files = [path]
+    own = parse_yaml_text(open(path, encoding="utf-8").read(), path)
+    setup = os.path.join(CONFIGS, "local_setup.yml")
+    if not set(own) & set(parse_yaml_text(open(setup, encoding="utf-8").read(), setup)):
+        files.append(setup)
+    args = NeoXArgs.from_ymls(files, overwrite_values={"num_gpus": gpus_for(path)})
+    assert args.num_layers >= 1 and args.deepspeed_config["train_batch_size"] >= 1
+    assert len(args.attention_config) == args.num_layers
+
+
+@pytest.mark.parametrize("setup", ["text_generation.yml", "slurm_local.yml"])
+def test_setup_files_combine_with_a_model(setup):
+    files = [os.path.join(CONFIGS, "125M.yml"), os.path.join(CONFIGS, setup)]
+    args = NeoXArgs.from_ymls(files, overwrite_values={"num_gpus": 1})
+    assert args.num_layers == 12
+
+
+def test_quickstart_is_a_complete_cpu_training_config():
+    args = NeoXArgs.from_ymls([os.path.join(CONFIGS, "quickstart.yml")])
+    assert args.training_problems() == []
+    assert args.precision == "fp32" and args.global_num_gpus == 1
+    assert args.data_path == "data/stdlib/stdlib_text_document"
+
+
+def test_every_config_is_found():
+    names = model_configs()
+    for expected in ("125M.yml", "20B.yml", "pythia/70M.yml", "llama/7B.yml", "llama2/70B.yml", "mistral/7B.yml",
+                     "quickstart.yml", "cpu_tiny.yml"):
+        assert expected in names

@@ -1,0 +1,55 @@
+"""deepy.py launches the real DeepSpeed runner, and every rank rebuilds identical NeoXArgs."""
+
+import json
+
+import pytest
+
+from megatron.neox_arguments import NeoXArgs
+from tests.e2e.launch import free_port, run_deepy
+
+CONFIG = """{
+  "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+  "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+  "optimizer": {"type": "Adam", "params": {"lr": 1.0e-3}},
+  "zero_optimization": {"stage": 1},
+  "num_gpus": 2,
+}
+"""
+
+
+@pytest.mark.slow
+def test_two_cpu_ranks_rebuild_identical_args(tmp_path):
+    config = tmp_path / "tiny.yml"
+    config.write_text(CONFIG)
+    port = free_port()
+    result = run_deepy(["tests/e2e/workers/dump_args.py", str(config), "--master_port", str(port)],
+                       extra_env={"NEOX_TEST_OUT": str(tmp_path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r.pop("rank") for r in ranks] == [0, 1]
+    assert [r.pop("local_rank") for r in ranks] == [0, 1]
+    assert [r.pop("world_size") for r in ranks] == [2, 2]
+    assert ranks[0] == ranks[1]
+    expected = NeoXArgs.from_ymls([str(config)], overwrite_values={
+        "master_port": port, "user_script": "tests/e2e/workers/dump_args.py"}).to_dict()
+    for key in ("rank", "local_rank", "world_size"):
+        expected.pop(key)
+    assert json.loads(json.dumps(expected, sort_keys=True)) == ranks[0]
+    assert ranks[0]["train_batch_size"] == 8 and ranks[0]["data_parallel_size"] == 2
+
+
+def test_bad_config_exits_nonzero_with_every_message_and_no_traceback(tmp_path):
+    config = tmp_path / "bad.yml"
+    config.write_text("{num_layers: 2, hidden_size: 66, num_attention_heads: 4, seq_length: 32,\n"
+                      " train_micro_batch_size_per_gpu: 2, num_layer: 3, norm: batchnorm}\n")
+    result = run_deepy(["tests/e2e/workers/dump_args.py", str(config)])
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    for needle in ("unknown argument 'num_layer'", "did you mean 'num_layers'", "norm='batchnorm'"):
+        assert needle in result.stderr
+
+
+def test_help_explains_usage():
+    result = run_deepy(["--help"])
+    assert result.returncode == 0
+    assert "user_script" in result.stdout and "--hostfile" in result.stdout and "--num_gpus" in result.stdout

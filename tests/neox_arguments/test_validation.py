@@ -1,0 +1,118 @@
+"""Each validation rule, checked through the message naming the key."""
+
+import pytest
+
+from megatron.neox_arguments import ConfigError, NeoXArgs
+from tests.neox_arguments.helpers import TINY, problems_of, tiny
+
+
+def test_all_problems_are_reported_at_once():
+    text = problems_of(hidden_size=63, min_lr=1.0, optimizer={"type": "Adam", "params": {"lr": 0.1}},
+                       split="a,b")
+    assert "hidden_size=63" in text and "min_lr=1.0" in text and "split=" in text
+    assert "3 problems" in text
+
+
+def test_unknown_key_suggests_the_closest_name():
+    text = problems_of(num_layer=3)
+    assert "unknown argument 'num_layer'" in text and "did you mean 'num_layers'" in text
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("num_layers", "two", "an integer"),
+    ("hidden_dropout", "x", "a number"),
+    ("no_weight_tying", 1, "true or false"),
+    ("norm", "batchnorm", "one of 'layernorm'"),
+    ("pos_emb", "rope", "one of 'learned'"),
+    ("activation", "tanh", "'swiglu'"),
+    ("train_data_paths", "a", "a list"),
+    ("optimizer", [1], "a dict"),
+    ("tokenizer_type", "BPE", "'HFTokenizer'"),
+])
+def test_types_and_choices_name_key_value_and_what_is_allowed(key, value, expected):
+    text = problems_of(**{key: value})
+    assert key in text and repr(value) in text and expected in text
+
+
+def test_int_is_accepted_for_a_float_and_converted():
+    assert tiny(hidden_dropout=0).hidden_dropout == 0.0 and isinstance(tiny(hidden_dropout=0).hidden_dropout, float)
+
+
+def test_required_model_fields():
+    with pytest.raises(ConfigError) as err:
+        NeoXArgs.from_dict({"train_micro_batch_size_per_gpu": 1})
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
+        assert f"'{name}' is required" in str(err.value)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"hidden_size": 66}, "hidden_size=66 must be divisible by num_attention_heads=4"),
+    ({"num_kv_heads": 3}, "num_kv_heads=3 must divide num_attention_heads=4"),
+    ({"num_kv_heads": 1, "model_parallel_size": 2, "num_gpus": 2}, "num_kv_heads=1 must be divisible by model_parallel_size=2"),
+    ({"max_position_embeddings": 16}, "max_position_embeddings=16 must be >= seq_length=32"),
+    ({"min_lr": 0.1, "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}, "min_lr=0.1 must be <= lr=0.01"),
+    ({"train_iters": 10, "train_epochs": 1}, "train_iters=10 and train_epochs=1 are both set"),
+    ({"data_path": "a", "train_data_paths": ["b"], "valid_data_paths": ["c"], "test_data_paths": ["d"]},
+     "data_path and train_data_paths"),
+    ({"train_data_paths": ["b"]}, "without valid_data_paths, test_data_paths"),
+    ({"train_data_paths": ["a", "b"], "valid_data_paths": ["c"], "test_data_paths": ["d"],
+      "train_data_weights": [1.0]}, "train_data_weights has 1 entries but train_data_paths has 2"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16.enabled and bf16.enabled are both true"),
+    ({"pipe_parallel_size": 1, "zero_optimization": {"stage": 2}}, "zero_optimization.stage=2 cannot be combined"),
+    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage=4 must be 0, 1, 2 or 3"),
+    ({"num_unique_layers": 3}, "num_layers=2 must be divisible by num_unique_layers=3"),
+    ({"num_unique_layers": 1, "pipe_parallel_size": 1}, "num_unique_layers=1 only works with pipe_parallel_size=0"),
+    ({"attention_config": [[["global"], 3]]}, "attention_config expands to 3 layers but num_layers=2"),
+    ({"attention_config": [[["globall"], 2]]}, "unknown attention type 'globall'"),
+    ({"attention_config": [["global", 2]]}, "each attention_config entry must be [[types...], count]"),
+    ({"attention_config": [[["sparse_fixed"], 2]]}, "attention type 'sparse_fixed' is not supported yet"),
+    ({"num_gpus": 3, "model_parallel_size": 2}, "global_num_gpus=3 is not divisible"),
+    ({"train_batch_size": 5, "num_gpus": 2}, "train_batch_size=5 is not a multiple"),
+    ({"train_batch_size": 8, "gradient_accumulation_steps": 3},
+     "train_batch_size=8 != train_micro_batch_size_per_gpu=2 x gradient_accumulation_steps=3"),
+    ({"rotary_pct": 1.5, "pos_emb": "rotary"}, "rotary_pct=1.5 must be in (0, 1]"),
+    ({"gpt_j_tied": True}, "gpt_j_tied=true needs gpt_j_residual=true"),
+    ({"warmup": 2.0}, "warmup=2.0"),
+    ({"split": "1,2,3,4"}, "split='1,2,3,4'"),
+    ({"pipe_partition_method": "balanced"}, "pipe_partition_method='balanced'"),
+    ({"use_mup": True}, "use_mup=True: muP (use_mup) is not supported yet"),
+    ({"train_impl": "dpo"}, "dpo / rm / kto are not supported yet"),
+    ({"moe_num_experts": 4}, "mixture of experts"),
+    ({"sequence_parallel": True}, "sequence_parallel=true needs model_parallel_size > 1"),
+    ({"comment": "x"}, "comment / account are slurm options"),
+    ({"zero_stage": "all"}, "lists and 'all' are for DeepSpeed autotuning"),
+    ({"soft_prompt_tuning": {"enabled": True, "n_token": 3}}, "soft_prompt_tuning has unknown keys ['n_token']"),
+    ({"deepspeed_extra_args": {"train_batch_size": 3}}, "deepspeed_extra_args['train_batch_size'] duplicates"),
+    ({"data_parallel_size": 2}, "'data_parallel_size' is computed"),
+    ({"optimizer": {"type": "Adamw"}}, "optimizer.type='adamw' must be one of"),
+])
+def test_rule(overrides, needle):
+    assert needle in problems_of(**overrides)
+
+
+def test_fp16_is_not_refused_at_load_time_on_a_cpu_machine():
+    args = tiny(fp16={"enabled": True})  # deepy.py may run on a head node without GPUs
+    assert args.precision == "fp16"
+
+
+def test_fp16_is_refused_where_the_workers_start_without_cuda():
+    import torch
+
+    args = tiny(fp16={"enabled": True})
+    if torch.cuda.is_available():
+        args.check_device()
+    else:
+        with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
+            args.check_device()
+
+
+def test_training_needs_iterations_optimizer_and_data():
+    problems = " ".join(tiny().training_problems())
+    assert "train_iters" in problems and "optimizer" in problems and "data_path" in problems
+    ready = tiny(train_iters=10, data_path="d", optimizer={"type": "Adam", "params": {"lr": 1e-3}})
+    assert ready.training_problems() == []
+
+
+def test_valid_tiny_config_passes():
+    args = NeoXArgs.from_dict(dict(TINY))
+    assert args.deepspeed_config is not None
