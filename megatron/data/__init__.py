@@ -1,0 +1,4 @@
+"""Data pipeline: Megatron-compatible indexed datasets, GPT-2 style sample datasets, blending and loaders.
+
+Submodules import numpy/torch; import them directly (e.g. `megatron.data.indexed_dataset`).
+"""

@@ -1,0 +1,19 @@
+"""Tokenizers chosen by `tokenizer_type`, one interface (`AbstractTokenizer`), and vocab padding."""
+
+from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
+from megatron.tokenizer.build_tokenizer import (
+    TOKENIZER_TYPES,
+    build_tokenizer,
+    build_tokenizer_from,
+    pad_vocab_size,
+)
+from megatron.tokenizer.errors import TokenizerError
+
+__all__ = [
+    "AbstractTokenizer",
+    "TOKENIZER_TYPES",
+    "TokenizerError",
+    "build_tokenizer",
+    "build_tokenizer_from",
+    "pad_vocab_size",
+]

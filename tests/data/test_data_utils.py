@@ -1,0 +1,185 @@
+"""Datasets from neox_args (split or path lists), blending proportions, per-rank loaders and resuming."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from megatron.data.blendable_dataset import BlendableDataset, blending_indices, weights_by_num_documents
+from megatron.data.data_utils import (
+    build_data_loader,
+    build_train_valid_test_datasets,
+    consumed_samples_at,
+    make_data_loader,
+    repeating_iterator,
+    split_document_ranges,
+    train_valid_test_num_samples,
+)
+from megatron.data.errors import DataError
+from tests.data.dataset_factory import make_docs, write_dataset
+from tests.data.neox_args_factory import make_neox_args
+
+
+def test_num_samples_follow_gpt_neox() -> None:
+    args = make_neox_args(train_iters=100, train_batch_size=8, eval_iters=5, eval_interval=30)
+    assert train_valid_test_num_samples(args) == (800, (100 // 30 + 1) * 5 * 8, 40)
+    with pytest.raises(DataError, match="train_epochs"):
+        train_valid_test_num_samples(make_neox_args(train_epochs=2, train_batch_size=8))
+
+
+def test_consumed_samples_at_iteration() -> None:
+    args = make_neox_args(train_batch_size=8, eval_iters=5, eval_interval=30)
+    assert consumed_samples_at(args, 0) == (0, 0)
+    assert consumed_samples_at(args, 65) == (65 * 8, 2 * 5 * 8)
+
+
+def test_split_ranges() -> None:
+    assert split_document_ranges(1000, "969, 30, 1") == [(0, 969), (969, 999), (999, 1000)]
+    assert split_document_ranges(10, "8,1,1") == [(0, 8), (8, 9), (9, 10)]
+    assert split_document_ranges(7, "100") == [(0, 7), (7, 7), (7, 7)]
+    with pytest.raises(DataError, match="split='a,b'"):
+        split_document_ranges(10, "a,b")
+
+
+def test_datasets_from_data_path_and_split(tmp_path: Path) -> None:
+    prefix = write_dataset(tmp_path / "corpus", make_docs(100))
+    args = make_neox_args(
+        data_path=prefix,
+        split="80,10,10",
+        seq_length=16,
+        train_iters=10,
+        train_batch_size=4,
+        eval_iters=2,
+        eval_interval=5,
+    )
+    train, valid, test = build_train_valid_test_datasets(args)
+    assert len(train) >= 40 and len(valid) >= 24 and len(test) >= 8
+    for ds, (lo, hi) in ((train, (0, 80)), (valid, (80, 90)), (test, (90, 100))):
+        docs = set(np.asarray(ds.maps.doc_idx).tolist())
+        assert docs == set(range(lo, hi))
+        assert ds[0]["text"].shape == (17,)
+    none_valid = build_train_valid_test_datasets(make_neox_args(**{**vars(args), "split": "100,0,0"}))
+    assert none_valid[1] is None and none_valid[2] is None
+
+
+def test_blending_prefixes_follow_weights() -> None:
+    weights = [0.5, 0.3, 0.2]
+    ids, local = blending_indices(weights, 10_000)
+    for n in (100, 1000, 10_000):
+        counts = np.bincount(ids[:n], minlength=3)
+        assert np.abs(counts - np.array(weights) * n).max() <= 1.0
+    for k in range(3):
+        assert np.array_equal(local[ids == k], np.arange((ids == k).sum()))
+    w = weights_by_num_documents([100, 400], alpha=0.5)
+    assert np.allclose(w, [10 / 30, 20 / 30])
+    assert np.allclose(weights_by_num_documents([100, 400], alpha=1.0), [0.2, 0.8])
+
+
+def test_blended_train_paths_realise_weights(tmp_path: Path) -> None:
+    paths = [write_dataset(tmp_path / f"p{k}", make_docs(30, seed=k, base=100_000 * k)) for k in range(3)]
+    args = make_neox_args(
+        train_data_paths=paths,
+        train_data_weights=[2, 1, 1],
+        valid_data_paths=paths[:1],
+        test_data_paths=None,
+        seq_length=8,
+        train_iters=10_000,
+        train_batch_size=1,
+        eval_iters=1,
+        eval_interval=10_000,
+    )
+    train, valid, test = build_train_valid_test_datasets(args)
+    assert isinstance(train, BlendableDataset) and len(train) == 10_000 and test is None
+    source = np.array([int(train[i]["text"][0]) // 100_000 for i in range(10_000)])
+    fractions = np.bincount(source, minlength=3) / 10_000
+    assert np.abs(fractions - [0.5, 0.25, 0.25]).max() < 0.01
+    by_docs = make_neox_args(**{**vars(args), "weight_by_num_documents": True, "train_iters": 100})
+    assert np.allclose(build_train_valid_test_datasets(by_docs)[0].weights, 1 / 3)
+    with pytest.raises(DataError, match="train_data_weights has 2 entries for 3"):
+        build_train_valid_test_datasets(make_neox_args(**{**vars(args), "train_data_weights": [1, 2]}))
+
+
+def test_label_paths_and_unsupported_options(tmp_path: Path) -> None:
+    docs = make_docs(20)
+    text = write_dataset(tmp_path / "t", docs)
+    label = write_dataset(tmp_path / "l", [d + 7 for d in docs])
+    args = make_neox_args(
+        train_data_paths=[text],
+        train_label_data_paths=[label],
+        seq_length=8,
+        train_iters=5,
+        train_batch_size=2,
+        eval_iters=0,
+    )
+    train, valid, _ = build_train_valid_test_datasets(args)
+    assert valid is None and np.array_equal(train[3]["label"], train[3]["text"] + 7)
+    with pytest.raises(DataError, match="dataset_impl='pairwise'"):
+        build_train_valid_test_datasets(make_neox_args(**{**vars(args), "dataset_impl": "pairwise"}))
+    with pytest.raises(DataError, match="no data"):
+        build_train_valid_test_datasets(make_neox_args(seq_length=8, train_iters=5, train_batch_size=2))
+    with pytest.raises(DataError, match="index file not found: '.*missing.idx'"):
+        build_train_valid_test_datasets(
+            make_neox_args(
+                **{**vars(args), "train_data_paths": [str(tmp_path / "missing")], "train_label_data_paths": None}
+            )
+        )
+
+
+class _Range(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"text": np.array([i], dtype=np.int64)}
+
+
+def _ids(loader) -> list[list[int]]:
+    return [b["text"][:, 0].tolist() for b in loader]
+
+
+def test_ranks_get_disjoint_slices_of_the_global_batch() -> None:
+    ds, micro, dp = _Range(103), 3, 4
+    per_rank = [_ids(build_data_loader(ds, micro, r, dp)) for r in range(dp)]
+    assert len({len(p) for p in per_rank}) == 1 and len(per_rank[0]) == 103 // 12
+    for step in range(len(per_rank[0])):
+        together = [i for r in range(dp) for i in per_rank[r][step]]
+        assert together == list(range(step * 12, (step + 1) * 12))
+    tail = [_ids(build_data_loader(ds, micro, r, dp, drop_last=False)) for r in range(dp)]
+    assert sorted(i for p in tail for b in p for i in b) == list(range(103))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_resume_at_iteration_k_matches_uninterrupted(tmp_path: Path, num_workers: int) -> None:
+    prefix = write_dataset(tmp_path / "c", make_docs(50))
+    args = make_neox_args(
+        data_path=prefix,
+        split="1",
+        seq_length=8,
+        train_iters=20,
+        train_batch_size=8,
+        train_micro_batch_size_per_gpu=2,
+        gradient_accumulation_steps=2,
+        eval_iters=0,
+        num_workers=num_workers,
+    )
+    train, _, _ = build_train_valid_test_datasets(args)
+    dp, k = 2, 7
+    for rank in range(dp):
+        full = [b["text"] for b in make_data_loader(train, args, rank, dp)]
+        resumed = [b["text"] for b in make_data_loader(train, args, rank, dp, consumed_samples=k * 8)]
+        per_iter = 8 // (2 * dp)  # micro-batches per iteration on one rank
+        assert len(resumed) == len(full) - k * per_iter
+        assert all(torch.equal(a, b) for a, b in zip(full[k * per_iter :], resumed))
+
+
+def test_repeating_iterator_restarts_without_caching() -> None:
+    loader = build_data_loader(_Range(10), 2, 0, 1, consumed_samples=6)
+    it = repeating_iterator(loader)
+    got = [next(it)["text"][:, 0].tolist() for _ in range(5)]
+    assert got == [[6, 7], [8, 9], [0, 1], [2, 3], [4, 5]]

@@ -1,0 +1,120 @@
+"""Each tokenizer type builds from local files, round-trips text, and exposes the common interface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron.tokenizer import TOKENIZER_TYPES, AbstractTokenizer, TokenizerError, build_tokenizer, pad_vocab_size
+from tests.data.neox_args_factory import make_neox_args
+from tests.tokenizer.tokenizer_files import (
+    ROUND_TRIP_TEXTS,
+    make_hf_tokenizer_files,
+    make_sentencepiece_model,
+    make_tiktoken_file,
+)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("tok")
+    out = make_hf_tokenizer_files(d)
+    out["tiktoken"] = make_tiktoken_file(d)
+    out["spm"] = make_sentencepiece_model(d)
+    return out
+
+
+def _args_for(kind: str, files: dict[str, Path]):
+    if kind == "GPT2BPETokenizer":
+        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["vocab"]), merge_file=str(files["merges"]))
+    if kind == "HFTokenizer":
+        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["tokenizer_json"]))
+    if kind == "HFGPT2Tokenizer":
+        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["tokenizer_json"]))
+    if kind == "SPMTokenizer":
+        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["spm"]))
+    if kind == "TiktokenTokenizer":
+        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["tiktoken"]))
+    return make_neox_args(tokenizer_type=kind)
+
+
+@pytest.mark.parametrize("kind", TOKENIZER_TYPES)
+def test_round_trip_and_interface(kind: str, files: dict[str, Path]) -> None:
+    args = _args_for(kind, files)
+    before = dict(vars(args))
+    tok = build_tokenizer(args)
+    assert vars(args) == before, "build_tokenizer must not mutate neox_args"
+    assert isinstance(tok, AbstractTokenizer)
+    for text in ROUND_TRIP_TEXTS:
+        ids = tok.tokenize(text)
+        assert ids and all(isinstance(i, int) and 0 <= i < tok.vocab_size for i in ids)
+        assert tok.detokenize(ids) == text
+        assert tok.eod not in ids
+    assert tok.tokenize_batch(ROUND_TRIP_TEXTS) == [tok.tokenize(t) for t in ROUND_TRIP_TEXTS]
+    assert tok.eod == tok.eod_id and 0 <= tok.eod < tok.vocab_size
+    if kind != "CharLevelTokenizer":
+        assert len(tok.vocab) == tok.vocab_size
+        assert tok.inv_vocab[tok.eod] == ("</s>" if kind == "SPMTokenizer" else "<|endoftext|>")
+
+
+def test_bpe_compresses_text(files: dict[str, Path]) -> None:
+    tok = build_tokenizer(_args_for("HFTokenizer", files))
+    text = "The quick brown fox jumps over the lazy dog."
+    assert len(tok.tokenize(text)) < len(text.encode()) / 2
+
+
+def test_gpt2_files_and_tokenizer_json_agree(files: dict[str, Path]) -> None:
+    a = build_tokenizer(_args_for("GPT2BPETokenizer", files))
+    b = build_tokenizer(_args_for("HFTokenizer", files))
+    for text in ROUND_TRIP_TEXTS:
+        assert a.tokenize(text) == b.tokenize(text)
+    assert a.eod == b.eod
+
+
+def test_tiktoken_uses_merges(files: dict[str, Path]) -> None:
+    tok = build_tokenizer(_args_for("TiktokenTokenizer", files))
+    assert tok.tokenize(" the") == [258]  # 256 bytes, then "th", "the", " the"
+    assert tok.eod == 263 and tok.vocab_size == 264  # 263 ranks + eod
+
+
+@pytest.mark.parametrize(
+    ("vocab", "div", "mp", "expected"),
+    [(50257, 128, 1, 50304), (50257, 128, 2, 50432), (512, 128, 1, 512), (1, 8, 1, 8), (8193, 64, 4, 8448)],
+)
+def test_pad_vocab_size(vocab: int, div: int, mp: int, expected: int) -> None:
+    padded = pad_vocab_size(vocab, div, mp)
+    assert padded == expected
+    assert padded % (div * mp) == 0 and padded >= vocab and padded - vocab < div * mp
+
+
+def test_pad_vocab_size_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="make_vocab_size_divisible_by"):
+        pad_vocab_size(100, 0, 1)
+
+
+def test_unknown_tokenizer_type_names_the_choices() -> None:
+    with pytest.raises(TokenizerError, match="tokenizer_type='Nope'.*HFTokenizer"):
+        build_tokenizer(make_neox_args(tokenizer_type="Nope"))
+
+
+@pytest.mark.parametrize("kind", ["GPT2BPETokenizer", "HFTokenizer", "SPMTokenizer", "TiktokenTokenizer"])
+def test_missing_vocab_file_names_the_path(kind: str, tmp_path: Path) -> None:
+    missing = tmp_path / "absent.file"
+    args = make_neox_args(tokenizer_type=kind, vocab_file=str(missing), merge_file=str(missing))
+    with pytest.raises(TokenizerError, match="vocab_file file not found: '.*absent.file'"):
+        build_tokenizer(args)
+
+
+def test_unset_vocab_file_names_the_option() -> None:
+    with pytest.raises(TokenizerError, match="needs `vocab_file`"):
+        build_tokenizer(make_neox_args(tokenizer_type="HFTokenizer"))
+    with pytest.raises(TokenizerError, match="Hub at run time is not supported"):
+        build_tokenizer(make_neox_args(tokenizer_type="HFGPT2Tokenizer"))
+
+
+def test_corrupt_tokenizer_json_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text("{not json")
+    with pytest.raises(TokenizerError, match="not a valid tokenizer.json"):
+        build_tokenizer(make_neox_args(tokenizer_type="HFTokenizer", vocab_file=str(bad)))
