@@ -1,0 +1,168 @@
+"""Training FLOPs per token, TFLOP/s per device and model FLOPs utilisation (MFU), with ONE formula.
+
+Notation: h = hidden_size, L = num_layers, s = seq_length, V = padded_vocab_size, a = num_attention_heads,
+k = num_kv_heads (None means a), d = h / a (head size), f = MLP width (below). A matrix multiply of
+(m x n) by (n x p) costs 2 m n p FLOPs (one multiply and one add per term).
+
+Forward FLOPs per token:
+
+    per layer:  QKV projections        2 h (a d + 2 k d)          (grouped-query attention: k K/V heads)
+                attention scores QK^T  2 s h                      (full s x s square, see below)
+                attention over values  2 s h                      (full square)
+                output projection      2 h h
+                MLP                    2 h f x 3 (gated) or 2 h f x 2 (plain)
+    once:       logits                 2 h V
+
+    forward = L * (2 h (a d + 2 k d) + 4 s h + 2 h^2 + 2 h f m) + 2 h V,   m = 3 gated, 2 plain
+
+Training = forward + backward = 3 x forward; with activation checkpointing the forward is recomputed
+during backward, so 4 x forward (pass `activation_checkpointing=True`).
+
+Choices, stated so the numbers can be compared:
+* Causal attention is counted as the full s x s square, as Megatron-LM's and PaLM's MFU formulas do;
+  the causally masked work a kernel can skip is about half of the two attention terms.
+* Every layer is counted as global attention over s tokens (local windows, sparse patterns and non-
+  attention layers such as mamba/rwkv are not special-cased); norms, biases, softmax, activations,
+  rotary embeddings and the embedding lookup are not counted (they are O(h) per token).
+* MLP width f follows GPT-NeoX's rule as this project's model implements it (megatron/model/mlp.py):
+  inner = intermediate_size if set, else int(expansion_factor * h) if set, else 4 h.
+  Plain activations: f = inner rounded up to a multiple of mlp_multiple_of; 2 matrices (h->f, f->h).
+  Gated activations (swiglu, geglu, reglu, bilinear, glu): f = int(inner * 2 / 3) // 2 rounded up to
+  mlp_multiple_of, with 3 matrices' worth of work (gate h->f, up h->f, down f->h), so a gated MLP with the
+  same `inner` costs about as much as the plain one.
+
+MFU = achieved FLOP/s per device / peak dense FLOP/s of the device for the training dtype. Peaks come from
+DEVICE_PEAK_TFLOPS (vendor datasheets, dense figures, never the 2:4 sparsity ones), overridden by the
+argument `override` or the environment variable NEOX_PEAK_TFLOPS. On CPU there is no meaningful peak:
+peak_tflops returns None and MFU is reported as not applicable."""
+
+import os
+import re
+from typing import Any, Dict, Optional, Tuple
+
+GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
+PEAK_ENV_VAR = "NEOX_PEAK_TFLOPS"
+
+# (regex on torch.cuda.get_device_name(), {dtype: dense peak TFLOP/s}); first match wins, so specific
+# names (PCIe, NVL) come before the general ones. Sources: NVIDIA / AMD datasheets.
+DEVICE_PEAK_TFLOPS: Tuple[Tuple[str, Dict[str, float]], ...] = (
+    (r"\bH100\b.*\bNVL\b|\bH200\b.*\bNVL\b", {}),   # NVL parts: datasheet quotes pairs; set NEOX_PEAK_TFLOPS
+    (r"\bH100\b.*PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.0}),
+    (r"\bH100\b", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0}),   # SXM (HBM3)
+    (r"\bH200\b", {"bf16": 989.0, "fp16": 989.0, "tf32": 494.5, "fp32": 67.0}),   # SXM
+    (r"\bA100\b", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),   # SXM and PCIe
+    (r"\bA10\b", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),     # not A10G, not A100
+    (r"\bL4\b", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),      # not L40/L40S
+    (r"\bV100\b.*PCIE", {"fp16": 112.0, "fp32": 14.0}),                           # no bf16 / tf32
+    (r"\bV100", {"fp16": 125.0, "fp32": 15.7}),                                   # SXM2
+    (r"\bMI250X\b", {"bf16": 383.0, "fp16": 383.0, "fp32": 95.7}),                # fp32 on matrix cores
+    (r"\bMI300X\b", {"bf16": 1307.4, "fp16": 1307.4, "tf32": 653.7, "fp32": 163.4}),
+)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return multiple * ((value + multiple - 1) // multiple)
+
+
+def mlp_width(neox_args: Any) -> Tuple[int, bool]:
+    """(f, gated): the width of the MLP activation (the down projection's input) and whether it is gated."""
+    hidden = neox_args.hidden_size
+    multiple = int(getattr(neox_args, "mlp_multiple_of", 1) or 1)
+    if getattr(neox_args, "intermediate_size", None):
+        inner = int(neox_args.intermediate_size)
+    elif getattr(neox_args, "expansion_factor", None):
+        inner = int(float(neox_args.expansion_factor) * hidden)
+    else:
+        inner = 4 * hidden
+    gated = (getattr(neox_args, "activation", "gelu") or "gelu") in GATED_ACTIVATIONS
+    if gated:
+        return _round_up(int(inner * 2 / 3) // 2, multiple), True
+    return _round_up(inner, multiple), False
+
+
+def forward_flops_per_token(neox_args: Any) -> int:
+    """Forward-pass FLOPs per token of the transformer described by neox_args (formula in the module doc)."""
+    h, layers, s = neox_args.hidden_size, neox_args.num_layers, neox_args.seq_length
+    heads = neox_args.num_attention_heads
+    kv_heads = getattr(neox_args, "num_kv_heads", None) or heads
+    vocab = getattr(neox_args, "padded_vocab_size", None)
+    if vocab is None:
+        raise ValueError("padded_vocab_size is not set yet: build the tokenizer (set_padded_vocab_size) before "
+                         "computing FLOPs, or set padded_vocab_size")
+    if h % heads:
+        raise ValueError(f"hidden_size={h} is not divisible by num_attention_heads={heads}")
+    head = h // heads
+    width, gated = mlp_width(neox_args)
+    qkv = 2 * h * (heads * head + 2 * kv_heads * head)
+    attention = 2 * s * h + 2 * s * h
+    dense = 2 * h * h
+    mlp = 2 * h * width * (3 if gated else 2)
+    return layers * (qkv + attention + dense + mlp) + 2 * h * vocab
+
+
+def training_flops_per_token(neox_args: Any, activation_checkpointing: bool = False) -> int:
+    """3 x forward (forward + backward), or 4 x forward when activations are recomputed."""
+    return (4 if activation_checkpointing else 3) * forward_flops_per_token(neox_args)
+
+
+def tflops_per_device(flops_per_token: float, tokens_per_second: float, num_devices: int) -> float:
+    """Achieved TFLOP/s of each device: all devices together process `tokens_per_second` tokens."""
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be >= 1, got {num_devices}")
+    return flops_per_token * tokens_per_second / num_devices / 1e12
+
+
+def peak_dtype(precision: str, allow_tf32: bool = False) -> str:
+    """The peak-table column for neox_args.precision ('fp32' becomes 'tf32' when TF32 matmuls are on)."""
+    table = {"fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16", "fp32": "tf32" if allow_tf32 else "fp32"}
+    if precision not in table:
+        raise ValueError(f"precision {precision!r} is not one of fp32, fp16, bfloat16")
+    return table[precision]
+
+
+def lookup_peak_tflops(device_name: str, dtype: str) -> Optional[float]:
+    """Dense peak TFLOP/s of a device (by its CUDA/ROCm name) for a dtype; None if unknown or unsupported."""
+    for pattern, peaks in DEVICE_PEAK_TFLOPS:
+        if re.search(pattern, device_name, flags=re.IGNORECASE):
+            return peaks.get(dtype)
+    return None
+
+
+def _cuda_tf32_enabled() -> bool:
+    import torch
+
+    return bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def peak_tflops(precision: str, override: Optional[float] = None, device_name: Optional[str] = None) -> Optional[float]:
+    """Peak TFLOP/s per device for MFU: `override`, else $NEOX_PEAK_TFLOPS, else the table entry for this
+    process's CUDA device (or `device_name`). None on CPU, and for devices or dtypes not in the table."""
+    if override is not None:
+        if override <= 0:
+            raise ValueError(f"peak TFLOP/s override must be positive, got {override}")
+        return float(override)
+    env = os.environ.get(PEAK_ENV_VAR)
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError(f"{PEAK_ENV_VAR}={env!r} is not a number (peak dense TFLOP/s of one device)") from None
+        if value <= 0:
+            raise ValueError(f"{PEAK_ENV_VAR}={env!r} must be positive")
+        return value
+    allow_tf32 = False
+    if device_name is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None  # CPU: MFU is not applicable
+        device_name = torch.cuda.get_device_name()
+        allow_tf32 = _cuda_tf32_enabled()
+    return lookup_peak_tflops(device_name, peak_dtype(precision, allow_tf32))
+
+
+def mfu(achieved_tflops_per_device: float, peak: Optional[float]) -> Optional[float]:
+    """Model FLOPs utilisation in [0, 1] (achieved / peak), None when there is no peak (CPU, unknown device)."""
+    if peak is None:
+        return None
+    return achieved_tflops_per_device / peak

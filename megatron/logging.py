@@ -1,0 +1,492 @@
+"""Training-progress logging: console, metrics.jsonl, TensorBoard, Weights & Biases and Comet.
+
+`TrainingLogger(neox_args)` is told about every training iteration and every evaluation; every
+`log_interval` iterations it writes one record (loss averaged over the interval, learning rate, grad norm,
+tokens/s, samples/s, TFLOP/s per device, MFU, ETA) to
+
+* the console and `<log_dir>/metrics.jsonl` (one JSON object per line) on the logging rank,
+* TensorBoard (`tensorboard_dir`), Comet (`use_comet`) on the logging rank,
+* W&B (`use_wandb`) on the logging rank, or on every rank with `wandb_init_all_ranks`.
+
+Throughput is tokens = iterations x train_batch_size x seq_length over the interval's training time;
+TFLOP/s and MFU use megatron.flops (stated formula there). The functions at the end compute the optional
+debugging values (log_grad_norm, log_param_norm, log_grad_pct_zeros, log_optimizer_states,
+memory_profiling) to pass as `extras`.
+
+A feature whose package is missing fails with one clear error from megatron.optional_deps.require."""
+
+import datetime
+import json
+import math
+import os
+import resource
+import sys
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO
+
+import torch
+from torch import nn
+
+from megatron.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
+from megatron.optional_deps import require
+
+METRICS_FILE = "metrics.jsonl"
+PPL_LOSS_CAP = 20.0
+"""Perplexity is exp(min(loss, 20)), as Megatron reports it, so a diverged loss does not overflow."""
+
+
+def _number(value: Any) -> Optional[float]:
+    """value as a float if it is a plain number or a one-element tensor, else None."""
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.item())
+    return None
+
+
+def _scalars(record: Dict[str, Any], skip: Iterable[str] = ("iteration", "type")) -> Dict[str, float]:
+    out = {}
+    for key, value in record.items():
+        number = _number(value)
+        if key not in skip and number is not None:
+            out[key] = number
+    return out
+
+
+def _default_rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sinks: one per destination, each with log(prefix, metrics, step) and close()
+# ---------------------------------------------------------------------------------------------------
+
+class JsonlSink:
+    """Appends one JSON record per line to <log_dir>/metrics.jsonl (kept across resumed runs)."""
+
+    def __init__(self, log_dir: str) -> None:
+        os.makedirs(log_dir, exist_ok=True)
+        self.path = os.path.join(log_dir, METRICS_FILE)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: Dict[str, Any]) -> None:
+        plain = {k: (_number(v) if isinstance(v, torch.Tensor) else v) for k, v in record.items()}
+        self._file.write(json.dumps(plain, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorboardSink:
+    """Scalars under '<prefix>/<name>' in tensorboard_dir, read back by TensorBoard's EventAccumulator."""
+
+    def __init__(self, tensorboard_dir: str) -> None:
+        require("tensorboard", "tensorboard_dir", "tensorboard")
+        summary = require("torch.utils.tensorboard", "tensorboard_dir", "tensorboard")
+        self.writer = summary.SummaryWriter(log_dir=tensorboard_dir)
+
+    def log(self, prefix: str, metrics: Dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """A W&B run; WANDB_MODE=offline (or `wandb offline`) writes it under <dir>/wandb without network."""
+
+    def __init__(self, neox_args: Any, rank: int, config: Optional[Dict[str, Any]] = None) -> None:
+        wandb = require("wandb", "use_wandb", "wandb")
+        name = neox_args.wandb_run_name
+        group = neox_args.wandb_group
+        if neox_args.wandb_init_all_ranks:
+            name = f"{name or 'neox'}-rank{rank}"
+            group = group or neox_args.wandb_run_name or "neox"
+        settings = wandb.Settings(base_url=neox_args.wandb_host)
+        directory = neox_args.log_dir or neox_args.tensorboard_dir
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self.run = wandb.init(project=neox_args.wandb_project, group=group, entity=neox_args.wandb_team,
+                              name=name, dir=directory, config=config, settings=settings, reinit="create_new")
+
+    def log(self, prefix: str, metrics: Dict[str, float], step: int) -> None:
+        self.run.log({f"{prefix}/{key}": value for key, value in metrics.items()}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _comet_offline() -> bool:
+    flag = os.environ.get("COMET_OFFLINE", "").strip().lower() in ("1", "true", "yes")
+    return flag or not os.environ.get("COMET_API_KEY")
+
+
+class CometSink:
+    """A Comet experiment: online with COMET_API_KEY, else (or with COMET_OFFLINE=1) an OfflineExperiment
+    archived under COMET_OFFLINE_DIRECTORY, or <log_dir>/comet, when the run ends."""
+
+    def __init__(self, neox_args: Any, config: Optional[Dict[str, Any]] = None) -> None:
+        comet_ml = require("comet_ml", "use_comet", "comet")
+        common = dict(project_name=neox_args.comet_project, workspace=neox_args.comet_workspace,
+                      log_code=False, log_git_metadata=False, log_git_patch=False, parse_args=False,
+                      auto_output_logging=False, log_env_gpu=False, log_env_host=False, log_env_cpu=False,
+                      log_env_network=False, log_env_disk=False, display_summary_level=0)
+        if _comet_offline():
+            directory = (os.environ.get("COMET_OFFLINE_DIRECTORY")
+                         or os.path.join(neox_args.log_dir or ".", "comet"))
+            os.makedirs(directory, exist_ok=True)
+            self.experiment = comet_ml.OfflineExperiment(offline_directory=directory, **common)
+        else:
+            self.experiment = comet_ml.Experiment(api_key=os.environ["COMET_API_KEY"], **common)
+        if neox_args.comet_experiment_name:
+            self.experiment.set_name(neox_args.comet_experiment_name)
+        if neox_args.comet_tags:
+            self.experiment.add_tags(list(neox_args.comet_tags))
+        if neox_args.comet_others:
+            self.experiment.log_others(dict(neox_args.comet_others))
+        if config:
+            self.experiment.log_parameters(config)
+
+    def log(self, prefix: str, metrics: Dict[str, float], step: int) -> None:
+        self.experiment.log_metrics(metrics, prefix=prefix, step=step)
+
+    def close(self) -> None:
+        self.experiment.end()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The logger the training loop talks to
+# ---------------------------------------------------------------------------------------------------
+
+def format_eta(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=int(round(max(seconds, 0.0)))))
+
+
+class TrainingLogger:
+    """Aggregates per-iteration values and writes them every log_interval iterations.
+
+    Call `log_train` after every optimizer step (skipped steps too), `log_eval` after each evaluation, and
+    `close` at the end. Training time per interval is the wall time between reports unless the loop passes
+    each step's `step_time` (which leaves evaluation and checkpointing out of the throughput)."""
+
+    def __init__(self, neox_args: Any, is_logging_rank: Optional[bool] = None, rank: Optional[int] = None,
+                 flops_per_token: Optional[float] = None, peak: Optional[float] = None,
+                 console: Optional[TextIO] = None, clock: Callable[[], float] = time.perf_counter,
+                 start_iteration: int = 0) -> None:
+        self.args = neox_args
+        self.rank = rank if rank is not None else (getattr(neox_args, "rank", None) or _default_rank())
+        self.is_logging_rank = self.rank == 0 if is_logging_rank is None else is_logging_rank
+        self.log_interval = max(1, int(neox_args.log_interval))
+        self.train_iters = getattr(neox_args, "train_iters", None)
+        self.tokens_per_iteration = neox_args.train_batch_size * neox_args.seq_length
+        self.num_devices = int(getattr(neox_args, "global_num_gpus", None) or getattr(neox_args, "world_size", None)
+                               or 1)
+        self._flops_per_token = flops_per_token
+        self.peak = peak if peak is not None else peak_tflops(neox_args.precision)
+        self.console = console if console is not None else sys.stdout
+        self._clock = clock
+        self.jsonl: Optional[JsonlSink] = None
+        self.sinks: List[Any] = []
+        self._reset_interval(start_iteration)
+        config = neox_args.to_dict() if hasattr(neox_args, "to_dict") else None
+        if self.is_logging_rank:
+            if neox_args.log_dir:
+                self.jsonl = JsonlSink(neox_args.log_dir)
+            if neox_args.tensorboard_dir:
+                self.sinks.append(TensorboardSink(neox_args.tensorboard_dir))
+            if neox_args.use_comet:
+                self.sinks.append(CometSink(neox_args, _jsonable(config)))
+        if self.is_logging_rank and self.peak is None:
+            self.console.write("MFU is not applicable: no peak FLOP/s is known for this device (CPU, or a GPU not in "
+                               "megatron.flops.DEVICE_PEAK_TFLOPS); set NEOX_PEAK_TFLOPS to report it\n")
+        if neox_args.use_wandb and (self.is_logging_rank or neox_args.wandb_init_all_ranks):
+            self.sinks.append(WandbSink(neox_args, self.rank, _jsonable(config)))
+
+    # ---- state of the current interval -----------------------------------------------------------
+    def _reset_interval(self, iteration: int) -> None:
+        self._last_iteration = iteration
+        self._last_time = self._clock()
+        self._loss_sum = 0.0
+        self._loss_count = 0
+        self._skipped = 0
+        self._timed_seconds = 0.0
+        self._timed_iterations = 0
+
+    def restart_clock(self, iteration: Optional[int] = None) -> None:
+        """Start a fresh interval now (after resuming, or when the first step is about to run)."""
+        self._reset_interval(self._last_iteration if iteration is None else iteration)
+
+    @property
+    def flops_per_token(self) -> float:
+        if self._flops_per_token is None:
+            self._flops_per_token = training_flops_per_token(
+                self.args, activation_checkpointing=bool(getattr(self.args, "checkpoint_activations", False)))
+        return self._flops_per_token
+
+    # ---- what the loop calls ----------------------------------------------------------------------
+    def log_train(self, iteration: int, lm_loss: Any, lr: float, grad_norm: Any = None, skipped: bool = False,
+                  step_time: Optional[float] = None, extras: Optional[Dict[str, Any]] = None
+                  ) -> Optional[Dict[str, Any]]:
+        """Record iteration `iteration` (1-based count of steps done; `step_time` its seconds, optional);
+        returns the record when one is written (every log_interval iterations and at train_iters)."""
+        loss = _number(lm_loss)
+        if skipped:
+            self._skipped += 1
+        elif loss is not None:
+            self._loss_sum += loss
+            self._loss_count += 1
+        if step_time is not None:
+            self._timed_seconds += step_time
+            self._timed_iterations += 1
+        if iteration % self.log_interval and iteration != self.train_iters:
+            return None
+        record = self._training_record(iteration, lr, grad_norm, extras or {})
+        self._write("train", record)
+        if self.is_logging_rank:
+            self.console.write(self._console_line(record) + "\n")
+            self.console.flush()
+        self._reset_interval(iteration)
+        return record
+
+    def _training_record(self, iteration: int, lr: float, grad_norm: Any, extras: Dict[str, Any]) -> Dict[str, Any]:
+        iterations = max(iteration - self._last_iteration, 1)
+        if self._timed_iterations:
+            seconds = self._timed_seconds * iterations / self._timed_iterations
+        else:
+            seconds = self._clock() - self._last_time
+        seconds = max(seconds, 1e-9)
+        tokens_per_sec = iterations * self.tokens_per_iteration / seconds
+        tflops = tflops_per_device(self.flops_per_token, tokens_per_sec, self.num_devices)
+        record: Dict[str, Any] = {
+            "type": "train", "iteration": iteration,
+            "lm_loss": self._loss_sum / self._loss_count if self._loss_count else None,
+            "lr": float(lr), "grad_norm": _number(grad_norm),
+            "tokens_per_sec": tokens_per_sec,
+            "samples_per_sec": iterations * self.args.train_batch_size / seconds,
+            "tflops": tflops, "mfu": mfu(tflops, self.peak),
+            "iteration_time_s": seconds / iterations, "skipped_iterations": self._skipped,
+        }
+        if self.train_iters:
+            record["eta_s"] = max(self.train_iters - iteration, 0) * seconds / iterations
+        record.update(extras)
+        return record
+
+    def log_eval(self, iteration: int, lm_loss: Any, split: str = "validation",
+                 extras: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Write one evaluation record (type 'eval', lm_loss, lm_loss_ppl) now."""
+        loss = _number(lm_loss)
+        if loss is None:
+            raise ValueError(f"evaluation loss must be a number or a one-element tensor, got {lm_loss!r}")
+        record = {"type": "eval", "split": split, "iteration": iteration, "lm_loss": loss,
+                  "lm_loss_ppl": math.exp(min(loss, PPL_LOSS_CAP)), **(extras or {})}
+        self._write(split, record)
+        if self.is_logging_rank:
+            self.console.write(f"{split} at iteration {iteration} | lm_loss {loss:.6E} | "
+                               f"lm_loss_ppl {record['lm_loss_ppl']:.6E}\n")
+            self.console.flush()
+        return record
+
+    def _write(self, prefix: str, record: Dict[str, Any]) -> None:
+        if self.jsonl is not None:
+            self.jsonl.write(record)
+        scalars = _scalars(record)
+        for sink in self.sinks:
+            sink.log(prefix, scalars, record["iteration"])
+
+    def _console_line(self, record: Dict[str, Any]) -> str:
+        total = f"/{self.train_iters:>8d}" if self.train_iters else ""
+        parts = [f"iteration {record['iteration']:>8d}{total}", f"lr {record['lr']:.4E}"]
+        if record["lm_loss"] is not None:
+            parts.append(f"lm_loss {record['lm_loss']:.6E}")
+        if record["grad_norm"] is not None:
+            parts.append(f"grad_norm {record['grad_norm']:.4f}")
+        parts += [f"tokens/s {record['tokens_per_sec']:.1f}", f"samples/s {record['samples_per_sec']:.2f}",
+                  f"TFLOP/s/device {record['tflops']:.3f}",
+                  "MFU n/a" if record["mfu"] is None
+                  else f"MFU {100 * record['mfu']:.2f}%"]
+        if record["skipped_iterations"]:
+            parts.append(f"skipped {record['skipped_iterations']}")
+        if "eta_s" in record:
+            parts.append(f"ETA {format_eta(record['eta_s'])}")
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+            self.jsonl = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+
+def _jsonable(config: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The config with values W&B / Comet can store (anything else as its string)."""
+    if config is None:
+        return None
+    return json.loads(json.dumps(config, default=str))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Debugging values (log_grad_norm, log_param_norm, log_grad_pct_zeros, log_optimizer_states)
+# ---------------------------------------------------------------------------------------------------
+
+def _full_grad(param: nn.Parameter) -> Optional[torch.Tensor]:
+    """The parameter's gradient; under DeepSpeed ZeRO / bf16 the engine keeps it elsewhere."""
+    if param.grad is not None and getattr(param, "_hp_grad", None) is None:
+        return param.grad
+    if any(hasattr(param, attr) for attr in ("_hp_grad", "_hp_mapping", "ds_id")):
+        from deepspeed.utils import safe_get_full_grad
+
+        return safe_get_full_grad(param)
+    return param.grad
+
+
+def gradient_norms(model: nn.Module) -> Dict[str, float]:
+    """{'gradient_norms/<param name>': Frobenius norm of its gradient} for parameters that have one.
+
+    Call after backward and before the gradients are cleared. Under DeepSpeed ZeRO / bf16 the full gradient is
+    assembled by DeepSpeed (safe_get_full_grad), which gathers across data-parallel ranks, so every rank must
+    call it; with tensor or pipeline parallelism each rank sees its own slice / stage."""
+    out = {}
+    for name, param in model.named_parameters():
+        grad = _full_grad(param)
+        if grad is not None:
+            out[f"gradient_norms/{name}"] = float(grad.detach().float().norm())
+    return out
+
+
+def gradient_pct_zeros(model: nn.Module) -> Dict[str, float]:
+    """{'gradient_pct_zeros/<param name>': percentage (0-100) of exactly-zero gradient entries}."""
+    out = {}
+    for name, param in model.named_parameters():
+        grad = _full_grad(param)
+        if grad is not None and grad.numel():
+            out[f"gradient_pct_zeros/{name}"] = 100.0 * float((grad == 0).sum()) / grad.numel()
+    return out
+
+
+def parameter_norms(model: nn.Module) -> Dict[str, float]:
+    """{'parameter_norms/<param name>': Frobenius norm of the parameter}."""
+    return {f"parameter_norms/{name}": float(param.detach().float().norm())
+            for name, param in model.named_parameters()}
+
+
+def total_norm(norms: Dict[str, float]) -> float:
+    """The norm of all the tensors together, from their individual norms."""
+    return math.sqrt(sum(value * value for value in norms.values()))
+
+
+def optimizer_state_norms(model: nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, float]:
+    """{'optimizer_state_norms/<param name>/<state key>': norm} for every floating-point state (exp_avg, ...).
+
+    Under DeepSpeed ZeRO the states are read through safe_get_full_optimizer_state (call it on every rank);
+    DeepSpeed 0.19 links no state to the parameters of some ZeRO-1/2 groups (e.g. the no-weight-decay one),
+    which are then left out."""
+    names = {id(param): name for name, param in model.named_parameters()}
+    out = {}
+    basic = getattr(optimizer, "optimizer", optimizer)  # DeepSpeed wrappers keep the torch optimizer here
+    for group in basic.param_groups:
+        for param in group["params"]:
+            name = names.get(id(param))
+            state = basic.state.get(param, {})
+            if name is None:
+                continue
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.is_floating_point() and key != "step":
+                    out[f"optimizer_state_norms/{name}/{key}"] = float(value.detach().float().norm())
+    if not out and any(hasattr(p, "_hp_mapping") or hasattr(p, "ds_id") for p in model.parameters()):
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        for name, param in model.named_parameters():
+            for key in ("exp_avg", "exp_avg_sq"):
+                try:
+                    value = safe_get_full_optimizer_state(param, key)
+                except ValueError:  # DeepSpeed 0.19 links no state for some ZeRO-1/2 groups; skip those
+                    continue
+                if value is not None:
+                    out[f"optimizer_state_norms/{name}/{key}"] = float(value.detach().float().norm())
+    return out
+
+
+def memory_stats() -> Dict[str, float]:
+    """Memory in GB: CUDA allocator statistics on CUDA, the process's resident set size on CPU."""
+    gb = 1024.0 ** 3
+    if torch.cuda.is_available():
+        return {"memory/allocated_gb": torch.cuda.memory_allocated() / gb,
+                "memory/max_allocated_gb": torch.cuda.max_memory_allocated() / gb,
+                "memory/reserved_gb": torch.cuda.memory_reserved() / gb,
+                "memory/max_reserved_gb": torch.cuda.max_memory_reserved() / gb}
+    stats = {}
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            stats["memory/rss_gb"] = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / gb
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    stats["memory/max_rss_gb"] = peak / gb if sys.platform == "darwin" else peak * 1024.0 / gb
+    return stats
+
+
+def debug_metrics(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
+                  ) -> Dict[str, float]:
+    """The values the log_* / memory_profiling switches ask for, as `extras` for TrainingLogger.
+
+    log_grad_norm, log_param_norm: per-parameter norms plus the total ('grad_norm_total', 'param_norm_total');
+    log_grad_pct_zeros; log_optimizer_states (needs `optimizer`); memory_profiling: memory_stats()."""
+    out: Dict[str, float] = {}
+    if neox_args.log_grad_norm:
+        norms = gradient_norms(model)
+        out.update(norms)
+        out["grad_norm_total"] = total_norm(norms)
+    if neox_args.log_param_norm:
+        norms = parameter_norms(model)
+        out.update(norms)
+        out["param_norm_total"] = total_norm(norms)
+    if neox_args.log_grad_pct_zeros:
+        out.update(gradient_pct_zeros(model))
+    if neox_args.log_optimizer_states:
+        if optimizer is None:
+            raise ValueError("log_optimizer_states needs the optimizer passed to debug_metrics")
+        out.update(optimizer_state_norms(model, optimizer))
+    if neox_args.memory_profiling:
+        out.update(memory_stats())
+    return out
+
+
+class MemoryProfiler:
+    """memory_profiling: on CUDA records allocator history and dumps a snapshot (open it at
+    pytorch.org/memory_viz); on CPU writes memory_stats() as JSON. Files go to memory_profiling_path
+    (default <log_dir>/memory)."""
+
+    def __init__(self, neox_args: Any) -> None:
+        directory = neox_args.memory_profiling_path or (
+            os.path.join(neox_args.log_dir, "memory") if neox_args.log_dir else None)
+        if directory is None:
+            raise ValueError("memory_profiling needs memory_profiling_path (or log_dir) to write snapshots to")
+        self.directory = directory
+        self.cuda = torch.cuda.is_available()
+        os.makedirs(directory, exist_ok=True)
+        if self.cuda:
+            torch.cuda.memory._record_memory_history(max_entries=100000)
+
+    def dump(self, iteration: int) -> str:
+        """Write the snapshot for `iteration` and return its path."""
+        if self.cuda:
+            path = os.path.join(self.directory, f"memory_snapshot_iter{iteration}.pickle")
+            torch.cuda.memory._dump_snapshot(path)
+        else:
+            path = os.path.join(self.directory, f"memory_iter{iteration}.json")
+            with open(path, "w", encoding="utf-8") as out:
+                json.dump({"iteration": iteration, **memory_stats()}, out)
+        return path
+
+    def stop(self) -> None:
+        if self.cuda:
+            torch.cuda.memory._record_memory_history(enabled=None)

@@ -1,0 +1,301 @@
+"""Building the optimizer GPT-NeoX's `optimizer` dict asks for, plus the optimizers PyTorch lacks.
+
+`build_optimizer(neox_args, model)` returns a torch.optim.Optimizer for the training loop to hand to
+deepspeed.initialize(optimizer=...). optimizer.type (lower-cased in neox_args.optimizer_type):
+
+* adam            torch.optim.AdamW(fused=True) when the parameters are on CPU (torch >= 2.4 has a fused CPU
+                  kernel), DeepSpeed's FusedAdam on CUDA. `adam_w_mode: false` gives Adam with L2 decay.
+* cpu_adam        deepspeed.ops.adam.DeepSpeedCPUAdam (needed for ZeRO-Offload; JIT-built on first use).
+* cpu_torch_adam  torch.optim.AdamW / Adam, not fused.
+* sgd             torch.optim.SGD (momentum, dampening, nesterov from params).
+* sm3, madgrad_wd, lion   the implementations below.
+* onebitadam      refused: 1-bit Adam needs NCCL/CUDA collectives, and the installed DeepSpeed has none.
+
+optimizer.params may hold lr (already in neox_args.lr), the optimizer's own keys, and weight_decay (else
+neox_args.weight_decay); any other key is an error naming it. Weight decay is applied only to the
+parameters `get_param_groups` says should decay."""
+
+import math
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+NO_DECAY_FLAG = "_no_weight_decay"
+"""Set this attribute to True on a parameter to exclude it from weight decay."""
+
+ACCEPTED_PARAMS: Dict[str, Tuple[str, ...]] = {
+    "adam": ("lr", "betas", "eps", "weight_decay", "adam_w_mode", "amsgrad", "bias_correction"),
+    "cpu_adam": ("lr", "betas", "eps", "weight_decay", "adam_w_mode", "amsgrad", "bias_correction"),
+    "cpu_torch_adam": ("lr", "betas", "eps", "weight_decay", "adam_w_mode", "amsgrad", "bias_correction"),
+    "sgd": ("lr", "momentum", "dampening", "nesterov", "weight_decay"),
+    "sm3": ("lr", "momentum", "beta", "eps", "weight_decay"),
+    "madgrad_wd": ("lr", "momentum", "eps", "weight_decay"),
+    "lion": ("lr", "betas", "weight_decay"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parameter groups
+# ---------------------------------------------------------------------------------------------------
+
+def _excluded_from_decay(module: nn.Module, name: str, param: nn.Parameter) -> bool:
+    return ("Norm" in type(module).__name__ or name == "bias" or name.endswith("_bias")
+            or bool(getattr(param, NO_DECAY_FLAG, False)))
+
+
+def get_param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+    """[{params to decay, weight_decay}, {params not to decay, weight_decay: 0}], empty groups dropped.
+
+    Not decayed: every parameter of a module whose class name contains "Norm" (LayerNorm, RMSNorm, ...),
+    biases, and parameters flagged `_no_weight_decay`. Parameters that do not require grad are left out;
+    a parameter shared by several modules (tied embeddings) appears once."""
+    decay: List[nn.Parameter] = []
+    no_decay: List[nn.Parameter] = []
+    seen = set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue
+            seen.add(id(param))
+            if weight_decay != 0.0 and not _excluded_from_decay(module, name, param):
+                decay.append(param)
+            else:
+                no_decay.append(param)
+    groups = [{"params": decay, "weight_decay": float(weight_decay)}, {"params": no_decay, "weight_decay": 0.0}]
+    return [group for group in groups if group["params"]]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Optimizers not in PyTorch
+# ---------------------------------------------------------------------------------------------------
+
+class SM3(torch.optim.Optimizer):
+    """SM3-II (Anil et al., 2019, "Memory-Efficient Adaptive Optimization"): Adagrad whose second-moment
+    accumulator for a tensor of rank k >= 2 is kept as k vectors, one per dimension, instead of a full tensor.
+
+    Per step, for gradient g: nu = min over the dimension accumulators (broadcast) + g^2 (or, with beta > 0,
+    beta * min + (1 - beta) * g^2); each dimension accumulator becomes the max of nu over the other dims;
+    update u = g / sqrt(nu + eps); with momentum m: buf = m * buf + (1 - m) * u; p -= lr * buf.
+    Rank 0/1 tensors keep a full accumulator (plain Adagrad). weight_decay is decoupled: p -= lr * wd * p."""
+
+    def __init__(self, params: Iterable, lr: float = 0.1, momentum: float = 0.0, beta: float = 0.0,
+                 eps: float = 1e-30, weight_decay: float = 0.0) -> None:
+        if lr < 0 or not 0.0 <= momentum < 1.0 or not 0.0 <= beta < 1.0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"SM3: invalid lr={lr}, momentum={momentum}, beta={beta}, eps={eps} or "
+                             f"weight_decay={weight_decay} (need lr, eps, weight_decay >= 0; momentum, beta in [0, 1))")
+        super().__init__(params, dict(lr=lr, momentum=momentum, beta=beta, eps=eps, weight_decay=weight_decay))
+
+    @staticmethod
+    def _accumulator_shapes(shape: torch.Size) -> List[Tuple[int, ...]]:
+        if len(shape) <= 1:
+            return [tuple(shape)]
+        return [tuple(size if d == dim else 1 for d, size in enumerate(shape)) for dim in range(len(shape))]
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum, beta, eps, wd = (group[k] for k in ("lr", "momentum", "beta", "eps", "weight_decay"))
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("SM3 here supports dense gradients only")
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["accumulators"] = [torch.zeros(s, dtype=torch.float32, device=p.device)
+                                             for s in self._accumulator_shapes(p.shape)]
+                    if momentum > 0:
+                        state["momentum_buffer"] = torch.zeros_like(grad)
+                state["step"] += 1
+                accs: List[torch.Tensor] = state["accumulators"]
+                nu = accs[0]
+                for acc in accs[1:]:
+                    nu = torch.minimum(nu, acc)
+                nu = nu.expand_as(grad)
+                nu = nu * beta + grad * grad * (1.0 - beta) if beta > 0 else nu + grad * grad
+                if len(accs) == 1:
+                    accs[0].copy_(nu)
+                else:
+                    for dim, acc in enumerate(accs):
+                        others = [d for d in range(grad.dim()) if d != dim]
+                        acc.copy_(torch.amax(nu, dim=others, keepdim=True))
+                update = grad * torch.rsqrt(nu + eps) if eps > 0 else torch.where(nu > 0, grad / nu.sqrt(), 0.0)
+                if momentum > 0:
+                    buf = state["momentum_buffer"]
+                    buf.mul_(momentum).add_(update, alpha=1.0 - momentum)
+                    update = buf
+                if wd:
+                    p.mul_(1.0 - lr * wd)
+                p.add_(update.to(p.dtype), alpha=-lr)
+        return loss
+
+
+class MADGRAD(torch.optim.Optimizer):
+    """MADGRAD (Defazio & Jelassi, 2021), momentumized dual averaging, with decoupled weight decay
+    (GPT-NeoX's "madgrad_wd").
+
+    Step k = 0, 1, ...: lam = lr * sqrt(k + 1); s += lam * g; nu += lam * g^2;
+    z = x0 - s / (cbrt(nu) + eps); x = (1 - c) x + c z with c = 1 - momentum; then, decoupled,
+    x -= lr * weight_decay * x_k (x_k the value before this step). x0 is the parameter at its first step."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-2, momentum: float = 0.9, weight_decay: float = 0.0,
+                 eps: float = 1e-6) -> None:
+        if lr <= 0 or not 0.0 <= momentum < 1.0 or weight_decay < 0 or eps < 0:
+            raise ValueError(f"MADGRAD: invalid lr={lr}, momentum={momentum}, weight_decay={weight_decay} or "
+                             f"eps={eps} (need lr > 0, momentum in [0, 1), weight_decay, eps >= 0)")
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum, wd, eps = (group[k] for k in ("lr", "momentum", "weight_decay", "eps"))
+            c = 1.0 - momentum
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("MADGRAD here supports dense gradients only")
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["grad_sum"] = torch.zeros_like(grad)
+                    state["grad_sq_sum"] = torch.zeros_like(grad)
+                    state["x0"] = p.detach().float().clone()
+                lam = lr * math.sqrt(state["step"] + 1)
+                state["step"] += 1
+                state["grad_sum"].add_(grad, alpha=lam)
+                state["grad_sq_sum"].addcmul_(grad, grad, value=lam)
+                z = state["x0"] - state["grad_sum"] / (state["grad_sq_sum"].pow(1.0 / 3.0) + eps)
+                x_old = p.detach().float()
+                x_new = x_old * (1.0 - c) + z * c
+                if wd:
+                    x_new = x_new - lr * wd * x_old
+                p.copy_(x_new)
+        return loss
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms").
+
+    u = sign(beta1 * m + (1 - beta1) * g); p = p * (1 - lr * wd) - lr * u; m = beta2 * m + (1 - beta2) * g."""
+
+    def __init__(self, params: Iterable, lr: float = 1e-4, betas: Tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0) -> None:
+        if lr <= 0 or not all(0.0 <= b < 1.0 for b in betas) or weight_decay < 0:
+            raise ValueError(f"Lion: invalid lr={lr}, betas={betas} or weight_decay={weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (beta1, beta2), wd = group["lr"], group["betas"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.float()
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(grad)
+                exp_avg = state["exp_avg"]
+                update = (exp_avg * beta1 + grad * (1.0 - beta1)).sign_()
+                if wd:
+                    p.mul_(1.0 - lr * wd)
+                p.add_(update.to(p.dtype), alpha=-lr)
+                exp_avg.mul_(beta2).add_(grad, alpha=1.0 - beta2)
+        return loss
+
+
+# ---------------------------------------------------------------------------------------------------
+# Building from the config
+# ---------------------------------------------------------------------------------------------------
+
+def _optimizer_params(neox_args: Any, kind: str) -> Dict[str, Any]:
+    if neox_args.optimizer is None:
+        raise ValueError("no optimizer configured: set e.g. optimizer: {type: Adam, params: {lr: 0.0006}}")
+    params = dict(neox_args.optimizer.get("params") or {})
+    accepted = ACCEPTED_PARAMS[kind]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"optimizer.params {unknown} are not accepted by optimizer type {kind!r}; "
+                         f"accepted: {', '.join(accepted)}")
+    if neox_args.lr is None:
+        raise ValueError("no learning rate: set optimizer.params.lr (or lr)")
+    params["lr"] = float(neox_args.lr)
+    if "betas" in params:
+        params["betas"] = tuple(float(b) for b in params["betas"])
+    return params
+
+
+def _on_cuda(groups: List[Dict[str, Any]]) -> bool:
+    devices = {p.device.type for g in groups for p in g["params"]}
+    if devices == {"cpu"} or not devices:
+        return False
+    if devices == {"cuda"}:
+        return True
+    raise ValueError(f"the model's parameters are on several device types {sorted(devices)}; move the model to "
+                     f"one device before building the optimizer")
+
+
+def _torch_adam(groups: List[Dict[str, Any]], params: Dict[str, Any], fused: bool) -> torch.optim.Optimizer:
+    params = dict(params)
+    if not params.pop("bias_correction", True):
+        raise ValueError("optimizer.params.bias_correction: false is only supported by DeepSpeed's Adam "
+                         "(adam on CUDA, or cpu_adam); torch's Adam always corrects the bias")
+    adam_w_mode = params.pop("adam_w_mode", True)
+    cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+    return cls(groups, fused=fused, **params)
+
+
+def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer named by neox_args.optimizer_type over `get_param_groups(model, ...)`.
+
+    Build it after the model is on its device (CPU or CUDA) and pass it to deepspeed.initialize(optimizer=...).
+    With ZeRO-Offload, DeepSpeed requires optimizer type CPU_Adam."""
+    kind = neox_args.optimizer_type
+    if kind == "onebitadam":
+        raise ValueError("optimizer type 'onebitadam' (OneBitAdam) is not supported: 1-bit Adam needs NCCL/CUDA "
+                         "collectives and the installed DeepSpeed no longer provides it; use type Adam")
+    if kind not in ACCEPTED_PARAMS:
+        raise ValueError(f"optimizer type {kind!r} is not one of {', '.join(ACCEPTED_PARAMS)}, onebitadam")
+    params = _optimizer_params(neox_args, kind)
+    weight_decay = float(params.pop("weight_decay", neox_args.weight_decay))
+    groups = get_param_groups(model, weight_decay)
+    if not groups:
+        raise ValueError("the model has no trainable parameters to optimize")
+    if kind == "adam":
+        if _on_cuda(groups):
+            from deepspeed.ops.adam import FusedAdam
+
+            return FusedAdam(groups, **params)
+        return _torch_adam(groups, params, fused=True)
+    if kind == "cpu_torch_adam":
+        return _torch_adam(groups, params, fused=False)
+    if kind == "cpu_adam":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        if "adam_w_mode" in params:
+            params["adamw_mode"] = params.pop("adam_w_mode")
+        return DeepSpeedCPUAdam(groups, **params)
+    if kind == "sgd":
+        return torch.optim.SGD(groups, **params)
+    if kind == "sm3":
+        return SM3(groups, **params)
+    if kind == "madgrad_wd":
+        return MADGRAD(groups, **params)
+    return Lion(groups, **params)

@@ -1,0 +1,133 @@
+"""FLOPs per token against arithmetic written out by hand, the peak table, overrides and MFU."""
+
+import pytest
+import torch
+
+from megatron.flops import (
+    forward_flops_per_token,
+    lookup_peak_tflops,
+    mfu,
+    mlp_width,
+    peak_dtype,
+    peak_tflops,
+    tflops_per_device,
+    training_flops_per_token,
+)
+from tests.neox_arguments.helpers import tiny
+
+
+def _args(**overrides):
+    args = tiny(**overrides)  # h = 64, L = 2, a = 4, s = 32
+    args.set_padded_vocab_size(100)  # -> 128 (make_vocab_size_divisible_by = 128)
+    assert args.padded_vocab_size == 128
+    return args
+
+
+def test_tiny_dense_model_by_hand():
+    # h = 64, a = 4, d = 16, k = 4, s = 32, V = 128, gelu -> f = 4h = 256
+    qkv = 2 * 64 * (64 + 2 * 4 * 16)  # 24576
+    attention = 2 * 32 * 64 + 2 * 32 * 64  # 8192
+    dense = 2 * 64 * 64  # 8192
+    mlp = 2 * 64 * 256 * 2  # 65536
+    logits = 2 * 64 * 128  # 16384
+    forward = 2 * (qkv + attention + dense + mlp) + logits
+    assert forward == 229376
+    args = _args()
+    assert forward_flops_per_token(args) == 229376
+    assert training_flops_per_token(args) == 3 * 229376 == 688128
+    assert training_flops_per_token(args, activation_checkpointing=True) == 4 * 229376
+
+
+def test_grouped_query_attention_counts_fewer_kv_heads():
+    # k = 2: qkv = 2 * 64 * (64 + 2 * 2 * 16) = 16384, 8192 less per layer than with k = 4
+    assert forward_flops_per_token(_args(num_kv_heads=2)) == 229376 - 2 * 8192
+
+
+def test_gated_mlp_width_rule():
+    # swiglu, inner = 4h = 256: f = int(256 * 2 / 3) // 2 = 170 // 2 = 85; 3 matrices: 2 * 64 * 85 * 3 = 32640
+    args = _args(activation="swiglu")
+    assert mlp_width(args) == (85, True)
+    assert forward_flops_per_token(args) == 229376 - 2 * 65536 + 2 * 32640
+    # mlp_multiple_of = 16 rounds 85 up to 96
+    assert mlp_width(_args(activation="swiglu", mlp_multiple_of=16)) == (96, True)
+    # intermediate_size wins over expansion_factor; plain widths are rounded up too
+    assert mlp_width(_args(intermediate_size=100, expansion_factor=2.0, mlp_multiple_of=32)) == (128, False)
+    assert mlp_width(_args(expansion_factor=2.5)) == (160, False)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"activation": "swiglu", "mlp_multiple_of": 16},
+        {"activation": "geglu", "intermediate_size": 300},
+        {"expansion_factor": 3.0, "mlp_multiple_of": 64},
+    ],
+)
+def test_mlp_width_agrees_with_the_model(overrides):
+    from megatron.model.activations import get_activation
+    from megatron.model.mlp import mlp_width as model_mlp_width
+
+    args = _args(**overrides)
+    width, gated = mlp_width(args)
+    assert gated == get_activation(args.activation)[1]
+    assert width == model_mlp_width(args, gated)
+
+
+def test_missing_vocab_is_an_error():
+    with pytest.raises(ValueError, match="padded_vocab_size"):
+        forward_flops_per_token(tiny())
+
+
+def test_tflops_and_mfu():
+    # 688128 FLOPs/token x 1e6 tokens/s over 4 devices = 0.172032 TFLOP/s each
+    achieved = tflops_per_device(688128, 1.0e6, 4)
+    assert achieved == pytest.approx(0.172032)
+    assert mfu(achieved, 312.0) == pytest.approx(0.172032 / 312.0)
+    assert mfu(achieved, None) is None
+    with pytest.raises(ValueError):
+        tflops_per_device(1.0, 1.0, 0)
+
+
+@pytest.mark.parametrize(
+    "name, dtype, peak",
+    [
+        ("NVIDIA A100-SXM4-80GB", "bf16", 312.0),
+        ("NVIDIA A100 80GB PCIe", "tf32", 156.0),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.0),
+        ("NVIDIA H100 PCIe", "fp16", 756.0),
+        ("NVIDIA H100 NVL", "bf16", None),
+        ("NVIDIA H200", "fp32", 67.0),
+        ("NVIDIA A10", "bf16", 125.0),
+        ("NVIDIA A10G", "bf16", None),
+        ("NVIDIA L4", "fp16", 121.0),
+        ("NVIDIA L40S", "bf16", None),
+        ("Tesla V100-SXM2-32GB", "fp16", 125.0),
+        ("Tesla V100-PCIE-16GB", "fp16", 112.0),
+        ("Tesla V100-SXM2-16GB", "bf16", None),
+        ("AMD Instinct MI250X", "bf16", 383.0),
+        ("AMD Instinct MI300X", "bf16", 1307.4),
+    ],
+)
+def test_peak_table(name, dtype, peak):
+    assert lookup_peak_tflops(name, dtype) == peak
+
+
+def test_peak_dtype_and_overrides(monkeypatch):
+    assert peak_dtype("bfloat16") == "bf16" and peak_dtype("fp32", allow_tf32=True) == "tf32"
+    with pytest.raises(ValueError):
+        peak_dtype("int8")
+    monkeypatch.delenv("NEOX_PEAK_TFLOPS", raising=False)
+    assert peak_tflops("bfloat16", device_name="NVIDIA H100 80GB HBM3") == 989.0
+    assert peak_tflops("bfloat16", override=100.0, device_name="NVIDIA H100 80GB HBM3") == 100.0
+    monkeypatch.setenv("NEOX_PEAK_TFLOPS", "42.5")
+    assert peak_tflops("fp32") == 42.5
+    monkeypatch.setenv("NEOX_PEAK_TFLOPS", "fast")
+    with pytest.raises(ValueError, match="NEOX_PEAK_TFLOPS"):
+        peak_tflops("fp32")
+
+
+def test_cpu_has_no_peak(monkeypatch):
+    monkeypatch.delenv("NEOX_PEAK_TFLOPS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert peak_tflops("bfloat16") is None
