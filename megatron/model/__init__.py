@@ -1,0 +1,18 @@
+"""The GPT model: layers, positional encodings, norms, activations, init, KV cache, and builders.
+
+``build_model(neox_args, parallel_state)`` returns GPT2ModelPipe (a DeepSpeed PipelineModule) when
+pipe_parallel_size >= 1 and GPT2ModelSequential otherwise.
+"""
+from megatron.model.batch import get_batch, masks_and_position_ids
+from megatron.model.gpt2_model import (
+    GPT2ModelPipe,
+    GPT2ModelSequential,
+    build_model,
+    cross_entropy_loss,
+    gpt2_layer_specs,
+    loss_function,
+)
+from megatron.model.kv_cache import KVCache
+
+__all__ = ["GPT2ModelPipe", "GPT2ModelSequential", "build_model", "cross_entropy_loss", "gpt2_layer_specs",
+           "loss_function", "get_batch", "masks_and_position_ids", "KVCache"]

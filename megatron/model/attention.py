@@ -1,0 +1,213 @@
+"""Tensor-parallel causal self-attention.
+
+Fused QKV layout (rows of the query_key_value weight, and its bias):
+  * multi-head attention (num_kv_heads == num_attention_heads): per head, [q | k | v] of head_dim each,
+    i.e. the weight viewed as [heads, 3, head_dim, hidden] — Hugging Face GPTNeoX's layout, so checkpoints
+    convert without reshuffling.
+  * grouped-query / multi-query attention (num_kv_heads = K < heads = H, G = H / K): per kv group,
+    the G query heads of the group, then its key head, then its value head: [K, (G + 2), head_dim, hidden].
+    With G = 1 this is exactly the MHA layout.
+Tensor parallelism splits the kv groups (hence K must be divisible by model_parallel_size); query head
+``g * G + j`` uses key/value head ``g``, and each rank holds consecutive groups.
+
+Attention is computed with F.scaled_dot_product_attention. A boolean mask is built from absolute
+positions (causal; ``sliding_window_width`` w: a query at i sees keys i - w .. i; ``local`` layers: with
+sparsity_config ``block`` B (16) and ``num_sliding_window_blocks`` W (3), a query in block i sees the
+keys of blocks i - W // 2 .. i, the dense equivalent of DeepSpeed's unidirectional
+LocalSlidingWindowSparsityConfig) and
+combined with the batch's attention_mask (True = masked, as GPT-NeoX). ALiBi / rpe add a float bias.
+With attention_softmax_in_fp32 or apply_query_key_layer_scaling in half precision, the scores are
+computed explicitly and soft-maxed in fp32 (layer scaling divides by the layer number before the
+product and multiplies it back in fp32, which is exact in real arithmetic).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.model.kv_cache import KVCache
+from megatron.model.norms import build_norm
+from megatron.model.positional import (
+    RotaryEmbedding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rotary,
+    relative_position_bucket,
+)
+from megatron.mpu import ColumnParallelLinear, RowParallelLinear, divide, shard_of
+
+SUPPORTED_ATTENTION = ("global", "flash", "local")
+SPARSE_ATTENTION = ("sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
+
+
+def check_attention_type(kind: str) -> None:
+    """ValueError naming the option for attention types this model cannot build."""
+    if kind in SUPPORTED_ATTENTION:
+        return
+    if kind in SPARSE_ATTENTION:
+        raise ValueError(f"attention_config type {kind!r} needs DeepSpeed sparse attention on a GPU and is "
+                         "not supported yet")
+    raise ValueError(f"attention_config type {kind!r} is not supported yet; use global, flash or local")
+
+
+class ParallelSelfAttention(nn.Module):
+    """Causal self-attention over this rank's heads: fused QKV (column-parallel), optional QK norm,
+    positional encoding, SDPA, output projection (row-parallel). ``forward(x, attention_mask,
+    kv_cache)``; ``x`` is [batch, seq, hidden] (sequence-sharded under sequence_parallel)."""
+
+    def __init__(self, neox_args, parallel_state, initializer, layer_number: int, rng_tracker) -> None:
+        super().__init__()
+        self.layer_number = layer_number
+        self.attention_type = neox_args.attention_config[layer_number]
+        check_attention_type(self.attention_type)
+        hidden = neox_args.hidden_size
+        heads = neox_args.num_attention_heads
+        kv_heads = neox_args.num_kv_heads or heads
+        tp = parallel_state.get_model_parallel_world_size()
+        if heads % kv_heads != 0:
+            raise ValueError(f"num_kv_heads ({kv_heads}) must divide num_attention_heads ({heads})")
+        if kv_heads % tp != 0:
+            raise ValueError(f"num_kv_heads ({kv_heads}) must be divisible by model_parallel_size ({tp})")
+        self.head_dim = divide(hidden, heads, "hidden_size / num_attention_heads")
+        self.group_size = heads // kv_heads
+        self.local_kv_heads = kv_heads // tp
+        self.local_heads = self.local_kv_heads * self.group_size
+        self.tp_rank = parallel_state.get_model_parallel_rank()
+        self.dropout_p = float(getattr(neox_args, "attention_dropout", 0.0) or 0.0)
+        self.rng_tracker = rng_tracker
+        sp = bool(getattr(neox_args, "sequence_parallel", False))
+        bias = bool(getattr(neox_args, "use_bias_in_attn_linear", True))
+        qkv_rows = kv_heads * (self.group_size + 2) * self.head_dim
+        self.query_key_value = ColumnParallelLinear(
+            hidden, qkv_rows, parallel_state, initializer.weight(layer_number, "attention.query_key_value"),
+            bias=bias, sequence_parallel=sp)
+        self.dense = RowParallelLinear(
+            heads * self.head_dim, hidden, parallel_state,
+            initializer.output_weight(layer_number, "attention.dense"), bias=bias, sequence_parallel=sp)
+
+        group = parallel_state.get_model_parallel_group() if tp > 1 else None
+        self.qk_norm = bool(getattr(neox_args, "use_qk_layernorm", False))
+        if self.qk_norm:
+            self.q_norm = build_norm(neox_args, self.head_dim, grad_reduce_group=group)
+            self.k_norm = build_norm(neox_args, self.head_dim, grad_reduce_group=group)
+
+        self.pos_emb = getattr(neox_args, "pos_emb", "learned") or "learned"
+        if self.pos_emb == "rotary":
+            rot_dim = int(self.head_dim * float(getattr(neox_args, "rotary_pct", 1.0)))
+            self.rotary = RotaryEmbedding(rot_dim, float(getattr(neox_args, "rotary_emb_base", 10000)),
+                                          persistent=bool(getattr(neox_args, "rotary_save_freqs_buffer", False)))
+        elif self.pos_emb == "alibi":
+            slopes = alibi_slopes(heads)[self.tp_rank * self.local_heads:(self.tp_rank + 1) * self.local_heads]
+            self.register_buffer("alibi_slopes", slopes, persistent=False)
+        elif self.pos_emb == "rpe":
+            self.rpe_buckets = int(getattr(neox_args, "rpe_num_buckets", 32))
+            self.rpe_max_distance = int(getattr(neox_args, "rpe_max_distance", 128))
+            self.rpe = nn.Parameter(torch.empty(self.rpe_buckets, self.local_heads))
+            with torch.no_grad():
+                full = torch.empty(self.rpe_buckets, heads)
+                initializer.weight(layer_number, "attention.rpe")(full)
+                self.rpe.copy_(shard_of(full, 1, self.tp_rank, tp))
+            self.rpe.model_parallel = tp > 1
+
+        self.window = getattr(neox_args, "sliding_window_width", None)
+        if self.attention_type == "local":
+            sparsity = getattr(neox_args, "sparsity_config", None) or {}
+            self.local_block = int(sparsity.get("block", 16))
+            self.local_blocks = int(sparsity.get("num_sliding_window_blocks", 3))
+        self.layer_scaling = bool(getattr(neox_args, "apply_query_key_layer_scaling", False))
+        self.softmax_fp32 = bool(getattr(neox_args, "attention_softmax_in_fp32", False)) or self.layer_scaling
+        self.force_explicit = False  # tests flip this to compare the explicit path with SDPA
+
+    def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, attention_mask: Optional[torch.Tensor]):
+        """Boolean [.., q, k] mask, True where attention is *allowed*."""
+        allowed = k_pos.unsqueeze(0) <= q_pos.unsqueeze(-1)
+        if self.window is not None:
+            allowed &= (q_pos.unsqueeze(-1) - k_pos.unsqueeze(0)) <= int(self.window)
+        if self.attention_type == "local":
+            qb = torch.div(q_pos, self.local_block, rounding_mode="floor").unsqueeze(-1)
+            kb = torch.div(k_pos, self.local_block, rounding_mode="floor").unsqueeze(0)
+            allowed &= (qb - kb) <= self.local_blocks // 2
+        if attention_mask is not None:
+            allowed = allowed & ~attention_mask.to(torch.bool)
+        return allowed
+
+    def _plain_causal(self, q_len: int, k_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
+        """True when the attention is exactly causal over the whole sequence with no additive bias."""
+        if q_len != k_len or self.window is not None or self.attention_type == "local" or \
+                self.pos_emb in ("alibi", "rpe"):
+            return False
+        if attention_mask is None:
+            return True
+        if attention_mask.dim() != 4 or attention_mask.size(0) != 1 or attention_mask.size(1) != 1 or \
+                attention_mask.shape[-2:] != (q_len, k_len):
+            return False
+        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=attention_mask.device).triu(1)
+        return torch.equal(attention_mask[0, 0].to(torch.bool), causal)
+
+    def _bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+        if self.pos_emb == "alibi":
+            return alibi_bias(self.alibi_slopes, q_pos, k_pos)
+        if self.pos_emb == "rpe":
+            buckets = relative_position_bucket(k_pos.unsqueeze(0) - q_pos.unsqueeze(-1), self.rpe_buckets,
+                                               self.rpe_max_distance)
+            return self.rpe[buckets].permute(2, 0, 1)
+        return None
+
+    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+        qkv = self.query_key_value(x)
+        b, s = qkv.shape[:2]
+        d, g = self.head_dim, self.group_size
+        qkv = qkv.view(b, s, self.local_kv_heads, g + 2, d)
+        q = qkv[:, :, :, :g].reshape(b, s, self.local_heads, d).transpose(1, 2)
+        k = qkv[:, :, :, g].transpose(1, 2)
+        v = qkv[:, :, :, g + 1].transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        offset = kv_cache.length if kv_cache is not None else 0
+        q_pos = torch.arange(offset, offset + s, device=x.device)
+        if self.pos_emb == "rotary":
+            cos, sin = self.rotary(q_pos)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_number, k, v)
+        k_pos = torch.arange(k.size(2), device=x.device)
+        if g > 1:
+            k = k.repeat_interleave(g, dim=1)
+            v = v.repeat_interleave(g, dim=1)
+        dropout = self.dropout_p if self.training else 0.0
+        explicit = self.force_explicit or (self.softmax_fp32 and q.dtype != torch.float32)
+        if not explicit and self._plain_causal(s, k.size(2), attention_mask):
+            # Fast path (flash / memory-efficient kernels where available): causal mask, no bias.
+            with self.rng_tracker.fork():
+                context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            context = context.transpose(1, 2).reshape(b, s, self.local_heads * d)
+            return self.dense(context)
+        allowed = self._mask(q_pos, k_pos, attention_mask)
+        bias = self._bias(q_pos, k_pos)
+        with self.rng_tracker.fork():
+            if explicit:
+                context = self._explicit(q, k, v, allowed, bias, dropout)
+            else:
+                mask = allowed
+                if bias is not None:
+                    mask = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        context = context.transpose(1, 2).reshape(b, s, self.local_heads * d)
+        return self.dense(context)
+
+    def _explicit(self, q, k, v, allowed, bias, dropout):
+        coeff = float(self.layer_number + 1) if self.layer_scaling else 1.0
+        scores = torch.matmul(q / (math.sqrt(self.head_dim) * coeff), k.transpose(-1, -2))
+        scores = scores.float() * coeff
+        if bias is not None:
+            scores = scores + bias
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        if dropout > 0:
+            probs = F.dropout(probs, p=dropout)
+        return torch.matmul(probs, v)

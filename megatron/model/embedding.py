@@ -1,0 +1,137 @@
+"""Input embedding stage, final norm and output head of the GPT pipeline.
+
+EmbeddingPipe: vocabulary-parallel word embedding, plus learned (``opt_pos_emb_offset`` added to the
+position ids) or sinusoidal position embeddings, an optional soft prompt, then hidden dropout; under
+sequence parallelism its output is this rank's chunk of the sequence. The output head is either a
+column-parallel linear over the (padded) vocabulary or, with tied weights, the word embedding matrix
+itself (``tied_logits``); both yield this rank's vocabulary shard of the logits.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.model.norms import build_norm
+from megatron.model.positional import sinusoidal_embedding
+from megatron.model.transformer import sequence_parallel_on
+from megatron.mpu import (
+    ColumnParallelLinear,
+    VocabParallelEmbedding,
+    copy_to_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
+)
+
+EMBEDDING_LAYER_INDEX = -1
+
+
+class SoftPrompt(nn.Module):
+    """``num_tokens`` learned vectors that replace the first positions' embeddings (prompt tuning)."""
+
+    def __init__(self, config: dict, hidden: int, seed: int) -> None:
+        super().__init__()
+        if config.get("init_string"):
+            raise ValueError("soft_prompt_tuning.init_string is not supported yet (it needs the tokenizer); "
+                             "leave it empty to use init_range")
+        self.num_tokens = int(config.get("num_tokens", 10))
+        init_range = float(config.get("init_range", 0.5))
+        weight = torch.empty(self.num_tokens, hidden)
+        torch.nn.init.uniform_(weight, -init_range, init_range, generator=torch.Generator().manual_seed(seed))
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        b, s = embeddings.shape[:2]
+        prompt = self.weight.to(embeddings.dtype).unsqueeze(0).expand(b, -1, -1)
+        return torch.cat((prompt, embeddings), dim=1)[:, :s]
+
+
+class EmbeddingPipe(nn.Module):
+    """(tokens, position_ids, attention_mask) -> (hidden_states, attention_mask)."""
+
+    def __init__(self, neox_args, parallel_state, initializer, rng_tracker) -> None:
+        super().__init__()
+        hidden = neox_args.hidden_size
+        self.rng_tracker = rng_tracker
+        self.group = parallel_state.get_model_parallel_group()
+        self.sequence_parallel = sequence_parallel_on(neox_args, parallel_state)
+        self.word_embeddings = VocabParallelEmbedding(
+            neox_args.padded_vocab_size, hidden, parallel_state,
+            initializer.weight(EMBEDDING_LAYER_INDEX, "word_embeddings"))
+        self.pos_emb = getattr(neox_args, "pos_emb", "learned") or "learned"
+        if self.pos_emb not in ("learned", "rotary", "sinusoidal", "rpe", "alibi", "none"):
+            raise ValueError(f"pos_emb={self.pos_emb!r} is not supported")
+        self.hidden = hidden
+        if self.pos_emb == "learned":
+            max_pos = int(getattr(neox_args, "max_position_embeddings", None) or neox_args.seq_length)
+            self.position_offset = int(getattr(neox_args, "opt_pos_emb_offset", 0) or 0)
+            weight = torch.empty(max_pos + self.position_offset, hidden)
+            initializer.weight(EMBEDDING_LAYER_INDEX, "position_embeddings")(weight)
+            # _weight skips nn.Embedding's own init, which would draw from (and advance) the global RNG.
+            self.position_embeddings = nn.Embedding(max_pos + self.position_offset, hidden, _weight=weight)
+        self.dropout = float(getattr(neox_args, "hidden_dropout", 0.0) or 0.0)
+        soft = getattr(neox_args, "soft_prompt_tuning", None)
+        self.soft_prompt = None
+        if soft and soft.get("enabled", True):
+            self.soft_prompt = SoftPrompt(soft, hidden, initializer.seed)
+
+    @property
+    def word_embeddings_weight(self) -> torch.Tensor:
+        return self.word_embeddings.weight
+
+    def forward(self, args: Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]):
+        tokens, position_ids, attention_mask = args
+        hidden = self.word_embeddings(tokens)
+        if self.pos_emb == "learned":
+            hidden = hidden + self.position_embeddings(position_ids + self.position_offset)
+        elif self.pos_emb == "sinusoidal":
+            hidden = hidden + sinusoidal_embedding(position_ids, self.hidden).to(hidden.dtype)
+        if self.soft_prompt is not None:
+            hidden = self.soft_prompt(hidden)
+        if self.sequence_parallel:
+            hidden = scatter_to_sequence_parallel_region(hidden, self.group)
+        if self.training and self.dropout > 0:
+            ctx = self.rng_tracker.fork() if self.sequence_parallel else contextlib.nullcontext()
+            with ctx:
+                hidden = F.dropout(hidden, p=self.dropout)
+        return hidden, attention_mask
+
+
+def tied_logits(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
+    """Output head that reuses the word embedding: this rank's vocabulary shard of the logits."""
+    if embedding.sequence_parallel:
+        hidden = gather_from_sequence_parallel_region(hidden, embedding.group)
+    else:
+        hidden = copy_to_model_parallel_region(hidden, embedding.group)
+    return F.linear(hidden, embedding.word_embeddings.weight)
+
+
+class NormPipe(nn.Module):
+    """Final norm: (hidden_states, attention_mask) -> hidden_states."""
+
+    def __init__(self, neox_args, parallel_state) -> None:
+        super().__init__()
+        group = parallel_state.get_model_parallel_group() if sequence_parallel_on(neox_args, parallel_state) \
+            else None
+        self.norm = build_norm(neox_args, neox_args.hidden_size, grad_reduce_group=group)
+
+    def forward(self, args) -> torch.Tensor:
+        hidden = args[0] if isinstance(args, tuple) else args
+        return self.norm(hidden)
+
+
+class ParallelLinearPipe(nn.Module):
+    """Untied output head: column-parallel over the vocabulary, no bias, logits left sharded."""
+
+    def __init__(self, neox_args, parallel_state, initializer) -> None:
+        super().__init__()
+        self.final_linear = ColumnParallelLinear(
+            neox_args.hidden_size, neox_args.padded_vocab_size, parallel_state,
+            initializer.weight(int(neox_args.num_layers), "final_linear"), bias=False,
+            sequence_parallel=sequence_parallel_on(neox_args, parallel_state))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.final_linear(hidden)

@@ -1,0 +1,86 @@
+"""Positional encodings: rotary (rotate-half, as Hugging Face GPT-NeoX), sinusoidal, ALiBi slopes and
+biases, and T5-style relative position buckets (rpe).
+
+Positions are absolute token indices, so the same code serves a full forward and incremental
+decoding with a KV cache (queries start at the cache's length).
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for rotary embeddings on the first ``rot_dim`` channels of each head."""
+
+    def __init__(self, rot_dim: int, base: float, persistent: bool = False) -> None:
+        super().__init__()
+        if rot_dim % 2 != 0 or rot_dim <= 0:
+            raise ValueError(f"rotary dimension (head size x rotary_pct) must be even and > 0, got {rot_dim}")
+        self.rot_dim = rot_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=persistent)
+
+    def forward(self, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape [len(positions), rot_dim] in fp32."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.size(-1)`` channels of ``x`` [b, heads, s, d]; the rest pass through."""
+    rot_dim = cos.size(-1)
+    rot, rest = x[..., :rot_dim], x[..., rot_dim:]
+    rotated = (rot.float() * cos + rotate_half(rot.float()) * sin).to(x.dtype)
+    return torch.cat((rotated, rest), dim=-1) if rest.size(-1) else rotated
+
+
+def sinusoidal_embedding(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
+    """[..., dim] embedding: sin of the position frequencies, then cos (Vaswani et al.)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+    angles = positions.float().unsqueeze(-1) * inv_freq
+    return torch.cat((angles.sin(), angles.cos()), dim=-1)[..., :dim]
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi head slopes (Press et al.): a geometric sequence from 2^(-8/n); for a head count that is
+    not a power of two, the closest power's slopes plus every other slope of the next power."""
+    def power_of_two(n: int) -> List[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start ** i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        slopes = power_of_two(num_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(num_heads))
+        slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """[heads, q, k] additive bias -slope * (q_pos - k_pos)."""
+    distance = (q_pos.unsqueeze(-1) - k_pos.unsqueeze(0)).float()
+    return -slopes.view(-1, 1, 1) * distance
+
+
+def relative_position_bucket(relative: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Causal T5 bucket of ``relative`` = k_pos - q_pos (only <= 0 matters): exact buckets for small
+    distances, logarithmic ones up to ``max_distance``."""
+    n = (-relative).clamp(min=0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return torch.where(is_small, n, large)

@@ -1,0 +1,89 @@
+"""One transformer layer (pre-norm, or GPT-J parallel residual) and its pipeline wrapper.
+
+Activations are [batch, seq, hidden] (seq sharded across tensor-parallel ranks under
+sequence_parallel). Residual forms:
+  default         x = x + drop(attn(ln1(x)));  x = x + drop(mlp(ln2(x)))
+  gpt_j_residual  x = x + drop(attn(ln1(x))) + drop(mlp(ln2(x)))   (ln2 = ln1 with gpt_j_tied)
+Hidden dropout draws from the default stream (identical across TP ranks, where the tensor is
+replicated) or, under sequence parallelism, from the model-parallel stream (each rank holds a
+different chunk of the sequence).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.model.attention import ParallelSelfAttention
+from megatron.model.kv_cache import KVCache
+from megatron.model.mlp import ParallelMLP
+from megatron.model.norms import build_norm
+
+
+def check_layer_options(neox_args) -> None:
+    """ValueError naming the option for layer families this model does not build."""
+    if int(getattr(neox_args, "moe_num_experts", 1) or 1) > 1:
+        raise ValueError("moe_num_experts > 1 (mixture of experts) is not supported yet")
+    if getattr(neox_args, "use_mup", False):
+        raise ValueError("use_mup is not supported yet")
+    if int(getattr(neox_args, "num_unique_layers", 0) or 0) not in (0, int(neox_args.num_layers)):
+        raise ValueError("num_unique_layers (parameter sharing) is not supported yet")
+    if getattr(neox_args, "output_layer_parallelism", "column") != "column":
+        raise ValueError("output_layer_parallelism must be 'column'")
+    for flag in ("use_flashattn_swiglu",):
+        if getattr(neox_args, flag, False):
+            raise ValueError(f"{flag} is not supported yet (needs the flash-attn package on a GPU)")
+
+
+def sequence_parallel_on(neox_args, parallel_state) -> bool:
+    """sequence_parallel only has an effect with more than one model-parallel rank."""
+    return bool(getattr(neox_args, "sequence_parallel", False)) and \
+        parallel_state.get_model_parallel_world_size() > 1
+
+
+class ParallelTransformerLayer(nn.Module):
+    """Norms, attention, MLP and residuals of one layer (see module docstring)."""
+
+    def __init__(self, neox_args, parallel_state, initializer, layer_number: int, rng_tracker) -> None:
+        super().__init__()
+        self.layer_number = layer_number
+        self.rng_tracker = rng_tracker
+        self.sequence_parallel = sequence_parallel_on(neox_args, parallel_state)
+        group = parallel_state.get_model_parallel_group() if self.sequence_parallel else None
+        hidden = neox_args.hidden_size
+        self.gpt_j_residual = bool(getattr(neox_args, "gpt_j_residual", False))
+        self.gpt_j_tied = bool(getattr(neox_args, "gpt_j_tied", False))
+        self.input_layernorm = build_norm(neox_args, hidden, grad_reduce_group=group)
+        if not (self.gpt_j_residual and self.gpt_j_tied):
+            self.post_attention_layernorm = build_norm(neox_args, hidden, grad_reduce_group=group)
+        self.attention = ParallelSelfAttention(neox_args, parallel_state, initializer, layer_number, rng_tracker)
+        self.mlp = ParallelMLP(neox_args, parallel_state, initializer, layer_number)
+        self.hidden_dropout = float(getattr(neox_args, "hidden_dropout", 0.0) or 0.0)
+
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.hidden_dropout == 0.0:
+            return x
+        ctx = self.rng_tracker.fork() if self.sequence_parallel else contextlib.nullcontext()
+        with ctx:
+            return F.dropout(x, p=self.hidden_dropout, training=True)
+
+    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+        normed = self.input_layernorm(x)
+        attn = self.attention(normed, attention_mask, kv_cache)
+        if self.gpt_j_residual:
+            mlp_in = normed if self.gpt_j_tied else self.post_attention_layernorm(x)
+            return x + self._dropout(attn) + self._dropout(self.mlp(mlp_in))
+        x = x + self._dropout(attn)
+        return x + self._dropout(self.mlp(self.post_attention_layernorm(x)))
+
+
+class ParallelTransformerLayerPipe(ParallelTransformerLayer):
+    """Pipeline form: takes and returns (hidden_states, attention_mask)."""
+
+    def forward(self, args: Tuple[torch.Tensor, torch.Tensor], kv_cache: Optional[KVCache] = None):
+        hidden, mask = args
+        return super().forward(hidden, mask, kv_cache), mask

@@ -1,0 +1,56 @@
+"""Cross entropy over logits whose vocabulary dimension is split across model-parallel ranks.
+
+Never gathers the full [.., vocab] logits: each rank contributes its max, its sum of exponentials and,
+for targets in its vocabulary range, the target logit.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from megatron.mpu.collectives import group_rank, group_size
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, group, keep_dtype: bool) -> torch.Tensor:
+        if not keep_dtype:
+            logits = logits.float()
+        world = group_size(group)
+        logits_max = logits.max(dim=-1).values
+        if world > 1:
+            dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - logits_max.unsqueeze(-1)
+        per_rank = shifted.size(-1)
+        start = group_rank(group) * per_rank
+        outside = (target < start) | (target >= start + per_rank)
+        local_target = (target - start).masked_fill(outside, 0)
+        predicted = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        if world > 1:
+            dist.all_reduce(predicted, group=group)
+            dist.all_reduce(sum_exp, group=group)
+        loss = sum_exp.log() - predicted
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, local_target, outside)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        softmax, local_target, outside = ctx.saved_tensors
+        grad = softmax.clone()
+        onehot = torch.zeros_like(grad).scatter_(-1, local_target.unsqueeze(-1), 1.0)
+        onehot.masked_fill_(outside.unsqueeze(-1), 0.0)
+        grad.sub_(onehot).mul_(grad_loss.unsqueeze(-1))
+        return grad, None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group,
+                                 keep_dtype: bool = False) -> torch.Tensor:
+    """Per-token loss (shape of ``target``) from this rank's vocabulary shard of ``logits``.
+
+    Computed in fp32 unless ``keep_dtype`` (GPT-NeoX's fp16_lm_cross_entropy: stay in the logits'
+    half precision to save memory).
+    """
+    return _VocabParallelCrossEntropy.apply(logits, target, group, keep_dtype)

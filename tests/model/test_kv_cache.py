@@ -1,0 +1,40 @@
+"""Decoding with the explicit KV cache gives the logits of a full forward over the same tokens."""
+
+import pytest
+import torch
+
+from megatron.model import KVCache, build_model
+from megatron.mpu import SingleProcessState
+from tests.model.helpers import random_batch
+from tests.model.kv_helpers import incremental_logits
+from tests.model.neox_args_factory import make_neox_args
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(pos_emb="rotary", rotary_pct=0.5, num_kv_heads=2),
+        dict(pos_emb="rotary", num_kv_heads=1, sliding_window_width=4),
+        dict(pos_emb="alibi"),
+        dict(pos_emb="rpe", gpt_j_residual=True),
+        dict(pos_emb="learned", attention_config=["local", "global"], sparsity_config={"block": 4}),
+    ],
+)
+def test_kv_cache_matches_full_forward(overrides):
+    model = build_model(make_neox_args(**overrides), SingleProcessState()).eval()
+    inputs, _ = random_batch()
+    with torch.no_grad():
+        full = model(inputs)
+        step = incremental_logits(model, inputs[0], prompt=5)
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+
+
+def test_kv_cache_overflow_and_reset():
+    cache = KVCache(max_length=4)
+    k = torch.zeros(1, 2, 3, 8)
+    cache.update(0, k, k)
+    cache.advance(3)
+    with pytest.raises(ValueError, match="overflow"):
+        cache.update(0, k, k)
+    cache.reset()
+    assert cache.length == 0

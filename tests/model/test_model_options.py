@@ -1,0 +1,327 @@
+"""Each option family builds, runs forward and backward, and satisfies a property that can fail."""
+
+import math
+
+import pytest
+import torch
+
+from megatron.model import build_model
+from megatron.model.activations import get_activation
+from megatron.model.init_functions import get_init_method, tensor_seed
+from megatron.model.mlp import mlp_width
+from megatron.model.norms import build_norm
+from megatron.mpu import SingleProcessState
+from tests.model.helpers import random_batch
+from tests.model.neox_args_factory import make_neox_args
+
+
+def _run(**overrides):
+    """Build, forward, backward; return (model, logits, loss)."""
+    model = build_model(make_neox_args(**overrides), SingleProcessState())
+    inputs, labels = random_batch()
+    logits = model(inputs)
+    loss = model.loss_fn(logits, labels)
+    loss.backward()
+    assert torch.isfinite(loss)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in trainable)
+    return model, logits, loss
+
+
+@pytest.mark.parametrize("pos_emb", ["learned", "rotary", "sinusoidal", "rpe", "alibi", "none"])
+def test_pos_emb_families_train(pos_emb):
+    model, logits, _ = _run(pos_emb=pos_emb)
+    assert logits.shape == (2, 16, 128)
+    assert hasattr(model.embedding, "position_embeddings") == (pos_emb == "learned")
+
+
+def test_learned_position_embedding_offset_shifts_positions():
+    a = build_model(make_neox_args(opt_pos_emb_offset=2, max_position_embeddings=16), SingleProcessState())
+    assert a.embedding.position_embeddings.weight.shape[0] == 18
+    inputs, _ = random_batch()
+    h, _ = a.embedding(inputs)
+    want = a.embedding.word_embeddings(inputs[0]) + a.embedding.position_embeddings.weight[2:18]
+    torch.testing.assert_close(h, want)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "scalenorm"])
+def test_norm_families(norm):
+    _run(norm=norm)
+    layer = build_norm(make_neox_args(norm=norm, rms_norm_epsilon=1e-8, scalenorm_epsilon=1e-8), 64)
+    x = torch.randn(5, 64) * 3 + 1
+    y = layer(x)
+    if norm == "layernorm":
+        torch.testing.assert_close(y.mean(-1), torch.zeros(5), atol=1e-5, rtol=0)
+        torch.testing.assert_close(y.var(-1, unbiased=False), torch.ones(5), atol=1e-3, rtol=0)
+    elif norm == "rmsnorm":
+        torch.testing.assert_close(y.pow(2).mean(-1).sqrt(), torch.ones(5), atol=1e-4, rtol=0)
+    else:
+        torch.testing.assert_close(y.norm(dim=-1), torch.ones(5), atol=1e-5, rtol=0)
+
+
+def test_norm_bias_flag_and_unsupported_norms():
+    assert build_norm(make_neox_args(use_bias_in_norms=False), 8).bias is None
+    with pytest.raises(ValueError, match="te_layernorm"):
+        build_norm(make_neox_args(norm="te_layernorm"), 8)
+
+
+ACTIVATIONS = ["gelu", "geglu", "relu", "softsign", "swish", "mish", "silu", "reglu", "swiglu", "bilinear", "glu"]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_activation_families(activation):
+    _run(activation=activation)
+    fn, is_gated = get_activation(activation)
+    x = torch.randn(3, 8)
+    base = {
+        "gelu": torch.nn.functional.gelu,
+        "geglu": torch.nn.functional.gelu,
+        "relu": torch.relu,
+        "reglu": torch.relu,
+        "softsign": lambda t: t / (1 + t.abs()),
+        "swish": lambda t: t / (1 + (-t).exp()),
+        "silu": lambda t: t / (1 + (-t).exp()),
+        "swiglu": lambda t: t / (1 + (-t).exp()),
+        "mish": lambda t: t * torch.tanh(torch.log1p(t.exp())),
+        "bilinear": lambda t: t,
+        "glu": torch.sigmoid,
+    }[activation]
+    if is_gated:
+        torch.testing.assert_close(fn(x), base(x[:, 4:]) * x[:, :4], rtol=1e-5, atol=1e-6)
+    else:
+        torch.testing.assert_close(fn(x), base(x), rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_width_rules():
+    assert mlp_width(make_neox_args(hidden_size=32), gated=False) == 128
+    assert mlp_width(make_neox_args(hidden_size=32, expansion_factor=2.0), gated=False) == 64
+    assert mlp_width(make_neox_args(hidden_size=32, intermediate_size=100, mlp_multiple_of=16), gated=False) == 112
+    assert mlp_width(make_neox_args(hidden_size=48), gated=True) == 64  # int(192 * 2/3) // 2
+    model = build_model(
+        make_neox_args(activation="swiglu", intermediate_size=96, mlp_multiple_of=8), SingleProcessState()
+    )
+    assert model.layers[0].mlp.linear1.weight.shape == (64, 32)
+    assert model.layers[0].mlp.linear2.weight.shape == (32, 32)
+
+
+def test_gpt_j_residual_and_tied():
+    _run(gpt_j_residual=True)
+    tied, _, _ = _run(gpt_j_residual=True, gpt_j_tied=True)
+    assert not hasattr(tied.layers[0], "post_attention_layernorm")
+    untied = build_model(make_neox_args(gpt_j_residual=True), SingleProcessState())
+    # Untied with ln2 == ln1 computes exactly what the tied layer computes.
+    untied.load_state_dict(tied.state_dict(), strict=False)
+    for layer in untied.layers:
+        layer.post_attention_layernorm.load_state_dict(layer.input_layernorm.state_dict())
+    inputs, _ = random_batch()
+    torch.testing.assert_close(untied(inputs), tied(inputs))
+    # Zero attention and MLP outputs: a GPT-J layer is the identity on the residual stream.
+    layer = tied.layers[0]
+    with torch.no_grad():
+        for lin in (layer.attention.dense, layer.mlp.linear2):
+            lin.weight.zero_()
+            lin.bias.zero_()
+    x = torch.randn(2, 16, 32)
+    torch.testing.assert_close(layer((x, inputs[2]))[0], x)
+
+
+def test_gqa_with_kv_heads_equal_heads_is_mha():
+    inputs, _ = random_batch()
+    mha = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState())
+    same = build_model(make_neox_args(pos_emb="rotary", num_kv_heads=4), SingleProcessState())
+    torch.testing.assert_close(mha(inputs), same(inputs), rtol=0, atol=0)
+
+
+def test_gqa_equals_mha_with_shared_kv_heads():
+    """GQA (4 query heads, 2 kv heads) == MHA whose heads 2g, 2g+1 share kv head g (layout check)."""
+    inputs, _ = random_batch()
+    gqa = build_model(make_neox_args(pos_emb="rotary", num_kv_heads=2), SingleProcessState())
+    mha = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState())
+    mha.load_state_dict({k: v for k, v in gqa.state_dict().items() if "query_key_value" not in k}, strict=False)
+    d = 8
+    for lg, lm in zip(gqa.layers, mha.layers):
+        for attr in ("weight", "bias"):
+            src = getattr(lg.attention.query_key_value, attr).detach().view(2, 4, d, -1)  # [K, G+2, d, ..]
+            rows = []
+            for h in range(4):
+                g, j = divmod(h, 2)
+                rows += [src[g, j], src[g, 2], src[g, 3]]  # per head: q | k | v (HF GPTNeoX layout)
+            with torch.no_grad():
+                getattr(lm.attention.query_key_value, attr).copy_(
+                    torch.cat(rows).view_as(getattr(lm.attention.query_key_value, attr))
+                )
+    torch.testing.assert_close(gqa(inputs), mha(inputs), rtol=1e-5, atol=1e-5)
+    _run(num_kv_heads=1, pos_emb="rotary")  # multi-query attention trains too
+
+
+def test_bias_flags_remove_biases():
+    model, _, _ = _run(use_bias_in_attn_linear=False, use_bias_in_mlp=False, use_bias_in_norms=False)
+    layer = model.layers[0]
+    assert layer.attention.query_key_value.bias is None and layer.attention.dense.bias is None
+    assert layer.mlp.linear1.bias is None and layer.mlp.linear2.bias is None
+    assert layer.input_layernorm.bias is None
+
+
+def test_weight_tying():
+    tied = build_model(make_neox_args(), SingleProcessState())
+    untied = build_model(make_neox_args(no_weight_tying=True), SingleProcessState())
+    assert tied.head is None and untied.head is not None
+    n_tied = sum(p.numel() for p in tied.parameters())
+    assert sum(p.numel() for p in untied.parameters()) == n_tied + 128 * 32
+
+
+@pytest.mark.parametrize(
+    "method,std",
+    [
+        ("normal", 0.02),
+        ("scaled_normal", 0.02 / math.sqrt(2 * 4)),
+        ("single_residual_scaled_normal", 0.01),
+        ("wang_init", 2 / 4 / math.sqrt(256)),
+        ("small_init", math.sqrt(2 / (5 * 256))),
+        ("xavier_normal", math.sqrt(2 / 512)),
+        ("xavier_uniform", math.sqrt(2 / 512)),
+    ],
+)
+def test_init_std(method, std):
+    w = torch.empty(256, 256)
+    get_init_method(method, 0.02, 4, 256)(w, torch.Generator().manual_seed(0))
+    assert abs(w.std().item() / std - 1) < 0.03
+
+
+@pytest.mark.parametrize("method,gain", [("orthogonal", 2.0), ("scaled_orthogonal", 1.0)])
+def test_orthogonal_init(method, gain):
+    w = torch.empty(64, 64)
+    get_init_method(method, 0.02, 4, 64)(w, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(w @ w.T, gain**2 * torch.eye(64), atol=1e-4, rtol=0)
+
+
+def test_model_init_methods_and_seed():
+    args = dict(hidden_size=64, num_layers=4, init_method="small_init", output_layer_init_method="wang_init")
+    model = build_model(make_neox_args(**args), SingleProcessState())
+    qkv = model.layers[0].attention.query_key_value.weight
+    assert abs(qkv.std().item() / math.sqrt(2 / (5 * 64)) - 1) < 0.05
+    dense = model.layers[2].mlp.linear2.weight
+    assert abs(dense.std().item() / (2 / 4 / math.sqrt(64)) - 1) < 0.05
+    again = build_model(make_neox_args(**args), SingleProcessState())
+    other = build_model(make_neox_args(seed=7, **args), SingleProcessState())
+    assert torch.equal(again.layers[0].attention.query_key_value.weight, qkv)
+    assert not torch.equal(other.layers[0].attention.query_key_value.weight, qkv)
+    assert tensor_seed(1, 0, "a") != tensor_seed(1, 1, "a") != tensor_seed(1, 0, "b")
+    _run(init_method="orthogonal", output_layer_init_method="scaled_orthogonal")
+
+
+def _changed_positions(model, change_at: int) -> torch.Tensor:
+    inputs, _ = random_batch(batch=1)
+    tokens = inputs[0].clone()
+    tokens[0, change_at] = (tokens[0, change_at] + 1) % 128
+    a = model(inputs)
+    b = model((tokens, inputs[1], inputs[2]))
+    return (a - b).abs().amax(-1)[0] > 1e-6
+
+
+def test_sliding_window_limits_receptive_field():
+    model = build_model(make_neox_args(num_layers=1, pos_emb="rotary", sliding_window_width=3), SingleProcessState())
+    changed = _changed_positions(model, 0)
+    assert changed[:4].all() and not changed[4:].any()
+
+
+def test_local_attention_uses_block_window():
+    model = build_model(
+        make_neox_args(
+            num_layers=1,
+            pos_emb="rotary",
+            attention_config=["local"],
+            sparsity_config={"block": 4, "num_sliding_window_blocks": 3},
+        ),
+        SingleProcessState(),
+    )
+    changed = _changed_positions(model, 0)
+    assert changed[:8].all() and not changed[8:].any()
+    _run(attention_config=["local", "flash"])
+
+
+@pytest.mark.parametrize("pos_emb", ["alibi", "rpe", "rotary"])
+def test_explicit_attention_equals_sdpa(pos_emb):
+    model = build_model(make_neox_args(pos_emb=pos_emb, apply_query_key_layer_scaling=True), SingleProcessState())
+    inputs, _ = random_batch()
+    sdpa = model(inputs)
+    for layer in model.layers:
+        layer.attention.force_explicit = True
+    torch.testing.assert_close(model(inputs), sdpa, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_with_fp32_softmax_close_to_fp32():
+    inputs, labels = random_batch()
+    ref = build_model(make_neox_args(), SingleProcessState())
+    low = build_model(make_neox_args(precision="bfloat16", attention_softmax_in_fp32=True), SingleProcessState())
+    assert next(low.parameters()).dtype == torch.bfloat16
+    ref_loss = ref.loss_fn(ref(inputs), labels)
+    loss = low.loss_fn(low(inputs), labels)
+    loss.backward()
+    assert loss.dtype == torch.float32
+    assert abs(loss.item() - ref_loss.item()) < 2e-2
+
+
+def test_dropout_only_in_training():
+    model = build_model(make_neox_args(attention_dropout=0.5, hidden_dropout=0.5), SingleProcessState())
+    inputs, _ = random_batch()
+    model.eval()
+    torch.testing.assert_close(model(inputs), model(inputs))
+    model.train()
+    assert not torch.allclose(model(inputs), model(inputs))
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (dict(attention_config=["sparse_fixed", "global"]), "sparse_fixed"),
+        (dict(attention_config=["mamba", "global"]), "mamba"),
+        (dict(moe_num_experts=4), "moe_num_experts"),
+        (dict(precision="fp16"), "fp16"),
+        (dict(num_kv_heads=3), "num_kv_heads"),
+        (dict(activation="tanh"), "tanh"),
+        (dict(use_flashattn_swiglu=True), "use_flashattn_swiglu"),
+    ],
+)
+def test_unsupported_options_are_rejected(overrides, match):
+    if overrides.get("precision") == "fp16" and torch.cuda.is_available():
+        overrides = dict(attention_config=["bigbird", "global"])
+        match = "bigbird"
+    with pytest.raises(ValueError, match=match):
+        build_model(make_neox_args(**overrides), SingleProcessState())
+
+
+def test_soft_prompt_tuning_trains_only_the_prompt():
+    model, _, _ = _run(soft_prompt_tuning={"enabled": True, "num_tokens": 3, "init_range": 0.5})
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable == ["embedding.soft_prompt.weight"]
+    assert model.embedding.soft_prompt.weight.grad.abs().sum() > 0
+    inputs, _ = random_batch()
+    hidden, _ = model.embedding(inputs)
+    torch.testing.assert_close(hidden[:, :3], model.embedding.soft_prompt.weight.expand(2, 3, 32))
+    with pytest.raises(ValueError, match="init_string"):
+        build_model(make_neox_args(soft_prompt_tuning={"enabled": True, "init_string": "hi"}), SingleProcessState())
+
+
+def test_custom_attention_mask_is_honoured():
+    model = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState())
+    inputs, _ = random_batch()
+    tokens, pos, causal = inputs
+    extra = causal.clone()
+    extra[..., 1:, 0] = True  # queries after the first may not see token 0
+    plain = model((tokens, pos, causal))
+    masked = model((tokens, pos, extra))
+    torch.testing.assert_close(masked[:, 0], plain[:, 0])
+    assert not torch.allclose(masked[:, 1:], plain[:, 1:])
+    for layer in model.layers:
+        layer.attention.force_explicit = True
+    torch.testing.assert_close(model((tokens, pos, extra)), masked, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model((tokens, pos, None)), plain, rtol=1e-5, atol=1e-5)
+
+
+def test_building_leaves_the_global_rng_alone():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    build_model(make_neox_args(pos_emb="learned", soft_prompt_tuning={"num_tokens": 2}), SingleProcessState())
+    torch.testing.assert_close(torch.rand(3), expected)

@@ -1,0 +1,119 @@
+"""The DeepSpeed PipelineModule (engine.train_batch) reproduces the sequential model's losses over
+several optimizer steps, and starts from exactly the same weights (initialisation does not depend on
+the pipe / model parallel layout)."""
+import pytest
+import torch
+
+from megatron.model import GPT2ModelPipe, build_model
+from megatron.mpu import ParallelState, SingleProcessState
+from tests.distributed_helpers import run_distributed
+from tests.model.helpers import random_batch
+from tests.model.neox_args_factory import make_neox_args
+from tests.model.tp_helpers import expected_local, gather_vocab
+
+STEPS, MICRO, GAS = 3, 2, 2
+
+
+def _micro_batches():
+    return [random_batch(batch=MICRO, seed=100 + i) for i in range(STEPS * GAS)]
+
+
+def _reference(args):
+    model = build_model(args, SingleProcessState())
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batches, losses = _micro_batches(), []
+    for step in range(STEPS):
+        opt.zero_grad()
+        total = 0.0
+        for inputs, labels in batches[step * GAS:(step + 1) * GAS]:
+            loss = model.loss_fn(model(inputs), labels)
+            (loss / GAS).backward()
+            total += loss.item() / GAS
+        opt.step()
+        losses.append(total)
+    for name, param in model.named_parameters():
+        param.data.copy_(initial[name])
+    return model, losses
+
+
+def _sequential_name(pipe_model, name: str) -> str:
+    """Map a PipelineModule parameter name ('<layer idx>.<rest>') to the sequential model's name."""
+    if name.startswith("tied_modules.embed."):
+        return "embedding." + name[len("tied_modules.embed."):]
+    idx, rest = name.split(".", 1)
+    idx, last = int(idx), len(pipe_model._layer_specs) - 1
+    if idx == 0 or (idx == last and rest.startswith("word_embeddings")):
+        return f"embedding.{rest}"
+    if idx == last:
+        return f"head.{rest}"
+    if idx == last - 1:
+        return f"final_norm.{rest}"
+    return f"layers.{idx - 1}.{rest}"
+
+
+def _pipeline_losses(rank: int, world_size: int, pipe: int, model_parallel: int, overrides: dict):
+    import deepspeed
+
+    layout = dict(pipe_parallel_size=pipe, model_parallel_size=model_parallel)
+    args = make_neox_args(**layout, **overrides)
+    state = ParallelState(**layout)
+    model = build_model(args, state)
+    assert isinstance(model, GPT2ModelPipe)
+    ref, ref_losses = _reference(make_neox_args(**dict(layout, pipe_parallel_size=0), **overrides))
+
+    class Renamed(torch.nn.Module):  # view the pipeline's parameters under sequential names
+        def __init__(self):
+            super().__init__()
+            self.params = {_sequential_name(model, n): p for n, p in model.named_parameters()}
+
+        def named_parameters(self, *a, **k):
+            return iter(self.params.items())
+
+        def named_modules(self, *a, **k):
+            for name, module in model.named_modules():
+                if name.split(".")[0].isdigit() or name.startswith("tied_modules.embed."):
+                    yield _sequential_name(model, name + ".x")[:-2], module
+
+    for name, (want, got) in expected_local(ref, Renamed(), state.get_model_parallel_rank(),
+                                            model_parallel, grads=False).items():
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"init of {name}")
+
+    if pipe == 1:  # one stage holds every layer: the same model as a sequential module
+        inputs, _ = random_batch()
+        sequential = model.to_sequential()
+        assert {id(p) for p in sequential.parameters()} <= {id(p) for p in model.parameters()}
+        with torch.no_grad():
+            logits = gather_vocab(sequential(inputs), state.get_model_parallel_group())
+            torch.testing.assert_close(logits, ref(inputs), rtol=1e-5, atol=1e-5)
+
+    else:
+        with pytest.raises(ValueError, match="pipe_parallel_size == 1"):
+            model.to_sequential()
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    config = {"train_batch_size": MICRO * GAS, "train_micro_batch_size_per_gpu": MICRO,
+              "gradient_accumulation_steps": GAS, "steps_per_print": 10 ** 6, "gradient_clipping": 0.0}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    data = iter(_micro_batches())
+    losses = [engine.train_batch(data).item() for _ in range(STEPS)]
+    parts = list(model.parts)
+    state.destroy()
+    return losses, ref_losses, parts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pipe,model_parallel,overrides", [
+    (2, 1, dict(pos_emb="rotary", activation="swiglu")),
+    (2, 1, dict(no_weight_tying=True, checkpoint_activations=True, pipe_partition_method="uniform")),
+    (1, 2, dict(pos_emb="rotary", num_kv_heads=2, sequence_parallel=True)),
+])
+def test_pipeline_matches_sequential_over_steps(pipe, model_parallel, overrides):
+    results = run_distributed(_pipeline_losses, world_size=2, args=(pipe, model_parallel, overrides))
+    losses, ref, parts = results[-1]  # the last stage computes the loss
+    assert len(losses) == STEPS and ref[0] != ref[-1]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=1e-5)
+    if pipe == 2:
+        # type:transformer|mlp balances the 2 transformer layers; uniform balances the 5 layers.
+        want = [0, 3, 5] if overrides.get("pipe_partition_method") == "uniform" else [0, 2, 5]
+        assert parts == want

@@ -1,0 +1,47 @@
+"""Compare a tensor-parallel model with its TP=1 twin: which slice of each full tensor a rank holds."""
+
+from typing import Dict
+
+import torch
+from torch import nn
+
+from megatron.model.attention import ParallelSelfAttention
+from megatron.mpu import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, shard_of
+
+
+def shard_specs(model: nn.Module) -> Dict[str, tuple]:
+    """{parameter name: (dim, chunks)} for split parameters; missing names are replicated."""
+    specs = {}
+    for mod_name, module in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        if isinstance(module, VocabParallelEmbedding):
+            specs[prefix + "weight"] = (0, 1)
+        elif isinstance(module, ColumnParallelLinear):
+            specs[prefix + "weight"] = (0, module.chunks)
+            specs[prefix + "bias"] = (0, module.chunks)
+        elif isinstance(module, RowParallelLinear):
+            specs[prefix + "weight"] = (1, 1)
+        elif isinstance(module, ParallelSelfAttention) and hasattr(module, "rpe"):
+            specs[prefix + "rpe"] = (1, 1)
+    return specs
+
+
+def expected_local(full_model: nn.Module, tp_model: nn.Module, rank: int, world: int, grads: bool):
+    """{name: (this rank's slice of the TP=1 tensor, the TP model's tensor)} for every parameter."""
+    specs = shard_specs(tp_model)
+    full = dict(full_model.named_parameters())
+    pairs = {}
+    for name, param in tp_model.named_parameters():
+        ref = full[name].grad if grads else full[name].detach()
+        mine = param.grad if grads else param.detach()
+        if name in specs:
+            dim, chunks = specs[name]
+            ref = shard_of(ref, dim, rank, world, chunks)
+        pairs[name] = (ref, mine)
+    return pairs
+
+
+def gather_vocab(logits: torch.Tensor, group) -> torch.Tensor:
+    from megatron.mpu import gather_from_model_parallel_region
+
+    return gather_from_model_parallel_region(logits.detach(), group)
