@@ -49,6 +49,10 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
+    ("num_unique_layers", lambda v: v is not None, "parameter sharing (num_unique_layers) is not supported yet"),
+    ("use_flashattn_swiglu", bool, "use_flashattn_swiglu is not supported yet (it needs flash-attn on a GPU)"),
+    ("soft_prompt_tuning", lambda v: v is not None and v.get("init_string"),
+     "soft_prompt_tuning.init_string is not supported yet; use init_range"),
     ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
 )
 

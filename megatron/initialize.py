@@ -1,0 +1,79 @@
+"""Starting a worker: check the device, start torch.distributed through DeepSpeed, build the parallel
+layout, seed the RNG streams and build the tokenizer.
+
+The result is a RunContext handed to the training / generation / evaluation code, so that nothing about
+the run lives in module globals."""
+
+import dataclasses
+import os
+import random
+from typing import Optional
+
+import numpy as np
+import torch
+
+from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What every worker-side component needs besides the arguments."""
+
+    parallel_state: object
+    rng_tracker: RNGStatesTracker
+    tokenizer: object
+    device: torch.device
+
+    def destroy(self) -> None:
+        """Tear down the process groups (barrier first: a worker leaving right after a collective can abort)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
+            self.parallel_state.destroy()
+            dist.destroy_process_group()
+
+
+def distributed_backend(neox_args) -> str:
+    """nccl needs CUDA: CPU workers use gloo whatever the config says (configs are shared with GPU clusters)."""
+    backend = neox_args.distributed_backend
+    if backend == "nccl" and not torch.cuda.is_available():
+        return "gloo"
+    return backend
+
+
+def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
+    """Everything before the model: distributed world, layout, seeds, tokenizer, padded vocabulary."""
+    import deepspeed
+
+    neox_args.check_device()
+    if torch.cuda.is_available() and neox_args.local_rank is not None:
+        torch.cuda.set_device(neox_args.local_rank)
+    deepspeed.init_distributed(dist_backend=distributed_backend(neox_args),
+                               auto_mpi_discovery=bool(neox_args.deepspeed_mpi),
+                               distributed_port=neox_args.master_port)
+    parallel_state = build_parallel_state(neox_args)
+    tracker = RNGStatesTracker()
+    set_seeds(neox_args.seed, parallel_state, tracker)
+    if neox_args.checkpoint_activations:
+        deepspeed.checkpointing.configure(parallel_state, partition_activations=neox_args.partition_activations,
+                                          contiguous_checkpointing=neox_args.contiguous_checkpointing,
+                                          num_checkpoints=neox_args.num_layers,
+                                          checkpoint_in_cpu=neox_args.checkpoint_in_cpu,
+                                          synchronize=neox_args.synchronize_each_layer,
+                                          profile=neox_args.profile_backward)
+    if build_tokenizer_fn is None:
+        from megatron.tokenizer import build_tokenizer as build_tokenizer_fn
+    tokenizer = build_tokenizer_fn(neox_args)
+    neox_args.set_padded_vocab_size(tokenizer.vocab_size)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    return RunContext(parallel_state=parallel_state, rng_tracker=tracker, tokenizer=tokenizer, device=device)
+
+
+def set_seeds(seed: int, parallel_state, tracker: Optional[RNGStatesTracker] = None) -> None:
+    """Python, numpy and torch seeded per pipeline stage; the tensor-parallel dropout stream per TP rank."""
+    stage_seed = seed + 100 * parallel_state.get_pipe_parallel_rank()
+    random.seed(stage_seed)
+    np.random.seed(stage_seed % (2 ** 32))
+    model_parallel_seed(seed, parallel_state, tracker if tracker is not None else RNGStatesTracker())
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))

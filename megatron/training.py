@@ -1,0 +1,295 @@
+"""The pretraining loop: model + optimizer + LR schedule under deepspeed.initialize, the train / eval
+loop, checkpoints, logging and clean shutdown on SIGTERM / SIGINT.
+
+One train step is one optimizer step over gradient_accumulation_steps micro-batches. Without a pipeline
+the DeepSpeed engine is driven micro-batch by micro-batch (forward, backward, step — DeepSpeed steps the
+optimizer and the LR schedule at the accumulation boundary); with a pipeline, DeepSpeed's
+PipelineEngine.train_batch runs the whole schedule."""
+
+import math
+import signal
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.initialize import RunContext, initialize_megatron
+
+
+class StopRequested:
+    """Set by SIGTERM / SIGINT; the loop saves a checkpoint at the next step boundary and exits."""
+
+    def __init__(self) -> None:
+        self.signal_name: Optional[str] = None
+        self._previous: Dict[int, Any] = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+
+    def any_rank(self) -> bool:
+        """Agreed across ranks, so that every rank saves (a save is collective)."""
+        flag = torch.tensor([1.0 if self.signal_name else 0.0])
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def _zero_allows_optimizer(neox_args, optimizer) -> None:
+    """ZeRO refuses optimizers it has not tested unless told; ours are tested by our own tests."""
+    import deepspeed
+
+    tested = (torch.optim.Adam, torch.optim.AdamW)
+    if neox_args.zero_stage > 0 and not isinstance(optimizer, tested):
+        neox_args.deepspeed_config.setdefault("zero_allow_untested_optimizer", True)
+
+
+def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
+    """Make DeepSpeed's gradient norm (clipping, ZeRO) count every parameter exactly once.
+
+    DeepSpeed counts a parameter when it is marked `model_parallel` or when the rank is model-parallel
+    rank 0 of its mpu. Under the pipeline engine that mpu spans all stages, so without marks the later
+    stages' parameters would be left out (and the norm, hence clipping, would differ from the same model
+    without a pipeline). Mark tensor-parallel shards on every rank, and replicated parameters on
+    tensor-parallel rank 0 only, except the tied copies DeepSpeed already counts on another stage."""
+    tp_rank0 = parallel_state.get_model_parallel_rank() == 0
+    for param in model.parameters():
+        split = getattr(param, "model_parallel", False) and parallel_state.get_model_parallel_world_size() > 1
+        replicated_elsewhere = getattr(param, "ds_pipe_replicated", False)
+        param.model_parallel = bool(split or (tp_rank0 and not replicated_elsewhere))
+
+
+def _record_pipeline_grad_norm(engine) -> None:
+    """The pipeline engine clips but throws the norm away; keep it so that it can be logged."""
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_and_record() -> None:
+        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
+                                                    max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+
+    engine.clip_fp32_gradients = clip_and_record
+
+
+def setup_model_and_optimizer(neox_args, ctx: RunContext):
+    """Build the model, optimizer and LR schedule and hand them to deepspeed.initialize."""
+    import deepspeed
+
+    from megatron.learning_rates import build_lr_scheduler
+    from megatron.model import build_model
+    from megatron.optimizers import build_optimizer
+
+    model = build_model(neox_args, ctx.parallel_state, ctx.rng_tracker)
+    optimizer = build_optimizer(neox_args, model)
+    lr_scheduler = build_lr_scheduler(neox_args, optimizer)
+    config = dict(neox_args.deepspeed_config)
+    config.pop("optimizer", None)  # we pass the optimizer object itself
+    config.pop("scheduler", None)
+    _zero_allows_optimizer(neox_args, optimizer)
+    config.update({k: v for k, v in neox_args.deepspeed_config.items() if k.startswith("zero_allow")})
+    if neox_args.is_pipe_parallel:
+        _mark_grad_norm_ownership(model, ctx.parallel_state)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
+        mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)
+    if neox_args.is_pipe_parallel:
+        _record_pipeline_grad_norm(engine)
+    return engine, optimizer, lr_scheduler
+
+
+def _batch_streams(neox_args, ctx: RunContext, consumed_train: int, consumed_valid: int):
+    """(train, valid, test) streams of model batches, None for a split without data. Every rank builds the
+    datasets (rank 0 builds the index maps, the others wait); only model-parallel rank 0 reads samples and
+    broadcasts them to its tensor-parallel group."""
+    from megatron.data.data_utils import build_train_valid_test_datasets, make_data_loader, repeating_iterator
+
+    ps = ctx.parallel_state
+    reads_data = ps.get_model_parallel_rank() == 0
+    datasets = build_train_valid_test_datasets(neox_args)
+    dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    streams = []
+    for dataset, consumed in zip(datasets, (consumed_train, consumed_valid, 0)):
+        if dataset is None:
+            streams.append(None)
+            continue
+        samples = repeating_iterator(make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed)) \
+            if reads_data else None
+        streams.append(_ModelBatches(neox_args, ctx, samples))
+    return streams
+
+
+class _ModelBatches:
+    """Turns {'text': ...} samples into the model's batch format (shared inside the TP group)."""
+
+    def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator]) -> None:
+        self.neox_args, self.ctx, self.samples = neox_args, ctx, samples
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        from megatron.model import get_batch
+
+        data = next(self.samples) if self.samples is not None else None
+        inputs, labels = get_batch(self.neox_args, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
+        move = lambda t: t.to(self.ctx.device, non_blocking=True)
+        return tuple(map(move, inputs)), tuple(map(move, labels))
+
+
+def _loss_of(engine, batch) -> torch.Tensor:
+    """Forward one micro-batch of the sequential model and apply its loss (honours fp16_lm_cross_entropy)."""
+    inputs, labels = batch
+    return engine.module.loss_fn(engine(inputs), labels)
+
+
+def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext) -> Tuple[float, bool, Optional[float]]:
+    """One optimizer step; returns (mean loss over the global batch, whether the step was skipped, the
+    global gradient norm before clipping)."""
+    grad_norm = None
+    if neox_args.is_pipe_parallel:
+        loss = engine.train_batch(data_iter=batches)
+    else:
+        losses = []
+        for micro in range(neox_args.gradient_accumulation_steps):
+            loss = _loss_of(engine, next(batches))
+            engine.backward(loss)
+            if micro == neox_args.gradient_accumulation_steps - 1 and neox_args.zero_stage == 0:
+                grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
+            engine.step()
+            losses.append(loss.detach().float())
+        loss = torch.stack(losses).mean()
+    ds_norm = engine.get_global_grad_norm()
+    if ds_norm is not None:
+        grad_norm = float(ds_norm)
+    skipped = bool(getattr(engine, "skipped_steps", 0)) and not engine.was_step_applied()
+    return _data_parallel_mean(loss, engine), skipped, grad_norm
+
+
+def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> Optional[float]:
+    """L2 norm of the full gradient without ZeRO (DeepSpeed reports none there): gradients are already
+    averaged over data-parallel ranks; tensor-parallel shards are summed over the model-parallel group and
+    replicated parameters counted once."""
+    total = torch.zeros(1)
+    for param in module.parameters():
+        if param.grad is None:
+            continue
+        split = getattr(param, "tensor_model_parallel", False) or getattr(param, "model_parallel", False)
+        if split or parallel_state.get_model_parallel_rank() == 0:
+            total += param.grad.detach().float().pow(2).sum().cpu()
+    if dist.is_initialized() and parallel_state.get_model_parallel_world_size() > 1:
+        dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
+    return float(total.sqrt())
+
+
+def _data_parallel_mean(loss: torch.Tensor, engine) -> float:
+    loss = loss.detach().float().reshape(1).clone()
+    if dist.is_initialized():
+        group = engine.mpu.get_data_parallel_group() if getattr(engine, "mpu", None) else None
+        if getattr(engine, "is_pipe_parallel", False):
+            # the pipeline engine already broadcast the loss to all stages; average over data-parallel ranks
+            group = engine.grid.get_data_parallel_group()
+        dist.all_reduce(loss, group=group)
+        loss /= dist.get_world_size(group=group)
+    return loss.item()
+
+
+@torch.no_grad()
+def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: int) -> Optional[float]:
+    """Mean lm loss over `iterations` global batches."""
+    if batches is None or iterations <= 0:
+        return None
+    engine.eval()
+    losses: List[float] = []
+    for _ in range(iterations):
+        if neox_args.is_pipe_parallel:
+            losses.append(_data_parallel_mean(engine.eval_batch(data_iter=batches), engine))
+        else:
+            micro = [_loss_of(engine, next(batches)).float() for _ in range(neox_args.gradient_accumulation_steps)]
+            losses.append(_data_parallel_mean(torch.stack(micro).mean(), engine))
+    engine.train()
+    return sum(losses) / len(losses)
+
+
+def pretrain(neox_args) -> Dict[str, Any]:
+    """Train (and evaluate) as the config says; returns a summary (final iteration and losses)."""
+    from megatron.logging import TrainingLogger
+    from megatron.timers import Timers
+
+    problems = neox_args.training_problems()
+    if problems:
+        from megatron.neox_arguments import ConfigError
+
+        raise ConfigError(problems)
+    ctx = initialize_megatron(neox_args)
+    stop = StopRequested()
+    stop.install()
+    engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx)
+    iteration, client_state = load_checkpoint(neox_args, engine)
+    consumed_train = client_state.get("consumed_train_samples", iteration * neox_args.train_batch_size)
+    consumed_valid = client_state.get("consumed_valid_samples", 0)
+    train_batches, valid_batches, test_batches = _batch_streams(neox_args, ctx, consumed_train, consumed_valid)
+    timers = Timers(enabled=neox_args.wall_clock_breakdown)
+    logger = TrainingLogger(neox_args, rank=dist.get_rank() if dist.is_initialized() else 0)
+    logger.restart_clock(iteration)
+    summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
+    train_iters = neox_args.train_iters
+    last_saved = iteration
+    do_train = neox_args.do_train if neox_args.do_train is not None else True
+    try:
+        while do_train and iteration < train_iters:
+            started = time.perf_counter()
+            loss, skipped, grad_norm = train_step(neox_args, engine, train_batches, ctx)
+            iteration += 1
+            consumed_train += neox_args.train_batch_size
+            summary["losses"].append(loss)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
+            logger.log_train(iteration=iteration, lm_loss=loss, lr=lr_scheduler.get_lr()
+                             if hasattr(lr_scheduler, "get_lr") else optimizer.param_groups[0]["lr"],
+                             grad_norm=grad_norm, step_time=time.perf_counter() - started,
+                             skipped=skipped)
+            state = {"consumed_train_samples": consumed_train, "consumed_valid_samples": consumed_valid}
+            if neox_args.save and iteration in (neox_args.save_iters or []):
+                save_checkpoint(neox_args, iteration, engine, state)
+                last_saved = iteration
+            if neox_args.eval_interval and iteration % neox_args.eval_interval == 0 and valid_batches is not None:
+                val = evaluate(neox_args, engine, valid_batches, neox_args.eval_iters)
+                consumed_valid += neox_args.eval_iters * neox_args.train_batch_size
+                if val is not None:
+                    logger.log_eval(iteration=iteration, lm_loss=val, split="validation")
+                    summary["eval"].append((iteration, val))
+            if stop.any_rank():
+                if neox_args.save and last_saved != iteration:
+                    save_checkpoint(neox_args, iteration, engine, state)
+                    last_saved = iteration
+                summary["stopped_by"] = stop.signal_name or "another rank's signal"
+                if logger.is_logging_rank:
+                    print(f"received {summary['stopped_by']}: saved a checkpoint at iteration {iteration} in "
+                          f"{neox_args.save}, exiting", flush=True)
+                break
+            if neox_args.exit_interval and iteration % neox_args.exit_interval == 0:
+                if neox_args.save and last_saved != iteration:
+                    save_checkpoint(neox_args, iteration, engine, state)
+                    last_saved = iteration
+                break
+        if neox_args.save and last_saved != iteration and do_train:
+            save_checkpoint(neox_args, iteration, engine,
+                            {"consumed_train_samples": consumed_train, "consumed_valid_samples": consumed_valid})
+        if "stopped_by" not in summary:
+            if neox_args.do_valid and valid_batches is not None:
+                val = evaluate(neox_args, engine, valid_batches, neox_args.eval_iters)
+                logger.log_eval(iteration=iteration, lm_loss=val, split="validation")
+            if (neox_args.do_test if neox_args.do_test is not None else True) and test_batches is not None:
+                val = evaluate(neox_args, engine, test_batches, neox_args.eval_iters)
+                if val is not None:
+                    logger.log_eval(iteration=iteration, lm_loss=val, split="test")
+                    summary["test"] = val
+    finally:
+        logger.close()
+    summary["iteration"] = iteration
+    ctx.destroy()
+    return summary

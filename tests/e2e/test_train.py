@@ -1,0 +1,161 @@
+"""Training end to end through deepy.py on CPU ranks: it learns, saves, resumes exactly, and tensor and
+pipeline parallelism reproduce the single-rank losses."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.e2e.launch import REPO, free_port
+from tests.e2e.training_run import TrainingRun, build_tiny_corpus, falls
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return build_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def single_rank_losses(data, tmp_path_factory):
+    """The reference: one rank, fp32, 12 steps of 8 sequences."""
+    run = TrainingRun(tmp_path_factory.mktemp("reference"), data, num_gpus=1, train_iters=12,
+                      train_batch_size=8, gradient_accumulation_steps=2, save=None, load=None)
+    run.launch()
+    run.assert_ok()
+    return run.losses()
+
+
+def test_data_parallel_zero1_trains_saves_and_resumes(data, tmp_path):
+    run = TrainingRun(tmp_path, data, num_gpus=2, zero_optimization={"stage": 1}, train_iters=12,
+                      checkpoint_factor=6)
+    run.launch()
+    run.assert_ok()
+    losses = run.losses()
+    assert sorted(losses) == list(range(1, 13)) and falls(losses)
+    assert run.checkpoints() == ["global_step12", "global_step6"] and run.latest() == "global_step12"
+    run.launch(train_iters=16, override_lr_scheduler=True)
+    run.assert_ok()
+    resumed = run.records("train")[12:]
+    assert [r["iteration"] for r in resumed] == [13, 14, 15, 16]
+    assert resumed[-1]["lm_loss"] < losses[1]
+    assert run.latest() == "global_step16"
+
+
+def test_zero3_data_parallel(data, tmp_path):
+    run = TrainingRun(tmp_path, data, num_gpus=2, zero_optimization={"stage": 3}, train_iters=10,
+                      checkpoint_factor=10)
+    run.launch()
+    run.assert_ok()
+    assert falls(run.losses()) and run.latest() == "global_step10"
+    run.launch(train_iters=12, override_lr_scheduler=True)
+    run.assert_ok()
+    assert max(run.losses()) == 12
+
+
+def test_bf16_trains(data, tmp_path):
+    run = TrainingRun(tmp_path, data, num_gpus=2, bf16={"enabled": True}, zero_optimization={"stage": 1},
+                      train_iters=10, checkpoint_factor=10)
+    run.launch()
+    run.assert_ok()
+    assert falls(run.losses()) and run.latest() == "global_step10"
+
+
+def test_model_parallel_matches_single_rank(data, tmp_path, single_rank_losses):
+    run = TrainingRun(tmp_path, data, num_gpus=2, model_parallel_size=2, train_iters=12, train_batch_size=8,
+                      gradient_accumulation_steps=2, checkpoint_factor=12)
+    run.launch()
+    run.assert_ok()
+    losses = run.losses()
+    for it, loss in single_rank_losses.items():
+        assert losses[it] == pytest.approx(loss, rel=2e-4, abs=2e-4), it
+    run.launch(train_iters=14, override_lr_scheduler=True)
+    run.assert_ok()
+    assert max(run.losses()) == 14
+
+
+def test_pipeline_parallel_matches_single_rank(data, tmp_path, single_rank_losses):
+    run = TrainingRun(tmp_path, data, num_gpus=2, pipe_parallel_size=2, train_iters=12, train_batch_size=8,
+                      gradient_accumulation_steps=2, checkpoint_factor=12)
+    run.launch()
+    run.assert_ok()
+    losses = run.losses()
+    for it, loss in single_rank_losses.items():
+        assert losses[it] == pytest.approx(loss, rel=2e-4, abs=2e-4), it
+    run.launch(train_iters=14, override_lr_scheduler=True)
+    run.assert_ok()
+    assert max(run.losses()) == 14
+
+
+def test_exact_resume(data, tmp_path):
+    straight = TrainingRun(tmp_path / "straight", data, num_gpus=1, train_iters=8, save=None, load=None)
+    straight.launch()
+    straight.assert_ok()
+    stopped = TrainingRun(tmp_path / "stopped", data, num_gpus=1, train_iters=8, exit_interval=4)
+    stopped.launch()
+    stopped.assert_ok()
+    assert stopped.latest() == "global_step4" and max(stopped.losses()) == 4
+    stopped.launch()
+    stopped.assert_ok()
+    assert stopped.losses() == straight.losses()
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint_loadable(data, tmp_path):
+    run = TrainingRun(tmp_path, data, num_gpus=1, train_iters=8, checkpoint_factor=4)
+    run.launch(script="tests/e2e/workers/train_crash_on_save.py", extra_env={"NEOX_CRASH_AT_SAVE": "8"})
+    assert run.result.returncode != 0
+    assert run.latest() == "global_step4"
+    assert "global_step8" in run.checkpoints()  # the partial one is there, but nothing points at it
+    run.launch()
+    run.assert_ok()
+    assert run.latest() == "global_step8" and [r["iteration"] for r in run.records()][-4:] == [5, 6, 7, 8]
+
+
+def test_metrics_and_tensorboard_are_written(data, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = TrainingRun(tmp_path, data, num_gpus=1, train_iters=6, eval_interval=3, tensorboard_dir=str(tmp_path / "tb"),
+                      save=None, load=None)
+    run.launch()
+    run.assert_ok()
+    train = run.records("train")
+    assert [r["iteration"] for r in train] == list(range(1, 7))
+    for key in ("lm_loss", "lr", "grad_norm", "tokens_per_sec", "samples_per_sec", "tflops", "mfu"):
+        assert key in train[0]
+    assert train[-1]["grad_norm"] is not None and train[-1]["tokens_per_sec"] > 0
+    evals = run.records("eval")
+    assert [e["iteration"] for e in evals][:2] == [3, 6]
+    events = [f for f in (tmp_path / "tb").rglob("events.out.tfevents.*")]
+    assert events
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    assert any("loss" in tag for tag in acc.Tags()["scalars"])
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(data, tmp_path):
+    from megatron.neox_arguments import NeoXArgs
+    import yaml
+
+    run = TrainingRun(tmp_path, data, num_gpus=1, train_iters=100000, user_script="train.py")
+    config = tmp_path / "sigterm.yml"
+    config.write_text(yaml.safe_dump(run.config))
+    args = NeoXArgs.from_ymls([str(config)])
+    env = {**os.environ, "PYTHONPATH": REPO, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "train.py", "--neox_config", args.encode()], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "logs" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and (not metrics.is_file() or metrics.read_text().count("\n") < 3):
+        time.sleep(0.5)
+        assert proc.poll() is None, proc.stdout.read()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    latest = run.latest()
+    assert latest is not None and int(latest[len("global_step"):]) >= 3
+    assert "SIGTERM" in out

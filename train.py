@@ -1,0 +1,30 @@
+#!/usr/bin/env python
+"""Worker entry point for training; launch it through deepy.py:
+
+    python deepy.py train.py configs/quickstart.yml
+"""
+
+import sys
+
+from megatron.neox_arguments import ConfigError, NeoXArgs
+
+
+def main() -> int:
+    from megatron.checkpointing import CheckpointError
+    from megatron.data.errors import DataError
+    from megatron.optional_deps import MissingOptionalDependency
+    from megatron.tokenizer import TokenizerError
+
+    try:
+        neox_args = NeoXArgs.consume_neox_args()
+        from megatron.training import pretrain
+
+        pretrain(neox_args)
+    except (ConfigError, CheckpointError, DataError, TokenizerError, MissingOptionalDependency) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
