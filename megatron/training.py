@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.initialize import RunContext, initialize_megatron
+from megatron.training_schedule import OverflowGuard, resolve_train_iters
 
 
 class StopRequested:
@@ -146,27 +147,36 @@ def _loss_of(engine, batch) -> torch.Tensor:
     return engine.module.loss_fn(engine(inputs), labels)
 
 
-def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext) -> Tuple[float, bool, Optional[float]]:
+def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optimizer, debug: bool = False
+               ) -> Tuple[float, bool, Optional[float], Dict[str, float]]:
     """One optimizer step; returns (mean loss over the global batch, whether the step was skipped, the
-    global gradient norm before clipping)."""
+    global gradient norm before clipping, the log_* / memory_profiling values when `debug`)."""
+    from megatron.logging import debug_metrics
+
     grad_norm = None
+    extras: Dict[str, float] = {}
     if neox_args.is_pipe_parallel:
         loss = engine.train_batch(data_iter=batches)
+        if debug:  # gradients are gone after train_batch; validation allows only these flags here
+            extras = debug_metrics(neox_args, engine.module, optimizer)
     else:
         losses = []
         for micro in range(neox_args.gradient_accumulation_steps):
             loss = _loss_of(engine, next(batches))
             engine.backward(loss)
-            if micro == neox_args.gradient_accumulation_steps - 1 and neox_args.zero_stage == 0:
-                grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
+            if micro == neox_args.gradient_accumulation_steps - 1:
+                if neox_args.zero_stage == 0:
+                    grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
+                if debug:
+                    extras = debug_metrics(neox_args, engine.module, optimizer)
             engine.step()
             losses.append(loss.detach().float())
         loss = torch.stack(losses).mean()
     ds_norm = engine.get_global_grad_norm()
     if ds_norm is not None:
         grad_norm = float(ds_norm)
-    skipped = bool(getattr(engine, "skipped_steps", 0)) and not engine.was_step_applied()
-    return _data_parallel_mean(loss, engine), skipped, grad_norm
+    skipped = not engine.was_step_applied()
+    return _data_parallel_mean(loss, engine), skipped, grad_norm, extras
 
 
 def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> Optional[float]:
@@ -225,6 +235,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
 
         raise ConfigError(problems)
     ctx = initialize_megatron(neox_args)
+    resolve_train_iters(neox_args)
     stop = StopRequested()
     stop.install()
     engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx)
@@ -237,13 +248,25 @@ def pretrain(neox_args) -> Dict[str, Any]:
     logger.restart_clock(iteration)
     summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
     train_iters = neox_args.train_iters
+    overflow = OverflowGuard()
+    wants_debug = any((neox_args.log_grad_norm, neox_args.log_param_norm, neox_args.log_grad_pct_zeros,
+                       neox_args.log_optimizer_states, neox_args.memory_profiling))
+    memory_profiler = None
+    if neox_args.memory_profiling:
+        from megatron.logging import MemoryProfiler
+
+        memory_profiler = MemoryProfiler(neox_args)
     last_saved = iteration
     do_train = neox_args.do_train if neox_args.do_train is not None else True
     try:
         while do_train and iteration < train_iters:
             started = time.perf_counter()
-            loss, skipped, grad_norm = train_step(neox_args, engine, train_batches, ctx)
+            debug = wants_debug and (iteration + 1) % neox_args.log_interval == 0
+            loss, skipped, grad_norm, extras = train_step(neox_args, engine, train_batches, ctx, optimizer, debug)
             iteration += 1
+            overflow.record(skipped, iteration)
+            if memory_profiler is not None and debug:
+                memory_profiler.dump(iteration)
             consumed_train += neox_args.train_batch_size
             summary["losses"].append(loss)
             if not math.isfinite(loss):
@@ -251,7 +274,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
             logger.log_train(iteration=iteration, lm_loss=loss, lr=lr_scheduler.get_lr()
                              if hasattr(lr_scheduler, "get_lr") else optimizer.param_groups[0]["lr"],
                              grad_norm=grad_norm, step_time=time.perf_counter() - started,
-                             skipped=skipped)
+                             skipped=skipped, extras=extras)
             state = {"consumed_train_samples": consumed_train, "consumed_valid_samples": consumed_valid}
             if neox_args.save and iteration in (neox_args.save_iters or []):
                 save_checkpoint(neox_args, iteration, engine, state)
@@ -291,5 +314,6 @@ def pretrain(neox_args) -> Dict[str, Any]:
     finally:
         logger.close()
     summary["iteration"] = iteration
+    summary["skipped_steps"] = overflow.total
     ctx.destroy()
     return summary

@@ -53,6 +53,7 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("use_flashattn_swiglu", bool, "use_flashattn_swiglu is not supported yet (it needs flash-attn on a GPU)"),
     ("soft_prompt_tuning", lambda v: v is not None and v.get("init_string"),
      "soft_prompt_tuning.init_string is not supported yet; use init_range"),
+    ("no_save_optim", bool, "no_save_optim is not supported yet (DeepSpeed always saves optimizer states)"),
     ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
 )
 
@@ -236,6 +237,11 @@ def parallelism_problems(args: "NeoXArgs") -> List[str]:
     method = args.pipe_partition_method
     if method not in ("parameters", "uniform") and not method.startswith("type:"):
         problems.append(f"pipe_partition_method={method!r} must be 'parameters', 'uniform' or 'type:REGEX'")
+    if args.pipe_parallel_size >= 1:
+        for flag in ("log_grad_norm", "log_grad_pct_zeros", "log_optimizer_states"):
+            if getattr(args, flag):
+                problems.append(f"{flag}=true is not supported with pipe_parallel_size >= 1 yet (DeepSpeed's "
+                                f"pipeline engine frees the gradients inside train_batch)")
     if (args.comment or args.account) and args.launcher != "slurm":
         problems.append(f"comment / account are slurm options; launcher is {args.launcher!r}")
     return problems

@@ -115,18 +115,26 @@ def test_crash_during_save_keeps_the_previous_checkpoint_loadable(data, tmp_path
     assert run.latest() == "global_step8" and [r["iteration"] for r in run.records()][-4:] == [5, 6, 7, 8]
 
 
-def test_metrics_and_tensorboard_are_written(data, tmp_path):
+def test_metrics_tensorboard_debug_values_and_epochs(data, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run = TrainingRun(tmp_path, data, num_gpus=1, train_iters=6, eval_interval=3, tensorboard_dir=str(tmp_path / "tb"),
-                      save=None, load=None)
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.training_schedule import iterations_for_epochs
+
+    run = TrainingRun(tmp_path, data, num_gpus=1, train_epochs=1, eval_interval=3, split="4,90,6",
+                      tensorboard_dir=str(tmp_path / "tb"), save=None, load=None, log_grad_norm=True,
+                      log_param_norm=True, memory_profiling=True)
+    expected_iters = iterations_for_epochs(NeoXArgs.from_dict(run.config))
     run.launch()
     run.assert_ok()
     train = run.records("train")
-    assert [r["iteration"] for r in train] == list(range(1, 7))
-    for key in ("lm_loss", "lr", "grad_norm", "tokens_per_sec", "samples_per_sec", "tflops", "mfu"):
-        assert key in train[0]
-    assert train[-1]["grad_norm"] is not None and train[-1]["tokens_per_sec"] > 0
+    assert [r["iteration"] for r in train] == list(range(1, expected_iters + 1))
+    for key in ("lm_loss", "lr", "grad_norm", "tokens_per_sec", "samples_per_sec", "tflops", "mfu",
+                "grad_norm_total", "param_norm_total"):
+        assert key in train[0], key
+    assert train[-1]["grad_norm"] == pytest.approx(train[-1]["grad_norm_total"], rel=1e-4)
+    assert train[-1]["tokens_per_sec"] > 0
+    assert (tmp_path / "logs" / "memory" / "memory_iter1.json").is_file()
     evals = run.records("eval")
     assert [e["iteration"] for e in evals][:2] == [3, 6]
     events = [f for f in (tmp_path / "tb").rglob("events.out.tfevents.*")]
