@@ -65,8 +65,9 @@ def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
         param.model_parallel = bool(split or (tp_rank0 and not replicated_elsewhere))
 
 
-def _record_pipeline_grad_norm(engine) -> None:
-    """The pipeline engine clips but throws the norm away; keep it so that it can be logged."""
+def _record_clipping_grad_norm(engine) -> None:
+    """Without ZeRO, DeepSpeed computes the global norm to clip but throws it away; keep it so that it can be
+    logged without computing it a second time."""
     from deepspeed.runtime.utils import clip_grad_norm_
 
     def clip_and_record() -> None:
@@ -97,8 +98,7 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext):
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
         mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)
-    if neox_args.is_pipe_parallel:
-        _record_pipeline_grad_norm(engine)
+    _record_clipping_grad_norm(engine)
     return engine, optimizer, lr_scheduler
 
 
@@ -165,7 +165,7 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
             loss = _loss_of(engine, next(batches))
             engine.backward(loss)
             if micro == neox_args.gradient_accumulation_steps - 1:
-                if neox_args.zero_stage == 0:
+                if neox_args.zero_stage == 0 and not neox_args.gradient_clipping:  # else DeepSpeed computes it
                     grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
                 if debug:
                     extras = debug_metrics(neox_args, engine.module, optimizer)

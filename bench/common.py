@@ -1,0 +1,60 @@
+"""Shared pieces of the benchmarks: child-process measurement, medians and the results table.
+
+Every contender runs in its own process, started through `measure_command`, so that its peak memory
+(the largest resident set of the process tree, from getrusage) is measured the same way for all."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure_command(cmd: Sequence[str], env: Optional[Dict[str, str]] = None, timeout: int = 3600) -> Dict:
+    """Run `cmd` in a fresh wrapper process; returns {'returncode', 'stdout', 'stderr', 'peak_rss_mb'}."""
+    wrapper = ("import json, resource, subprocess, sys\n"
+               "cmd = json.loads(sys.argv[1])\n"
+               "p = subprocess.run(cmd, capture_output=True, text=True)\n"
+               "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024\n"
+               "print(json.dumps({'returncode': p.returncode, 'stdout': p.stdout, 'stderr': p.stderr,"
+               " 'peak_rss_mb': peak}))\n")
+    full_env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
+    out = subprocess.run([sys.executable, "-c", wrapper, json.dumps(list(cmd))], capture_output=True, text=True,
+                         env=full_env, timeout=timeout, cwd=REPO)
+    if out.returncode != 0:
+        raise RuntimeError(f"measurement wrapper failed: {out.stderr}")
+    return json.loads(out.stdout)
+
+
+def last_json_line(text: str) -> Dict:
+    """Workers print their result as the last JSON line of stdout."""
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError(f"no JSON result in output:\n{text[-3000:]}")
+
+
+def median(values: List[float]) -> float:
+    return statistics.median(values)
+
+
+def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-markdown table (pasted into the README as is); returns the text it printed."""
+    lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def machine_description() -> str:
+    import platform
+
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else \
+        f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+    return f"{device}, torch {torch.__version__}, Python {platform.python_version()}"

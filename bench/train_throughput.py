@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Training throughput: this project (through deepy.py) against Hugging Face transformers'
+GPTNeoXForCausalLM with a plain AdamW loop, and a minimal hand-written PyTorch GPT (SDPA, fused AdamW),
+the practical limit. Same model shape, batch, sequence length, precision and token data for all three.
+
+    python bench/train_throughput.py                 # small: 6 layers, hidden 512, seq 512, vocab 50k
+    python bench/train_throughput.py --size large    # 12 layers, hidden 768 (125M-class)
+    python bench/train_throughput.py --steps 5 --warmup 2 --repeats 3 --precision bf16
+
+Each contender runs --repeats times in its own process; a run times --steps optimizer steps after
+--warmup steps; the table gives the median over runs of the median step time, tokens/s from it, the peak
+resident memory of the process tree, and ratios to (b) and (c). On a GPU it adds TFLOP/s and MFU (the
+project's formula in megatron/flops.py)."""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import REPO, last_json_line, machine_description, measure_command, median, print_table  # noqa
+
+SIZES = {
+    "small": {"num_layers": 6, "hidden_size": 512, "num_attention_heads": 8},
+    "large": {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12},
+}
+VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128, as GPT-NeoX pads it
+
+
+def model_shape(args) -> Dict:
+    return {**SIZES[args.size], "seq_length": args.seq, "vocab_size": VOCAB}
+
+
+def write_data(directory: str, num_tokens: int, seed: int = 0) -> Dict[str, str]:
+    """Random tokens as a Megatron dataset, and a word-level tokenizer of exactly VOCAB tokens."""
+    import numpy as np
+    from tokenizers import Tokenizer, models
+
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+
+    rng = np.random.default_rng(seed)
+    prefix = os.path.join(directory, "random_text_document")
+    builder = MMapIndexedDatasetBuilder(prefix, dtype=np.uint16)
+    for _ in range(max(num_tokens // 4096, 1)):
+        builder.add_item(rng.integers(1, VOCAB, size=4096, dtype=np.uint16))
+        builder.end_document()
+    builder.finalize()
+    vocab = {"<|endoftext|>": 0, **{f"t{i}": i for i in range(1, VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    path = os.path.join(directory, "tokenizer.json")
+    tokenizer.save(path)
+    return {"data_path": prefix, "vocab_file": path}
+
+
+def ours(args, data: Dict[str, str], directory: str) -> Dict:
+    import yaml
+
+    shape = model_shape(args)
+    config = {
+        "num_layers": shape["num_layers"], "hidden_size": shape["hidden_size"],
+        "num_attention_heads": shape["num_attention_heads"], "seq_length": args.seq,
+        "max_position_embeddings": args.seq, "pos_emb": "rotary", "rotary_pct": 0.25, "gpt_j_residual": True,
+        "no_weight_tying": True, "norm": "layernorm", "activation": "gelu", "make_vocab_size_divisible_by": 128,
+        "tokenizer_type": "HFTokenizer", "vocab_file": data["vocab_file"], "data_path": data["data_path"],
+        "split": "100,0,0", "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+        "train_iters": args.warmup + args.steps, "optimizer": {"type": "Adam", "params": {"lr": 1.0e-4}},
+        "zero_optimization": {"stage": 0}, "gradient_clipping": 1.0, "num_gpus": 1, "num_workers": 0,
+        "log_interval": 1, "steps_per_print": 1000000, "eval_interval": 1000000, "eval_iters": 0,
+        "log_dir": os.path.join(directory, "logs"), "distributed_backend": "nccl", "seed": 1,
+        "hidden_dropout": 0.0, "attention_dropout": 0.0, "do_test": False, "weight_decay": 0.0,
+    }
+    if args.precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    path = os.path.join(directory, "bench.yml")
+    with open(path, "w") as handle:
+        yaml.safe_dump(config, handle)
+    result = measure_command([sys.executable, "deepy.py", "train.py", path, "--master_port", str(args.port)])
+    if result["returncode"] != 0:
+        raise RuntimeError(f"deepy.py failed:\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}")
+    with open(os.path.join(directory, "logs", "metrics.jsonl")) as handle:
+        records = [json.loads(line) for line in handle if '"train"' in line]
+    times = [r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]
+    os.remove(os.path.join(directory, "logs", "metrics.jsonl"))
+    return {"step_time": median(times), "peak_rss_mb": result["peak_rss_mb"]}
+
+
+def competitor(args, kind: str) -> Dict:
+    shape = model_shape(args)
+    cmd = [sys.executable, os.path.join(REPO, "bench", "train_competitors.py"), kind, "--shape", json.dumps(shape),
+           "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--precision", args.precision]
+    result = measure_command(cmd)
+    if result["returncode"] != 0:
+        raise RuntimeError(f"{kind} failed:\n{result['stderr'][-3000:]}")
+    return {**last_json_line(result["stdout"]), "peak_rss_mb": result["peak_rss_mb"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--port", type=int, default=29731)
+    parser.add_argument("--only", default="ours,hf,torch", help="comma list of contenders to run")
+    args = parser.parse_args()
+    tokens_per_step = args.batch * args.seq
+    contenders = [c for c in ("ours", "hf", "torch") if c in args.only.split(",")]
+    runs: Dict[str, List[Dict]] = {c: [] for c in contenders}
+    with tempfile.TemporaryDirectory() as directory:
+        data = write_data(directory, tokens_per_step * (args.warmup + args.steps + 2) * 2)
+        for repeat in range(args.repeats):
+            for name in contenders:
+                result = ours(args, data, directory) if name == "ours" else competitor(args, name)
+                runs[name].append(result)
+                print(f"run {repeat + 1}/{args.repeats} {name}: step {result['step_time']:.3f}s, "
+                      f"peak {result['peak_rss_mb']:.0f} MB", flush=True)
+    summary = {name: {"step_time": median([r["step_time"] for r in rs]),
+                      "peak_rss_mb": median([r["peak_rss_mb"] for r in rs])} for name, rs in runs.items()}
+    labels = {"ours": "(a) this project (deepy.py)", "hf": "(b) transformers GPTNeoX + AdamW",
+              "torch": "(c) minimal PyTorch GPT (SDPA, fused AdamW)"}
+    def speed_ratio(name: str, other: str) -> str:
+        """Throughput of `name` over `other` (> 1: faster); '-' when `other` did not run."""
+        return f"{summary[other]['step_time'] / summary[name]['step_time']:.2f}" if other in summary else "-"
+
+    rows = []
+    for name, s in summary.items():
+        rows.append([labels[name], f"{tokens_per_step / s['step_time']:,.0f}", f"{s['step_time'] * 1000:.0f}",
+                     f"{s['peak_rss_mb']:,.0f}", speed_ratio(name, "hf"), speed_ratio(name, "torch")])
+    shape = model_shape(args)
+    print_table(f"Training throughput: {args.size} ({shape['num_layers']} layers, hidden {shape['hidden_size']}, "
+                f"seq {args.seq}, vocab {VOCAB}, batch {args.batch}, {args.precision}) on {machine_description()}",
+                ["contender", "tokens/s", "step ms", "peak RSS MB", "speed vs (b)", "speed vs (c)"], rows)
+
+
+if __name__ == "__main__":
+    main()
