@@ -25,7 +25,8 @@ from bench.common import REPO, last_json_line, machine_description, measure_comm
 
 SIZES = {
     "small": {"num_layers": 6, "hidden_size": 512, "num_attention_heads": 8},
-    "large": {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12},
+    "large": {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12},   # 125M-class
+    "1B": {"num_layers": 16, "hidden_size": 2048, "num_attention_heads": 16},     # ~1.1B with the 50k vocab
 }
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128, as GPT-NeoX pads it
 
@@ -134,9 +135,27 @@ def main() -> None:
         rows.append([labels[name], f"{tokens_per_step / s['step_time']:,.0f}", f"{s['step_time'] * 1000:.0f}",
                      f"{s['peak_rss_mb']:,.0f}", speed_ratio(name, "hf"), speed_ratio(name, "torch")])
     shape = model_shape(args)
+    header = ["contender", "tokens/s", "step ms", "peak RSS MB", "speed vs (b)", "speed vs (c)"]
+    import torch
+
+    if torch.cuda.is_available():
+        from megatron.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
+        from megatron.neox_arguments import NeoXArgs
+
+        flops_args = NeoXArgs.from_dict({k: shape[k] for k in ("num_layers", "hidden_size", "num_attention_heads")}
+                                        | {"seq_length": args.seq, "train_micro_batch_size_per_gpu": args.batch,
+                                           "padded_vocab_size": VOCAB, "num_gpus": 1})
+        flops_args.padded_vocab_size = VOCAB
+        per_token = training_flops_per_token(flops_args)
+        peak = peak_tflops("bfloat16" if args.precision == "bf16" else "fp32")
+        header += ["TFLOP/s", "MFU"]
+        for row, s in zip(rows, summary.values()):
+            achieved = tflops_per_device(per_token, tokens_per_step / s["step_time"], 1)
+            utilisation = mfu(achieved, peak)
+            row += [f"{achieved:.1f}", f"{utilisation:.1%}" if utilisation is not None else "n/a"]
     print_table(f"Training throughput: {args.size} ({shape['num_layers']} layers, hidden {shape['hidden_size']}, "
                 f"seq {args.seq}, vocab {VOCAB}, batch {args.batch}, {args.precision}) on {machine_description()}",
-                ["contender", "tokens/s", "step ms", "peak RSS MB", "speed vs (b)", "speed vs (c)"], rows)
+                header, rows)
 
 
 if __name__ == "__main__":
