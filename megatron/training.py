@@ -41,15 +41,6 @@ class StopRequested:
         return bool(flag.item())
 
 
-def _zero_allows_optimizer(neox_args, optimizer) -> None:
-    """ZeRO refuses optimizers it has not tested unless told; ours are tested by our own tests."""
-    import deepspeed
-
-    tested = (torch.optim.Adam, torch.optim.AdamW)
-    if neox_args.zero_stage > 0 and not isinstance(optimizer, tested):
-        neox_args.deepspeed_config.setdefault("zero_allow_untested_optimizer", True)
-
-
 def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
     """Make DeepSpeed's gradient norm (clipping, ZeRO) count every parameter exactly once.
 
@@ -88,11 +79,10 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext):
     model = build_model(neox_args, ctx.parallel_state, ctx.rng_tracker)
     optimizer = build_optimizer(neox_args, model)
     lr_scheduler = build_lr_scheduler(neox_args, optimizer)
-    config = dict(neox_args.deepspeed_config)
-    config.pop("optimizer", None)  # we pass the optimizer object itself
-    config.pop("scheduler", None)
-    _zero_allows_optimizer(neox_args, optimizer)
-    config.update({k: v for k, v in neox_args.deepspeed_config.items() if k.startswith("zero_allow")})
+    config = {k: v for k, v in neox_args.deepspeed_config.items() if k not in ("optimizer", "scheduler")}
+    if neox_args.zero_stage > 0 and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        # ZeRO refuses optimizers DeepSpeed has not tested unless told; ours are tested here
+        config.setdefault("zero_allow_untested_optimizer", True)
     if neox_args.is_pipe_parallel:
         _mark_grad_norm_ownership(model, ctx.parallel_state)
     engine, _, _, _ = deepspeed.initialize(
@@ -225,7 +215,7 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
 
 
 def pretrain(neox_args) -> Dict[str, Any]:
-    """Train (and evaluate) as the config says; returns a summary (final iteration and losses)."""
+    """Train (and evaluate) as the config says; returns a summary (iterations, losses, evaluations)."""
     from megatron.logging import TrainingLogger
     from megatron.timers import Timers
 
@@ -240,14 +230,15 @@ def pretrain(neox_args) -> Dict[str, Any]:
     stop.install()
     engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx)
     iteration, client_state = load_checkpoint(neox_args, engine)
-    consumed_train = client_state.get("consumed_train_samples", iteration * neox_args.train_batch_size)
-    consumed_valid = client_state.get("consumed_valid_samples", 0)
-    train_batches, valid_batches, test_batches = _batch_streams(neox_args, ctx, consumed_train, consumed_valid)
+    position = {"consumed_train_samples": client_state.get("consumed_train_samples",
+                                                           iteration * neox_args.train_batch_size),
+                "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
+    train_batches, valid_batches, test_batches = _batch_streams(
+        neox_args, ctx, position["consumed_train_samples"], position["consumed_valid_samples"])
     timers = Timers(enabled=neox_args.wall_clock_breakdown)
     logger = TrainingLogger(neox_args, rank=dist.get_rank() if dist.is_initialized() else 0)
     logger.restart_clock(iteration)
     summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
-    train_iters = neox_args.train_iters
     overflow = OverflowGuard()
     wants_debug = any((neox_args.log_grad_norm, neox_args.log_param_norm, neox_args.log_grad_pct_zeros,
                        neox_args.log_optimizer_states, neox_args.memory_profiling))
@@ -257,60 +248,65 @@ def pretrain(neox_args) -> Dict[str, Any]:
 
         memory_profiler = MemoryProfiler(neox_args)
     last_saved = iteration
+
+    def save(at: int) -> None:
+        nonlocal last_saved
+        if neox_args.save and last_saved != at:
+            timers("save").start()
+            save_checkpoint(neox_args, at, engine, dict(position))
+            timers("save").stop()
+            last_saved = at
+
+    def evaluate_split(batches: Optional[_ModelBatches], split: str) -> None:
+        timers("eval").start()
+        value = evaluate(neox_args, engine, batches, neox_args.eval_iters)
+        timers("eval").stop()
+        if value is not None:
+            logger.log_eval(iteration=iteration, lm_loss=value, split=split)
+            summary["eval"].append((iteration, split, value))
+
     do_train = neox_args.do_train if neox_args.do_train is not None else True
     try:
-        while do_train and iteration < train_iters:
+        while do_train and iteration < neox_args.train_iters:
             started = time.perf_counter()
             debug = wants_debug and (iteration + 1) % neox_args.log_interval == 0
+            timers("train_step").start()
             loss, skipped, grad_norm, extras = train_step(neox_args, engine, train_batches, ctx, optimizer, debug)
+            timers("train_step").stop()
             iteration += 1
             overflow.record(skipped, iteration)
-            if memory_profiler is not None and debug:
-                memory_profiler.dump(iteration)
-            consumed_train += neox_args.train_batch_size
-            summary["losses"].append(loss)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
-            logger.log_train(iteration=iteration, lm_loss=loss, lr=lr_scheduler.get_lr()
-                             if hasattr(lr_scheduler, "get_lr") else optimizer.param_groups[0]["lr"],
-                             grad_norm=grad_norm, step_time=time.perf_counter() - started,
-                             skipped=skipped, extras=extras)
-            state = {"consumed_train_samples": consumed_train, "consumed_valid_samples": consumed_valid}
-            if neox_args.save and iteration in (neox_args.save_iters or []):
-                save_checkpoint(neox_args, iteration, engine, state)
-                last_saved = iteration
+            if memory_profiler is not None and debug:
+                memory_profiler.dump(iteration)
+            position["consumed_train_samples"] += neox_args.train_batch_size
+            summary["losses"].append(loss)
+            if iteration % neox_args.log_interval == 0:
+                extras.update({f"time_ms/{k}": v for k, v in
+                               timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
+            logger.log_train(iteration=iteration, lm_loss=loss, lr=lr_scheduler.get_lr(), grad_norm=grad_norm,
+                             step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
+            if iteration in (neox_args.save_iters or []):
+                save(iteration)
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0 and valid_batches is not None:
-                val = evaluate(neox_args, engine, valid_batches, neox_args.eval_iters)
-                consumed_valid += neox_args.eval_iters * neox_args.train_batch_size
-                if val is not None:
-                    logger.log_eval(iteration=iteration, lm_loss=val, split="validation")
-                    summary["eval"].append((iteration, val))
+                evaluate_split(valid_batches, "validation")
+                position["consumed_valid_samples"] += neox_args.eval_iters * neox_args.train_batch_size
             if stop.any_rank():
-                if neox_args.save and last_saved != iteration:
-                    save_checkpoint(neox_args, iteration, engine, state)
-                    last_saved = iteration
+                save(iteration)
                 summary["stopped_by"] = stop.signal_name or "another rank's signal"
                 if logger.is_logging_rank:
                     print(f"received {summary['stopped_by']}: saved a checkpoint at iteration {iteration} in "
                           f"{neox_args.save}, exiting", flush=True)
                 break
             if neox_args.exit_interval and iteration % neox_args.exit_interval == 0:
-                if neox_args.save and last_saved != iteration:
-                    save_checkpoint(neox_args, iteration, engine, state)
-                    last_saved = iteration
                 break
-        if neox_args.save and last_saved != iteration and do_train:
-            save_checkpoint(neox_args, iteration, engine,
-                            {"consumed_train_samples": consumed_train, "consumed_valid_samples": consumed_valid})
+        if do_train:
+            save(iteration)
         if "stopped_by" not in summary:
             if neox_args.do_valid and valid_batches is not None:
-                val = evaluate(neox_args, engine, valid_batches, neox_args.eval_iters)
-                logger.log_eval(iteration=iteration, lm_loss=val, split="validation")
+                evaluate_split(valid_batches, "validation")
             if (neox_args.do_test if neox_args.do_test is not None else True) and test_batches is not None:
-                val = evaluate(neox_args, engine, test_batches, neox_args.eval_iters)
-                if val is not None:
-                    logger.log_eval(iteration=iteration, lm_loss=val, split="test")
-                    summary["test"] = val
+                evaluate_split(test_batches, "test")
     finally:
         logger.close()
     summary["iteration"] = iteration
