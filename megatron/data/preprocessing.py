@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -284,3 +285,11 @@ def runtime_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar (the summary is still printed)")
     g.add_argument("--log-interval", type=int, default=None, help="update the progress bar every N documents")
     g.add_argument("--dataset-impl", default="mmap", choices=["mmap"], help="only the mmap format is written")
+
+
+def run_cli(args, spec: EncoderSpec, docs: Iterable[Document]) -> Throughput:
+    """The common tail of the preprocessing tools: write `docs` with `spec` as the command line asked
+    (--output-prefix, --workers, --batch-size, --num-docs, --no-progress, --log-interval)."""
+    Path(args.output_prefix).parent.mkdir(parents=True, exist_ok=True)
+    return write_indexed_datasets(limit(docs, args.num_docs), spec, args.output_prefix, args.workers,
+                                  args.batch_size, progress=not args.no_progress, log_interval=args.log_interval)

@@ -3,7 +3,7 @@
 Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
 
 from dataclasses import dataclass
-from typing import List, Literal, Optional, Union  # noqa: F401
+from typing import Literal, Optional
 
 
 @dataclass

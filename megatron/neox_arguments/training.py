@@ -3,7 +3,7 @@
 Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
 
 from dataclasses import dataclass
-from typing import List, Literal, Optional, Union  # noqa: F401
+from typing import Literal, Optional
 
 
 @dataclass
@@ -389,7 +389,7 @@ class NeoXArgsTraining:
 
     deepspeed_activation_checkpointing: bool = True
     """
-    DEPRECATED - TODO: remove Uses activation checkpointing from deepspeed
+    Deprecated (always true): activation checkpointing is always DeepSpeed's.
     """
 
     contiguous_checkpointing: bool = False

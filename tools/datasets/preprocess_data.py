@@ -18,11 +18,10 @@ from megatron.data.document_readers import expand_input_paths, iter_documents  #
 from megatron.data.errors import DataError  # noqa: E402
 from megatron.data.preprocessing import (  # noqa: E402
     TextEncoderSpec,
-    limit,
+    run_cli,
     runtime_args,
     tokenizer_args,
     vocab_size_of,
-    write_indexed_datasets,
 )
 from megatron.tokenizer import TokenizerError  # noqa: E402
 
@@ -49,16 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             args.ftfy,
             vocab_size,
         )
-        Path(args.output_prefix).parent.mkdir(parents=True, exist_ok=True)
-        write_indexed_datasets(
-            limit(iter_documents(paths, args.jsonl_keys), args.num_docs),
-            spec,
-            args.output_prefix,
-            args.workers,
-            args.batch_size,
-            progress=not args.no_progress,
-            log_interval=args.log_interval,
-        )
+        run_cli(args, spec, iter_documents(paths, args.jsonl_keys))
     except (DataError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

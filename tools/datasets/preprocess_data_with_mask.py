@@ -23,11 +23,10 @@ from megatron.data.errors import DataError  # noqa: E402
 from megatron.data.indexed_dataset import best_fitting_dtype  # noqa: E402
 from megatron.data.label_encoders import MaskedTextEncoderSpec  # noqa: E402
 from megatron.data.preprocessing import (  # noqa: E402
-    limit,
+    run_cli,
     runtime_args,
     tokenizer_args,
     vocab_size_of,
-    write_indexed_datasets,
 )
 from megatron.tokenizer import TokenizerError  # noqa: E402
 
@@ -61,16 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             args.append_eod,
             best_fitting_dtype(vocab),
         )
-        Path(args.output_prefix).parent.mkdir(parents=True, exist_ok=True)
-        write_indexed_datasets(
-            limit(iter_documents(paths, args.jsonl_keys), args.num_docs),
-            spec,
-            args.output_prefix,
-            args.workers,
-            args.batch_size,
-            progress=not args.no_progress,
-            log_interval=args.log_interval,
-        )
+        run_cli(args, spec, iter_documents(paths, args.jsonl_keys))
     except (DataError, TokenizerError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
