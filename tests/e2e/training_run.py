@@ -2,7 +2,6 @@
 
 import itertools
 import json
-import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
