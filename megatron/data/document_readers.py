@@ -50,7 +50,8 @@ def _open_text(path: str) -> IO[str]:
         try:
             import zstandard
         except ImportError as exc:
-            raise DataError(f"reading '{path}' needs the `zstandard` package: pip install zstandard") from exc
+            raise DataError(f"reading '{path}' needs the `zstandard` package: "
+                            "pip install -r requirements/requirements-data.txt") from exc
         fh = open(path, "rb")
         return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(fh, closefd=True), encoding="utf-8")
     return open(path, encoding="utf-8")

@@ -39,7 +39,7 @@ def _fix_text(text: str) -> str:
     try:
         import ftfy
     except ImportError as exc:
-        raise DataError("--ftfy needs the `ftfy` package: pip install ftfy") from exc
+        raise DataError("--ftfy needs the `ftfy` package: pip install -r requirements/requirements-data.txt") from exc
     return ftfy.fix_text(text)
 
 

@@ -18,7 +18,8 @@ class SentencePieceTokenizer(AbstractTokenizer):
             import sentencepiece as spm
         except ImportError as exc:
             raise TokenizerError(
-                "tokenizer_type=SPMTokenizer needs the `sentencepiece` package: pip install sentencepiece"
+                "tokenizer_type=SPMTokenizer needs the `sentencepiece` package: "
+                "pip install -r requirements/requirements-sentencepiece.txt"
             ) from exc
         self._sp = spm.SentencePieceProcessor()
         try:

@@ -34,7 +34,8 @@ class TiktokenTokenizer(AbstractTokenizer):
             from tiktoken.load import load_tiktoken_bpe
         except ImportError as exc:
             raise TokenizerError(
-                "tokenizer_type=TiktokenTokenizer needs the `tiktoken` package: pip install tiktoken"
+                "tokenizer_type=TiktokenTokenizer needs the `tiktoken` package: "
+                "pip install -r requirements/requirements-tiktoken.txt"
             ) from exc
         try:
             ranks = load_tiktoken_bpe(str(path))
