@@ -1,0 +1,84 @@
+"""Small shared pieces of the Hugging Face mappings: refusing what a target cannot represent, reading the
+head/embedding of a state dict, and the rotary settings of a Hugging Face config."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import torch
+
+from megatron.checkpoint_conversion.errors import ConversionError
+
+WEIGHT_TYING_KEY = "no_weight_tying"
+
+
+def transformers_module() -> Any:
+    """transformers, or one clear error naming the requirements file (it is an optional extra)."""
+    from megatron.optional_deps import require
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return require("transformers", "Hugging Face checkpoint conversion (tools/ckpts)", "transformers")
+
+
+def refuse_unrepresentable(target: str, problems: List[str]) -> None:
+    """One ConversionError listing everything ``target`` cannot represent."""
+    if problems:
+        raise ConversionError(f"this model cannot be written as {target}:\n  " + "\n  ".join(problems))
+
+
+def common_problems(args: Mapping[str, Any]) -> List[str]:
+    """Options no Hugging Face target here represents."""
+    problems = []
+    kinds = set(args.get("attention_config") or ["global"])
+    if not kinds <= {"global", "flash"}:
+        problems.append(f"attention_config {sorted(kinds)}: only global/flash attention converts")
+    if args.get("pos_emb", "learned") != "rotary":
+        problems.append(f"pos_emb={args.get('pos_emb')!r}: only rotary position embeddings convert")
+    if args.get("use_qk_layernorm"):
+        problems.append("use_qk_layernorm=true has no Hugging Face equivalent here")
+    soft = args.get("soft_prompt_tuning")
+    if soft and soft.get("enabled", True):
+        problems.append("soft_prompt_tuning is enabled (the soft prompt has no Hugging Face equivalent)")
+    if int(args.get("moe_num_experts") or 1) > 1:
+        problems.append("moe_num_experts > 1")
+    return problems
+
+
+def head_dim(args: Mapping[str, Any]) -> int:
+    return int(args["hidden_size"]) // int(args["num_attention_heads"])
+
+
+def rope_settings(config: Any) -> Tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) of a Hugging Face config (transformers 4.x and 5.x spellings);
+    refuses rope scaling, which this framework does not implement."""
+    params: Dict[str, Any] = dict(getattr(config, "rope_parameters", None) or {})
+    scaling = getattr(config, "rope_scaling", None)
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        params.setdefault("rope_type", scaling.get("rope_type", scaling.get("type")))
+    kind = params.get("rope_type", "default")
+    if kind != "default":
+        raise ConversionError(f"rope type {kind!r} (rope scaling) in config.json is not supported; only the "
+                              f"default rotary embedding converts")
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+    if theta is None:
+        theta = getattr(config, "rotary_emb_base", 10000.0)
+    pct = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if pct is None:
+        pct = getattr(config, "rotary_pct", 1.0)
+    return float(theta), float(pct)
+
+
+def rope_parameters(theta: float, pct: Optional[float] = None) -> Dict[str, Any]:
+    """A Hugging Face rope_parameters dict; ``pct`` is always written when given (GPTNeoXConfig's default
+    partial_rotary_factor is 0.25, not 1)."""
+    params: Dict[str, Any] = {"rope_type": "default", "rope_theta": float(theta)}
+    if pct is not None:
+        params["partial_rotary_factor"] = float(pct)
+    return params
+
+
+def take(state: Mapping[str, torch.Tensor], name: str, source: str) -> torch.Tensor:
+    """``state[name]`` or a ConversionError naming the missing tensor and where it was looked for."""
+    if name not in state:
+        raise ConversionError(f"{source} has no tensor {name!r}")
+    return state[name]

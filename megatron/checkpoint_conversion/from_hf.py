@@ -1,0 +1,79 @@
+"""A Hugging Face folder -> our checkpoint and YAML config (the library side of
+tools/ckpts/convert_hf_to_neox.py).
+
+The checkpoint is written as ``output_dir/global_step0`` in the DeepSpeed layout of the chosen tensor /
+pipeline split, with ``latest``, COMPLETE, neox_args.json (a validated NeoXArgs, as checkpointing.py
+writes it) and the YAML config under configs/. The YAML holds the architecture, the parallel layout, the
+tokenizer (when the folder has one) and ``load`` / ``finetune: true``: combine it with a data and
+training config (which must not set those keys again). The converted checkpoint carries no optimizer
+state, so train.py loads it with finetune (or no_load_optim); generate.py and eval.py load weights only.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+import yaml
+
+from megatron.checkpoint_conversion import hf_gptneox, hf_llama
+from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.checkpoint_conversion.hf_folder import load_hf_folder
+from megatron.checkpoint_conversion.neox_checkpoint import write_checkpoint
+from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
+
+MODEL_TYPES = {"gpt_neox": hf_gptneox.from_hf, "llama": hf_llama.from_hf, "mistral": hf_llama.from_hf}
+_VALIDATION_ONLY = {"train_micro_batch_size_per_gpu": 1}
+"""Settings NeoXArgs needs to validate that do not describe the model (kept out of the YAML)."""
+
+
+def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_parallel_size: int = 1,
+                       pipe_parallel_size: int = 0) -> str:
+    """Convert ``hf_dir``; returns the checkpoint directory written."""
+    from megatron.neox_arguments import ConfigError, NeoXArgs
+
+    if model_parallel_size < 1 or pipe_parallel_size < 0:
+        raise ConversionError("--model_parallel_size must be >= 1 and --pipe_parallel_size >= 0")
+    config, hf_state = load_hf_folder(hf_dir)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_TYPES:
+        raise ConversionError(f"{os.path.join(hf_dir, 'config.json')}: model_type {model_type!r} is not supported; "
+                              f"this converter reads {', '.join(MODEL_TYPES)}")
+    model_args, state = MODEL_TYPES[model_type](config, hf_state)
+    output_dir = os.path.abspath(output_dir)
+    vocab = int(state["embedding.word_embeddings.weight"].shape[0])
+    if vocab % model_parallel_size:
+        # Padding rows would give the extra tokens logit 0, which can win a greedy step: not the same model.
+        raise ConversionError(f"vocab_size {vocab} is not divisible by --model_parallel_size {model_parallel_size}; "
+                              f"choose a model_parallel_size that divides it")
+    values: Dict[str, Any] = {
+        "pipe_parallel_size": pipe_parallel_size, "model_parallel_size": model_parallel_size,
+        **model_args, "seq_length": model_args["max_position_embeddings"], "padded_vocab_size": vocab,
+        "make_vocab_size_divisible_by": 1,
+    }
+    tokenizer = copy_hf_tokenizer(hf_dir, output_dir)
+    if tokenizer is not None:
+        if tokenizer["vocab_size"] > vocab:
+            raise ConversionError(f"the tokenizer in {hf_dir} has {tokenizer['vocab_size']} tokens but the model's "
+                                  f"embedding only {vocab} rows")
+        values.update(tokenizer_type=tokenizer["tokenizer_type"], vocab_file=tokenizer["vocab_file"])
+    values.update(load=output_dir, finetune=True)
+    text = _yaml_text(values, hf_dir)
+    try:
+        args = NeoXArgs.from_dict({**values, **_VALIDATION_ONLY,
+                                   "num_gpus": model_parallel_size * max(pipe_parallel_size, 1)})
+    except ConfigError as exc:
+        raise ConversionError(f"the converted configuration is not valid here: {exc}") from None
+    args.config_files = {os.path.basename(config_out): text}
+    os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
+    with open(config_out, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return write_checkpoint(output_dir, state, args.to_dict(), args.config_files)
+
+
+def _yaml_text(values: Dict[str, Any], hf_dir: str) -> str:
+    header = (f"# Converted from the Hugging Face model in {os.path.abspath(hf_dir)}\n"
+              "# by tools/ckpts/convert_hf_to_neox.py.\n"
+              "# Architecture, parallel layout, tokenizer and where the converted checkpoint is (load, finetune: the\n"
+              "# checkpoint has no optimizer state). Combine with data / training / text-generation configs, e.g.\n"
+              "#   python deepy.py generate.py THIS.yml configs/text_generation.yml\n")
+    return header + yaml.safe_dump(values, sort_keys=False)

@@ -1,0 +1,135 @@
+"""Our GPT <-> Hugging Face GPTNeoXForCausalLM.
+
+The fused QKV layout of multi-head attention (per head [q | k | v]) and the rotate-half rotary on the
+first rotary_pct of each head are GPTNeoX's own, so tensors convert by renaming. GPT-J parallel residual
+is ``use_parallel_residual``; with gpt_j_tied the single input norm is written as both of GPTNeoX's
+norms (GPTNeoX applies its second norm to the same layer input, so the result is identical). GPTNeoX has
+no grouped-query attention, no RMSNorm and always has MLP and norm biases: such models go to Llama.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Tuple
+
+import torch
+
+from megatron.checkpoint_conversion.common import (
+    common_problems,
+    head_dim,
+    refuse_unrepresentable,
+    rope_parameters,
+    rope_settings,
+    take,
+    transformers_module,
+)
+from megatron.checkpoint_conversion.errors import ConversionError
+
+ACTIVATIONS_TO_HF = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "mish": "mish"}
+ACTIVATIONS_FROM_HF = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "mish": "mish"}
+HEAD_NAMES = ("embed_out.weight", "lm_head.weight")
+_LAYER_RENAMES = (("input_layernorm.", "input_layernorm."),
+                  ("post_attention_layernorm.", "post_attention_layernorm."),
+                  ("attention.query_key_value.", "attention.query_key_value."),
+                  ("attention.dense.", "attention.dense."),
+                  ("mlp.linear1.", "mlp.dense_h_to_4h."), ("mlp.linear2.", "mlp.dense_4h_to_h."))
+
+
+def gptneox_problems(args: Mapping[str, Any]) -> list:
+    """What GPTNeoXForCausalLM cannot represent about a model with NeoXArgs ``args``."""
+    problems = common_problems(args)
+    if (args.get("norm") or "layernorm") != "layernorm":
+        problems.append(f"norm={args.get('norm')!r}: GPTNeoX uses LayerNorm (rmsnorm models: --architecture llama)")
+    if not args.get("use_bias_in_norms", True):
+        problems.append("use_bias_in_norms=false: GPTNeoX's LayerNorms have biases")
+    if not args.get("use_bias_in_mlp", True):
+        problems.append("use_bias_in_mlp=false: GPTNeoX's MLP has biases (bias-free models: --architecture llama)")
+    if (args.get("activation") or "gelu") not in ACTIVATIONS_TO_HF:
+        problems.append(f"activation={args.get('activation')!r}: GPTNeoX takes {sorted(ACTIVATIONS_TO_HF)} "
+                        f"(swiglu models: --architecture llama)")
+    kv = args.get("num_kv_heads")
+    if kv and int(kv) != int(args["num_attention_heads"]):
+        problems.append(f"num_kv_heads={kv}: GPTNeoX has no grouped-query attention (use --architecture llama)")
+    if args.get("sliding_window_width") is not None:
+        problems.append("sliding_window_width: GPTNeoX has no sliding-window attention")
+    return problems
+
+
+def to_hf(args: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> Tuple[Any, Dict[str, torch.Tensor]]:
+    """(GPTNeoXConfig, GPTNeoX state dict) of our merged ``state``."""
+    GPTNeoXConfig = transformers_module().GPTNeoXConfig
+
+    refuse_unrepresentable("GPTNeoXForCausalLM", gptneox_problems(args))
+    layers = int(args["num_layers"])
+    tied = not args.get("no_weight_tying", False)
+    gpt_j_tied = bool(args.get("gpt_j_residual")) and bool(args.get("gpt_j_tied"))
+    src = "the checkpoint"
+    hf: Dict[str, torch.Tensor] = {"gpt_neox.embed_in.weight": take(state, "embedding.word_embeddings.weight", src)}
+    for i in range(layers):
+        for ours, theirs in _LAYER_RENAMES:
+            for kind in ("weight", "bias"):
+                name = f"layers.{i}.{ours}{kind}"
+                if gpt_j_tied and ours.startswith("post_attention_layernorm"):
+                    name = f"layers.{i}.input_layernorm.{kind}"
+                if name in state:
+                    hf[f"gpt_neox.layers.{i}.{theirs}{kind}"] = state[name]
+    hf["gpt_neox.final_layer_norm.weight"] = take(state, "final_norm.norm.weight", src)
+    hf["gpt_neox.final_layer_norm.bias"] = take(state, "final_norm.norm.bias", src)
+    if not tied:
+        hf["embed_out.weight"] = take(state, "head.final_linear.weight", src)
+    vocab, hidden = hf["gpt_neox.embed_in.weight"].shape
+    config = GPTNeoXConfig(
+        vocab_size=int(vocab), hidden_size=int(hidden), num_hidden_layers=layers,
+        num_attention_heads=int(args["num_attention_heads"]),
+        intermediate_size=int(take(state, "layers.0.mlp.linear1.weight", src).shape[0]),
+        hidden_act=ACTIVATIONS_TO_HF[args.get("activation") or "gelu"],
+        max_position_embeddings=int(args.get("max_position_embeddings") or args["seq_length"]),
+        layer_norm_eps=float(args.get("layernorm_epsilon", 1e-5)),
+        use_parallel_residual=bool(args.get("gpt_j_residual", False)),
+        rope_parameters=rope_parameters(float(args.get("rotary_emb_base", 10000)), float(args.get("rotary_pct", 1.0))),
+        rotary_pct=float(args.get("rotary_pct", 1.0)), rotary_emb_base=int(args.get("rotary_emb_base", 10000)),
+        attention_bias=bool(args.get("use_bias_in_attn_linear", True)),
+        tie_word_embeddings=tied, initializer_range=float(args.get("init_method_std", 0.02)),
+        attention_dropout=0.0, hidden_dropout=0.0, bos_token_id=None, eos_token_id=None)
+    return config, hf
+
+
+def from_hf(config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+    """(our model arguments, our merged state dict) of a GPTNeoXForCausalLM."""
+    act = getattr(config, "hidden_act", "gelu")
+    if act not in ACTIVATIONS_FROM_HF:
+        raise ConversionError(f"config.json hidden_act={act!r} is not supported; this framework has "
+                              f"{sorted(ACTIVATIONS_FROM_HF)} (its gelu is the exact erf form)")
+    theta, pct = rope_settings(config)
+    if theta != int(theta):
+        raise ConversionError(f"config.json rope_theta={theta} is not an integer (rotary_emb_base is an int here)")
+    layers = int(config.num_hidden_layers)
+    src = "the Hugging Face weights"
+    state: Dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": take(hf, "gpt_neox.embed_in.weight", src)}
+    for i in range(layers):
+        for ours, theirs in _LAYER_RENAMES:
+            for kind in ("weight", "bias"):
+                name = f"gpt_neox.layers.{i}.{theirs}{kind}"
+                if name in hf:
+                    state[f"layers.{i}.{ours}{kind}"] = hf[name]
+    state["final_norm.norm.weight"] = take(hf, "gpt_neox.final_layer_norm.weight", src)
+    state["final_norm.norm.bias"] = take(hf, "gpt_neox.final_layer_norm.bias", src)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if not tied:
+        head = next((hf[n] for n in HEAD_NAMES if n in hf), None)
+        if head is None:
+            raise ConversionError(f"{src} have no output head ({' or '.join(HEAD_NAMES)}) and "
+                                  f"tie_word_embeddings is false")
+        state["head.final_linear.weight"] = head
+    args = {
+        "num_layers": layers, "hidden_size": int(config.hidden_size),
+        "num_attention_heads": int(config.num_attention_heads),
+        "intermediate_size": int(config.intermediate_size), "mlp_multiple_of": 1,
+        "activation": ACTIVATIONS_FROM_HF[act], "norm": "layernorm", "layernorm_epsilon": float(config.layer_norm_eps),
+        "pos_emb": "rotary", "rotary_pct": pct, "rotary_emb_base": int(theta),
+        "gpt_j_residual": bool(getattr(config, "use_parallel_residual", True)), "gpt_j_tied": False,
+        "no_weight_tying": not tied, "use_bias_in_norms": True, "use_bias_in_mlp": True,
+        "use_bias_in_attn_linear": bool(getattr(config, "attention_bias", True)),
+        "max_position_embeddings": int(config.max_position_embeddings),
+    }
+    if head_dim(args) * int(config.num_attention_heads) != int(config.hidden_size):
+        raise ConversionError("config.json hidden_size is not divisible by num_attention_heads")
+    return args, state

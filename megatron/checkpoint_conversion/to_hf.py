@@ -1,0 +1,45 @@
+"""Our checkpoint -> a Hugging Face folder (the library side of tools/ckpts/convert_neox_to_hf.py)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Sequence
+
+from megatron.checkpoint_conversion import hf_gptneox, hf_llama
+from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.checkpoint_conversion.hf_folder import save_hf_folder
+from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+from megatron.checkpoint_conversion.tokenizer_files import write_hf_tokenizer
+
+ARCHITECTURES = ("neox", "llama", "mistral")
+HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+
+
+def args_from_config_files(paths: Sequence[str]) -> Dict[str, Any]:
+    """A NeoXArgs dict from the run's YAML files (validated as train.py would)."""
+    from megatron.neox_arguments import ConfigError, NeoXArgs
+
+    try:
+        return NeoXArgs.from_ymls(list(paths)).to_dict()
+    except ConfigError as exc:
+        raise ConversionError(f"--config_file: {exc}") from None
+
+
+def convert_neox_to_hf(input_dir: str, output_dir: str, config_files: Optional[Sequence[str]] = None,
+                       architecture: str = "neox", precision: str = "fp32") -> str:
+    """Merge the shards of ``input_dir`` and write ``output_dir`` (config.json, model.safetensors and the
+    tokenizer files when the config names a tokenizer.json). Returns the Hugging Face class name."""
+    if architecture not in ARCHITECTURES:
+        raise ConversionError(f"--architecture {architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
+    args = args_from_config_files(config_files) if config_files else None
+    ckpt = read_checkpoint(input_dir, args)
+    if architecture == "neox":
+        config, state = hf_gptneox.to_hf(ckpt.args, ckpt.state)
+    else:
+        config, state = hf_llama.to_hf(ckpt.args, ckpt.state, architecture)
+    config.architectures = [HF_CLASSES[architecture]]
+    os.makedirs(output_dir, exist_ok=True)
+    special = write_hf_tokenizer(ckpt.args, output_dir, config.max_position_embeddings)
+    if special:
+        config.eos_token_id, config.bos_token_id = special["eos_token_id"], special["bos_token_id"]
+    save_hf_folder(output_dir, config, state, precision)
+    return HF_CLASSES[architecture]

@@ -1,0 +1,82 @@
+"""Tokenizer files on both sides of a conversion.
+
+Ours -> Hugging Face: a ``tokenizer.json`` named by the config (HFTokenizer, or HFGPT2Tokenizer given a
+tokenizer.json) is written with transformers' PreTrainedTokenizerFast.save_pretrained, so the folder
+has tokenizer.json and tokenizer_config.json with our end-of-document token as eos. Hugging Face ->
+ours: the folder's tokenizer.json (HFTokenizer) or tokenizer.model (SPMTokenizer) is copied next to the
+checkpoint and named in the YAML config.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from typing import Any, Dict, Mapping, Optional
+
+from megatron.checkpoint_conversion.common import transformers_module
+from megatron.checkpoint_conversion.errors import ConversionError
+
+JSON_TOKENIZERS = ("HFTokenizer", "HFGPT2Tokenizer")
+
+
+def write_hf_tokenizer(args: Mapping[str, Any], out_dir: str, max_length: int) -> Optional[Dict[str, int]]:
+    """Write the tokenizer files; returns {"eos_token_id": .., "bos_token_id": ..} or None when the config
+    names no tokenizer.json (a note says why)."""
+    kind = args.get("tokenizer_type")
+    vocab_file = args.get("vocab_file")
+    if kind not in JSON_TOKENIZERS or not vocab_file or not str(vocab_file).endswith(".json") or \
+            args.get("merge_file"):
+        print(f"note: tokenizer_type={kind!r} with vocab_file={vocab_file!r} is not a tokenizer.json; no "
+              f"tokenizer files written (add the tokenizer to {out_dir} yourself)", file=sys.stderr)
+        return None
+    if not os.path.isfile(vocab_file):
+        raise ConversionError(f"vocab_file {vocab_file!r} (named by the config) does not exist; fix vocab_file "
+                              f"or run from the directory it is relative to")
+    from megatron.tokenizer import build_tokenizer
+
+    PreTrainedTokenizerFast = transformers_module().PreTrainedTokenizerFast
+
+    ours = build_tokenizer(_Namespace(tokenizer_type="HFTokenizer", vocab_file=vocab_file))
+    eos = ours.detokenize([ours.eod])
+    tok = PreTrainedTokenizerFast(tokenizer_file=vocab_file, eos_token=eos, bos_token=eos,
+                                  model_max_length=int(max_length))
+    tok.save_pretrained(out_dir)
+    _portable_tokenizer_class(os.path.join(out_dir, "tokenizer_config.json"))
+    return {"eos_token_id": int(ours.eod), "bos_token_id": int(ours.eod)}
+
+
+def _portable_tokenizer_class(config_path: str) -> None:
+    """transformers 5 names the class TokenizersBackend, which 4.x cannot load; PreTrainedTokenizerFast is
+    the same tokenizer under a name both read."""
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(config_path, "w", encoding="utf-8") as handle:
+        json.dump(config, handle, indent=2)
+
+
+class _Namespace:
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+
+def copy_hf_tokenizer(hf_dir: str, out_dir: str) -> Optional[Dict[str, Any]]:
+    """Copy the folder's tokenizer next to the checkpoint; returns the tokenizer settings for the YAML
+    config and its vocabulary size, or None when the folder has no tokenizer this framework reads."""
+    for name, kind in (("tokenizer.json", "HFTokenizer"), ("tokenizer.model", "SPMTokenizer")):
+        source = os.path.join(hf_dir, name)
+        if os.path.isfile(source):
+            os.makedirs(out_dir, exist_ok=True)
+            target = os.path.abspath(os.path.join(out_dir, name))
+            shutil.copyfile(source, target)
+            from megatron.tokenizer import TokenizerError, build_tokenizer
+
+            try:
+                size = build_tokenizer(_Namespace(tokenizer_type=kind, vocab_file=target)).vocab_size
+            except TokenizerError as exc:
+                print(f"note: {source} cannot serve as this framework's tokenizer ({exc}); the config names none",
+                      file=sys.stderr)
+                return None
+            return {"tokenizer_type": kind, "vocab_file": target, "vocab_size": size}
+    return None

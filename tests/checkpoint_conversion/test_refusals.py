@@ -1,0 +1,90 @@
+"""What cannot be converted is refused with one clear ConversionError naming the option or file."""
+import pytest
+import torch
+
+from megatron.checkpoint_conversion import ConversionError, hf_gptneox, hf_llama
+from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
+from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
+from tests.checkpoint_conversion.helpers import tiny_gptneox, tiny_llama
+
+NEOX = dict(num_layers=1, hidden_size=8, num_attention_heads=2, seq_length=8, pos_emb="rotary", norm="layernorm",
+            activation="gelu", rotary_pct=1.0, attention_config=["global"])
+LLAMA = dict(NEOX, norm="rmsnorm", activation="swiglu", use_bias_in_norms=False, use_bias_in_attn_linear=False,
+             use_bias_in_mlp=False)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(pos_emb="learned"), "pos_emb='learned'"),
+    (dict(norm="rmsnorm"), "--architecture llama"),
+    (dict(activation="swiglu"), "activation='swiglu'"),
+    (dict(num_kv_heads=1), "grouped-query"),
+    (dict(use_bias_in_mlp=False), "use_bias_in_mlp=false"),
+    (dict(use_qk_layernorm=True), "use_qk_layernorm"),
+    (dict(attention_config=["local"]), "attention_config"),
+])
+def test_gptneox_refuses(overrides, message):
+    with pytest.raises(ConversionError, match=message):
+        hf_gptneox.to_hf({**NEOX, **overrides}, {})
+
+
+@pytest.mark.parametrize("architecture,overrides,message", [
+    ("llama", dict(rotary_pct=0.5), "rotary_pct=0.5"),
+    ("llama", dict(norm="layernorm"), "needs rmsnorm"),
+    ("llama", dict(gpt_j_residual=True), "parallel residual"),
+    ("llama", dict(sliding_window_width=4), "--architecture mistral"),
+    ("mistral", dict(use_bias_in_mlp=True), "Mistral has no linear biases"),
+])
+def test_llama_refuses(architecture, overrides, message):
+    with pytest.raises(ConversionError, match=message):
+        hf_llama.to_hf({**LLAMA, **overrides}, {}, architecture)
+
+
+def test_missing_checkpoint_names_the_flag(tmp_path):
+    with pytest.raises(ConversionError, match="--input_dir"):
+        convert_neox_to_hf(str(tmp_path / "nowhere"), str(tmp_path / "out"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConversionError, match="no DeepSpeed model files"):
+        read_checkpoint(str(tmp_path / "empty"))
+
+
+def test_unknown_architecture(tmp_path):
+    with pytest.raises(ConversionError, match="--architecture 'gpt2'"):
+        convert_neox_to_hf(str(tmp_path), str(tmp_path / "out"), architecture="gpt2")
+
+
+def test_missing_hf_folder_and_weights(tmp_path):
+    with pytest.raises(ConversionError, match="no config.json"):
+        convert_hf_to_neox(str(tmp_path / "none"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+    tiny_llama().config.save_pretrained(tmp_path / "cfg_only")
+    with pytest.raises(ConversionError, match="has no weights"):
+        convert_hf_to_neox(str(tmp_path / "cfg_only"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+
+
+def test_unsupported_hf_models(tmp_path):
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_embd=8, n_head=2).save_pretrained(tmp_path / "gpt2")
+    torch.save({}, tmp_path / "gpt2" / "pytorch_model.bin")
+    with pytest.raises(ConversionError, match="model_type 'gpt2' is not supported"):
+        convert_hf_to_neox(str(tmp_path / "gpt2"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+    model = tiny_gptneox()
+    model.config.hidden_act = "gelu_new"
+    model.save_pretrained(tmp_path / "tanh")
+    with pytest.raises(ConversionError, match="hidden_act='gelu_new'"):
+        convert_hf_to_neox(str(tmp_path / "tanh"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+
+
+def test_multi_query_attention_cannot_be_split_over_two_ranks(tmp_path):
+    tiny_llama(kv_heads=1).save_pretrained(tmp_path / "mqa")
+    with pytest.raises(ConversionError, match="num_kv_heads=1 must be divisible by model_parallel_size=2"):
+        convert_hf_to_neox(str(tmp_path / "mqa"), str(tmp_path / "o"), str(tmp_path / "c.yml"), 2, 0)
+
+
+def test_vocabulary_that_does_not_split_is_refused(tmp_path):
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=95, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=16)).save_pretrained(tmp_path / "odd")
+    with pytest.raises(ConversionError, match="vocab_size 95 is not divisible by --model_parallel_size 2"):
+        convert_hf_to_neox(str(tmp_path / "odd"), str(tmp_path / "o"), str(tmp_path / "c.yml"), 2, 0)

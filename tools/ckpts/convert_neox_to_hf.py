@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""Convert a checkpoint of this framework (any tensor / pipeline split) to a Hugging Face folder.
+
+    python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/global_step1000 \\
+        --config_file configs/pythia/70M.yml configs/local_setup.yml --output_dir hf/pythia-70m
+    python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints --output_dir hf/llama --architecture llama
+
+Writes config.json, model.safetensors and, when the config names a tokenizer.json, tokenizer.json and
+tokenizer_config.json. Without --config_file the checkpoint's own neox_args.json describes the model.
+--architecture neox gives GPTNeoXForCausalLM; llama / mistral give LlamaForCausalLM / MistralForCausalLM
+for rmsnorm + swiglu + rotary models. What a target cannot represent is refused with the reason.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never ask the Hub
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from megatron.checkpoint_conversion.errors import ConversionError  # noqa: E402
+from megatron.optional_deps import MissingOptionalDependency  # noqa: E402
+from megatron.checkpoint_conversion.to_hf import ARCHITECTURES, convert_neox_to_hf  # noqa: E402
+from megatron.checkpoint_conversion.hf_folder import DTYPES  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input_dir", required=True, help="a global_stepN directory (or a save dir with 'latest')")
+    p.add_argument("--config_file", nargs="+", default=None,
+                   help="the run's YAML file(s); default: the checkpoint's neox_args.json")
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--architecture", choices=ARCHITECTURES, default="neox")
+    p.add_argument("--precision", choices=tuple(DTYPES), default="fp32")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        kind = convert_neox_to_hf(args.input_dir, args.output_dir, args.config_file, args.architecture,
+                                  args.precision)
+    except (ConversionError, MissingOptionalDependency) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {kind} to {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
