@@ -19,25 +19,30 @@ combined with the batch's attention_mask (True = masked, as GPT-NeoX). ALiBi / r
 With attention_softmax_in_fp32 or apply_query_key_layer_scaling in half precision, the scores are
 computed explicitly and soft-maxed in fp32 (layer scaling divides by the layer number before the
 product and multiplies it back in fp32, which is exact in real arithmetic).
+
+Fused kernels (megatron.model.fused): rope_fusion rotates q and k with the Triton rotary kernel (in the
+[batch, seq, heads, head_dim] layout it expects, before the heads move to dim 1). With
+scaled_upper_triang_masked_softmax_fusion or scaled_masked_softmax_fusion, "global" and "local" layers take
+the explicit-scores path and soft-max through the fused kernel (in fp32, returned in the scores' dtype):
+the upper-triangular one where the mask is exactly causal with no bias, the masked one otherwise
+(window, local blocks, batch masks, ALiBi / rpe biases, KV-cache decoding); a kernel whose flag is off is
+its PyTorch reference. The masked kernel fills hidden scores with -10000 (Megatron's convention), which
+gives the same probabilities as -inf wherever a query sees at least one key. "flash" layers keep SDPA.
+Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.model.fused import model_fused_ops, row_parallel_no_bias, softmax_fusion_on
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
-from megatron.model.positional import (
-    RotaryEmbedding,
-    alibi_bias,
-    alibi_slopes,
-    apply_rotary,
-    relative_position_bucket,
-)
+from megatron.model.positional import RotaryEmbedding, alibi_bias, alibi_slopes, relative_position_bucket
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, divide, shard_of
 
 SUPPORTED_ATTENTION = ("global", "flash", "local")
@@ -79,6 +84,8 @@ class ParallelSelfAttention(nn.Module):
         self.tp_rank = parallel_state.get_model_parallel_rank()
         self.dropout_p = float(getattr(neox_args, "attention_dropout", 0.0) or 0.0)
         self.rng_tracker = rng_tracker
+        self.ops = model_fused_ops(neox_args)
+        self.fused_softmax = softmax_fusion_on(neox_args) and self.attention_type != "flash"
         sp = bool(getattr(neox_args, "sequence_parallel", False))
         bias = bool(getattr(neox_args, "use_bias_in_attn_linear", True))
         qkv_rows = kv_heads * (self.group_size + 2) * self.head_dim
@@ -159,20 +166,32 @@ class ParallelSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
                 kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+        return self.dense(self._context(x, attention_mask, kv_cache))
+
+    def forward_with_bias(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                          kv_cache: Optional[KVCache] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(output without the dense bias, that bias), for bias_dropout_fusion to add it in its kernel."""
+        return row_parallel_no_bias(self.dense, self._context(x, attention_mask, kv_cache))
+
+    def _context(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                 kv_cache: Optional[KVCache]) -> torch.Tensor:
+        """Attention over this rank's heads: [batch, seq, local heads * head_dim], before the dense."""
         qkv = self.query_key_value(x)
         b, s = qkv.shape[:2]
         d, g = self.head_dim, self.group_size
         qkv = qkv.view(b, s, self.local_kv_heads, g + 2, d)
-        q = qkv[:, :, :, :g].reshape(b, s, self.local_heads, d).transpose(1, 2)
-        k = qkv[:, :, :, g].transpose(1, 2)
-        v = qkv[:, :, :, g + 1].transpose(1, 2)
+        # [batch, seq, heads, head_dim] until after the rotation (the rotary kernel's layout).
+        q = qkv[:, :, :, :g].reshape(b, s, self.local_heads, d)
+        k = qkv[:, :, :, g]
+        v = qkv[:, :, :, g + 1]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         offset = kv_cache.length if kv_cache is not None else 0
         q_pos = torch.arange(offset, offset + s, device=x.device)
         if self.pos_emb == "rotary":
             cos, sin = self.rotary(q_pos)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_number, k, v)
         k_pos = torch.arange(k.size(2), device=x.device)
@@ -180,34 +199,50 @@ class ParallelSelfAttention(nn.Module):
             k = k.repeat_interleave(g, dim=1)
             v = v.repeat_interleave(g, dim=1)
         dropout = self.dropout_p if self.training else 0.0
-        explicit = self.force_explicit or (self.softmax_fp32 and q.dtype != torch.float32)
+        explicit = self.fused_softmax or self.force_explicit or (self.softmax_fp32 and q.dtype != torch.float32)
         if not explicit and self._plain_causal(s, k.size(2), attention_mask):
             # Fast path (flash / memory-efficient kernels where available): causal mask, no bias.
             with self.rng_tracker.fork():
                 context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-            context = context.transpose(1, 2).reshape(b, s, self.local_heads * d)
-            return self.dense(context)
+            return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
         allowed = self._mask(q_pos, k_pos, attention_mask)
         bias = self._bias(q_pos, k_pos)
         with self.rng_tracker.fork():
             if explicit:
-                context = self._explicit(q, k, v, allowed, bias, dropout)
+                causal = self.fused_softmax and bias is None and self._plain_causal(s, k.size(2), attention_mask)
+                context = self._explicit(q, k, v, allowed, bias, dropout, causal)
             else:
                 mask = allowed
                 if bias is not None:
                     mask = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
                 context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        context = context.transpose(1, 2).reshape(b, s, self.local_heads * d)
-        return self.dense(context)
+        return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
 
-    def _explicit(self, q, k, v, allowed, bias, dropout):
+    def _explicit(self, q, k, v, allowed, bias, dropout, causal: bool):
         coeff = float(self.layer_number + 1) if self.layer_scaling else 1.0
         scores = torch.matmul(q / (math.sqrt(self.head_dim) * coeff), k.transpose(-1, -2))
-        scores = scores.float() * coeff
-        if bias is not None:
-            scores = scores + bias
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        if self.fused_softmax:
+            probs = self._fused_softmax(scores, allowed, bias, coeff, causal).to(v.dtype)
+        else:
+            scores = scores.float() * coeff
+            if bias is not None:
+                scores = scores + bias
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            probs = torch.softmax(scores, dim=-1).to(v.dtype)
         if dropout > 0:
             probs = F.dropout(probs, p=dropout)
         return torch.matmul(probs, v)
+
+    def _fused_softmax(self, scores: torch.Tensor, allowed: torch.Tensor, bias: Optional[torch.Tensor],
+                       coeff: float, causal: bool) -> torch.Tensor:
+        """softmax(coeff * scores + bias) under ``allowed`` through the fused kernels (fp32 inside).
+
+        Without a bias the kernels scale the raw scores themselves (the fp32 scores never exist in
+        memory); an additive bias must be added in fp32 first, so those scores arrive already scaled.
+        """
+        scale = coeff
+        if bias is not None:
+            scores, scale = scores.float() * coeff + bias, 1.0
+        if causal:
+            return self.ops.upper_triang_masked_softmax(scores, scale)
+        return self.ops.masked_softmax(scores, ~allowed, scale)

@@ -25,6 +25,7 @@ from torch import nn
 from megatron.model.attention import check_attention_type
 from megatron.model.embedding import EmbeddingPipe, NormPipe, ParallelLinearPipe, tied_logits
 from megatron.model.init_functions import Initializer
+from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.transformer import ParallelTransformerLayerPipe, check_layer_options
 from megatron.model.activation_checkpointing import (
@@ -59,6 +60,7 @@ def loss_function(neox_args, parallel_state):
 
 def _check_model_options(neox_args) -> None:
     check_layer_options(neox_args)
+    model_fused_ops(neox_args)  # fusion flags that cannot be used here fail now, naming the flag
     config = neox_args.attention_config
     if len(config) != int(neox_args.num_layers):
         raise ValueError(f"attention_config has {len(config)} entries for num_layers={neox_args.num_layers} "

@@ -4,14 +4,24 @@ Width rule (as GPT-NeoX): inner = intermediate_size, else expansion_factor * hid
 Plain activations: inner rounded up to a multiple of mlp_multiple_of. Gated activations keep the
 parameter count of the plain MLP: each half is int(inner * 2 / 3) // 2 rounded up to mlp_multiple_of,
 and the fused up projection holds [up | gate] (each half split across tensor-parallel ranks).
+
+bias_gelu_fusion (activation 'gelu' only): the up projection's bias and the GeLU run as one fused kernel.
+It computes the exact erf GeLU (approximate='none'), the function the unfused model uses (F.gelu), not
+Megatron's tanh approximation, so fusing never changes what the model computes.
 """
 from __future__ import annotations
+
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
 from megatron.model.activations import get_activation
+from megatron.model.fused import column_parallel_no_bias, model_fused_ops, row_parallel_no_bias
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
+
+# The GeLU of the unfused model (F.gelu's default): the exact erf form.
+GELU_APPROXIMATION = "none"
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -40,6 +50,9 @@ class ParallelMLP(nn.Module):
         super().__init__()
         name = getattr(neox_args, "activation", "gelu") or "gelu"
         self.activation, gated = get_activation(name)
+        # model_fused_ops refuses bias_gelu_fusion for any activation other than plain gelu.
+        self.bias_gelu = model_fused_ops(neox_args).bias_gelu if getattr(neox_args, "bias_gelu_fusion", False) \
+            else None
         width = mlp_width(neox_args, gated)
         bias = bool(getattr(neox_args, "use_bias_in_mlp", True))
         sp = bool(getattr(neox_args, "sequence_parallel", False))
@@ -53,4 +66,13 @@ class ParallelMLP(nn.Module):
             bias=bias, sequence_parallel=sp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.activation(self.linear1(x)))
+        return self.linear2(self._inner(x))
+
+    def forward_with_bias(self, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(output without linear2's bias, that bias), for bias_dropout_fusion to add it in its kernel."""
+        return row_parallel_no_bias(self.linear2, self._inner(x))
+
+    def _inner(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias_gelu is not None:
+            return self.bias_gelu(column_parallel_no_bias(self.linear1, x), self.linear1.bias, GELU_APPROXIMATION)
+        return self.activation(self.linear1(x))

@@ -1,4 +1,5 @@
-"""Normalisation layers (layernorm, rmsnorm, scalenorm) on PyTorch's own kernels.
+"""Normalisation layers (layernorm, rmsnorm, scalenorm) on PyTorch's own kernels, or on the fused
+Triton kernels with layernorm_fusion / rmsnorm_fusion (``norm_fn``, chosen by :func:`build_norm`).
 
 ``grad_reduce_group``: when the norm runs on sequence-sharded activations (sequence parallelism) or on
 a rank's own heads (QK layernorm under tensor parallelism) each rank sees part of the data, so the
@@ -6,13 +7,17 @@ replicated weights pass through ``copy_to_model_parallel_region`` and their grad
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from megatron.fused_kernels import layer_norm_reference, rms_norm_reference
+from megatron.model.fused import model_fused_ops
 from megatron.mpu.collectives import copy_to_model_parallel_region
+
+# norm_fn(x, weight | None, bias | None, eps) over the last dimension (megatron.fused_kernels' contract).
+NormFn = Callable[[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor], float], torch.Tensor]
 
 
 def _shared(param: Optional[torch.Tensor], group) -> Optional[torch.Tensor]:
@@ -22,32 +27,32 @@ def _shared(param: Optional[torch.Tensor], group) -> Optional[torch.Tensor]:
 
 
 class LayerNorm(nn.Module):
-    """F.layer_norm with an optional bias."""
+    """LayerNorm with an optional bias: F.layer_norm, or the fused kernel passed as ``norm_fn``."""
 
-    def __init__(self, dim: int, eps: float, bias: bool = True, grad_reduce_group=None) -> None:
+    def __init__(self, dim: int, eps: float, bias: bool = True, grad_reduce_group=None,
+                 norm_fn: NormFn = layer_norm_reference) -> None:
         super().__init__()
-        self.eps, self.group = eps, grad_reduce_group
+        self.eps, self.group, self.norm_fn = eps, grad_reduce_group, norm_fn
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (x.size(-1),), _shared(self.weight, self.group), _shared(self.bias, self.group),
-                            self.eps)
+        return self.norm_fn(x, _shared(self.weight, self.group), _shared(self.bias, self.group), self.eps)
 
 
 class RMSNorm(nn.Module):
-    """F.rms_norm, plus an optional bias (use_bias_in_norms, as GPT-NeoX)."""
+    """RMSNorm plus an optional bias (use_bias_in_norms, as GPT-NeoX): F.rms_norm, or the fused kernel
+    passed as ``norm_fn``."""
 
-    def __init__(self, dim: int, eps: float, bias: bool = True, grad_reduce_group=None) -> None:
+    def __init__(self, dim: int, eps: float, bias: bool = True, grad_reduce_group=None,
+                 norm_fn: NormFn = rms_norm_reference) -> None:
         super().__init__()
-        self.eps, self.group = eps, grad_reduce_group
+        self.eps, self.group, self.norm_fn = eps, grad_reduce_group, norm_fn
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.rms_norm(x, (x.size(-1),), _shared(self.weight, self.group), self.eps)
-        bias = _shared(self.bias, self.group)
-        return out if bias is None else out + bias
+        return self.norm_fn(x, _shared(self.weight, self.group), _shared(self.bias, self.group), self.eps)
 
 
 class ScaleNorm(nn.Module):
@@ -65,13 +70,16 @@ class ScaleNorm(nn.Module):
 
 
 def build_norm(neox_args, dim: int, grad_reduce_group=None) -> nn.Module:
-    """The norm selected by ``neox_args.norm`` with its epsilon and ``use_bias_in_norms``."""
+    """The norm selected by ``neox_args.norm`` with its epsilon and ``use_bias_in_norms``, fused when
+    layernorm_fusion / rmsnorm_fusion is on."""
     kind = getattr(neox_args, "norm", "layernorm") or "layernorm"
     bias = bool(getattr(neox_args, "use_bias_in_norms", True))
     if kind == "layernorm":
-        return LayerNorm(dim, float(getattr(neox_args, "layernorm_epsilon", 1e-5)), bias, grad_reduce_group)
+        return LayerNorm(dim, float(getattr(neox_args, "layernorm_epsilon", 1e-5)), bias, grad_reduce_group,
+                         model_fused_ops(neox_args).layer_norm)
     if kind == "rmsnorm":
-        return RMSNorm(dim, float(getattr(neox_args, "rms_norm_epsilon", 1e-8)), bias, grad_reduce_group)
+        return RMSNorm(dim, float(getattr(neox_args, "rms_norm_epsilon", 1e-8)), bias, grad_reduce_group,
+                       model_fused_ops(neox_args).rms_norm)
     if kind == "scalenorm":
         return ScaleNorm(dim, float(getattr(neox_args, "scalenorm_epsilon", 1e-8)), bias, grad_reduce_group)
     if kind in ("te_layernorm", "te_rmsnorm"):

@@ -7,6 +7,11 @@ sequence_parallel). Residual forms:
 Hidden dropout draws from the default stream (identical across TP ranks, where the tensor is
 replicated) or, under sequence parallelism, from the model-parallel stream (each rank holds a
 different chunk of the sequence).
+
+bias_dropout_fusion: each residual is ``bias_dropout_add(out, bias, residual, hidden_dropout)`` from
+megatron.fused_kernels; the bias of the attention's dense / the MLP's linear2 is left out of the linear and
+added inside the kernel. The kernel seeds its mask from the same RNG stream as the unfused dropout, but the
+mask itself differs from F.dropout's, so only runs without dropout (or in eval) match the unfused model.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.attention import ParallelSelfAttention
+from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.mlp import ParallelMLP
 from megatron.model.norms import build_norm
@@ -62,6 +68,8 @@ class ParallelTransformerLayer(nn.Module):
         self.attention = ParallelSelfAttention(neox_args, parallel_state, initializer, layer_number, rng_tracker)
         self.mlp = ParallelMLP(neox_args, parallel_state, initializer, layer_number)
         self.hidden_dropout = float(getattr(neox_args, "hidden_dropout", 0.0) or 0.0)
+        self.bias_dropout_add = model_fused_ops(neox_args).bias_dropout_add \
+            if getattr(neox_args, "bias_dropout_fusion", False) else None
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.hidden_dropout == 0.0:
@@ -72,6 +80,8 @@ class ParallelTransformerLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
                 kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+        if self.bias_dropout_add is not None:
+            return self._fused_residual_forward(x, attention_mask, kv_cache)
         normed = self.input_layernorm(x)
         attn = self.attention(normed, attention_mask, kv_cache)
         if self.gpt_j_residual:
@@ -79,6 +89,24 @@ class ParallelTransformerLayer(nn.Module):
             return x + self._dropout(attn) + self._dropout(self.mlp(mlp_in))
         x = x + self._dropout(attn)
         return x + self._dropout(self.mlp(self.post_attention_layernorm(x)))
+
+    def _fused_residual_forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                                kv_cache: Optional[KVCache]) -> torch.Tensor:
+        """forward with bias_dropout_fusion: same residual forms, same order of RNG draws."""
+        normed = self.input_layernorm(x)
+        attn, attn_bias = self.attention.forward_with_bias(normed, attention_mask, kv_cache)
+        if self.gpt_j_residual:
+            mlp_in = normed if self.gpt_j_tied else self.post_attention_layernorm(x)
+            x = self._bias_dropout_add(attn, attn_bias, x)
+            return self._bias_dropout_add(*self.mlp.forward_with_bias(mlp_in), x)
+        x = self._bias_dropout_add(attn, attn_bias, x)
+        return self._bias_dropout_add(*self.mlp.forward_with_bias(self.post_attention_layernorm(x)), x)
+
+    def _bias_dropout_add(self, out: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor):
+        dropping = self.training and self.hidden_dropout > 0.0
+        ctx = self.rng_tracker.fork() if self.sequence_parallel and dropping else contextlib.nullcontext()
+        with ctx:
+            return self.bias_dropout_add(out, bias, residual, self.hidden_dropout, self.training)
 
 
 class ParallelTransformerLayerPipe(ParallelTransformerLayer):

@@ -58,6 +58,36 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
+SOFTMAX_FUSION_FLAGS = ("scaled_upper_triang_masked_softmax_fusion", "scaled_masked_softmax_fusion")
+
+
+def fusion_flag_problems(neox_args) -> List[str]:
+    """Problems for fusion flags that are on although the model has no op for them to replace."""
+    problems = []
+    norm = getattr(neox_args, "norm", "layernorm") or "layernorm"
+    if getattr(neox_args, "layernorm_fusion", False) and norm != "layernorm":
+        problems.append(f"layernorm_fusion=true fuses norm='layernorm', but norm={norm!r}; "
+                        + ("use rmsnorm_fusion instead" if norm == "rmsnorm" else "set layernorm_fusion to false"))
+    if getattr(neox_args, "rmsnorm_fusion", False) and norm != "rmsnorm":
+        problems.append(f"rmsnorm_fusion=true fuses norm='rmsnorm', but norm={norm!r}; "
+                        + ("use layernorm_fusion instead" if norm == "layernorm" else "set rmsnorm_fusion to false"))
+    pos_emb = getattr(neox_args, "pos_emb", "learned") or "learned"
+    if getattr(neox_args, "rope_fusion", False) and pos_emb != "rotary":
+        problems.append(f"rope_fusion=true fuses rotary embeddings, but pos_emb={pos_emb!r}; "
+                        "set rope_fusion to false")
+    activation = getattr(neox_args, "activation", "gelu") or "gelu"
+    if getattr(neox_args, "bias_gelu_fusion", False) and activation != "gelu":
+        problems.append(f"bias_gelu_fusion=true fuses activation='gelu', but activation={activation!r}; "
+                        "set bias_gelu_fusion to false")
+    config = list(getattr(neox_args, "attention_config", None) or [])
+    softmax_flags = [flag for flag in SOFTMAX_FUSION_FLAGS if getattr(neox_args, flag, False)]
+    if softmax_flags and config and all(kind == "flash" for kind in config):
+        flags = " / ".join(softmax_flags)
+        problems.append(f"{flags}=true fuses the attention softmax, but every layer uses 'flash' attention "
+                        "(which computes its own softmax); set it to false or use 'global' layers")
+    return problems
+
+
 def unknown_key_problems(keys: Iterable[str], known: Set[str], origin: dict) -> List[str]:
     """Each unknown key with its file and the closest known names."""
     problems = []
@@ -142,6 +172,7 @@ def model_problems(args: "NeoXArgs") -> List[str]:
         extra = set(args.soft_prompt_tuning) - allowed
         if extra:
             problems.append(f"soft_prompt_tuning has unknown keys {sorted(extra)}; allowed: {sorted(allowed)}")
+    problems += fusion_flag_problems(args)
     if args.sequence_parallel and mp == 1:
         problems.append("sequence_parallel=true needs model_parallel_size > 1")
     return problems

@@ -84,6 +84,11 @@ def test_required_model_fields():
     ({"deepspeed_extra_args": {"train_batch_size": 3}}, "deepspeed_extra_args['train_batch_size'] duplicates"),
     ({"data_parallel_size": 2}, "'data_parallel_size' is computed"),
     ({"optimizer": {"type": "Adamw"}}, "optimizer.type='adamw' must be one of"),
+    ({"layernorm_fusion": True, "norm": "rmsnorm"}, "layernorm_fusion=true fuses norm='layernorm'"),
+    ({"rope_fusion": True, "pos_emb": "learned"}, "rope_fusion=true fuses rotary embeddings"),
+    ({"bias_gelu_fusion": True, "activation": "swiglu"}, "bias_gelu_fusion=true fuses activation='gelu'"),
+    ({"scaled_upper_triang_masked_softmax_fusion": True, "attention_config": [[["flash"], 2]]},
+     "every layer uses 'flash' attention"),
 ])
 def test_rule(overrides, needle):
     assert needle in problems_of(**overrides)
