@@ -12,6 +12,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
 
 
@@ -49,9 +50,8 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     neox_args.check_device()
     if torch.cuda.is_available() and neox_args.local_rank is not None:
         torch.cuda.set_device(neox_args.local_rank)
-    deepspeed.init_distributed(dist_backend=distributed_backend(neox_args),
-                               auto_mpi_discovery=bool(neox_args.deepspeed_mpi),
-                               distributed_port=neox_args.master_port)
+    init_deepspeed_comm(distributed_backend(neox_args), auto_mpi_discovery=bool(neox_args.deepspeed_mpi),
+                        distributed_port=neox_args.master_port)
     parallel_state = build_parallel_state(neox_args)
     tracker = RNGStatesTracker()
     set_seeds(neox_args.seed, parallel_state, tracker)

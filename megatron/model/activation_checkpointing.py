@@ -16,6 +16,7 @@ from typing import Callable
 import deepspeed
 import torch
 
+from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu.random import model_parallel_seed
 
 
@@ -29,7 +30,7 @@ def configure_activation_checkpointing(neox_args, parallel_state) -> None:
         if not torch.distributed.is_initialized():
             raise RuntimeError("checkpoint_activations needs an initialised torch.distributed world "
                                "(DeepSpeed's activation checkpointing communicates through deepspeed.comm)")
-        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
+        init_deepspeed_comm(torch.distributed.get_backend(), dist_init_required=False)
     partition = bool(getattr(neox_args, "partition_activations", False))
     contiguous = bool(getattr(neox_args, "contiguous_checkpointing", False))
     if contiguous and not partition:

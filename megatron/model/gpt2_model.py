@@ -34,6 +34,7 @@ from megatron.model.activation_checkpointing import (
     checkpointing_rng_tracker,
     configure_activation_checkpointing,
 )
+from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed, vocab_parallel_cross_entropy
 
 Batch = Tuple[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
@@ -184,7 +185,7 @@ class GPT2ModelPipe(PipelineModule):
         _check_model_options(neox_args)
         if not deepspeed.comm.is_initialized():
             # PipelineModule talks through deepspeed.comm; wrap the existing torch.distributed world.
-            deepspeed.init_distributed(dist_backend=torch.distributed.get_backend(), dist_init_required=False)
+            init_deepspeed_comm(torch.distributed.get_backend(), dist_init_required=False)
         rng_tracker = _model_tracker(neox_args, parallel_state, rng_tracker)
         checkpointing = bool(getattr(neox_args, "checkpoint_activations", False))
         super().__init__(
