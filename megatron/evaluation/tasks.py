@@ -1,0 +1,100 @@
+"""Which lm-eval tasks ``eval_tasks`` names, and the TaskManager that finds them.
+
+An entry of eval_tasks is either
+  * a task or group name from lm-eval's registry (``lambada_openai``; its data comes from the Hugging
+    Face hub, so it needs the network or a filled datasets cache), or
+  * a path to a task YAML file (the task named by its ``task:`` key), or
+  * a path to a directory: every task YAML in it (recursively; the ``task:`` key of each file whose
+    ``task`` is a single name; group files are not expanded).
+Paths are read as include paths of lm-eval's TaskManager. When every entry is a path, lm-eval's ~14k
+built-in tasks are not indexed at all (include_defaults=False), which also keeps the run offline.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Sequence
+
+import yaml
+
+
+class EvalTaskError(ValueError):
+    """An eval_tasks entry that cannot be resolved; the message names it and what is allowed."""
+
+
+class _LenientLoader(yaml.SafeLoader):
+    """Reads lm-eval task YAML (which may hold ``!function`` tags) for its ``task`` key only."""
+
+
+_LenientLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+@dataclasses.dataclass
+class TaskSelection:
+    names: List[str]
+    include_paths: List[str]
+    needs_registry: bool
+
+
+def _task_name(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        config = yaml.load(handle, Loader=_LenientLoader) or {}
+    name = config.get("task") if isinstance(config, dict) else None
+    return name if isinstance(name, str) else ""
+
+
+def _looks_like_path(entry: str) -> bool:
+    return entry.endswith((".yaml", ".yml")) or os.sep in entry or os.path.exists(entry)
+
+
+def resolve_tasks(entries: Sequence[str]) -> TaskSelection:
+    """Task names and include paths for the eval_tasks entries (see module docstring)."""
+    if not entries:
+        raise EvalTaskError("eval_tasks is empty: name lm-eval tasks (e.g. --eval_tasks lambada_openai) or "
+                            "paths to task YAML files / directories of them")
+    names: List[str] = []
+    include: List[str] = []
+    registry = False
+    for entry in entries:
+        entry = str(entry)
+        if not _looks_like_path(entry):
+            names.append(entry)
+            registry = True
+            continue
+        path = os.path.abspath(entry)
+        if os.path.isfile(path):
+            name = _task_name(path)
+            if not name:
+                raise EvalTaskError(f"eval_tasks entry {entry!r}: the YAML file has no 'task: NAME' key")
+            names.append(name)
+            include.append(os.path.dirname(path))
+        elif os.path.isdir(path):
+            found = sorted(filter(None, (_task_name(os.path.join(root, f)) for root, _, files in os.walk(path)
+                                         for f in files if f.endswith((".yaml", ".yml")))))
+            if not found:
+                raise EvalTaskError(f"eval_tasks entry {entry!r}: the directory holds no task YAML files "
+                                    "(files with a 'task: NAME' key)")
+            names += found
+            include.append(path)
+        else:
+            raise EvalTaskError(f"eval_tasks entry {entry!r}: no such file or directory (an entry is an lm-eval "
+                                "task name, a task YAML file, or a directory of task YAML files)")
+    return TaskSelection(names=list(dict.fromkeys(names)), include_paths=list(dict.fromkeys(include)),
+                         needs_registry=registry)
+
+
+def task_manager(selection: TaskSelection):
+    """lm-eval's TaskManager for the selection; unknown names raise EvalTaskError listing close ones."""
+    import difflib
+
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=selection.include_paths or None,
+                          include_defaults=selection.needs_registry)
+    known = set(manager.all_tasks)
+    missing = [n for n in selection.names if n not in known]
+    if missing:
+        hints = {n: difflib.get_close_matches(n, known, n=3) for n in missing}
+        detail = "; ".join(f"{n!r}" + (f" (did you mean {', '.join(h)}?)" if h else "") for n, h in hints.items())
+        raise EvalTaskError(f"eval_tasks: unknown lm-eval task(s) {detail}")
+    return manager
