@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     generation.add_argument("-i", "--sample_input_file", help="prompts, one per line")
     generation.add_argument("-o", "--sample_output_file", help="where to write the samples (JSONL)")
     evaluation = parser.add_argument_group("eval.py")
-    evaluation.add_argument("--eval_tasks", nargs="+", help="lm-evaluation-harness task names")
+    evaluation.add_argument("--eval_tasks", nargs="+",
+                            help="lm-evaluation-harness task names, or paths to local task YAML files / folders")
     evaluation.add_argument("--iteration", type=int, help="checkpoint iteration to load")
     evaluation.add_argument("--eval_results_prefix", help="prefix of the results JSON file")
     return parser

@@ -293,6 +293,15 @@ class TrainingLogger:
             self.console.flush()
         return record
 
+    def log_eval_tasks(self, iteration: int, metrics: Dict[str, Any]) -> None:
+        """Write the lm-evaluation-harness scores of one evaluation (type 'eval_tasks')."""
+        record = {"type": "eval_tasks", "iteration": iteration, **metrics}
+        self._write("eval_tasks", record)
+        if self.is_logging_rank:
+            scores = " | ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, (int, float)))
+            self.console.write(f"eval_tasks at iteration {iteration} | {scores}\n")
+            self.console.flush()
+
     def _write(self, prefix: str, record: Dict[str, Any]) -> None:
         if self.jsonl is not None:
             self.jsonl.write(record)

@@ -288,9 +288,18 @@ def pretrain(neox_args) -> Dict[str, Any]:
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
             if iteration in (neox_args.save_iters or []):
                 save(iteration)
-            if neox_args.eval_interval and iteration % neox_args.eval_interval == 0 and valid_batches is not None:
-                evaluate_split(valid_batches, "validation")
-                position["consumed_valid_samples"] += neox_args.eval_iters * neox_args.train_batch_size
+            if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
+                if valid_batches is not None:
+                    evaluate_split(valid_batches, "validation")
+                    position["consumed_valid_samples"] += neox_args.eval_iters * neox_args.train_batch_size
+                if neox_args.eval_tasks:
+                    from megatron.evaluation import run_eval_tasks
+
+                    timers("eval").start()
+                    results = run_eval_tasks(neox_args, engine, ctx, iteration)
+                    timers("eval").stop()
+                    logger.log_eval_tasks(iteration, results["metrics"])
+                    summary["eval"].append((iteration, "eval_tasks", results["metrics"]))
             if stop.any_rank():
                 save(iteration)
                 summary["stopped_by"] = stop.signal_name or "another rank's signal"

@@ -82,5 +82,7 @@ class NeoXArgsTextgen:
 
     eval_tasks: Optional[list] = None
     """
-    Tasks to evaluate on using lm_eval_harness NOTE: Requires internet connection
+    lm-evaluation-harness tasks for eval.py, also run by train.py every eval_interval: registry names (their
+    datasets come from the Hugging Face hub) or paths to local task YAML files or directories of them
+    (offline).
     """
