@@ -167,3 +167,18 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(data, tmp_path):
     latest = run.latest()
     assert latest is not None and int(latest[len("global_step"):]) >= 3
     assert "SIGTERM" in out
+
+
+def test_eval_tasks_run_during_training(data, tmp_path):
+    from tests.evaluation.local_tasks import write_local_tasks
+
+    tasks = write_local_tasks(tmp_path / "tasks", docs=4)
+    run = TrainingRun(tmp_path, data, num_gpus=1, train_iters=4, eval_interval=2, save=None, load=None,
+                      eval_tasks=[str(tasks["neox_mc_local"]), str(tasks["neox_ll_local"])])
+    run.launch(extra_env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                          "HF_DATASETS_CACHE": str(tmp_path / "datasets_cache")})
+    run.assert_ok()
+    records = run.records("eval_tasks")
+    assert [r["iteration"] for r in records] == [2, 4]
+    assert any(k.startswith("neox_mc_local/acc") for k in records[0])
+    assert all(0.0 <= v <= 1.0 for k, v in records[-1].items() if k.startswith("neox_mc_local/acc"))
