@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from megatron.mpu.collectives import group_rank, group_size
 
@@ -26,7 +27,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         outside = (target < start) | (target >= start + per_rank)
         local_target = (target - start).masked_fill(outside, 0)
         predicted = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        exp = shifted.exp()
+        exp = shifted.exp_()  # `shifted` is our own temporary: reuse its memory ([tokens, vocab] is large)
         sum_exp = exp.sum(dim=-1)
         if world > 1:
             dist.all_reduce(predicted, group=group)
@@ -39,11 +40,13 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         softmax, local_target, outside = ctx.saved_tensors
-        grad = softmax.clone()
-        onehot = torch.zeros_like(grad).scatter_(-1, local_target.unsqueeze(-1), 1.0)
-        onehot.masked_fill_(outside.unsqueeze(-1), 0.0)
-        grad.sub_(onehot).mul_(grad_loss.unsqueeze(-1))
-        return grad, None, None, None
+        # d loss / d logits = softmax - onehot(target), computed in the saved softmax's memory (it is not
+        # needed again) instead of materialising a second [tokens, vocab] one-hot tensor
+        grad = softmax.view(-1, softmax.size(-1))
+        rows = torch.arange(grad.size(0), device=grad.device)
+        grad[rows, local_target.reshape(-1)] -= (~outside).reshape(-1).to(grad.dtype)
+        grad.mul_(grad_loss.reshape(-1, 1))
+        return grad.view_as(softmax), None, None, None
 
 
 def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group,
@@ -53,4 +56,7 @@ def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, gro
     Computed in fp32 unless ``keep_dtype`` (GPT-NeoX's fp16_lm_cross_entropy: stay in the logits'
     half precision to save memory).
     """
+    if group_size(group) == 1:  # the whole vocabulary is here: PyTorch's fused log-softmax + NLL is fastest
+        full = logits if keep_dtype else logits.float()
+        return F.cross_entropy(full.reshape(-1, full.size(-1)), target.reshape(-1), reduction="none").view_as(target)
     return _VocabParallelCrossEntropy.apply(logits, target, group, keep_dtype)

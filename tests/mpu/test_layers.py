@@ -111,6 +111,23 @@ def test_vocab_parallel_cross_entropy_matches_torch():
     torch.testing.assert_close(gl, gr)
 
 
+def test_sharded_cross_entropy_function_matches_torch_on_one_shard():
+    """The function used when the vocabulary is split (with one shard here): its fused forward and its
+    in-place backward must equal PyTorch's, including targets outside the shard."""
+    from megatron.mpu.cross_entropy import _VocabParallelCrossEntropy
+
+    torch.manual_seed(1)
+    logits = torch.randn(4, 6, 13, requires_grad=True)
+    target = torch.randint(0, 13, (4, 6))
+    ours = _VocabParallelCrossEntropy.apply(logits, target, None, False)
+    ref = F.cross_entropy(logits.view(-1, 13), target.view(-1), reduction="none").view(4, 6)
+    torch.testing.assert_close(ours, ref)
+    g = torch.randn(4, 6)
+    (gl,) = torch.autograd.grad(ours, logits, g)
+    (gr,) = torch.autograd.grad(ref, logits, g)
+    torch.testing.assert_close(gl, gr)
+
+
 def test_shard_of_chunks_keeps_each_block_share():
     full = torch.arange(8)
     assert shard_of(full, 0, 1, 2, chunks=2).tolist() == [2, 3, 6, 7]
