@@ -30,7 +30,7 @@ import torch.distributed as dist
 from megatron.model.kv_cache import KVCache
 from megatron.mpu import gather_from_model_parallel_region
 
-LogitsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Optional[KVCache]], torch.Tensor]
+LogitsFn = Callable[..., torch.Tensor]  # (tokens, position_ids, attention_mask, kv_cache, last_only=False)
 
 
 class GenerationError(ValueError):
@@ -108,7 +108,8 @@ class ModelRunner:
     supports_cache: bool = True
 
     def __call__(self, tokens: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+                 kv_cache: Optional[KVCache] = None, last_only: bool = False) -> torch.Tensor:
+        """Logits; with `last_only` a runner may return those of the last position alone ([batch, 1, vocab])."""
         raise TypeError(f"{type(self).__name__} must implement __call__")
 
 
@@ -121,8 +122,9 @@ class SequentialRunner(ModelRunner):
             if parallel_state.get_model_parallel_world_size() > 1 else None
 
     @torch.no_grad()
-    def __call__(self, tokens, position_ids, attention_mask, kv_cache=None):
-        logits = self.model((tokens, position_ids, attention_mask), kv_cache=kv_cache)
+    def __call__(self, tokens, position_ids, attention_mask, kv_cache=None, last_only=False):
+        logits = self.model((tokens, position_ids, attention_mask), kv_cache=kv_cache,
+                            logits_to_keep=1 if last_only else None)
         return gather_from_model_parallel_region(logits, self.group) if self.group is not None else logits
 
 
@@ -141,7 +143,7 @@ class PipelineRunner(ModelRunner):
         self.last_stage_rank = parallel_state.group_ranks("pipe")[-1]
 
     @torch.no_grad()
-    def __call__(self, tokens, position_ids, attention_mask, kv_cache=None):
+    def __call__(self, tokens, position_ids, attention_mask, kv_cache=None, last_only=False):
         if kv_cache is not None:
             raise ValueError("pipe_parallel_size > 1 generation cannot use a KV cache (recompute only)")
         engine = self.engine
@@ -268,7 +270,7 @@ def generate_tokens(runner: LogitsFn, prompts: Sequence[Sequence[int]], *, eod: 
         end = width + step
         start = 0 if (cache is None or step == 0) else end - 1
         logits = runner(tokens[:, start:end], positions[:, start:end], padded_attention_mask(real, start, end),
-                        cache)
+                        cache, last_only=True)
         last = logits[:, -1].float()
         if return_logits:
             step_logits.append(last.cpu())

@@ -110,7 +110,10 @@ class GPT2ModelSequential(nn.Module):
         model.checkpoint_every, model.loss_fn = checkpoint_every, loss_fn
         return model
 
-    def forward(self, inputs, kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+    def forward(self, inputs, kv_cache: Optional[KVCache] = None, logits_to_keep: Optional[int] = None
+                ) -> torch.Tensor:
+        """Logits [batch, seq, vocab shard]; `logits_to_keep` = n computes them for the last n positions only
+        (decoding needs one: the output head over a 50k vocabulary dominates a prompt's forward otherwise)."""
         if kv_cache is not None and self.embedding.sequence_parallel:
             raise ValueError("KV-cache decoding with sequence_parallel is not supported; build the "
                              "inference model with sequence_parallel=False (weights are identical)")
@@ -120,6 +123,10 @@ class GPT2ModelSequential(nn.Module):
         else:
             for layer in self.layers:
                 hidden, mask = layer((hidden, mask), kv_cache)
+        if logits_to_keep is not None:
+            if self.embedding.sequence_parallel:
+                raise ValueError("logits_to_keep needs sequence_parallel=False (the sequence is split over ranks)")
+            hidden = hidden[:, -logits_to_keep:]
         hidden = self.final_norm((hidden, mask))
         logits = tied_logits(self.embedding, hidden) if self.head is None else self.head(hidden)
         if kv_cache is not None:

@@ -38,3 +38,15 @@ def test_kv_cache_overflow_and_reset():
         cache.update(0, k, k)
     cache.reset()
     assert cache.length == 0
+
+
+def test_logits_to_keep_computes_only_the_last_positions():
+    model = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState()).eval()
+    inputs, _ = random_batch()
+    with torch.no_grad():
+        full = model(inputs)
+        last = model(inputs, logits_to_keep=1)
+        last3 = model(inputs, logits_to_keep=3)
+    assert last.shape == (full.size(0), 1, full.size(-1))
+    torch.testing.assert_close(last, full[:, -1:])
+    torch.testing.assert_close(last3, full[:, -3:])

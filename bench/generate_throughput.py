@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""Generation throughput: this project's KV-cache decoding (megatron/text_generation_utils.py) against
+Hugging Face transformers' generate() with its KV cache, on the same weights (our randomly initialised
+model converted with megatron/checkpoint_conversion), greedy, batch 1 and batch 8.
+
+    python bench/generate_throughput.py
+    python bench/generate_throughput.py --prompt 128 --new 128 --repeats 3 --size small
+
+Time to first token is the time to produce one new token for the whole batch (prefill); tokens/s counts
+the new tokens of the whole batch over the full generation. Both stop only after --new tokens (no EOD
+stop), and the greedy tokens are checked to agree."""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import machine_description, print_table  # noqa: E402
+
+SIZES = {"small": {"num_layers": 6, "hidden_size": 512, "num_attention_heads": 8},
+         "large": {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12}}
+VOCAB = 50304
+
+
+def build_models(size: str, max_len: int):
+    """(our sequential model, its NeoXArgs, the transformers copy)."""
+    from megatron.checkpoint_conversion.hf_gptneox import to_hf
+    from megatron.model import build_model
+    from megatron.mpu import SingleProcessState
+    from megatron.neox_arguments import NeoXArgs
+
+    args = NeoXArgs.from_dict({**SIZES[size], "seq_length": max_len, "max_position_embeddings": max_len,
+                               "pos_emb": "rotary", "rotary_pct": 0.25, "gpt_j_residual": True,
+                               "no_weight_tying": True, "activation": "gelu", "train_micro_batch_size_per_gpu": 1,
+                               "num_gpus": 1, "seed": 1})
+    args.padded_vocab_size = VOCAB
+    ours = build_model(args, SingleProcessState()).eval()
+    from transformers import GPTNeoXForCausalLM
+
+    config, state = to_hf(args.to_dict(), {k: v for k, v in ours.state_dict().items()})
+    hf = GPTNeoXForCausalLM(config).eval()
+    expected = set(hf.state_dict())
+    # transformers 5 names the output head lm_head (4.x: embed_out, which 5.x still reads from files)
+    state = {("lm_head.weight" if k == "embed_out.weight" and "lm_head.weight" in expected else k): v
+             for k, v in state.items()}
+    hf.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True)
+    return ours, args, hf
+
+
+def timed(fn: Callable[[], List[List[int]]], repeats: int):
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from megatron.mpu import SingleProcessState
+    from megatron.text_generation_utils import SequentialRunner, generate_tokens
+
+    torch.manual_seed(0)
+    max_len = args.prompt + args.new
+    ours, neox_args, hf = build_models(args.size, max_len)
+    runner = SequentialRunner(ours, SingleProcessState())
+    rows = []
+    for batch in (1, 8):
+        prompts = torch.randint(1, VOCAB, (batch, args.prompt))
+
+        def run_ours(new: int) -> List[List[int]]:
+            out = generate_tokens(runner, prompts.tolist(), eod=0, maximum_tokens=new, max_seq_length=max_len,
+                                  stop_at_eod=False, vocab_size=VOCAB)
+            return [g.tokens for g in out]
+
+        @torch.no_grad()
+        def run_hf(new: int) -> List[List[int]]:
+            out = hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new,
+                              min_new_tokens=new, do_sample=False, use_cache=True, pad_token_id=0)
+            return out[:, args.prompt:].tolist()
+
+        results: Dict[str, tuple] = {}
+        for name, fn in (("ours", run_ours), ("hf", run_hf)):
+            ttft, _ = timed(lambda: fn(1), args.repeats)
+            total, tokens = timed(lambda: fn(args.new), args.repeats)
+            results[name] = (ttft, total, tokens)
+        agree = results["ours"][2] == results["hf"][2]
+        for name, label in (("ours", "(a) this project, KV cache"), ("hf", "(b) transformers generate()")):
+            ttft, total, _ = results[name]
+            ratio = results["hf"][1] / total
+            rows.append([label, str(batch), f"{batch * args.new / total:,.1f}", f"{ttft * 1000:.0f}",
+                         f"{ratio:.2f}", "yes" if agree else "NO"])
+    shape = SIZES[args.size]
+    print_table(f"Generation throughput: {args.size} ({shape['num_layers']} layers, hidden {shape['hidden_size']}, "
+                f"vocab {VOCAB}), prompt {args.prompt} + {args.new} new tokens, greedy, fp32, on "
+                f"{machine_description()}",
+                ["contender", "batch", "new tokens/s", "time to first token ms", "speed vs (b)",
+                 "same greedy tokens"], rows)
+
+
+if __name__ == "__main__":
+    main()
