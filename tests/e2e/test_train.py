@@ -63,6 +63,9 @@ def test_bf16_trains(data, tmp_path):
     run.launch()
     run.assert_ok()
     assert falls(run.losses()) and run.latest() == "global_step10"
+    run.launch(train_iters=12, override_lr_scheduler=True)
+    run.assert_ok()
+    assert [r["iteration"] for r in run.records()][-2:] == [11, 12]
 
 
 def test_model_parallel_matches_single_rank(data, tmp_path, single_rank_losses):
