@@ -3,7 +3,11 @@
 ((tokens, position_ids, attention_mask), (labels, loss_mask)):
   tokens = text[:, :-1], labels = text[:, 1:], position_ids = 0..s-1 per row,
   attention_mask = [1, 1, s, s] bool, True where a query may NOT attend (strict upper triangle),
-  loss_mask = 1.0 except, with eod_mask_loss, 0.0 where the input token is the end-of-document token.
+  loss_mask = 1.0 except, with eod_mask_loss, 0.0 where the input token is the end-of-document token,
+  and 0.0 where the label is negative (-100: padding of unpacked samples, or masked by a label dataset).
+With a label dataset ('label' [b, s + 1], when train_label_data_paths is set) labels come from it.
+reset_position_ids restarts positions after each end-of-document token; reset_attention_mask keeps tokens
+from attending across documents (a per-sample [b, 1, s, s] mask).
 """
 from __future__ import annotations
 
@@ -20,26 +24,44 @@ def causal_attention_mask(seq_length: int, device=None) -> torch.Tensor:
                                                                                            seq_length)
 
 
-def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_mask_loss: bool
+def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_mask_loss: bool,
+                           reset_position_ids: bool = False, reset_attention_mask: bool = False
                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(attention_mask, loss_mask, position_ids) for left-to-right language modelling."""
     b, s = tokens.shape
     attention_mask = causal_attention_mask(s, tokens.device)
     loss_mask = torch.ones(b, s, dtype=torch.float32, device=tokens.device)
+    if (eod_mask_loss or reset_position_ids or reset_attention_mask) and eod_token is None:
+        raise ValueError("eod_mask_loss / reset_position_ids / reset_attention_mask need the tokenizer's eod token id")
     if eod_mask_loss:
-        if eod_token is None:
-            raise ValueError("eod_mask_loss needs the tokenizer's eod token id")
         loss_mask[tokens == eod_token] = 0.0
-    position_ids = torch.arange(s, dtype=torch.long, device=tokens.device).unsqueeze(0).expand(b, s)
+    index = torch.arange(s, dtype=torch.long, device=tokens.device).unsqueeze(0).expand(b, s)
+    position_ids = index
+    if reset_position_ids or reset_attention_mask:
+        is_eod = (tokens == eod_token).long()
+        document = torch.cumsum(is_eod, dim=1) - is_eod  # an EOD belongs to the document it ends
+        if reset_position_ids:
+            last_eod = torch.cummax(torch.where(is_eod.bool(), index, torch.full_like(index, -1)), dim=1).values
+            start = torch.cat([torch.zeros_like(last_eod[:, :1]), last_eod[:, :-1] + 1], dim=1)
+            position_ids = index - start
+        if reset_attention_mask:
+            attention_mask = attention_mask | (document[:, None, :, None] != document[:, None, None, :])
     return attention_mask, loss_mask, position_ids
 
 
 def get_batch(neox_args, data: Optional[Dict[str, torch.Tensor]], parallel_state,
               eod_token: Optional[int] = None):
     """Model batch from a data sample; ``data`` is read only on model-parallel rank 0."""
-    text = broadcast_data(["text"], data, torch.int64, parallel_state)["text"]
-    tokens = text[:, :-1].contiguous()
-    labels = text[:, 1:].contiguous()
+    keys = ["text", "label"] if getattr(neox_args, "train_label_data_paths", None) else ["text"]
+    sample = broadcast_data(keys, data, torch.int64, parallel_state)
+    text = sample["text"]
+    tokens = text[:, :-1].clamp(min=0)  # -100 padding is never attended to as a label; any id embeds
+    labels = (sample["label"] if "label" in sample else text)[:, 1:].contiguous()
     attention_mask, loss_mask, position_ids = masks_and_position_ids(
-        tokens, eod_token, bool(getattr(neox_args, "eod_mask_loss", False)))
+        tokens, eod_token, bool(getattr(neox_args, "eod_mask_loss", False)),
+        bool(getattr(neox_args, "reset_position_ids", False)), bool(getattr(neox_args, "reset_attention_mask", False)))
+    negative = labels < 0
+    if bool(negative.any()):
+        loss_mask = loss_mask.masked_fill(negative, 0.0)
+        labels = labels.clamp(min=0)
     return (tokens, position_ids, attention_mask), (labels, loss_mask)

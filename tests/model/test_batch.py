@@ -22,3 +22,36 @@ def test_get_batch_format_and_eod_mask():
     assert no_eod_mask.sum().item() == 5
     with pytest.raises(ValueError, match="eod"):
         get_batch(make_neox_args(eod_mask_loss=True), {"text": text}, SingleProcessState())
+
+
+def test_reset_position_ids_and_attention_mask_restart_at_each_document():
+    args = make_neox_args(reset_position_ids=True, reset_attention_mask=True)
+    text = torch.tensor([[5, 0, 6, 7, 0, 8, 9]])
+    (tokens, positions, mask), _ = get_batch(args, {"text": text}, SingleProcessState(), eod_token=0)
+    assert positions.tolist() == [[0, 1, 0, 1, 2, 0]]
+    allowed = (~mask[0, 0]).int().tolist()
+    assert allowed[3] == [0, 0, 1, 1, 0, 0] and allowed[5] == [0, 0, 0, 0, 0, 1]
+
+
+def test_documents_packed_with_resets_match_each_document_alone():
+    from megatron.model import build_model
+
+    torch.manual_seed(0)
+    args = make_neox_args(pos_emb="learned", reset_position_ids=True, reset_attention_mask=True)
+    model = build_model(args, SingleProcessState()).eval()
+    first, second = [11, 12, 13, 0], [21, 22, 23, 24, 25]
+    packed, _ = get_batch(args, {"text": torch.tensor([first + second + [0]])}, SingleProcessState(), eod_token=0)
+    alone, _ = get_batch(make_neox_args(pos_emb="learned"), {"text": torch.tensor([second + [0]])},
+                         SingleProcessState(), eod_token=0)
+    with torch.no_grad():
+        torch.testing.assert_close(model(packed)[:, len(first):], model(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_negative_labels_are_masked_and_label_datasets_are_used():
+    args = make_neox_args(train_label_data_paths=["labels"])
+    text = torch.tensor([[3, 4, 5, -100, -100]])
+    label = torch.tensor([[3, -100, 5, 6, -100]])
+    (tokens, _, _), (labels, loss_mask) = get_batch(args, {"text": text, "label": label}, SingleProcessState(),
+                                                    eod_token=0)
+    assert tokens.min() >= 0
+    assert labels.tolist() == [[0, 5, 6, 0]] and loss_mask.tolist() == [[0.0, 1.0, 1.0, 0.0]]
