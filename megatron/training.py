@@ -33,6 +33,12 @@ class StopRequested:
     def _handle(self, signum, _frame) -> None:
         self.signal_name = signal.Signals(signum).name
 
+    def restore(self) -> None:
+        """Put back the handlers that were installed before (pretrain may run inside a larger program)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
     def any_rank(self) -> bool:
         """Agreed across ranks, so that every rank saves (a save is collective)."""
         flag = torch.tensor([1.0 if self.signal_name else 0.0])
@@ -318,6 +324,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
                 evaluate_split(test_batches, "test")
     finally:
         logger.close()
+        stop.restore()
     summary["iteration"] = iteration
     summary["skipped_steps"] = overflow.total
     ctx.destroy()
