@@ -146,6 +146,10 @@ class PipelineRunner(ModelRunner):
     def __call__(self, tokens, position_ids, attention_mask, kv_cache=None, last_only=False):
         if kv_cache is not None:
             raise ValueError("pipe_parallel_size > 1 generation cannot use a KV cache (recompute only)")
+        if attention_mask is None:  # activations between stages must be tensors: state the causal mask
+            from megatron.model.batch import causal_attention_mask
+
+            attention_mask = causal_attention_mask(tokens.size(1), tokens.device)
         engine = self.engine
         engine.reset_activation_shape()  # every call may have a new sequence length
         # eval_batch accumulates the last stage's outputs (our logits) across calls; start afresh.
@@ -261,6 +265,7 @@ def generate_tokens(runner: LogitsFn, prompts: Sequence[Sequence[int]], *, eod: 
     tokens = torch.cat([tokens, torch.full((b, steps), int(eod), dtype=torch.long)], dim=1).to(device)
     real = torch.cat([real, torch.ones((b, steps), dtype=torch.bool)], dim=1).to(device)  # generated: real
     positions = padded_position_ids(real)
+    unpadded = bool(real.all())
     cache = KVCache(max_length=width + steps) if use_cache else None
     done = torch.zeros(b, dtype=torch.bool, device=device)
     finished = torch.zeros(b, dtype=torch.bool, device=device)
@@ -269,8 +274,9 @@ def generate_tokens(runner: LogitsFn, prompts: Sequence[Sequence[int]], *, eod: 
     for step in range(steps):
         end = width + step
         start = 0 if (cache is None or step == 0) else end - 1
-        logits = runner(tokens[:, start:end], positions[:, start:end], padded_attention_mask(real, start, end),
-                        cache, last_only=True)
+        # without padding the model's own causal masking applies (and its fastest attention path)
+        mask = None if unpadded else padded_attention_mask(real, start, end)
+        logits = runner(tokens[:, start:end], positions[:, start:end], mask, cache, last_only=True)
         last = logits[:, -1].float()
         if return_logits:
             step_logits.append(last.cpu())
