@@ -43,7 +43,7 @@ def _hf_scores(config: dict, work: Path, env: dict) -> dict:
     step = (Path(config["load"]) / "latest").read_text().strip()
     folder = Path(config["load"]) / step
     args = json.loads((folder / "neox_args.json").read_text())
-    state = sequential_state(folder, int(args["num_layers"]))
+    state = sequential_state(folder)
     hf_dir = write_hf_copy(state, args, config["vocab_file"], "<|endoftext|>", work / f"hf_{step}_{len(state)}")
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

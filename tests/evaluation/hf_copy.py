@@ -1,77 +1,34 @@
 """A Hugging Face GPTNeoXForCausalLM folder (weights + tokenizer) holding the weights of our sequential
-model, so that lm-eval's own 'hf' model can score the same network. Our fused QKV is HF's per-head layout
-and our rotary is HF's rotate-half, so the copy is a renaming (as tests/model/test_hf_gptneox_layout.py)."""
+model, so that lm-eval's own 'hf' model can score the same network. Written with the project's converter
+(megatron/checkpoint_conversion), so the eval comparison also exercises it."""
 from pathlib import Path
 from typing import Dict
 
 import torch
 
-
-def _hf_name(ours: str) -> str:
-    if ours == "embedding.word_embeddings.weight":
-        return "gpt_neox.embed_in.weight"
-    if ours == "head.final_linear.weight":
-        return "embed_out.weight"
-    if ours.startswith("final_norm.norm."):
-        return "gpt_neox.final_layer_norm." + ours.rsplit(".", 1)[1]
-    name = ours.replace("layers.", "gpt_neox.layers.", 1)
-    return name.replace("mlp.linear1", "mlp.dense_h_to_4h").replace("mlp.linear2", "mlp.dense_4h_to_h")
+from megatron.checkpoint_conversion import hf_gptneox
+from megatron.checkpoint_conversion.hf_folder import save_hf_folder
+from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+from megatron.checkpoint_conversion.tokenizer_files import write_hf_tokenizer
 
 
 def write_hf_copy(state: Dict[str, torch.Tensor], args: Dict[str, object], tokenizer_file: str, eos_token: str,
                   out_dir: Path) -> Path:
-    """``state``: our GPT2ModelSequential state dict (fp32); ``args``: the model's config values."""
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
+    """``state``: our GPT2ModelSequential state dict; ``args``: the model's config values; the tokenizer
+    (an HFTokenizer tokenizer.json whose end-of-document token is ``eos_token``) goes along."""
+    args = {**args, "tokenizer_type": "HFTokenizer", "vocab_file": tokenizer_file, "merge_file": None}
+    config, hf_state = hf_gptneox.to_hf(args, {k: v.float() for k, v in state.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    special = write_hf_tokenizer(args, str(out_dir), config.max_position_embeddings)
+    assert special is not None, "the tokenizer files were not written"
+    config.eos_token_id, config.bos_token_id = special["eos_token_id"], special["bos_token_id"]
+    save_hf_folder(str(out_dir), config, hf_state, "fp32")
+    from transformers import AutoTokenizer
 
-    state = {k: v.float() for k, v in state.items() if not k.endswith("inv_freq")}
-    tied = not args.get("no_weight_tying", False)
-    embed = state["embedding.word_embeddings.weight"]
-    hidden = int(args["hidden_size"])
-    inner = state["layers.0.mlp.linear1.weight"].shape[0]
-    config = GPTNeoXConfig(vocab_size=embed.shape[0], hidden_size=hidden, num_hidden_layers=int(args["num_layers"]),
-                           num_attention_heads=int(args["num_attention_heads"]), intermediate_size=inner,
-                           rotary_pct=float(args.get("rotary_pct", 1.0)),
-                           rotary_emb_base=float(args.get("rotary_emb_base", 10000)),
-                           max_position_embeddings=int(args.get("max_position_embeddings") or args["seq_length"]),
-                           layer_norm_eps=float(args.get("layernorm_epsilon", 1e-5)),
-                           use_parallel_residual=bool(args.get("gpt_j_residual", False)), hidden_act="gelu",
-                           tie_word_embeddings=tied)
-    hf = GPTNeoXForCausalLM(config).eval()
-    renamed = {_hf_name(k): v for k, v in state.items()}
-    if "embed_out.weight" in renamed:
-        head_key = "lm_head.weight" if "lm_head.weight" in dict(hf.named_parameters()) else "embed_out.weight"
-        renamed[head_key] = renamed.pop("embed_out.weight")
-    missing, unexpected = hf.load_state_dict(renamed, strict=False)
-    missing = [m for m in missing if not (tied and m in ("lm_head.weight", "embed_out.weight"))]
-    assert not missing and not unexpected, (missing, unexpected)
-    if tied:
-        hf.tie_weights()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file, eos_token=eos_token)
-    hf.config.eos_token_id = hf.config.bos_token_id = tokenizer.eos_token_id
-    hf.generation_config.eos_token_id = hf.generation_config.bos_token_id = tokenizer.eos_token_id
-    hf.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    assert AutoTokenizer.from_pretrained(str(out_dir)).eos_token == eos_token
     return out_dir
 
 
-def sequential_state(checkpoint: Path, num_layers: int) -> Dict[str, torch.Tensor]:
-    """Our sequential model's state dict from a checkpoint folder (global_stepN) written with
-    model_parallel_size 1: the module of mp_rank_00_model_states.pt without a pipeline, or the per-layer
-    files (layer_NN-model_00-model_states.pt) of a pipeline."""
-    layer_files = sorted(checkpoint.glob("layer_*-model_00-model_states.pt"))
-    if not layer_files:
-        return torch.load(checkpoint / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
-    state = {}
-    for path in layer_files:
-        index = int(path.name.split("-")[0][len("layer_"):])
-        if index == 0:
-            prefix = "embedding."
-        elif index <= num_layers:
-            prefix = f"layers.{index - 1}."
-        elif index == num_layers + 1:
-            prefix = "final_norm."
-        else:
-            prefix = "head."
-        for name, tensor in torch.load(path, map_location="cpu", weights_only=False).items():
-            state[prefix + name] = tensor
-    return state
+def sequential_state(checkpoint: Path) -> Dict[str, torch.Tensor]:
+    """Our sequential model's full state dict from a checkpoint folder (global_stepN), any layout."""
+    return read_checkpoint(str(checkpoint)).state
