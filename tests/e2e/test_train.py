@@ -68,22 +68,11 @@ def test_bf16_trains(data, tmp_path):
     assert [r["iteration"] for r in run.records()][-2:] == [11, 12]
 
 
-def test_model_parallel_matches_single_rank(data, tmp_path, single_rank_losses):
-    run = TrainingRun(tmp_path, data, num_gpus=2, model_parallel_size=2, train_iters=12, train_batch_size=8,
-                      gradient_accumulation_steps=2, checkpoint_factor=12)
-    run.launch()
-    run.assert_ok()
-    losses = run.losses()
-    for it, loss in single_rank_losses.items():
-        assert losses[it] == pytest.approx(loss, rel=2e-4, abs=2e-4), it
-    run.launch(train_iters=14, override_lr_scheduler=True)
-    run.assert_ok()
-    assert max(run.losses()) == 14
-
-
-def test_pipeline_parallel_matches_single_rank(data, tmp_path, single_rank_losses):
-    run = TrainingRun(tmp_path, data, num_gpus=2, pipe_parallel_size=2, train_iters=12, train_batch_size=8,
-                      gradient_accumulation_steps=2, checkpoint_factor=12)
+@pytest.mark.parametrize("layout", [{"model_parallel_size": 2}, {"pipe_parallel_size": 2}],
+                         ids=["model_parallel", "pipe_parallel"])
+def test_parallel_layout_matches_single_rank(data, tmp_path, single_rank_losses, layout):
+    run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=12, train_batch_size=8,
+                      gradient_accumulation_steps=2, checkpoint_factor=12, **layout)
     run.launch()
     run.assert_ok()
     losses = run.losses()
