@@ -27,7 +27,9 @@ the explicit-scores path and soft-max through the fused kernel (in fp32, returne
 the upper-triangular one where the mask is exactly causal with no bias, the masked one otherwise
 (window, local blocks, batch masks, ALiBi / rpe biases, KV-cache decoding); a kernel whose flag is off is
 its PyTorch reference. The masked kernel fills hidden scores with -10000 (Megatron's convention), which
-gives the same probabilities as -inf wherever a query sees at least one key. "flash" layers keep SDPA.
+gives the same probabilities as -inf wherever a query sees at least one key. "flash" layers never use
+the fused softmax: they call flash-attn 2 where it is installed and can do the call (CUDA, fp16/bf16;
+see megatron.model.flash), and otherwise attend like "global" layers without the fusion flags.
 Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
 """
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.model.flash import FlashAttention
 from megatron.model.fused import model_fused_ops, row_parallel_no_bias, softmax_fusion_on
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
@@ -128,6 +131,8 @@ class ParallelSelfAttention(nn.Module):
         self.layer_scaling = bool(getattr(neox_args, "apply_query_key_layer_scaling", False))
         self.softmax_fp32 = bool(getattr(neox_args, "attention_softmax_in_fp32", False)) or self.layer_scaling
         self.force_explicit = False  # tests flip this to compare the explicit path with SDPA
+        self.flash = FlashAttention.load(self.head_dim) if self.attention_type == "flash" and \
+            self.pos_emb != "rpe" else None
 
     def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, attention_mask: Optional[torch.Tensor]):
         """Boolean [.., q, k] mask, True where attention is *allowed*."""
@@ -147,6 +152,12 @@ class ParallelSelfAttention(nn.Module):
         if q_len != k_len or self.window is not None or self.attention_type == "local" or \
                 self.pos_emb in ("alibi", "rpe"):
             return False
+        return self._mask_is_causal(q_len, attention_mask)
+
+    @staticmethod
+    def _mask_is_causal(q_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
+        """True when the batch's mask (shared by all samples) hides exactly the future keys, or is None."""
+        k_len = q_len
         if attention_mask is None:
             return True
         if attention_mask.dim() != 4 or attention_mask.size(0) != 1 or attention_mask.size(1) != 1 or \
@@ -191,6 +202,8 @@ class ParallelSelfAttention(nn.Module):
         if self.pos_emb == "rotary":
             cos, sin = self.rotary(q_pos)
             q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
+        if self._flash_applies(q, s, attention_mask, kv_cache):
+            return self._flash_context(q, k, v, kv_cache).reshape(b, s, self.local_heads * d)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_number, k, v)
@@ -217,6 +230,26 @@ class ParallelSelfAttention(nn.Module):
                     mask = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
                 context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
+
+    def _flash_applies(self, q: torch.Tensor, s: int, attention_mask: Optional[torch.Tensor],
+                       kv_cache: Optional[KVCache]) -> bool:
+        """flash-attn can do this call: no mask beyond causal (none at all when decoding from a cache)."""
+        if self.flash is None or self.force_explicit or not self.flash.supports(q):
+            return False
+        if attention_mask is None:
+            return True
+        return kv_cache is None and self._mask_is_causal(s, attention_mask)
+
+    def _flash_context(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       kv_cache: Optional[KVCache]) -> torch.Tensor:
+        """[batch, seq, local heads, head_dim] through flash-attn; q/k/v in [batch, seq, heads, head_dim]."""
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_number, k.transpose(1, 2), v.transpose(1, 2))
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        slopes = self.alibi_slopes if self.pos_emb == "alibi" else None
+        with self.rng_tracker.fork():
+            return self.flash(q, k, v, dropout_p=self.dropout_p if self.training else 0.0,
+                              window=self.window, alibi_slopes=slopes)
 
     def _explicit(self, q, k, v, allowed, bias, dropout, causal: bool):
         coeff = float(self.layer_number + 1) if self.layer_scaling else 1.0

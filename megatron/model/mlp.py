@@ -8,6 +8,9 @@ and the fused up projection holds [up | gate] (each half split across tensor-par
 bias_gelu_fusion (activation 'gelu' only): the up projection's bias and the GeLU run as one fused kernel.
 It computes the exact erf GeLU (approximate='none'), the function the unfused model uses (F.gelu), not
 Megatron's tanh approximation, so fusing never changes what the model computes.
+
+use_flashattn_swiglu (activation 'swiglu' only): the fused Triton SwiGLU kernel computes silu(gate) * up,
+flash-attn's swiglu, in one pass.
 """
 from __future__ import annotations
 
@@ -53,6 +56,9 @@ class ParallelMLP(nn.Module):
         # model_fused_ops refuses bias_gelu_fusion for any activation other than plain gelu.
         self.bias_gelu = model_fused_ops(neox_args).bias_gelu if getattr(neox_args, "bias_gelu_fusion", False) \
             else None
+        # use_flashattn_swiglu: the Triton SwiGLU kernel (fusion_flag_problems refuses it for other activations).
+        self.fused_swiglu = model_fused_ops(neox_args).swiglu if getattr(neox_args, "use_flashattn_swiglu", False) \
+            else None
         width = mlp_width(neox_args, gated)
         bias = bool(getattr(neox_args, "use_bias_in_mlp", True))
         sp = bool(getattr(neox_args, "sequence_parallel", False))
@@ -75,4 +81,7 @@ class ParallelMLP(nn.Module):
     def _inner(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias_gelu is not None:
             return self.bias_gelu(column_parallel_no_bias(self.linear1, x), self.linear1.bias, GELU_APPROXIMATION)
+        if self.fused_swiglu is not None:
+            up, gate = self.linear1(x).chunk(2, dim=-1)
+            return self.fused_swiglu(gate, up)
         return self.activation(self.linear1(x))

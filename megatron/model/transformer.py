@@ -39,9 +39,6 @@ def check_layer_options(neox_args) -> None:
         raise ValueError("num_unique_layers (parameter sharing) is not supported yet")
     if getattr(neox_args, "output_layer_parallelism", "column") != "column":
         raise ValueError("output_layer_parallelism must be 'column'")
-    for flag in ("use_flashattn_swiglu",):
-        if getattr(neox_args, flag, False):
-            raise ValueError(f"{flag} is not supported yet (needs the flash-attn package on a GPU)")
 
 
 def sequence_parallel_on(neox_args, parallel_state) -> bool:

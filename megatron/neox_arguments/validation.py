@@ -50,7 +50,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
     ("num_unique_layers", lambda v: v is not None, "parameter sharing (num_unique_layers) is not supported yet"),
-    ("use_flashattn_swiglu", bool, "use_flashattn_swiglu is not supported yet (it needs flash-attn on a GPU)"),
     ("soft_prompt_tuning", lambda v: v is not None and v.get("init_string"),
      "soft_prompt_tuning.init_string is not supported yet; use init_range"),
     ("no_save_optim", bool, "no_save_optim is not supported yet (DeepSpeed always saves optimizer states)"),
@@ -79,6 +78,9 @@ def fusion_flag_problems(neox_args) -> List[str]:
     if getattr(neox_args, "bias_gelu_fusion", False) and activation != "gelu":
         problems.append(f"bias_gelu_fusion=true fuses activation='gelu', but activation={activation!r}; "
                         "set bias_gelu_fusion to false")
+    if getattr(neox_args, "use_flashattn_swiglu", False) and activation != "swiglu":
+        problems.append(f"use_flashattn_swiglu=true replaces activation='swiglu', but activation={activation!r}; "
+                        "set use_flashattn_swiglu to false")
     config = list(getattr(neox_args, "attention_config", None) or [])
     softmax_flags = [flag for flag in SOFTMAX_FUSION_FLAGS if getattr(neox_args, flag, False)]
     if softmax_flags and config and all(kind == "flash" for kind in config):

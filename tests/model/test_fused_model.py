@@ -46,6 +46,7 @@ CASES: Dict[str, tuple] = {
     f"{MASKED}-alibi": (dict(pos_emb="alibi"), (MASKED,), ("masked_softmax",)),
     "bias_gelu_fusion": (dict(activation="gelu"), ("bias_gelu_fusion",), ("bias_gelu",)),
     "bias_dropout_fusion": (dict(), ("bias_dropout_fusion",), ("bias_dropout_add",)),
+    "use_flashattn_swiglu": (dict(activation="swiglu"), ("use_flashattn_swiglu",), ("swiglu",)),
     "all-gpt_j_residual": (
         dict(pos_emb="rotary", use_qk_layernorm=True, gpt_j_residual=True),
         ALL_FLAGS,

@@ -87,6 +87,7 @@ def test_required_model_fields():
     ({"layernorm_fusion": True, "norm": "rmsnorm"}, "layernorm_fusion=true fuses norm='layernorm'"),
     ({"rope_fusion": True, "pos_emb": "learned"}, "rope_fusion=true fuses rotary embeddings"),
     ({"bias_gelu_fusion": True, "activation": "swiglu"}, "bias_gelu_fusion=true fuses activation='gelu'"),
+    ({"use_flashattn_swiglu": True, "activation": "geglu"}, "use_flashattn_swiglu=true replaces activation='swiglu'"),
     ({"scaled_upper_triang_masked_softmax_fusion": True, "attention_config": [[["flash"], 2]]},
      "every layer uses 'flash' attention"),
 ])

@@ -1,0 +1,62 @@
+"""flash-attn 2 for 'flash' attention layers, when the package is installed.
+
+flash-attn only runs on CUDA in fp16/bf16 with head_dim <= 256, and takes no arbitrary mask or bias. A
+'flash' layer therefore calls ``flash_attn_func`` when the package imports and the call is one it can do
+(CUDA half-precision tensors; no batch mask other than plain causal; no rpe bias): causal attention with
+the bottom-right alignment that incremental decoding needs (query i of s sees keys up to i + k_len - s),
+grouped-query attention without repeating keys, ``sliding_window_width`` as ``window_size=(w, 0)`` and
+ALiBi as ``alibi_slopes`` (flash-attn's bias -slope * |i + k_len - s - j| equals our -slope * (q_pos -
+k_pos) on every visible key). Every other call (CPU, fp32, packed-document masks from
+reset_attention_mask, rpe) uses PyTorch SDPA, which computes the same attention. flash-attn soft-maxes in
+fp32 internally, so attention_softmax_in_fp32 and apply_query_key_layer_scaling hold on this path too.
+
+(use_flashattn_swiglu does not need the package: it selects the project's Triton SwiGLU kernel, which
+computes flash-attn's ``swiglu(x, y) = silu(x) * y``; see megatron.fused_kernels.)
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Optional
+
+import torch
+
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+
+
+def _import_flash_attn_func() -> Optional[Callable]:
+    try:
+        from flash_attn import flash_attn_func
+    except ModuleNotFoundError:
+        return None
+    except ImportError as err:  # installed but broken (e.g. built for another CUDA / torch)
+        warnings.warn(f"flash-attn is installed but does not import ({err}); 'flash' attention layers use "
+                      "PyTorch SDPA instead")
+        return None
+    return flash_attn_func
+
+
+class FlashAttention:
+    """flash_attn_func for the calls it can do; ``supports`` tells the layer which those are."""
+
+    def __init__(self, flash_attn_func: Callable, head_dim: int) -> None:
+        self.flash_attn_func = flash_attn_func
+        self.head_dim = head_dim
+
+    @classmethod
+    def load(cls, head_dim: int) -> Optional["FlashAttention"]:
+        """The backend, or None when flash-attn is not installed (the layer then uses SDPA)."""
+        func = _import_flash_attn_func()
+        return None if func is None else cls(func, head_dim)
+
+    def supports(self, q: torch.Tensor) -> bool:
+        return q.is_cuda and q.dtype in HALF_DTYPES and self.head_dim <= MAX_HEAD_DIM
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float,
+                 window: Optional[int], alibi_slopes: Optional[torch.Tensor]) -> torch.Tensor:
+        """Causal attention; q [b, s, heads, d], k/v [b, k_len, kv_heads, d] -> [b, s, heads, d]."""
+        return self.flash_attn_func(
+            q, k, v, dropout_p=dropout_p, causal=True,
+            window_size=(-1, -1) if window is None else (int(window), 0),
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous())
