@@ -50,10 +50,11 @@ def rotary_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_
     rot_dim = _check(x, cos, sin, seq_first)
     view = (slice(None), None, None) if seq_first else (slice(None), None)
     c, s = cos.float()[view], sin.float()[view]
-    rotated_part = x[..., :rot_dim].float()
+    rotated_part, passed = x.split([rot_dim, x.size(-1) - rot_dim], dim=-1)  # backward: a cat, not zero fills
+    rotated_part = rotated_part.float()
     first, second = rotated_part.chunk(2, dim=-1)
     out = rotated_part * c + torch.cat((-second, first), dim=-1) * s
-    return torch.cat((out.to(x.dtype), x[..., rot_dim:]), dim=-1)
+    return torch.cat((out.to(x.dtype), passed), dim=-1)
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_first: bool, backward: bool) -> torch.Tensor:

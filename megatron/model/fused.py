@@ -6,27 +6,12 @@ cannot run here (no triton, or no GPU without TRITON_INTERPRET=1), or that name 
 contain (e.g. rope_fusion without rotary embeddings), raise one ConfigError naming the flag and the fix,
 when the model is built rather than at the first forward.
 
-Bias fusion (bias_gelu_fusion, bias_dropout_fusion) needs the linear layer's output *before* its bias;
-:func:`column_parallel_no_bias` and :func:`row_parallel_no_bias` run the tensor-parallel linears that
-way and hand the bias over to the fused op, with the same collectives as the layers' own forward.
+Bias fusion (bias_gelu_fusion, bias_dropout_fusion) needs the linear layer's output *before* its bias:
+the layers call the tensor-parallel linears' ``forward_without_bias`` and hand the bias to the fused op.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
-import torch
-import torch.nn.functional as F
-
 from megatron.fused_kernels import FusedOps
-from megatron.mpu import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    copy_to_model_parallel_region,
-    gather_from_sequence_parallel_region,
-    reduce_from_model_parallel_region,
-    reduce_scatter_to_sequence_parallel_region,
-    scatter_to_model_parallel_region,
-)
 from megatron.neox_arguments.validation import SOFTMAX_FUSION_FLAGS, fusion_flag_problems
 from megatron.neox_arguments.errors import ConfigError
 
@@ -54,32 +39,3 @@ def model_fused_ops(neox_args) -> FusedOps:
         return FusedOps.from_args(neox_args)
     except RuntimeError as err:  # triton missing, or no device for it: one message with the fix
         raise ConfigError([str(err)]) from None
-
-
-def column_parallel_no_bias(layer: ColumnParallelLinear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` without adding ``layer.bias`` (the caller fuses it into the next op)."""
-    if layer.gather_output:
-        raise ValueError("column_parallel_no_bias needs a ColumnParallelLinear with gather_output=False")
-    if layer.sequence_parallel:
-        x = gather_from_sequence_parallel_region(x, layer.group, seq_dim=1)
-    else:
-        x = copy_to_model_parallel_region(x, layer.group)
-    return F.linear(x, layer.weight)
-
-
-def row_parallel_no_bias(layer: RowParallelLinear, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``(output without bias, bias)`` of ``layer(x)``: output + bias equals ``layer(x)``.
-
-    Under sequence parallelism the returned bias passes through copy_to_model_parallel_region, as in
-    the layer's forward, so that its gradient is summed over the ranks' sequence chunks.
-    """
-    if not layer.input_is_parallel:
-        x = scatter_to_model_parallel_region(x, layer.group)
-    out = F.linear(x, layer.weight)
-    if layer.sequence_parallel:
-        out = reduce_scatter_to_sequence_parallel_region(out, layer.group, seq_dim=1)
-        bias = None if layer.bias is None else copy_to_model_parallel_region(layer.bias, layer.group)
-    else:
-        out = reduce_from_model_parallel_region(out, layer.group)
-        bias = layer.bias
-    return out, bias

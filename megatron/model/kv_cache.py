@@ -28,7 +28,7 @@ class KVCache:
             raise ValueError(f"KV cache overflow: {end} positions > max_length {self.max_length}")
         if layer not in self._kv:
             shape = (b, h, self.max_length, d)
-            self._kv[layer] = (key.new_zeros(shape), value.new_zeros(shape))
+            self._kv[layer] = (key.new_empty(shape), value.new_empty(shape))  # read only up to length
         keys, values = self._kv[layer]
         keys[:, :, self.length:end] = key.detach()
         values[:, :, self.length:end] = value.detach()

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from megatron.model.activations import get_activation
-from megatron.model.fused import column_parallel_no_bias, model_fused_ops, row_parallel_no_bias
+from megatron.model.fused import model_fused_ops
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
 
 # The GeLU of the unfused model (F.gelu's default): the exact erf form.
@@ -76,11 +76,11 @@ class ParallelMLP(nn.Module):
 
     def forward_with_bias(self, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(output without linear2's bias, that bias), for bias_dropout_fusion to add it in its kernel."""
-        return row_parallel_no_bias(self.linear2, self._inner(x))
+        return self.linear2.forward_without_bias(self._inner(x))
 
     def _inner(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias_gelu is not None:
-            return self.bias_gelu(column_parallel_no_bias(self.linear1, x), self.linear1.bias, GELU_APPROXIMATION)
+            return self.bias_gelu(self.linear1.forward_without_bias(x), self.linear1.bias, GELU_APPROXIMATION)
         if self.fused_swiglu is not None:
             up, gate = self.linear1(x).chunk(2, dim=-1)
             return self.fused_swiglu(gate, up)

@@ -103,14 +103,21 @@ class ColumnParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, self.group, seq_dim=1)
-        else:
-            x = copy_to_model_parallel_region(x, self.group)
-        out = F.linear(x, self.weight, self.bias)
+        out = F.linear(self._local_input(x), self.weight, self.bias)
         if self.gather_output:
             out = gather_from_model_parallel_region(out, self.group)
         return out
+
+    def forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's ``forward(x)`` before the bias is added, for a fused op that adds it itself."""
+        if self.gather_output:
+            raise ValueError("forward_without_bias needs a ColumnParallelLinear with gather_output=False")
+        return F.linear(self._local_input(x), self.weight)
+
+    def _local_input(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            return gather_from_sequence_parallel_region(x, self.group, seq_dim=1)
+        return copy_to_model_parallel_region(x, self.group)
 
 
 class RowParallelLinear(nn.Module):
@@ -128,6 +135,7 @@ class RowParallelLinear(nn.Module):
         world = parallel_state.get_model_parallel_world_size()
         rank = parallel_state.get_model_parallel_rank()
         self.input_size, self.output_size = input_size, output_size
+        self.world = world
         self.input_per_rank = divide(input_size, world, "row-parallel input size")
         self.input_is_parallel = input_is_parallel
         self.sequence_parallel = sequence_parallel and world > 1
@@ -142,6 +150,15 @@ class RowParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:  # nothing to sum: one fused matmul + bias (addmm)
+            return F.linear(x, self.weight, self.bias)
+        out, bias = self.forward_without_bias(x)
+        return out if bias is None else out + bias
+
+    def forward_without_bias(self, x: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``(output without bias, bias)``, output + bias == ``forward(x)``, for a fused op that adds the
+        bias itself. Under sequence parallelism the bias passes through copy_to_model_parallel_region, as
+        in forward, so that its gradient is summed over the ranks' sequence chunks."""
         if not self.input_is_parallel:
             x = scatter_to_model_parallel_region(x, self.group)
         out = F.linear(x, self.weight)
@@ -151,4 +168,4 @@ class RowParallelLinear(nn.Module):
         else:
             out = reduce_from_model_parallel_region(out, self.group)
             bias = self.bias
-        return out if bias is None else out + bias
+        return out, bias

@@ -102,6 +102,7 @@ def test_vocab_parallel_cross_entropy_matches_torch():
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 11, requires_grad=True)
     target = torch.randint(0, 11, (3, 5))
+    before = logits.detach().clone()
     ours = vocab_parallel_cross_entropy(logits, target, None)
     ref = F.cross_entropy(logits.view(-1, 11), target.view(-1), reduction="none").view(3, 5)
     torch.testing.assert_close(ours, ref)
@@ -109,6 +110,10 @@ def test_vocab_parallel_cross_entropy_matches_torch():
     (gl,) = torch.autograd.grad(ours, logits, g)
     (gr,) = torch.autograd.grad(ref, logits, g)
     torch.testing.assert_close(gl, gr)
+    torch.testing.assert_close(logits.detach(), before, rtol=0, atol=0)  # the in-place backward spared them
+    half = logits.detach().bfloat16().requires_grad_()  # computed in fp32, gradient back in bf16
+    (gh,) = torch.autograd.grad(vocab_parallel_cross_entropy(half, target, None), half, g)
+    assert gh.dtype == torch.bfloat16
 
 
 def test_sharded_cross_entropy_function_matches_torch_on_one_shard():
