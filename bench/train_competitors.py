@@ -8,7 +8,7 @@
 
 Both use the same architecture as the project's benchmark config (GPT-NeoX: rotary on 25% of each head,
 parallel residual, exact GeLU, untied embeddings) and random tokens. Prints one JSON line:
-{"step_time": median seconds per optimizer step after warm-up}."""
+{"step_time": median seconds per optimizer step after warm-up, "peak_gpu_mb" on a GPU}."""
 
 import argparse
 import contextlib
@@ -126,7 +126,10 @@ def main() -> None:
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
         assert math.isfinite(loss.item())
-    print(json.dumps({"step_time": statistics.median(times)}))
+    result = {"step_time": statistics.median(times)}
+    if device.type == "cuda":
+        result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ the practical limit. Same model shape, batch, sequence length, precision and tok
 
 Each contender runs --repeats times in its own process; a run times --steps optimizer steps after
 --warmup steps; the table gives the median over runs of the median step time, tokens/s from it, the peak
-resident memory of the process tree, and ratios to (b) and (c). On a GPU it adds TFLOP/s and MFU (the
-project's formula in megatron/flops.py)."""
+resident memory of the process tree (on a GPU: the peak allocated GPU memory), and ratios to (b) and (c).
+On a GPU it adds TFLOP/s and MFU (the project's formula in megatron/flops.py); --fused turns on flash
+attention and the fused Triton kernels for this project."""
 
 import argparse
 import json
@@ -24,11 +25,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import REPO, last_json_line, machine_description, measure_command, median, print_table  # noqa
 
 SIZES = {
+    "tiny": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},       # smoke test of the script
     "small": {"num_layers": 6, "hidden_size": 512, "num_attention_heads": 8},
     "large": {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12},   # 125M-class
     "1B": {"num_layers": 16, "hidden_size": 2048, "num_attention_heads": 16},     # ~1.1B with the 50k vocab
 }
 VOCAB = 50304  # GPT-2's 50257 padded to a multiple of 128, as GPT-NeoX pads it
+# --fused: what a GPU user switches on (the Triton kernels need a GPU; on CPU only through TRITON_INTERPRET)
+FUSED_OPTIONS = {"attention_config": [[["flash"], "all"]], "layernorm_fusion": True, "rope_fusion": True,
+                 "bias_gelu_fusion": True, "bias_dropout_fusion": True}
 
 
 def model_shape(args) -> Dict:
@@ -56,9 +61,8 @@ def write_data(directory: str, num_tokens: int, seed: int = 0) -> Dict[str, str]
     return {"data_path": prefix, "vocab_file": path}
 
 
-def ours(args, data: Dict[str, str], directory: str) -> Dict:
-    import yaml
-
+def ours_config(args, data: Dict[str, str], directory: str) -> Dict:
+    """The project's YAML config for the benchmark (the same model as the competitors build)."""
     shape = model_shape(args)
     config = {
         "num_layers": shape["num_layers"], "hidden_size": shape["hidden_size"],
@@ -75,6 +79,15 @@ def ours(args, data: Dict[str, str], directory: str) -> Dict:
     }
     if args.precision == "bf16":
         config["bf16"] = {"enabled": True}
+    if args.fused:  # GPU: flash-attn (SDPA where it is not installed) and the Triton kernels
+        config.update(FUSED_OPTIONS)
+    return config
+
+
+def ours(args, data: Dict[str, str], directory: str) -> Dict:
+    import yaml
+
+    config = ours_config(args, data, directory)
     path = os.path.join(directory, "bench.yml")
     with open(path, "w") as handle:
         yaml.safe_dump(config, handle)
@@ -85,7 +98,10 @@ def ours(args, data: Dict[str, str], directory: str) -> Dict:
         records = [json.loads(line) for line in handle if '"train"' in line]
     times = [r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]
     os.remove(os.path.join(directory, "logs", "metrics.jsonl"))
-    return {"step_time": median(times), "peak_rss_mb": result["peak_rss_mb"]}
+    out = {"step_time": median(times), "peak_rss_mb": result["peak_rss_mb"]}
+    if "gpu_max_allocated_gb" in records[-1]:
+        out["peak_gpu_mb"] = records[-1]["gpu_max_allocated_gb"] * 1024
+    return out
 
 
 def competitor(args, kind: str) -> Dict:
@@ -99,7 +115,7 @@ def competitor(args, kind: str) -> Dict:
     return {**last_json_line(result["stdout"]), "peak_rss_mb": result["peak_rss_mb"]}
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--seq", type=int, default=512)
@@ -108,9 +124,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--fused", action="store_true",
+                        help="this project with flash attention and the fused Triton kernels (GPU)")
     parser.add_argument("--port", type=int, default=29731)
     parser.add_argument("--only", default="ours,hf,torch", help="comma list of contenders to run")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     tokens_per_step = args.batch * args.seq
     contenders = [c for c in ("ours", "hf", "torch") if c in args.only.split(",")]
     runs: Dict[str, List[Dict]] = {c: [] for c in contenders}
@@ -122,23 +144,28 @@ def main() -> None:
                 runs[name].append(result)
                 print(f"run {repeat + 1}/{args.repeats} {name}: step {result['step_time']:.3f}s, "
                       f"peak {result['peak_rss_mb']:.0f} MB", flush=True)
-    summary = {name: {"step_time": median([r["step_time"] for r in rs]),
-                      "peak_rss_mb": median([r["peak_rss_mb"] for r in rs])} for name, rs in runs.items()}
+    summary = {name: {key: median([r[key] for r in rs]) for key in rs[0]} for name, rs in runs.items()}
     labels = {"ours": "(a) this project (deepy.py)", "hf": "(b) transformers GPTNeoX + AdamW",
               "torch": "(c) minimal PyTorch GPT (SDPA, fused AdamW)"}
     def speed_ratio(name: str, other: str) -> str:
         """Throughput of `name` over `other` (> 1: faster); '-' when `other` did not run."""
         return f"{summary[other]['step_time'] / summary[name]['step_time']:.2f}" if other in summary else "-"
 
+    if args.fused:
+        labels["ours"] += ", flash + fused kernels"
+    import torch
+
+    on_gpu = torch.cuda.is_available()
     rows = []
     for name, s in summary.items():
         rows.append([labels[name], f"{tokens_per_step / s['step_time']:,.0f}", f"{s['step_time'] * 1000:.0f}",
-                     f"{s['peak_rss_mb']:,.0f}", speed_ratio(name, "hf"), speed_ratio(name, "torch")])
+                     f"{s['peak_gpu_mb']:,.0f}" if on_gpu else f"{s['peak_rss_mb']:,.0f}",
+                     speed_ratio(name, "hf"), speed_ratio(name, "torch")])
     shape = model_shape(args)
-    header = ["contender", "tokens/s", "step ms", "peak RSS MB", "speed vs (b)", "speed vs (c)"]
-    import torch
+    header = ["contender", "tokens/s", "step ms", "peak GPU MB" if on_gpu else "peak RSS MB", "speed vs (b)",
+              "speed vs (c)"]
 
-    if torch.cuda.is_available():
+    if on_gpu:
         from megatron.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
         from megatron.neox_arguments import NeoXArgs
 

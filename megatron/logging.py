@@ -275,6 +275,8 @@ class TrainingLogger:
         }
         if self.train_iters:
             record["eta_s"] = max(self.train_iters - iteration, 0) * seconds / iterations
+        if torch.cuda.is_available():  # the peak since the start, as benchmarks and capacity planning need
+            record["gpu_max_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
         record.update(extras)
         return record
 

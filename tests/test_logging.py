@@ -117,6 +117,18 @@ def test_mfu_iteration_times_and_skipped(tmp_path):
     assert record["eta_s"] == pytest.approx(97 * 0.25)
 
 
+def test_train_records_carry_the_gpu_peak_memory_on_cuda(tmp_path, monkeypatch):
+    logger = TrainingLogger(_args(log_dir=str(tmp_path), log_interval=1), console=io.StringIO(), clock=FakeClock(),
+                            peak=None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**30)
+    record = logger.log_train(1, 2.0, lr=0.1, step_time=0.5)
+    logger.close()
+    assert record["gpu_max_allocated_gb"] == pytest.approx(3.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "gpu_max_allocated_gb" not in logger.log_train(2, 2.0, lr=0.1, step_time=0.5)
+
+
 def test_other_ranks_write_nothing(tmp_path):
     console = io.StringIO()
     logger = TrainingLogger(_args(log_dir=str(tmp_path)), is_logging_rank=False, console=console, clock=FakeClock())
