@@ -7,11 +7,11 @@ the practical limit. Same model shape, batch, sequence length, precision and tok
     python bench/train_throughput.py --size large    # 12 layers, hidden 768 (125M-class)
     python bench/train_throughput.py --steps 5 --warmup 2 --repeats 3 --precision bf16
 
-Each contender runs --repeats times in its own process; a run times --steps optimizer steps after
---warmup steps; the table gives the median over runs of the median step time, tokens/s from it, the peak
-resident memory of the process tree (on a GPU: the peak allocated GPU memory), and ratios to (b) and (c).
-On a GPU it adds TFLOP/s and MFU (the project's formula in megatron/flops.py); --fused turns on flash
-attention and the fused Triton kernels for this project."""
+Each contender runs --repeats times in its own process (the order turning every repeat); a run times
+--steps optimizer steps after --warmup steps; the table gives the median over runs of the median step
+time, tokens/s from it, the peak resident memory of the process tree (on a GPU: the peak allocated GPU
+memory), and ratios to (b) and (c). On a GPU it adds TFLOP/s and MFU (the project's formula in
+megatron/flops.py); --fused turns on flash attention and the fused Triton kernels for this project."""
 
 import argparse
 import json
@@ -139,7 +139,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         data = write_data(directory, tokens_per_step * (args.warmup + args.steps + 2) * 2)
         for repeat in range(args.repeats):
-            for name in contenders:
+            turn = repeat % len(contenders)  # the order turns every repeat: no contender always goes first
+            for name in contenders[turn:] + contenders[:turn]:
                 result = ours(args, data, directory) if name == "ours" else competitor(args, name)
                 runs[name].append(result)
                 print(f"run {repeat + 1}/{args.repeats} {name}: step {result['step_time']:.3f}s, "

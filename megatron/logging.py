@@ -161,6 +161,42 @@ class CometSink:
         self.experiment.end()
 
 
+class MetricSinks:
+    """Every destination the config asks for: metrics.jsonl (log_dir), tensorboard (tensorboard_dir) and
+    comet (use_comet) on the logging rank, wandb (use_wandb) there or on every rank with
+    wandb_init_all_ranks. One `write` sends a record to all of them (training and eval.py alike)."""
+
+    def __init__(self, neox_args: Any, rank: int, is_logging_rank: bool) -> None:
+        self.jsonl: Optional[JsonlSink] = None
+        self.sinks: List[Any] = []
+        config = _jsonable(neox_args.to_dict()) if hasattr(neox_args, "to_dict") else None
+        if is_logging_rank:
+            if neox_args.log_dir:
+                self.jsonl = JsonlSink(neox_args.log_dir)
+            if neox_args.tensorboard_dir:
+                self.sinks.append(TensorboardSink(neox_args.tensorboard_dir))
+            if neox_args.use_comet:
+                self.sinks.append(CometSink(neox_args, config))
+        if neox_args.use_wandb and (is_logging_rank or neox_args.wandb_init_all_ranks):
+            self.sinks.append(WandbSink(neox_args, rank, config))
+
+    def write(self, prefix: str, record: Dict[str, Any]) -> None:
+        """The whole record to metrics.jsonl; its numbers as '<prefix>/<key>' scalars at record['iteration']."""
+        if self.jsonl is not None:
+            self.jsonl.write(record)
+        scalars = _scalars(record)
+        for sink in self.sinks:
+            sink.log(prefix, scalars, record["iteration"])
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+            self.jsonl = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+
+
 # ---------------------------------------------------------------------------------------------------
 # The logger the training loop talks to
 # ---------------------------------------------------------------------------------------------------
@@ -192,22 +228,11 @@ class TrainingLogger:
         self.peak = peak if peak is not None else peak_tflops(neox_args.precision)
         self.console = console if console is not None else sys.stdout
         self._clock = clock
-        self.jsonl: Optional[JsonlSink] = None
-        self.sinks: List[Any] = []
         self._reset_interval(start_iteration)
-        config = neox_args.to_dict() if hasattr(neox_args, "to_dict") else None
-        if self.is_logging_rank:
-            if neox_args.log_dir:
-                self.jsonl = JsonlSink(neox_args.log_dir)
-            if neox_args.tensorboard_dir:
-                self.sinks.append(TensorboardSink(neox_args.tensorboard_dir))
-            if neox_args.use_comet:
-                self.sinks.append(CometSink(neox_args, _jsonable(config)))
+        self.out = MetricSinks(neox_args, self.rank, self.is_logging_rank)
         if self.is_logging_rank and self.peak is None:
             self.console.write("MFU is not applicable: no peak FLOP/s is known for this device (CPU, or a GPU not in "
                                "megatron.flops.DEVICE_PEAK_TFLOPS); set NEOX_PEAK_TFLOPS to report it\n")
-        if neox_args.use_wandb and (self.is_logging_rank or neox_args.wandb_init_all_ranks):
-            self.sinks.append(WandbSink(neox_args, self.rank, _jsonable(config)))
 
     # ---- state of the current interval -----------------------------------------------------------
     def _reset_interval(self, iteration: int) -> None:
@@ -305,11 +330,7 @@ class TrainingLogger:
             self.console.flush()
 
     def _write(self, prefix: str, record: Dict[str, Any]) -> None:
-        if self.jsonl is not None:
-            self.jsonl.write(record)
-        scalars = _scalars(record)
-        for sink in self.sinks:
-            sink.log(prefix, scalars, record["iteration"])
+        self.out.write(prefix, record)
 
     def _console_line(self, record: Dict[str, Any]) -> str:
         total = f"/{self.train_iters:>8d}" if self.train_iters else ""
@@ -329,12 +350,7 @@ class TrainingLogger:
         return " | ".join(parts)
 
     def close(self) -> None:
-        if self.jsonl is not None:
-            self.jsonl.close()
-            self.jsonl = None
-        for sink in self.sinks:
-            sink.close()
-        self.sinks = []
+        self.out.close()
 
 
 def _jsonable(config: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:

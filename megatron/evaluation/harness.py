@@ -1,5 +1,5 @@
 """Running eval_tasks through lm-evaluation-harness on a loaded model, from eval.py or from the training
-loop, and reporting the scores (results JSON, metrics.jsonl, tensorboard, wandb).
+loop, and reporting the scores (results JSON, metrics.jsonl, tensorboard, comet, wandb).
 
 ``run_eval_tasks(neox_args, engine, ctx, iteration)`` is collective: every rank calls it; it returns the
 same JSON-safe results dict on every rank (lm-eval's ``results``, ``versions``, ``n-shot``, ... plus
@@ -140,20 +140,13 @@ def write_results(neox_args, results: Dict[str, Any]) -> str:
 
 
 def log_eval_results(neox_args, results: Dict[str, Any]) -> None:
-    """metrics.jsonl (log_dir), tensorboard (tensorboard_dir) and wandb (use_wandb) records of the flat
-    metrics under the prefix ``eval_tasks``, at the checkpoint's iteration. Call on rank 0."""
-    from megatron.logging import JsonlSink, TensorboardSink, WandbSink
+    """The flat metrics as an 'eval_tasks' record at the checkpoint's iteration, to every sink the config
+    asks for (metrics.jsonl, tensorboard, comet, wandb; see megatron.logging.MetricSinks). Call on rank 0."""
+    from megatron.logging import MetricSinks
 
-    metrics, step = results.get("metrics", {}), int(results.get("iteration", 0))
-    if neox_args.log_dir:
-        sink = JsonlSink(neox_args.log_dir)
-        sink.write({"type": "eval_tasks", "iteration": step, **metrics})
-        sink.close()
-    sinks = []
-    if neox_args.tensorboard_dir:
-        sinks.append(TensorboardSink(neox_args.tensorboard_dir))
-    if neox_args.use_wandb:
-        sinks.append(WandbSink(neox_args, 0))
-    for sink in sinks:
-        sink.log("eval_tasks", metrics, step)
-        sink.close()
+    sinks = MetricSinks(neox_args, rank=0, is_logging_rank=True)
+    try:
+        sinks.write("eval_tasks", {"type": "eval_tasks", "iteration": int(results.get("iteration", 0)),
+                                   **results.get("metrics", {})})
+    finally:
+        sinks.close()

@@ -108,8 +108,10 @@ class ParallelSelfAttention(nn.Module):
         self.pos_emb = getattr(neox_args, "pos_emb", "learned") or "learned"
         if self.pos_emb == "rotary":
             rot_dim = int(self.head_dim * float(getattr(neox_args, "rotary_pct", 1.0)))
+            max_positions = int(getattr(neox_args, "max_position_embeddings", None) or neox_args.seq_length)
             self.rotary = RotaryEmbedding(rot_dim, float(getattr(neox_args, "rotary_emb_base", 10000)),
-                                          persistent=bool(getattr(neox_args, "rotary_save_freqs_buffer", False)))
+                                          persistent=bool(getattr(neox_args, "rotary_save_freqs_buffer", False)),
+                                          max_positions=max_positions)
         elif self.pos_emb == "alibi":
             slopes = alibi_slopes(heads)[self.tp_rank * self.local_heads:(self.tp_rank + 1) * self.local_heads]
             self.register_buffer("alibi_slopes", slopes, persistent=False)
@@ -153,6 +155,11 @@ class ParallelSelfAttention(nn.Module):
                 self.pos_emb in ("alibi", "rpe"):
             return False
         return self._mask_is_causal(q_len, attention_mask)
+
+    def _single_query_sees_all(self, q_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
+        """Decoding one token with no mask, window or bias: it attends to every cached key unmasked."""
+        return q_len == 1 and attention_mask is None and self.window is None and \
+            self.attention_type != "local" and self.pos_emb not in ("alibi", "rpe")
 
     @staticmethod
     def _mask_is_causal(q_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
@@ -199,37 +206,39 @@ class ParallelSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         offset = kv_cache.length if kv_cache is not None else 0
-        q_pos = torch.arange(offset, offset + s, device=x.device)
         if self.pos_emb == "rotary":
-            cos, sin = self.rotary(q_pos)
+            cos, sin = self.rotary.tables(offset, s, x.device)
             q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
         if self._flash_applies(q, s, attention_mask, kv_cache):
             return self._flash_context(q, k, v, kv_cache).reshape(b, s, self.local_heads * d)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_number, k, v)
-        k_pos = torch.arange(k.size(2), device=x.device)
-        if g > 1:
-            k = k.repeat_interleave(g, dim=1)
-            v = v.repeat_interleave(g, dim=1)
+        gqa = g > 1  # SDPA shares each key/value head with its group itself (enable_gqa): no repeated copies
         dropout = self.dropout_p if self.training else 0.0
         explicit = self.fused_softmax or self.force_explicit or (self.softmax_fp32 and q.dtype != torch.float32)
-        if not explicit and self._plain_causal(s, k.size(2), attention_mask):
-            # Fast path (flash / memory-efficient kernels where available): causal mask, no bias.
+        if not explicit and (self._plain_causal(s, k.size(2), attention_mask) or
+                             self._single_query_sees_all(s, attention_mask)):
+            # Fast path (flash / memory-efficient kernels where available): causal mask or none, no bias.
             with self.rng_tracker.fork():
-                context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+                context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=s > 1,
+                                                         enable_gqa=gqa)
             return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
+        q_pos = torch.arange(offset, offset + s, device=x.device)
+        k_pos = torch.arange(k.size(2), device=x.device)
         allowed = self._mask(q_pos, k_pos, attention_mask)
         bias = self._bias(q_pos, k_pos)
         with self.rng_tracker.fork():
             if explicit:
                 causal = self.fused_softmax and bias is None and self._plain_causal(s, k.size(2), attention_mask)
+                if gqa:
+                    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
                 context = self._explicit(q, k, v, allowed, bias, dropout, causal)
             else:
                 mask = allowed
                 if bias is not None:
                     mask = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
-                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
         return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
 
     def _flash_applies(self, q: torch.Tensor, s: int, attention_mask: Optional[torch.Tensor],

@@ -14,21 +14,40 @@ from torch import nn
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for rotary embeddings on the first ``rot_dim`` channels of each head."""
+    """cos/sin tables for rotary embeddings on the first ``rot_dim`` channels of each head.
 
-    def __init__(self, rot_dim: int, base: float, persistent: bool = False) -> None:
+    The tables are computed once, in fp32, for positions 0 .. ``max_positions`` - 1 and kept outside the
+    module's buffers: ``model.to(bfloat16)`` must not round the angles (at position 2000 a bf16 inverse
+    frequency is off by whole radians), and slicing a table costs nothing per layer and decoded token.
+    ``inv_freq`` stays a buffer so that rotary_save_freqs_buffer can put it in checkpoints."""
+
+    def __init__(self, rot_dim: int, base: float, persistent: bool = False, max_positions: int = 0) -> None:
         super().__init__()
         if rot_dim % 2 != 0 or rot_dim <= 0:
             raise ValueError(f"rotary dimension (head size x rotary_pct) must be even and > 0, got {rot_dim}")
         self.rot_dim = rot_dim
         inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=persistent)
+        self._inv_freq_fp32 = inv_freq.clone()
+        self._cos, self._sin = self._angles(torch.arange(max_positions), inv_freq)
+
+    @staticmethod
+    def _angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq.to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
 
     def forward(self, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [len(positions), rot_dim] in fp32."""
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
+        return self._angles(positions, self._inv_freq_fp32)
+
+    def tables(self, offset: int, length: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [length, rot_dim] (fp32) for positions offset .. offset + length - 1."""
+        if offset + length > self._cos.size(0):
+            return self.forward(torch.arange(offset, offset + length, device=device))
+        if self._cos.device != device:
+            self._cos, self._sin = self._cos.to(device), self._sin.to(device)
+        return self._cos[offset:offset + length], self._sin[offset:offset + length]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -171,7 +171,7 @@ def test_results_are_written_and_logged(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     args = SimpleNamespace(eval_results_prefix=str(tmp_path / "out" / "run"), log_dir=str(tmp_path / "logs"),
-                           tensorboard_dir=str(tmp_path / "tb"), use_wandb=False)
+                           tensorboard_dir=str(tmp_path / "tb"), use_wandb=False, use_comet=False)
     results = {"results": {"t": {"acc,none": 0.25}}, "iteration": 12, "metrics": {"t/acc": 0.25}}
     path = write_results(args, results)
     assert path.startswith(str(tmp_path / "out" / "run_eval_results_"))

@@ -68,3 +68,24 @@ def test_relative_position_buckets():
     assert torch.all(buckets[1:] >= buckets[:-1])  # monotone in distance
     assert buckets[-1].item() == 31 and buckets[150].item() == 31
     assert relative_position_bucket(torch.tensor([5]), 32, 128).item() == 0  # future keys: bucket 0
+
+
+def test_rotary_tables_stay_fp32_in_a_bf16_model_and_equal_direct_angles():
+    from megatron.model import build_model
+    from megatron.mpu import SingleProcessState
+    from tests.model.neox_args_factory import make_neox_args
+
+    model = build_model(make_neox_args(precision="bfloat16", pos_emb="rotary", seq_length=16,
+                                       max_position_embeddings=4096), SingleProcessState())
+    rope = model.layers[0].attention.rotary
+    assert rope.inv_freq.dtype == torch.bfloat16  # the module's buffer follows the model...
+    cos, sin = rope.tables(2000, 3, torch.device("cpu"))
+    assert cos.dtype == torch.float32  # ...the angles do not
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rope.rot_dim, 2, dtype=torch.float64) / rope.rot_dim))
+    angles = torch.arange(2000, 2003, dtype=torch.float64).unsqueeze(-1) * inv_freq
+    want = torch.cat((angles, angles), dim=-1)
+    torch.testing.assert_close(cos.double(), want.cos(), rtol=0, atol=2e-3)  # fp32 angles near 2000 rad
+    torch.testing.assert_close(sin.double(), want.sin(), rtol=0, atol=2e-3)
+    beyond_cos, _ = rope.tables(4095, 3, torch.device("cpu"))  # past the table: computed directly
+    torch.testing.assert_close(beyond_cos[:1], rope.tables(4095, 1, torch.device("cpu"))[0])
+    torch.testing.assert_close(beyond_cos, rope(torch.arange(4095, 4098))[0])
