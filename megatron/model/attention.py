@@ -113,8 +113,10 @@ class ParallelSelfAttention(nn.Module):
                                           persistent=bool(getattr(neox_args, "rotary_save_freqs_buffer", False)),
                                           max_positions=max_positions)
         elif self.pos_emb == "alibi":
-            slopes = alibi_slopes(heads)[self.tp_rank * self.local_heads:(self.tp_rank + 1) * self.local_heads]
-            self.register_buffer("alibi_slopes", slopes, persistent=False)
+            # fp32 outside the module's buffers, like the rotary tables: model.to(bfloat16) would round the
+            # slopes (2^-0.5 and its powers with 16 heads), shifting the bias by whole units at long distances
+            self._alibi_slopes = alibi_slopes(heads)[self.tp_rank * self.local_heads:
+                                                     (self.tp_rank + 1) * self.local_heads]
         elif self.pos_emb == "rpe":
             self.rpe_buckets = int(getattr(neox_args, "rpe_num_buckets", 32))
             self.rpe_max_distance = int(getattr(neox_args, "rpe_max_distance", 128))
@@ -173,9 +175,15 @@ class ParallelSelfAttention(nn.Module):
         causal = torch.ones(q_len, k_len, dtype=torch.bool, device=attention_mask.device).triu(1)
         return torch.equal(attention_mask[0, 0].to(torch.bool), causal)
 
+    def alibi_slopes(self, device: torch.device) -> torch.Tensor:
+        """This rank's ALiBi slopes, fp32, on ``device``."""
+        if self._alibi_slopes.device != device:
+            self._alibi_slopes = self._alibi_slopes.to(device)
+        return self._alibi_slopes
+
     def _bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
         if self.pos_emb == "alibi":
-            return alibi_bias(self.alibi_slopes, q_pos, k_pos)
+            return alibi_bias(self.alibi_slopes(q_pos.device), q_pos, k_pos)
         if self.pos_emb == "rpe":
             buckets = relative_position_bucket(k_pos.unsqueeze(0) - q_pos.unsqueeze(-1), self.rpe_buckets,
                                                self.rpe_max_distance)
@@ -256,7 +264,7 @@ class ParallelSelfAttention(nn.Module):
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_number, k.transpose(1, 2), v.transpose(1, 2))
             k, v = k.transpose(1, 2), v.transpose(1, 2)
-        slopes = self.alibi_slopes if self.pos_emb == "alibi" else None
+        slopes = self.alibi_slopes(q.device) if self.pos_emb == "alibi" else None
         with self.rng_tracker.fork():
             return self.flash(q, k, v, dropout_p=self.dropout_p if self.training else 0.0,
                               window=self.window, alibi_slopes=slopes)

@@ -89,3 +89,15 @@ def test_rotary_tables_stay_fp32_in_a_bf16_model_and_equal_direct_angles():
     beyond_cos, _ = rope.tables(4095, 3, torch.device("cpu"))  # past the table: computed directly
     torch.testing.assert_close(beyond_cos[:1], rope.tables(4095, 1, torch.device("cpu"))[0])
     torch.testing.assert_close(beyond_cos, rope(torch.arange(4095, 4098))[0])
+
+
+def test_alibi_slopes_stay_fp32_in_a_bf16_model():
+    from megatron.model import build_model
+    from megatron.mpu import SingleProcessState
+    from tests.model.neox_args_factory import make_neox_args
+
+    model = build_model(make_neox_args(precision="bfloat16", pos_emb="alibi", num_attention_heads=16,
+                                       hidden_size=64), SingleProcessState())
+    slopes = model.layers[0].attention.alibi_slopes(torch.device("cpu"))
+    assert slopes.dtype == torch.float32
+    torch.testing.assert_close(slopes, alibi_slopes(16), rtol=0, atol=0)  # 2^-0.5 etc. not rounded to bf16
