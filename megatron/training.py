@@ -7,6 +7,7 @@ optimizer and the LR schedule at the accumulation boundary); with a pipeline, De
 PipelineEngine.train_batch runs the whole schedule."""
 
 import math
+import os
 import signal
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -20,17 +21,29 @@ from megatron.training_schedule import OverflowGuard, resolve_train_iters
 
 
 class StopRequested:
-    """Set by SIGTERM / SIGINT; the loop saves a checkpoint at the next step boundary and exits."""
+    """Set by SIGTERM / SIGINT; the loop saves a checkpoint at the next step boundary and exits.
+
+    Processes forked while it is installed (multiprocessing pools, e.g. lm-eval's bootstrap of metric
+    errors during eval_tasks) inherit the handler; there it steps aside and the signal does what it did
+    before, so that Pool.terminate() can still stop its workers (they used to ignore SIGTERM, and the
+    training process waited for them forever)."""
 
     def __init__(self) -> None:
         self.signal_name: Optional[str] = None
         self._previous: Dict[int, Any] = {}
+        self._pid: Optional[int] = None
 
     def install(self) -> None:
+        self._pid = os.getpid()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, _frame) -> None:
+        if os.getpid() != self._pid:  # a forked child: behave as if never installed
+            previous = self._previous.get(signum)
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.signal_name = signal.Signals(signum).name
 
     def restore(self) -> None:
