@@ -1,10 +1,18 @@
 """StopRequested: SIGTERM / SIGINT are recorded by the training process and left alone in its forked
-children (the loop itself is exercised end to end in tests/e2e)."""
+children; skip_single_rank_allreduce changes nothing but the time (the loop itself is exercised end to end
+in tests/e2e)."""
 import os
 import signal
 import time
+from types import SimpleNamespace
 
-from megatron.training import StopRequested
+import pytest
+import torch
+
+from megatron.training import StopRequested, skip_single_rank_allreduce
+from tests.distributed_helpers import run_distributed
+from tests.model.helpers import random_batch
+from tests.model.neox_args_factory import make_neox_args
 
 
 def test_parent_records_the_signal_and_a_forked_child_dies_of_it():
@@ -30,3 +38,41 @@ def test_parent_records_the_signal_and_a_forked_child_dies_of_it():
     finally:
         stop.restore()
     assert signal.getsignal(signal.SIGTERM) is not stop._handle
+
+
+def _engine_losses(rank: int, world_size: int, zero_stage: int, skip: bool):
+    import deepspeed
+
+    from megatron.model import build_model
+    from megatron.mpu import ParallelState
+
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=1)
+    torch.manual_seed(0)
+    model = build_model(make_neox_args(), state)
+    config = {"train_batch_size": 2 * world_size, "train_micro_batch_size_per_gpu": 2,
+              "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6, "gradient_clipping": 1.0,
+              "zero_optimization": {"stage": zero_stage}}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                           config=config, mpu=state)
+    switched = skip and skip_single_rank_allreduce(
+        engine, SimpleNamespace(zero_stage=zero_stage, is_pipe_parallel=False), state)
+    losses = []
+    for step in range(3):
+        inputs, labels = random_batch(seed=10 * step + rank)
+        loss = model.loss_fn(engine(inputs), labels)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    state.destroy()
+    return switched, losses
+
+
+@pytest.mark.slow
+def test_single_rank_allreduce_is_skipped_without_changing_training():
+    (switched, losses), = run_distributed(_engine_losses, world_size=1, args=(0, True))
+    (_, reference), = run_distributed(_engine_losses, world_size=1, args=(0, False))
+    assert switched and losses[0] != losses[-1]
+    assert losses == reference
+    (zero_switched, _), = run_distributed(_engine_losses, world_size=1, args=(1, True))
+    assert not zero_switched  # ZeRO keeps its own reduction
+    assert not any(s for s, _ in run_distributed(_engine_losses, world_size=2, args=(0, True)))  # dp = 2
