@@ -1,27 +1,40 @@
 """Learning-rate schedule: linear warmup, then constant / linear / cosine / exponential decay.
 
-The schedule, with `it` the number of optimizer steps taken, `W` the warmup iterations and `T` the decay
-iterations (GPT-NeoX: T = lr_decay_iters, else train_iters; W = warmup x T, which may be fractional):
+It gives GPT-NeoX's AnnealingLR values (its megatron/learning_rates.py, with its fix #1379 for step 0) from
+iteration 0 to the end of the decay, and holds the final value after that. With `it` the number of
+optimizer steps taken, `lr` the peak rate, `T` the decay iterations and `W` the warmup iterations
+(T = lr_decay_iters, else train_iters, at least 1, where NeoXArgs sets lr_decay_iters to
+int(lr_decay_fraction x train_iters) when lr_decay_fraction is given, as GPT-NeoX's docs say; GPT-NeoX's
+code prefers lr_decay_iters when both are set. W = warmup x T, which may be fractional; a schedule built
+directly with W > T warms up to W and then holds lr):
 
-* warmup, it <= W (and W > 0): lr * it / W (from 0, as GPT-NeoX; min_lr does not apply here)
-* after warmup, with progress p = (it - W) / (T - W) clamped to [0, 1] (p = 1 when T <= W):
+* warmup, W > 0 and it <= W: lr * max(1, it) / W. Iteration 0 gets lr / W like iteration 1 (GPT-NeoX
+  #1379; before it the first step had lr 0); min_lr does not apply here. When 0 < W < 1 this would be
+  lr / W > lr at iteration 0; the rate is capped at lr there (GPT-NeoX is not).
+* after warmup, W < it <= T, with p = (it - W) / (T - W) in (0, 1]:
     constant:     lr
-    linear:       min_lr + (lr - min_lr) * (1 - p)
-    cosine:       min_lr + (lr - min_lr) * (1 + cos(pi p)) / 2
-    exponential:  lr * 0.5 ** p    (halves over the decay, as GPT-NeoX's exp(-0.693 p))
-  and never below min_lr. After T iterations the rate stays where the decay ended.
+    linear:       max(lr * (1 - p), min_lr)                  toward 0, clipped at min_lr: with min_lr > 0
+                                                             it reaches min_lr at p = 1 - min_lr / lr
+    cosine:       min_lr + (lr - min_lr) * (1 + cos(pi p)) / 2   from lr down to min_lr at T
+    exponential:  max(lr * exp(-0.693 p), min_lr)            about halves by T (GPT-NeoX's constant 0.693,
+                                                             not ln 2)
+  With W = 0 iteration 0 is p = 0, i.e. lr.
+* after the decay, it > T: the value at T, held. GPT-NeoX differs here for two styles: its
+  cosine rises again (cos(pi p) for p > 1, a bug) and its exponential keeps falling toward min_lr.
+  Constant and linear (already clipped at min_lr) agree with it.
 
-Linear decays to min_lr (GPT-NeoX decays to 0 and clips at min_lr; the two agree when min_lr = 0).
+DeepSpeed drives the scheduler, as in GPT-NeoX: pass it as deepspeed.initialize(lr_scheduler=...); it
+is built at iteration 0 (or restored from a checkpoint), and the engine calls step() right after each
+optimizer step that was applied (not after an fp16 overflow skip). So the optimizer step taken after
+k steps uses the rate at it = k, the same alignment as GPT-NeoX's training loop; with W >= 1 the first
+two steps both use lr / W. DeepSpeed also saves/loads state_dict() in its checkpoints.
 
-Every optimizer parameter group gets lr x group["lr_mult"] (default 1).
+Every optimizer parameter group gets the rate x group["lr_mult"] (default 1).
 
 Checkpoints hold start_lr, warmup_iter, end_iter, decay_style, min_lr and num_iters (GPT-NeoX's keys).
 On load, num_iters always comes from the checkpoint. For the other values:
 override_lr_scheduler keeps this run's values; use_checkpoint_lr_scheduler takes the checkpoint's;
-with neither, they must agree or loading fails; setting both is an error.
-
-DeepSpeed drives the scheduler: pass it as deepspeed.initialize(lr_scheduler=...) and the engine calls
-step() after every optimizer step and saves/loads state_dict() in its checkpoints."""
+with neither, they must agree or loading fails; setting both is an error."""
 
 import math
 from typing import Any, Dict, List, Optional
@@ -63,21 +76,22 @@ class AnnealingLR:
         self.num_iters = int(last_iter)
         self._apply()
 
-    def get_lr(self, iteration: Optional[int] = None) -> float:
+    def get_lr(self, iteration: Optional[float] = None) -> float:
         """The base learning rate (before lr_mult) at `iteration` (default: the current one)."""
         it = self.num_iters if iteration is None else iteration
-        if self.warmup_iter > 0 and it <= self.warmup_iter:
-            return self.start_lr * it / self.warmup_iter
+        warmup, end = self.warmup_iter, self.end_iter
+        it = min(max(it, 0), max(end, warmup))  # after the decay ends the rate stays at its value there
+        if warmup > 0 and it <= warmup:
+            return self.start_lr * min(max(it, 1), warmup) / warmup
         if self.decay_style == "constant":
             return self.start_lr
-        span = self.end_iter - self.warmup_iter
-        progress = 1.0 if span <= 0 else min(max((it - self.warmup_iter) / span, 0.0), 1.0)
+        progress = (it - warmup) / (end - warmup)  # in [0, 1]: here warmup < it <= end, or it = 0 = warmup
         if self.decay_style == "linear":
-            lr = self.min_lr + (self.start_lr - self.min_lr) * (1.0 - progress)
+            lr = self.start_lr * (1.0 - progress)
         elif self.decay_style == "cosine":
             lr = self.min_lr + (self.start_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        else:  # exponential
-            lr = self.start_lr * 0.5 ** progress
+        else:  # exponential, with GPT-NeoX's constant 0.693 (about ln 2)
+            lr = self.start_lr * math.exp(-0.693 * progress)
         return max(lr, self.min_lr)
 
     def get_last_lr(self) -> List[float]:
@@ -145,7 +159,8 @@ def decay_iterations(neox_args: Any) -> int:
 def build_lr_scheduler(neox_args: Any, optimizer: torch.optim.Optimizer) -> AnnealingLR:
     """The AnnealingLR that GPT-NeoX's config describes (lr, min_lr, warmup, lr_decay_style, ...).
 
-    Call it after build_optimizer and before deepspeed.initialize; iteration 0 sets lr to the warmup start."""
+    Call it after build_optimizer and before deepspeed.initialize; it starts at iteration 0 (lr / W with
+    warmup, lr without)."""
     if neox_args.lr is None:
         raise ValueError("no learning rate: set optimizer.params.lr (or lr)")
     total = decay_iterations(neox_args)

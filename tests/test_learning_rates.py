@@ -1,11 +1,15 @@
-"""AnnealingLR: hand-computed rates at key iterations for every decay style, lr_mult, checkpoint rules."""
+"""AnnealingLR: GPT-NeoX's closed forms step by step for every decay style, hand-computed rates at key
+iterations, the hold after the decay, lr_mult, checkpoint rules, and the step-to-rate alignment under a
+real DeepSpeed engine."""
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from megatron.learning_rates import AnnealingLR, build_lr_scheduler, decay_iterations
+from tests.distributed_helpers import run_distributed
 from tests.neox_arguments.helpers import tiny
 
 ADAM = {"type": "Adam", "params": {"lr": 1.0e-3, "betas": [0.9, 0.95], "eps": 1.0e-8}}
@@ -27,11 +31,88 @@ def _lr_at(sched: AnnealingLR, iteration: int) -> float:
     return sched.optimizer.param_groups[0]["lr"]
 
 
+def _gpt_neox_lr(it: float, lr: float, min_lr: float, warmup_iters: float, decay_iters: int, style: str) -> float:
+    """GPT-NeoX's AnnealingLR.get_lr (megatron/learning_rates.py, after its #1379) as closed forms, for
+    0 <= it <= decay_iters: n iterations into a decay of e iterations."""
+    if warmup_iters > 0 and it <= warmup_iters:
+        return lr * max(1, it) / warmup_iters
+    n, e = it - warmup_iters, decay_iters - warmup_iters
+    if style == "linear":
+        value = lr * (e - n) / e
+    elif style == "cosine":
+        value = min_lr + (lr - min_lr) / 2.0 * (math.cos(math.pi * n / e) + 1)
+    elif style == "exponential":
+        value = lr * math.exp(-0.693 * n / e)
+    else:
+        value = lr
+    return max(value, min_lr)
+
+
+def _expected(it: int, lr: float, min_lr: float, warmup_iters: float, decay_iters: int, style: str) -> float:
+    """GPT-NeoX's value up to the end of the decay, that of its last iteration after it; warmup capped at lr
+    (only 0 < W < 1 at iteration 0 reaches past it)."""
+    value = _gpt_neox_lr(min(it, decay_iters), lr, min_lr, warmup_iters, decay_iters, style)
+    return min(value, lr) if warmup_iters > 0 and it <= warmup_iters else value
+
+
+CLOSED_FORM_CASES = list(itertools.product(
+    ["constant", "linear", "cosine", "exponential"],
+    # (train_iters, warmup): W = 0, 10, 3.7, 10, 20 (all warmup), 0.5 (the capped case)
+    [(100, 0.0), (100, 0.1), (37, 0.1), (40, 0.25), (20, 1.0), (100, 0.005)],
+    [0.0, 1.0e-4, 6.0e-4],  # 6e-4 > lr * exp(-0.693): the exponential ends on min_lr; linear reaches it early
+))
+
+
+@pytest.mark.parametrize("style,iters_and_warmup,min_lr", CLOSED_FORM_CASES)
+def test_every_step_equals_gpt_neox_closed_forms_then_holds(style, iters_and_warmup, min_lr):
+    """Driven by step() as DeepSpeed drives it, from the scheduler as built (iteration 0, the rate of the
+    first optimizer step) through the end of the decay and 30 iterations past it, in both lr_mult groups."""
+    train_iters, warmup = iters_and_warmup
+    args = tiny(optimizer=ADAM, train_iters=train_iters, warmup=warmup, lr_decay_style=style, min_lr=min_lr)
+    opt = _optimizer(lr_mults=(1.0, 0.5))
+    sched = build_lr_scheduler(args, opt)
+    warmup_iters = warmup * train_iters
+    for it in range(train_iters + 31):
+        if it:
+            sched.step()
+        want = _expected(it, 1.0e-3, min_lr, warmup_iters, train_iters, style)
+        assert sched.num_iters == it
+        assert math.isclose(opt.param_groups[0]["lr"], want, rel_tol=1e-9, abs_tol=0.0), (it, want)
+        assert math.isclose(opt.param_groups[1]["lr"], 0.5 * want, rel_tol=1e-9, abs_tol=0.0), (it, want)
+        if it <= train_iters and not (0 < warmup_iters < 1 and it == 0):  # GPT-NeoX's own value up to T
+            assert math.isclose(sched.get_lr(), _gpt_neox_lr(it, 1.0e-3, min_lr, warmup_iters, train_iters, style),
+                                rel_tol=1e-9, abs_tol=0.0)
+
+
 @pytest.mark.parametrize("style", ["constant", "linear", "cosine", "exponential"])
-def test_warmup_is_linear_from_zero_over_warmup_times_decay_iters(style):
+def test_warmup_shorter_than_one_iteration_is_capped_at_lr(style):
+    sched = _scheduler(style, warmup=0.005, min_lr=0.0)  # W = 0.5: GPT-NeoX gives lr * 1 / 0.5 = 2 lr at 0
+    assert sched.warmup_iter == 0.5
+    assert _lr_at(sched, 0) == 1.0e-3
+    after = {"constant": 1.0e-3, "linear": 1.0e-3 * (1 - 0.5 / 99.5),
+             "cosine": 1.0e-3 * (1 + math.cos(math.pi * 0.5 / 99.5)) / 2,
+             "exponential": 1.0e-3 * math.exp(-0.693 * 0.5 / 99.5)}
+    assert _lr_at(sched, 1) == pytest.approx(after[style], rel=1e-12)
+
+
+def test_after_the_decay_holds_where_gpt_neox_cosine_rises_and_exponential_falls():
+    """The documented difference: GPT-NeoX's formulas run on past T (cosine back up toward lr, exponential
+    down to min_lr); this schedule stays at its value at T. Constant and linear agree with GPT-NeoX there."""
+    for style in ("constant", "linear", "cosine", "exponential"):
+        sched = _scheduler(style)  # W = 10, T = 100, min_lr = 1e-4
+        at_end = _lr_at(sched, 100)
+        assert [_lr_at(sched, it) for it in (101, 150, 190, 1000)] == [at_end] * 4
+    neox = lambda it, style: _gpt_neox_lr(it, 1e-3, 1e-4, 10.0, 100, style)  # noqa: E731
+    assert neox(190, "cosine") == pytest.approx(1e-3)  # p = 2: cos(2 pi) = 1, back to lr
+    assert neox(190, "exponential") == pytest.approx(1e-3 * math.exp(-0.693 * 2))  # still falling
+    assert neox(1000, "linear") == 1e-4 and neox(1000, "constant") == 1e-3
+
+
+@pytest.mark.parametrize("style", ["constant", "linear", "cosine", "exponential"])
+def test_warmup_is_linear_over_warmup_times_decay_iters_from_lr_over_w(style):
     sched = _scheduler(style)  # W = 0.1 x 100 = 10
     assert sched.warmup_iter == 10.0 and sched.end_iter == 100
-    assert _lr_at(sched, 0) == 0.0
+    assert _lr_at(sched, 0) == pytest.approx(1.0e-4)  # as iteration 1 (GPT-NeoX #1379), not 0
     assert _lr_at(sched, 1) == pytest.approx(1.0e-4)  # 1e-3 * 1 / 10
     assert _lr_at(sched, 5) == pytest.approx(5.0e-4)
     assert _lr_at(sched, 10) == pytest.approx(1.0e-3)
@@ -42,11 +123,13 @@ def test_constant():
     assert [_lr_at(sched, i) for i in (11, 55, 100, 500)] == [pytest.approx(1e-3)] * 4
 
 
-def test_linear_decays_to_min_lr():
+def test_linear_decays_toward_zero_clipped_at_min_lr():
     sched = _scheduler("linear")
-    # p = (it - 10) / 90; lr = 1e-4 + 9e-4 * (1 - p)
-    assert _lr_at(sched, 55) == pytest.approx(1e-4 + 9e-4 * 0.5)  # p = 0.5 -> 5.5e-4
-    assert _lr_at(sched, 28) == pytest.approx(1e-4 + 9e-4 * 0.8)  # p = 0.2 -> 8.2e-4
+    # p = (it - 10) / 90; lr = max(1e-3 * (1 - p), 1e-4), as GPT-NeoX
+    assert _lr_at(sched, 55) == pytest.approx(1e-3 * 0.5)  # p = 0.5 -> 5e-4
+    assert _lr_at(sched, 28) == pytest.approx(1e-3 * 0.8)  # p = 0.2 -> 8e-4
+    assert _lr_at(sched, 91) == pytest.approx(1e-4)  # p = 0.9: reaches min_lr here, before T
+    assert _lr_at(sched, 95) == pytest.approx(1e-4)  # clipped (5.6e-5 unclipped)
     assert _lr_at(sched, 100) == pytest.approx(1e-4)
     assert _lr_at(sched, 1000) == pytest.approx(1e-4)  # stays at min_lr after T
 
@@ -60,10 +143,12 @@ def test_cosine():
     assert _lr_at(sched, 400) == pytest.approx(1e-4)  # no cosine rebound after T
 
 
-def test_exponential_halves_and_is_floored():
+def test_exponential_about_halves_and_is_floored():
     sched = _scheduler("exponential")
-    assert _lr_at(sched, 55) == pytest.approx(1e-3 * 0.5**0.5)  # 7.0711e-4
-    assert _lr_at(sched, 100) == pytest.approx(5e-4)
+    assert _lr_at(sched, 55) == pytest.approx(1e-3 * math.exp(-0.693 * 0.5), rel=1e-12)  # 7.0714e-4
+    assert _lr_at(sched, 100) == pytest.approx(1e-3 * math.exp(-0.693), rel=1e-12)  # 5.0007e-4, not 5e-4
+    assert _lr_at(sched, 100) != pytest.approx(5e-4, rel=1e-6)  # GPT-NeoX's 0.693, not ln 2
+    assert _lr_at(sched, 400) == _lr_at(sched, 100)  # held after T
     floored = _scheduler("exponential", min_lr=8e-4)
     assert _lr_at(floored, 100) == pytest.approx(8e-4)  # 5e-4 < min_lr
 
@@ -134,8 +219,50 @@ def test_drives_a_real_optimizer():
     param = torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([param], lr=0.0)
     sched = AnnealingLR(opt, start_lr=0.5, warmup_iter=2, total_iters=4, decay_style="linear")
-    for _ in range(2):  # steps taken at lr 0 then lr 0.25 (schedule after step 1)
+    for _ in range(2):  # steps taken at lr(0) = lr(1) = 0.5 * 1 / 2 (warmup from max(1, it))
         param.grad = torch.ones(1)
         opt.step()
         sched.step()
-    assert param.item() == pytest.approx(1.0 - 0.25)
+    assert param.item() == pytest.approx(1.0 - 0.25 - 0.25)
+
+
+class _OneParameter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight * x).sum()
+
+
+def _rates_applied_by_deepspeed(rank: int, world_size: int, steps: int) -> list:
+    """The rate of each optimizer step under deepspeed.initialize(lr_scheduler=...), as training.py builds
+    it, read off SGD's update from 0 (gradient 1 per step over 2 accumulated micro-batches)."""
+    import deepspeed
+
+    model = _OneParameter()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = AnnealingLR(opt, start_lr=1.0, warmup_iter=4, total_iters=10, decay_style="cosine", min_lr=0.1)
+    config = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+              "steps_per_print": 10 ** 6}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=config,
+                                           dist_init_required=False)
+    rates = []
+    for _ in range(steps):
+        with torch.no_grad():
+            model.weight.zero_()  # SGD keeps no state: a step from 0 moves the weight by -rate, in fp32
+        for _ in range(2):
+            engine.backward(engine(torch.ones(1)))  # d/dw = 1, scaled by 1/2 for accumulation
+            engine.step()
+        rates.append(-model.weight.item())
+    return rates
+
+
+@pytest.mark.slow
+def test_deepspeed_applies_the_rate_at_the_steps_taken_before_each_optimizer_step():
+    """As GPT-NeoX: the scheduler starts at iteration 0 and the engine calls step() after each optimizer
+    step (at the accumulation boundary), so optimizer step k + 1 uses get_lr(k)."""
+    rates, = run_distributed(_rates_applied_by_deepspeed, world_size=1, args=(14,))
+    want = [_expected(k, 1.0, 0.1, 4.0, 10, "cosine") for k in range(14)]
+    assert rates == [pytest.approx(w, rel=1e-6) for w in want]  # fp32 weights
+    assert rates[0] == pytest.approx(0.25) and rates[1] == pytest.approx(0.25)  # lr / W twice
