@@ -32,10 +32,8 @@ def main() -> int:
         require("lm_eval", "eval.py (eval_tasks)", "eval")
         from megatron.evaluation import log_eval_results, resolve_tasks, run_eval_tasks, write_results
         from megatron.inference import setup_for_inference
-        from megatron.text_generation_utils import inference_layout
 
         resolve_tasks(neox_args.eval_tasks or [])  # a bad entry fails before the model is built
-        inference_layout(neox_args)
         engine, ctx, iteration = setup_for_inference(neox_args)
         results = run_eval_tasks(neox_args, engine, ctx, iteration)
         if ctx.parallel_state.rank == 0:

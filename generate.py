@@ -112,7 +112,7 @@ def generate_samples(neox_args, engine, ctx, stdin: IO[str] = sys.stdin) -> int:
                               "interactive")
     params = SamplingParams.from_args(neox_args)
     tokenizer = ctx.tokenizer
-    runner = build_runner(engine, ctx.parallel_state, neox_args)
+    runner = build_runner(engine, ctx.parallel_state, ctx.model_config)
     generator = torch.Generator(device=ctx.device).manual_seed(int(neox_args.seed))
     batch_size = int(neox_args.train_micro_batch_size_per_gpu or 1)
     if mode == "unconditional":
@@ -133,7 +133,7 @@ def generate_samples(neox_args, engine, ctx, stdin: IO[str] = sys.stdin) -> int:
             token_prompts = [tokenizer.tokenize(text) or [tokenizer.eod] for text in group]
             results = generate_tokens(
                 runner, token_prompts, eod=tokenizer.eod, maximum_tokens=int(neox_args.maximum_tokens),
-                max_seq_length=max_sequence_length(neox_args), params=params,
+                max_seq_length=max_sequence_length(ctx.model_config), params=params,
                 recompute=bool(neox_args.recompute), generator=generator,
                 return_logits=bool(neox_args.return_logits),
                 vocab_size=tokenizer.vocab_size, device=ctx.device)
@@ -158,10 +158,9 @@ def main() -> int:
     try:
         neox_args = NeoXArgs.consume_neox_args()
         from megatron.inference import setup_for_inference
-        from megatron.text_generation_utils import SamplingParams, inference_layout
+        from megatron.text_generation_utils import SamplingParams
 
         SamplingParams.from_args(neox_args)  # bad sampling options fail before the model is built
-        inference_layout(neox_args)
         engine, ctx, _ = setup_for_inference(neox_args)
         generate_samples(neox_args, engine, ctx)
         ctx.destroy()

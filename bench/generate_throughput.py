@@ -30,28 +30,28 @@ VOCAB = 50304
 
 
 def build_models(size: str, max_len: int):
-    """(our sequential model, its NeoXArgs, the transformers copy)."""
-    from megatron.checkpoint_conversion.hf_gptneox import to_hf
-    from megatron.model import build_model
-    from megatron.mpu import SingleProcessState
-    from megatron.neox_arguments import NeoXArgs
+    """(our sequential model, its ModelConfig, the transformers copy)."""
+    import dataclasses
 
-    args = NeoXArgs.from_dict({**SIZES[size], "seq_length": max_len, "max_position_embeddings": max_len,
-                               "pos_emb": "rotary", "rotary_pct": 0.25, "gpt_j_residual": True,
-                               "no_weight_tying": True, "activation": "gelu", "train_micro_batch_size_per_gpu": 1,
-                               "num_gpus": 1, "seed": 1})
-    args.padded_vocab_size = VOCAB
-    ours = build_model(args, SingleProcessState()).eval()
+    from megatron.checkpoint_conversion.hf_gptneox import to_hf
+    from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict
+    from megatron.model import build_model
+    from megatron.model_config import ModelConfig
+    from megatron.mpu import SingleProcessState
+
+    config = ModelConfig(**SIZES[size], seq_length=max_len, padded_vocab_size=VOCAB, pos_emb="rotary",
+                         rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True, activation="gelu", seed=1)
+    ours = build_model(config, SingleProcessState()).eval()
     from transformers import GPTNeoXForCausalLM
 
-    config, state = to_hf(args.to_dict(), {k: v for k, v in ours.state_dict().items()})
-    hf = GPTNeoXForCausalLM(config).eval()
+    hf_config, state = to_hf(dataclasses.asdict(config), flat_state_dict(ours.state_dict(), config.num_layers))
+    hf = GPTNeoXForCausalLM(hf_config).eval()
     expected = set(hf.state_dict())
     # transformers 5 names the output head lm_head (4.x: embed_out, which 5.x still reads from files)
     state = {("lm_head.weight" if k == "embed_out.weight" and "lm_head.weight" in expected else k): v
              for k, v in state.items()}
     hf.load_state_dict({k: v for k, v in state.items() if k in expected}, strict=True)
-    return ours, args, hf
+    return ours, config, hf
 
 
 def timed_interleaved(fns: Dict[str, Callable[[], List[List[int]]]], repeats: int) -> Dict[str, tuple]:
@@ -83,7 +83,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     max_len = args.prompt + args.new
-    ours, neox_args, hf = build_models(args.size, max_len)
+    ours, _, hf = build_models(args.size, max_len)
     runner = SequentialRunner(ours, SingleProcessState())
     rows = []
     for batch in (1, 8):

@@ -168,13 +168,11 @@ def main() -> None:
 
     if on_gpu:
         from megatron.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
-        from megatron.neox_arguments import NeoXArgs
+        from megatron.model_config import ModelConfig
 
-        flops_args = NeoXArgs.from_dict({k: shape[k] for k in ("num_layers", "hidden_size", "num_attention_heads")}
-                                        | {"seq_length": args.seq, "train_micro_batch_size_per_gpu": args.batch,
-                                           "padded_vocab_size": VOCAB, "num_gpus": 1})
-        flops_args.padded_vocab_size = VOCAB
-        per_token = training_flops_per_token(flops_args)
+        per_token = training_flops_per_token(ModelConfig(
+            **{k: shape[k] for k in ("num_layers", "hidden_size", "num_attention_heads")}, seq_length=args.seq,
+            padded_vocab_size=VOCAB))
         peak = peak_tflops("bfloat16" if args.precision == "bf16" else "fp32")
         header += ["TFLOP/s", "MFU"]
         for row, s in zip(rows, summary.values()):

@@ -32,6 +32,7 @@ ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv
                      "use_qk_layernorm", "attention_config", "num_unique_layers", "model_parallel_size",
                      "pipe_parallel_size")
 """Arguments that must match between a checkpoint and the model loading it."""
+LAYOUT_KEYS = ("model_parallel_size", "pipe_parallel_size")
 
 
 class CheckpointError(RuntimeError):
@@ -93,7 +94,14 @@ def complete_tags(save_dir: str) -> List[str]:
     return sorted(tags, key=lambda t: int(t[len("global_step"):]) if t[len("global_step"):].isdigit() else -1)
 
 
-def save_checkpoint(neox_args, iteration: int, engine, extra_state: Optional[Dict[str, Any]] = None) -> str:
+def saved_args(neox_args, model_config) -> Dict[str, Any]:
+    """What neox_args.json records: the run's arguments plus the values only known in the workers (the
+    padded vocabulary, from the tokenizer)."""
+    return {**neox_args.to_dict(), "padded_vocab_size": model_config.padded_vocab_size}
+
+
+def save_checkpoint(neox_args, model_config, iteration: int, engine,
+                    extra_state: Optional[Dict[str, Any]] = None) -> str:
     """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position."""
     save_dir = neox_args.save
     tag = tag_for(iteration)
@@ -111,7 +119,7 @@ def save_checkpoint(neox_args, iteration: int, engine, extra_state: Optional[Dic
         torch.save(_rng_states(), os.path.join(path, f"rng_state_rank{rank}.pt"))
     if rank == 0:
         with open(os.path.join(path, "neox_args.json"), "w", encoding="utf-8") as handle:
-            json.dump(neox_args.to_dict(), handle, indent=1, sort_keys=True, default=str)
+            json.dump(saved_args(neox_args, model_config), handle, indent=1, sort_keys=True, default=str)
         os.makedirs(os.path.join(path, "configs"), exist_ok=True)
         for name, text in (neox_args.config_files or {}).items():
             with open(os.path.join(path, "configs", os.path.basename(name)), "w", encoding="utf-8") as handle:
@@ -132,16 +140,15 @@ def _prune(save_dir: str, keep: Optional[int]) -> None:
         shutil.rmtree(os.path.join(save_dir, old), ignore_errors=True)
 
 
-def _architecture_mismatches(saved: Dict[str, Any], neox_args) -> List[str]:
-    mismatches = []
-    for key in ARCHITECTURE_KEYS:
-        if key in saved and saved[key] != getattr(neox_args, key):
-            mismatches.append(f"{key}: checkpoint {saved[key]!r}, config {getattr(neox_args, key)!r}")
-    return mismatches
+def _architecture_mismatches(saved: Dict[str, Any], current: Dict[str, Any], keys: Tuple[str, ...]) -> List[str]:
+    return [f"{key}: checkpoint {saved[key]!r}, config {current[key]!r}" for key in keys
+            if key in saved and saved[key] != current[key]]
 
 
-def resolve_checkpoint(neox_args) -> Optional[Tuple[str, str]]:
-    """(load_dir, tag) to load, or None to start from scratch. Raises CheckpointError for a bad checkpoint."""
+def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) -> Optional[Tuple[str, str]]:
+    """(load_dir, tag) to load, or None to start from scratch. Raises CheckpointError for a bad checkpoint.
+    ``layout_must_match``: the tensor / pipeline split must be the checkpoint's (DeepSpeed's engine loads
+    its own shards; inference reshards and sets it False)."""
     load_dir = neox_args.load
     if not load_dir:
         return None
@@ -163,21 +170,21 @@ def resolve_checkpoint(neox_args) -> Optional[Tuple[str, str]]:
     if os.path.isfile(args_file):
         with open(args_file, encoding="utf-8") as handle:
             saved = json.load(handle)
-        mismatches = _architecture_mismatches(saved, neox_args)
+        keys = ARCHITECTURE_KEYS if layout_must_match else tuple(k for k in ARCHITECTURE_KEYS if k not in LAYOUT_KEYS)
+        mismatches = _architecture_mismatches(saved, saved_args(neox_args, model_config), keys)
         if mismatches:
             raise CheckpointError(f"checkpoint {path} was saved by a model of another architecture or parallel "
                                   f"layout:\n  " + "\n  ".join(mismatches))
     return load_dir, tag
 
 
-def load_checkpoint(neox_args, engine, weights_only: bool = False) -> Tuple[int, Dict[str, Any]]:
-    """Load into `engine`; returns (iteration to continue from, client state). (0, {}) when nothing to load.
-    `weights_only` (generation, evaluation) loads the model alone and keeps the checkpoint's iteration."""
-    resolved = resolve_checkpoint(neox_args)
+def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any]]:
+    """Load into `engine`; returns (iteration to continue from, client state). (0, {}) when nothing to load."""
+    resolved = resolve_checkpoint(neox_args, model_config)
     if resolved is None:
         return 0, {}
     load_dir, tag = resolved
-    finetune = neox_args.finetune or weights_only
+    finetune = neox_args.finetune
     load_optim = not (neox_args.no_load_optim or finetune)
     try:
         loaded_path, client_state = engine.load_checkpoint(
@@ -191,5 +198,5 @@ def load_checkpoint(neox_args, engine, weights_only: bool = False) -> Tuple[int,
     rng_file = os.path.join(load_dir, tag, f"rng_state_rank{_rank()}.pt")
     if not (finetune or neox_args.no_load_rng) and os.path.isfile(rng_file):
         _set_rng_states(torch.load(rng_file, weights_only=False))
-    iteration = 0 if neox_args.finetune and not weights_only else int(client_state.get("iteration", 0))
+    iteration = 0 if finetune else int(client_state.get("iteration", 0))
     return iteration, client_state

@@ -1,8 +1,8 @@
 """Training FLOPs per token, TFLOP/s per device and model FLOPs utilisation (MFU), with ONE formula.
 
-Notation: h = hidden_size, L = num_layers, s = seq_length, V = padded_vocab_size, a = num_attention_heads,
-k = num_kv_heads (None means a), d = h / a (head size), f = MLP width (below). A matrix multiply of
-(m x n) by (n x p) costs 2 m n p FLOPs (one multiply and one add per term).
+Notation (ModelConfig's fields): h = hidden_size, L = num_layers, s = seq_length, V = padded_vocab_size,
+a = num_attention_heads, k = num_kv_heads (None means a), d = h / a (head size), f = MLP width (below).
+A matrix multiply of (m x n) by (n x p) costs 2 m n p FLOPs (one multiply and one add per term).
 
 Forward FLOPs per token:
 
@@ -16,7 +16,7 @@ Forward FLOPs per token:
     forward = L * (2 h (a d + 2 k d) + 4 s h + 2 h^2 + 2 h f m) + 2 h V,   m = 3 gated, 2 plain
 
 Training = forward + backward = 3 x forward; with activation checkpointing the forward is recomputed
-during backward, so 4 x forward (pass `activation_checkpointing=True`).
+during backward, so 4 x forward (checkpoint_activations).
 
 Choices, stated so the numbers can be compared:
 * Causal attention is counted as the full s x s square, as Megatron-LM's and PaLM's MFU formulas do;
@@ -24,7 +24,7 @@ Choices, stated so the numbers can be compared:
 * Every layer is counted as global attention over s tokens (local windows, sparse patterns and non-
   attention layers such as mamba/rwkv are not special-cased); norms, biases, softmax, activations,
   rotary embeddings and the embedding lookup are not counted (they are O(h) per token).
-* MLP width f follows GPT-NeoX's rule as this project's model implements it (megatron/model/mlp.py):
+* MLP width f follows GPT-NeoX's rule as this project's model implements it (ModelConfig.ffn_width):
   inner = intermediate_size if set, else int(expansion_factor * h) if set, else 4 h.
   Plain activations: f = inner rounded up to a multiple of mlp_multiple_of; 2 matrices (h->f, f->h).
   Gated activations (swiglu, geglu, reglu, bilinear, glu): f = int(inner * 2 / 3) // 2 rounded up to
@@ -38,9 +38,10 @@ peak_tflops returns None and MFU is reported as not applicable."""
 
 import os
 import re
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
-GATED_ACTIVATIONS = ("swiglu", "geglu", "reglu", "bilinear", "glu")
+from megatron.model_config import ModelConfig
+
 PEAK_ENV_VAR = "NEOX_PEAK_TFLOPS"
 
 # (regex on torch.cuda.get_device_name(), {dtype: dense peak TFLOP/s}); first match wins, so specific
@@ -60,49 +61,23 @@ DEVICE_PEAK_TFLOPS: Tuple[Tuple[str, Dict[str, float]], ...] = (
 )
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return multiple * ((value + multiple - 1) // multiple)
-
-
-def mlp_width(neox_args: Any) -> Tuple[int, bool]:
-    """(f, gated): the width of the MLP activation (the down projection's input) and whether it is gated."""
-    hidden = neox_args.hidden_size
-    multiple = int(getattr(neox_args, "mlp_multiple_of", 1) or 1)
-    if getattr(neox_args, "intermediate_size", None):
-        inner = int(neox_args.intermediate_size)
-    elif getattr(neox_args, "expansion_factor", None):
-        inner = int(float(neox_args.expansion_factor) * hidden)
-    else:
-        inner = 4 * hidden
-    gated = (getattr(neox_args, "activation", "gelu") or "gelu") in GATED_ACTIVATIONS
-    if gated:
-        return _round_up(int(inner * 2 / 3) // 2, multiple), True
-    return _round_up(inner, multiple), False
-
-
-def forward_flops_per_token(neox_args: Any) -> int:
-    """Forward-pass FLOPs per token of the transformer described by neox_args (formula in the module doc)."""
-    h, layers, s = neox_args.hidden_size, neox_args.num_layers, neox_args.seq_length
-    heads = neox_args.num_attention_heads
-    kv_heads = getattr(neox_args, "num_kv_heads", None) or heads
-    vocab = getattr(neox_args, "padded_vocab_size", None)
-    if vocab is None:
-        raise ValueError("padded_vocab_size is not set yet: build the tokenizer (set_padded_vocab_size) before "
-                         "computing FLOPs, or set padded_vocab_size")
-    if h % heads:
-        raise ValueError(f"hidden_size={h} is not divisible by num_attention_heads={heads}")
-    head = h // heads
-    width, gated = mlp_width(neox_args)
-    qkv = 2 * h * (heads * head + 2 * kv_heads * head)
+def forward_flops_per_token(config: ModelConfig) -> int:
+    """Forward-pass FLOPs per token of the transformer described by ``config`` (formula in the module doc)."""
+    if config.padded_vocab_size is None:
+        raise ValueError("padded_vocab_size is not set yet: build the tokenizer before computing FLOPs, or set "
+                         "padded_vocab_size")
+    h, s, heads, head = config.hidden_size, config.seq_length, config.num_attention_heads, config.head_dim
+    qkv = 2 * h * (heads * head + 2 * config.kv_heads * head)
     attention = 2 * s * h + 2 * s * h
     dense = 2 * h * h
-    mlp = 2 * h * width * (3 if gated else 2)
-    return layers * (qkv + attention + dense + mlp) + 2 * h * vocab
+    mlp = 2 * h * config.ffn_width * (3 if config.gated_mlp else 2)
+    return config.num_layers * (qkv + attention + dense + mlp) + 2 * h * config.padded_vocab_size
 
 
-def training_flops_per_token(neox_args: Any, activation_checkpointing: bool = False) -> int:
-    """3 x forward (forward + backward), or 4 x forward when activations are recomputed."""
-    return (4 if activation_checkpointing else 3) * forward_flops_per_token(neox_args)
+def training_flops_per_token(config: ModelConfig) -> int:
+    """3 x forward (forward + backward), or 4 x forward when activations are recomputed
+    (checkpoint_activations)."""
+    return (4 if config.checkpoint_activations else 3) * forward_flops_per_token(config)
 
 
 def tflops_per_device(flops_per_token: float, tokens_per_second: float, num_devices: int) -> float:

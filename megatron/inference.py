@@ -1,24 +1,101 @@
-"""Loading a trained model for generation and evaluation (generate.py, eval.py).
+"""Loading a trained model for generation and evaluation (generate.py, eval.py), with no training machinery.
 
-The model is wrapped by deepspeed.initialize exactly as in training, so every checkpoint layout the
-trainer writes (ZeRO stages, tensor and pipeline parallelism) loads the same way; only the weights are
-read from the checkpoint."""
+The model is built from the run's ModelConfig (sequence parallelism off: decoding feeds sequences of any
+length, which it cannot split; the weights are the same) and its weights are read straight from the
+checkpoint: no optimizer, learning-rate schedule, batch size or iteration count is needed, so a config with
+only the model, tokenizer and ``load`` keys is enough. The checkpoint is merged into full tensors and each
+rank keeps its own slice, so any checkpoint (any tensor / pipeline split or ZeRO stage it was trained
+with) loads into any inference layout.
 
-from typing import Tuple
+With pipe_parallel_size > 1 the stages still need DeepSpeed's pipeline schedule to pass activations between
+them: the model is wrapped in a PipelineEngine with a fixed one-sample micro-batch (a schedule setting, not
+the user's batch size) and no optimizer."""
 
-from megatron.checkpointing import CheckpointError, load_checkpoint, resolve_checkpoint
+import dataclasses
+from typing import Dict, Tuple
+
+from torch import nn
+
+from megatron.checkpointing import CheckpointError, resolve_checkpoint
 from megatron.initialize import RunContext, initialize_megatron
+
+PIPELINE_SCHEDULE_CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
+"""The DeepSpeed config of the inference PipelineEngine: one micro-batch per eval_batch call."""
+
+
+def slot_modules(model: nn.Module) -> Dict[int, nn.Module]:
+    """{GPT-NeoX slot index: the module holding that slot's parameters on this rank} (a tied head maps to the
+    embedding it reuses)."""
+    from megatron.model import GPT2ModelPipe
+
+    if isinstance(model, GPT2ModelPipe):
+        num_layers = model.num_layers
+        modules = {model._local_start + i: f for i, f in enumerate(model.forward_funcs) if isinstance(f, nn.Module)}
+        if "embed" in model.tied_modules:
+            for slot in (0, num_layers + 4):
+                if model._local_start <= slot < model._local_stop:
+                    modules[slot] = model.tied_modules["embed"]
+        return modules
+    return {slot: module for slot, module in enumerate(model.sequential) if len(module.state_dict())}
+
+
+def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, num_layers: int) -> None:
+    """Copy this rank's slice of the checkpoint's weights into ``model`` (every parameter must be found)."""
+    from megatron.checkpoint_conversion.errors import ConversionError
+    from megatron.checkpoint_conversion.neox_checkpoint import gated_mlp, read_checkpoint
+    from megatron.checkpoint_conversion.tensor_parallel import split_full
+    from megatron.model.embedding import EmbeddingPipe
+    from megatron.model.gpt2_model import slot_prefixes
+
+    try:
+        checkpoint = read_checkpoint(checkpoint_dir)
+    except ConversionError as err:
+        raise CheckpointError(str(err)) from None
+    gated = gated_mlp(checkpoint.args)
+    tp, rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
+    prefixes = slot_prefixes(num_layers)
+    for slot, module in slot_modules(model).items():
+        prefix = prefixes[0] if isinstance(module, EmbeddingPipe) else prefixes[slot]  # a tied head: the embedding
+        wanted = module.state_dict()
+        state = {}
+        for name, target in wanted.items():
+            full = checkpoint.state.get(prefix + name)
+            if full is None:
+                raise CheckpointError(f"checkpoint {checkpoint.path} has no {prefix + name} (the model of this "
+                                      f"config has it): was it saved by a model of another architecture?")
+            piece = split_full(prefix + name, full, tp, gated)[rank]
+            if piece.shape != target.shape:
+                raise CheckpointError(f"{prefix + name} in checkpoint {checkpoint.path} has shape "
+                                      f"{tuple(full.shape)}, which does not fit this model ({tuple(target.shape)} "
+                                      f"on each of {tp} tensor-parallel ranks)")
+            state[name] = piece.to(target.dtype)
+        module.load_state_dict(state, strict=False)  # computed buffers (rotary tables) stay as built
 
 
 def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[object, RunContext, int]:
-    """(DeepSpeed engine in eval mode, run context, the checkpoint's iteration)."""
-    from megatron.training import setup_model_and_optimizer
+    """(the model, or its PipelineEngine with pipe_parallel_size > 1, in eval mode; run context; the
+    checkpoint's iteration)."""
+    from megatron.model import build_model
 
     ctx = initialize_megatron(neox_args)
-    if require_checkpoint and resolve_checkpoint(neox_args) is None:
+    ctx = dataclasses.replace(ctx, model_config=ctx.model_config.replace(sequence_parallel=False))
+    resolved = resolve_checkpoint(neox_args, ctx.model_config, layout_must_match=False)
+    if resolved is None and require_checkpoint:
         raise CheckpointError(f"no checkpoint to load: set load to a directory written by train.py "
                               f"(load={neox_args.load!r}), or iteration to one of its global_stepN")
-    engine, _, _ = setup_model_and_optimizer(neox_args, ctx)
-    iteration, _ = load_checkpoint(neox_args, engine, weights_only=True)
-    engine.eval()
-    return engine, ctx, iteration
+    model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker).to(ctx.device)
+    iteration = 0
+    if resolved is not None:
+        load_dir, tag = resolved
+        load_model_weights(model, f"{load_dir}/{tag}", ctx.parallel_state, ctx.model_config.num_layers)
+        iteration = int(tag[len("global_step"):]) if tag[len("global_step"):].isdigit() else 0
+    model.eval()
+    if ctx.model_config.is_pipe_parallel and ctx.parallel_state.get_pipe_parallel_world_size() > 1:
+        import deepspeed
+
+        engine, _, _, _ = deepspeed.initialize(model=model, config=dict(PIPELINE_SCHEDULE_CONFIG),
+                                               dist_init_required=False)
+        engine.eval()
+        return engine, ctx, iteration
+    return model, ctx, iteration
+

@@ -1,8 +1,8 @@
 """Starting a worker: check the device, start torch.distributed through DeepSpeed, build the parallel
-layout, seed the RNG streams and build the tokenizer.
+layout, seed the RNG streams, build the tokenizer and the model's ModelConfig (padded vocabulary included).
 
 The result is a RunContext handed to the training / generation / evaluation code, so that nothing about
-the run lives in module globals."""
+the run lives in module globals and the validated NeoXArgs are never changed."""
 
 import dataclasses
 import os
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from megatron.deepspeed_comm import init_deepspeed_comm
+from megatron.model_config import ModelConfig, padded_vocab_size
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
 
 
@@ -24,6 +25,7 @@ class RunContext:
     rng_tracker: RNGStatesTracker
     tokenizer: object
     device: torch.device
+    model_config: ModelConfig
 
     def destroy(self) -> None:
         """Tear down the process groups (barrier first: a worker leaving right after a collective can abort)."""
@@ -44,10 +46,12 @@ def distributed_backend(neox_args) -> str:
 
 
 def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
-    """Everything before the model: distributed world, layout, seeds, tokenizer, padded vocabulary."""
-    import deepspeed
+    """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config."""
+    from megatron.neox_arguments import ConfigError
 
-    neox_args.check_device()
+    problems = ModelConfig.from_neox_args(neox_args).device_problems(torch.cuda.is_available())
+    if problems:
+        raise ConfigError(problems)
     if torch.cuda.is_available() and neox_args.local_rank is not None:
         torch.cuda.set_device(neox_args.local_rank)
     init_deepspeed_comm(distributed_backend(neox_args), auto_mpi_discovery=bool(neox_args.deepspeed_mpi),
@@ -55,19 +59,17 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     parallel_state = build_parallel_state(neox_args)
     tracker = RNGStatesTracker()
     set_seeds(neox_args.seed, parallel_state, tracker)
-    if neox_args.checkpoint_activations:
-        deepspeed.checkpointing.configure(parallel_state, partition_activations=neox_args.partition_activations,
-                                          contiguous_checkpointing=neox_args.contiguous_checkpointing,
-                                          num_checkpoints=neox_args.num_layers,
-                                          checkpoint_in_cpu=neox_args.checkpoint_in_cpu,
-                                          synchronize=neox_args.synchronize_each_layer,
-                                          profile=neox_args.profile_backward)
     if build_tokenizer_fn is None:
         from megatron.tokenizer import build_tokenizer as build_tokenizer_fn
     tokenizer = build_tokenizer_fn(neox_args)
-    neox_args.set_padded_vocab_size(tokenizer.vocab_size)
+    try:
+        vocab = padded_vocab_size(tokenizer.vocab_size, neox_args.make_vocab_size_divisible_by,
+                                  neox_args.model_parallel_size, neox_args.padded_vocab_size)
+    except ValueError as err:
+        raise ConfigError([str(err)]) from None
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    return RunContext(parallel_state=parallel_state, rng_tracker=tracker, tokenizer=tokenizer, device=device)
+    return RunContext(parallel_state=parallel_state, rng_tracker=tracker, tokenizer=tokenizer, device=device,
+                      model_config=ModelConfig.from_neox_args(neox_args, padded_vocab_size=vocab))
 
 
 def set_seeds(seed: int, parallel_state, tracker: Optional[RNGStatesTracker] = None) -> None:

@@ -1,6 +1,6 @@
 """Training-progress logging: console, metrics.jsonl, TensorBoard, Weights & Biases and Comet.
 
-`TrainingLogger(neox_args)` is told about every training iteration and every evaluation; every
+`TrainingLogger(neox_args, model_config)` is told about every training iteration and every evaluation; every
 `log_interval` iterations it writes one record (loss averaged over the interval, learning rate, grad norm,
 tokens/s, samples/s, TFLOP/s per device, MFU, ETA) to
 
@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from megatron.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
+from megatron.model_config import ModelConfig
 from megatron.optional_deps import require
 
 METRICS_FILE = "metrics.jsonl"
@@ -212,7 +213,8 @@ class TrainingLogger:
     `close` at the end. Training time per interval is the wall time between reports unless the loop passes
     each step's `step_time` (which leaves evaluation and checkpointing out of the throughput)."""
 
-    def __init__(self, neox_args: Any, is_logging_rank: Optional[bool] = None, rank: Optional[int] = None,
+    def __init__(self, neox_args: Any, model_config: Optional[ModelConfig] = None,
+                 is_logging_rank: Optional[bool] = None, rank: Optional[int] = None,
                  flops_per_token: Optional[float] = None, peak: Optional[float] = None,
                  console: Optional[TextIO] = None, clock: Callable[[], float] = time.perf_counter,
                  start_iteration: int = 0) -> None:
@@ -224,7 +226,11 @@ class TrainingLogger:
         self.tokens_per_iteration = neox_args.train_batch_size * neox_args.seq_length
         self.num_devices = int(getattr(neox_args, "global_num_gpus", None) or getattr(neox_args, "world_size", None)
                                or 1)
-        self._flops_per_token = flops_per_token
+        if flops_per_token is None:
+            if model_config is None:
+                raise ValueError("TrainingLogger needs the model_config (or flops_per_token) for TFLOP/s and MFU")
+            flops_per_token = training_flops_per_token(model_config)
+        self.flops_per_token = flops_per_token
         self.peak = peak if peak is not None else peak_tflops(neox_args.precision)
         self.console = console if console is not None else sys.stdout
         self._clock = clock
@@ -247,13 +253,6 @@ class TrainingLogger:
     def restart_clock(self, iteration: Optional[int] = None) -> None:
         """Start a fresh interval now (after resuming, or when the first step is about to run)."""
         self._reset_interval(self._last_iteration if iteration is None else iteration)
-
-    @property
-    def flops_per_token(self) -> float:
-        if self._flops_per_token is None:
-            self._flops_per_token = training_flops_per_token(
-                self.args, activation_checkpointing=bool(getattr(self.args, "checkpoint_activations", False)))
-        return self._flops_per_token
 
     # ---- what the loop calls ----------------------------------------------------------------------
     def log_train(self, iteration: int, lm_loss: Any, lr: float, grad_norm: Any = None, skipped: bool = False,

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.model.kv_cache import KVCache
+from megatron.model_config import ModelConfig
 from megatron.mpu import gather_from_model_parallel_region
 
 LogitsFn = Callable[..., torch.Tensor]  # (tokens, position_ids, attention_mask, kv_cache, last_only=False)
@@ -170,12 +171,12 @@ class PipelineRunner(ModelRunner):
         return logits
 
 
-def build_runner(engine, parallel_state, neox_args) -> ModelRunner:
+def build_runner(engine, parallel_state, config: ModelConfig) -> ModelRunner:
     """The runner for a model as setup_for_inference returns it (a DeepSpeed engine or a bare module)."""
     from megatron.model import GPT2ModelPipe
     from megatron.model.gpt2_model import model_dtype
 
-    if getattr(neox_args, "sequence_parallel", False) and parallel_state.get_model_parallel_world_size() > 1:
+    if config.sequence_parallel and parallel_state.get_model_parallel_world_size() > 1:
         raise GenerationError("generation / evaluation cannot run a model built with sequence_parallel=True "
                               "(it splits fixed-length sequences between ranks); build it with "
                               "sequence_parallel=False (same weights), as generate.py and eval.py do")
@@ -183,7 +184,7 @@ def build_runner(engine, parallel_state, neox_args) -> ModelRunner:
     if isinstance(module, GPT2ModelPipe):
         if module.num_stages == 1:
             return SequentialRunner(module.to_sequential(), parallel_state)
-        return PipelineRunner(engine, parallel_state, neox_args.padded_vocab_size, model_dtype(neox_args))
+        return PipelineRunner(engine, parallel_state, config.padded_vocab_size, model_dtype(config))
     return SequentialRunner(module, parallel_state)
 
 
@@ -305,20 +306,9 @@ def generate_tokens(runner: LogitsFn, prompts: Sequence[Sequence[int]], *, eod: 
     return out
 
 
-def max_sequence_length(neox_args) -> int:
+def max_sequence_length(config: ModelConfig) -> int:
     """The longest prompt + sample the model can take: seq_length, or max_position_embeddings if smaller."""
-    limit = int(neox_args.seq_length)
-    positions = getattr(neox_args, "max_position_embeddings", None)
-    return min(limit, int(positions)) if positions else limit
-
-
-def inference_layout(neox_args) -> None:
-    """Switch sequence_parallel off for a generation / evaluation worker: it only changes how activations
-    are split between tensor-parallel ranks during training (the weights are the same), and decoding feeds
-    sequences of any length, one token at a time with the KV cache, which it cannot split. Call on the
-    worker's own copy of the arguments before the model is built."""
-    if getattr(neox_args, "sequence_parallel", False):
-        neox_args.sequence_parallel = False
+    return min(config.seq_length, config.positions)
 
 
 def split_prompts(text: str, prompt_end: str) -> List[str]:

@@ -95,7 +95,7 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext):
     from megatron.model import build_model
     from megatron.optimizers import build_optimizer
 
-    model = build_model(neox_args, ctx.parallel_state, ctx.rng_tracker)
+    model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
     optimizer = build_optimizer(neox_args, model)
     lr_scheduler = build_lr_scheduler(neox_args, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k not in ("optimizer", "scheduler")}
@@ -145,11 +145,20 @@ def _batch_streams(neox_args, ctx: RunContext, consumed_train: int, consumed_val
     return streams
 
 
+def batch_options(neox_args):
+    """The batch-building settings of the config (megatron.model.batch.BatchOptions)."""
+    from megatron.model import BatchOptions
+
+    return BatchOptions(labels=bool(neox_args.train_label_data_paths), eod_mask_loss=neox_args.eod_mask_loss,
+                        reset_position_ids=neox_args.reset_position_ids,
+                        reset_attention_mask=neox_args.reset_attention_mask)
+
+
 class _ModelBatches:
     """Turns {'text': ...} samples into the model's batch format (shared inside the TP group)."""
 
     def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator]) -> None:
-        self.neox_args, self.ctx, self.samples = neox_args, ctx, samples
+        self.options, self.ctx, self.samples = batch_options(neox_args), ctx, samples
 
     def __iter__(self):
         return self
@@ -158,7 +167,7 @@ class _ModelBatches:
         from megatron.model import get_batch
 
         data = next(self.samples) if self.samples is not None else None
-        inputs, labels = get_batch(self.neox_args, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
+        inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
         move = lambda t: t.to(self.ctx.device, non_blocking=True)
         return tuple(map(move, inputs)), tuple(map(move, labels))
 
@@ -261,14 +270,14 @@ def pretrain(neox_args) -> Dict[str, Any]:
     stop = StopRequested()
     stop.install()
     engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx)
-    iteration, client_state = load_checkpoint(neox_args, engine)
+    iteration, client_state = load_checkpoint(neox_args, ctx.model_config, engine)
     position = {"consumed_train_samples": client_state.get("consumed_train_samples",
                                                            iteration * neox_args.train_batch_size),
                 "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
     train_batches, valid_batches, test_batches = _batch_streams(
         neox_args, ctx, position["consumed_train_samples"], position["consumed_valid_samples"])
     timers = Timers(enabled=neox_args.wall_clock_breakdown)
-    logger = TrainingLogger(neox_args, rank=dist.get_rank() if dist.is_initialized() else 0)
+    logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0)
     logger.restart_clock(iteration)
     summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
     overflow = OverflowGuard()
@@ -285,7 +294,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
         nonlocal last_saved
         if neox_args.save and last_saved != at:
             timers("save").start()
-            save_checkpoint(neox_args, at, engine, dict(position))
+            save_checkpoint(neox_args, ctx.model_config, at, engine, dict(position))
             timers("save").stop()
             last_saved = at
 

@@ -7,20 +7,17 @@ from megatron.flops import (
     forward_flops_per_token,
     lookup_peak_tflops,
     mfu,
-    mlp_width,
     peak_dtype,
     peak_tflops,
     tflops_per_device,
     training_flops_per_token,
 )
-from tests.neox_arguments.helpers import tiny
+from megatron.model_config import ModelConfig
 
 
-def _args(**overrides):
-    args = tiny(**overrides)  # h = 64, L = 2, a = 4, s = 32
-    args.set_padded_vocab_size(100)  # -> 128 (make_vocab_size_divisible_by = 128)
-    assert args.padded_vocab_size == 128
-    return args
+def _config(**overrides) -> ModelConfig:
+    values = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, padded_vocab_size=128)
+    return ModelConfig(**{**values, **overrides})
 
 
 def test_tiny_dense_model_by_hand():
@@ -32,27 +29,21 @@ def test_tiny_dense_model_by_hand():
     logits = 2 * 64 * 128  # 16384
     forward = 2 * (qkv + attention + dense + mlp) + logits
     assert forward == 229376
-    args = _args()
-    assert forward_flops_per_token(args) == 229376
-    assert training_flops_per_token(args) == 3 * 229376 == 688128
-    assert training_flops_per_token(args, activation_checkpointing=True) == 4 * 229376
+    assert forward_flops_per_token(_config()) == 229376
+    assert training_flops_per_token(_config()) == 3 * 229376 == 688128
+    assert training_flops_per_token(_config(checkpoint_activations=True)) == 4 * 229376
 
 
 def test_grouped_query_attention_counts_fewer_kv_heads():
     # k = 2: qkv = 2 * 64 * (64 + 2 * 2 * 16) = 16384, 8192 less per layer than with k = 4
-    assert forward_flops_per_token(_args(num_kv_heads=2)) == 229376 - 2 * 8192
+    assert forward_flops_per_token(_config(num_kv_heads=2)) == 229376 - 2 * 8192
 
 
-def test_gated_mlp_width_rule():
+def test_gated_mlp_counts_three_matrices_of_the_gated_width():
     # swiglu, inner = 4h = 256: f = int(256 * 2 / 3) // 2 = 170 // 2 = 85; 3 matrices: 2 * 64 * 85 * 3 = 32640
-    args = _args(activation="swiglu")
-    assert mlp_width(args) == (85, True)
-    assert forward_flops_per_token(args) == 229376 - 2 * 65536 + 2 * 32640
-    # mlp_multiple_of = 16 rounds 85 up to 96
-    assert mlp_width(_args(activation="swiglu", mlp_multiple_of=16)) == (96, True)
-    # intermediate_size wins over expansion_factor; plain widths are rounded up too
-    assert mlp_width(_args(intermediate_size=100, expansion_factor=2.0, mlp_multiple_of=32)) == (128, False)
-    assert mlp_width(_args(expansion_factor=2.5)) == (160, False)
+    config = _config(activation="swiglu")
+    assert (config.ffn_width, config.gated_mlp) == (85, True)
+    assert forward_flops_per_token(config) == 229376 - 2 * 65536 + 2 * 32640
 
 
 @pytest.mark.parametrize(
@@ -64,19 +55,19 @@ def test_gated_mlp_width_rule():
         {"expansion_factor": 3.0, "mlp_multiple_of": 64},
     ],
 )
-def test_mlp_width_agrees_with_the_model(overrides):
-    from megatron.model.activations import get_activation
-    from megatron.model.mlp import mlp_width as model_mlp_width
+def test_mlp_flops_use_the_width_the_model_builds(overrides):
+    from megatron.model import build_model
+    from megatron.mpu import SingleProcessState
 
-    args = _args(**overrides)
-    width, gated = mlp_width(args)
-    assert gated == get_activation(args.activation)[1]
-    assert width == model_mlp_width(args, gated)
+    config = _config(**overrides)
+    model = build_model(config, SingleProcessState())
+    down = model.layers[0].mlp.linear2.weight  # [hidden, width]
+    assert down.shape[1] == config.ffn_width
 
 
 def test_missing_vocab_is_an_error():
     with pytest.raises(ValueError, match="padded_vocab_size"):
-        forward_flops_per_token(tiny())
+        forward_flops_per_token(_config(padded_vocab_size=None))
 
 
 def test_tflops_and_mfu():

@@ -23,6 +23,7 @@ from megatron.logging import (
     parameter_norms,
     total_norm,
 )
+from megatron.model_config import ModelConfig
 from megatron.optional_deps import MissingOptionalDependency
 from tests.neox_arguments.helpers import tiny
 
@@ -39,9 +40,12 @@ class FakeClock:
 
 def _args(**overrides):
     values = {"optimizer": ADAM, "train_iters": 4, "log_interval": 2, **overrides}
-    args = tiny(**values)  # train_batch_size 2, seq_length 32 -> 64 tokens per iteration
-    args.set_padded_vocab_size(100)
-    return args
+    return tiny(**values)  # train_batch_size 2, seq_length 32 -> 64 tokens per iteration
+
+
+def _logger(args, **kwargs) -> TrainingLogger:
+    """A logger for ``args``' model with the tokenizer's 100 tokens padded to 128."""
+    return TrainingLogger(args, ModelConfig.from_neox_args(args, padded_vocab_size=128), **kwargs)
 
 
 def _run(logger: TrainingLogger, clock: FakeClock, losses=(4.0, 2.0, 3.0, 1.0)):
@@ -68,7 +72,7 @@ def _read_jsonl(path):
 def test_metrics_jsonl_and_console(tmp_path, monkeypatch):
     monkeypatch.delenv("NEOX_PEAK_TFLOPS", raising=False)
     clock, console = FakeClock(), io.StringIO()
-    logger = TrainingLogger(_args(log_dir=str(tmp_path)), console=console, clock=clock, peak=None)
+    logger = _logger(_args(log_dir=str(tmp_path)), console=console, clock=clock, peak=None)
     records = _run(logger, clock)
     assert records[0] is None and records[2] is None
     logger.log_eval(4, torch.tensor(2.0))
@@ -98,7 +102,7 @@ def test_metrics_jsonl_and_console(tmp_path, monkeypatch):
 
 def test_mfu_iteration_times_and_skipped(tmp_path):
     clock = FakeClock()
-    logger = TrainingLogger(
+    logger = _logger(
         _args(log_dir=str(tmp_path), log_interval=3, train_iters=100),
         console=io.StringIO(),
         clock=clock,
@@ -118,7 +122,7 @@ def test_mfu_iteration_times_and_skipped(tmp_path):
 
 
 def test_train_records_carry_the_gpu_peak_memory_on_cuda(tmp_path, monkeypatch):
-    logger = TrainingLogger(_args(log_dir=str(tmp_path), log_interval=1), console=io.StringIO(), clock=FakeClock(),
+    logger = _logger(_args(log_dir=str(tmp_path), log_interval=1), console=io.StringIO(), clock=FakeClock(),
                             peak=None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**30)
@@ -131,7 +135,7 @@ def test_train_records_carry_the_gpu_peak_memory_on_cuda(tmp_path, monkeypatch):
 
 def test_other_ranks_write_nothing(tmp_path):
     console = io.StringIO()
-    logger = TrainingLogger(_args(log_dir=str(tmp_path)), is_logging_rank=False, console=console, clock=FakeClock())
+    logger = _logger(_args(log_dir=str(tmp_path)), is_logging_rank=False, console=console, clock=FakeClock())
     assert _run(logger, FakeClock())[1] is not None
     logger.close()
     assert console.getvalue() == "" and not (tmp_path / "metrics.jsonl").exists()
@@ -141,7 +145,7 @@ def test_tensorboard_scalars_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     clock = FakeClock()
-    logger = TrainingLogger(_args(tensorboard_dir=str(tmp_path / "tb")), console=io.StringIO(), clock=clock)
+    logger = _logger(_args(tensorboard_dir=str(tmp_path / "tb")), console=io.StringIO(), clock=clock)
     _run(logger, clock)
     logger.log_eval(4, 1.5)
     logger.close()
@@ -157,7 +161,7 @@ def test_wandb_offline_writes_a_run_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     clock = FakeClock()
     args = _args(log_dir=str(tmp_path), use_wandb=True, wandb_project="neox-test", wandb_run_name="tiny")
-    logger = TrainingLogger(args, console=io.StringIO(), clock=clock)
+    logger = _logger(args, console=io.StringIO(), clock=clock)
     _run(logger, clock)
     logger.close()
     runs = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
@@ -171,7 +175,7 @@ def test_comet_offline_writes_an_archive(tmp_path, monkeypatch):
     monkeypatch.setenv("COMET_DISABLE_ANNOUNCEMENT", "true")
     clock = FakeClock()
     args = _args(log_dir=str(tmp_path), use_comet=True, comet_project="neox-test", comet_tags=["tiny"])
-    logger = TrainingLogger(args, console=io.StringIO(), clock=clock)
+    logger = _logger(args, console=io.StringIO(), clock=clock)
     _run(logger, clock)
     logger.close()
     assert glob.glob(str(tmp_path / "comet" / "*.zip"))
@@ -180,7 +184,7 @@ def test_comet_offline_writes_an_archive(tmp_path, monkeypatch):
 def test_missing_package_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(MissingOptionalDependency, match="use_wandb.*requirements-wandb.txt"):
-        TrainingLogger(_args(use_wandb=True), console=io.StringIO())
+        _logger(_args(use_wandb=True), console=io.StringIO())
 
 
 # ---- debugging values ------------------------------------------------------------------------------

@@ -17,14 +17,14 @@ from megatron.text_generation_utils import (
     sample_next,
     split_prompts,
 )
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import tiny_config
 
 EOD = 0
 PROMPTS = [[5, 17, 33, 2, 90, 14, 7], [44, 3], [101, 9, 9, 60]]
 
 
 def _runner(**overrides) -> SequentialRunner:
-    args = make_neox_args(seq_length=32, init_method_std=0.3, **overrides)
+    args = tiny_config(seq_length=32, init_method_std=0.3, **overrides)
     torch.manual_seed(0)
     return SequentialRunner(build_model(args, SingleProcessState()).eval(), SingleProcessState())
 
@@ -167,20 +167,18 @@ def test_bad_sampling_options_are_named():
         SamplingParams(top_k=-2)
 
 
-def test_sequence_parallel_models_are_refused_and_inference_turns_it_off():
-    from types import SimpleNamespace
-
-    from megatron.text_generation_utils import GenerationError, build_runner, inference_layout, max_sequence_length
+def test_sequence_parallel_models_are_refused_and_the_length_limit_is_the_smaller_one():
+    from megatron.text_generation_utils import GenerationError, build_runner, max_sequence_length
 
     class TwoRanks(SingleProcessState):
         def get_model_parallel_world_size(self) -> int:
             return 2
 
-    args = SimpleNamespace(sequence_parallel=True, seq_length=64, max_position_embeddings=32)
+    config = tiny_config(sequence_parallel=True, model_parallel_size=2, seq_length=64, max_position_embeddings=64)
     with pytest.raises(GenerationError, match="sequence_parallel=False"):
-        build_runner(object(), TwoRanks(), args)
-    inference_layout(args)
-    assert args.sequence_parallel is False and max_sequence_length(args) == 32
+        build_runner(object(), TwoRanks(), config)
+    assert max_sequence_length(config) == 64
+    assert max_sequence_length(tiny_config(seq_length=64, max_position_embeddings=128)) == 64
 
 
 def test_split_prompts():
@@ -200,7 +198,7 @@ def _parallel_generation(rank: int, world_size: int, layout: dict):
     ref = _runner(**overrides)
     want = generate_tokens(ref, PROMPTS, eod=EOD, maximum_tokens=6, max_seq_length=32, return_logits=True,
                            stop_at_eod=False)
-    args = make_neox_args(seq_length=32, init_method_std=0.3, **layout, **overrides)
+    args = tiny_config(seq_length=32, init_method_std=0.3, **layout, **overrides)
     state = ParallelState(pipe_parallel_size=args.pipe_parallel_size, model_parallel_size=args.model_parallel_size)
     torch.manual_seed(0)
     model = build_model(args, state).eval()

@@ -11,8 +11,7 @@ import torch
 
 from megatron.training import StopRequested, skip_single_rank_allreduce
 from tests.distributed_helpers import run_distributed
-from tests.model.helpers import random_batch
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import random_batch, tiny_config
 
 
 def test_parent_records_the_signal_and_a_forked_child_dies_of_it():
@@ -48,7 +47,7 @@ def _engine_losses(rank: int, world_size: int, zero_stage: int, skip: bool):
 
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=1)
     torch.manual_seed(0)
-    model = build_model(make_neox_args(), state)
+    model = build_model(tiny_config(), state)
     config = {"train_batch_size": 2 * world_size, "train_micro_batch_size_per_gpu": 2,
               "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6, "gradient_clipping": 1.0,
               "zero_optimization": {"stage": zero_stage}}

@@ -22,10 +22,6 @@ from megatron.checkpoint_conversion.neox_checkpoint import write_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
 
 MODEL_TYPES = {"gpt_neox": hf_gptneox.from_hf, "llama": hf_llama.from_hf, "mistral": hf_llama.from_hf}
-_VALIDATION_ONLY = {"train_micro_batch_size_per_gpu": 1}
-"""Settings NeoXArgs needs to validate that do not describe the model (kept out of the YAML)."""
-
-
 def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_parallel_size: int = 1,
                        pipe_parallel_size: int = 0) -> str:
     """Convert ``hf_dir``; returns the checkpoint directory written."""
@@ -59,8 +55,7 @@ def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_para
     values.update(load=output_dir, finetune=True)
     text = _yaml_text(values, hf_dir)
     try:
-        args = NeoXArgs.from_dict({**values, **_VALIDATION_ONLY,
-                                   "num_gpus": model_parallel_size * max(pipe_parallel_size, 1)})
+        args = NeoXArgs.from_dict({**values, "num_gpus": model_parallel_size * max(pipe_parallel_size, 1)})
     except ConfigError as exc:
         raise ConversionError(f"the converted configuration is not valid here: {exc}") from None
     args.config_files = {os.path.basename(config_out): text}

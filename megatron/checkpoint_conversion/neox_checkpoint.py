@@ -3,15 +3,16 @@
 A checkpoint written by DeepSpeed's engine (see megatron/checkpointing.py) holds, for tensor-parallel
 size T and pipeline size P:
   * P == 0 (GPT2ModelSequential): ``mp_rank_{t:02d}_model_states.pt`` for t < T, whose ``module`` is
-    rank t's state dict with GPT2ModelSequential's names;
+    rank t's state dict with GPT2ModelSequential's names (``sequential.{slot}.*``, GPT-NeoX's);
   * P >= 1 (GPT2ModelPipe): ``layer_{i:02d}-model_{t:02d}-model_states.pt`` with the state dict of layer
-    spec i (0: embedding, 1..L: transformer layers, L+1: final norm, L+2: untied output head; a tied head
-    is the embedding and is not saved again) on tensor rank t, plus ``mp_rank_{m:02d}_model_states.pt``
-    for every m < P*T with ``module`` None (DeepSpeed's engine metadata);
+    slot i (GPT-NeoX's slots, megatron.model.gpt2_model: 0 embedding, i + 2 transformer layer i, L + 3 final
+    norm, L + 4 untied output head; a tied head is the embedding and is not saved again) on tensor rank t,
+    plus ``mp_rank_{m:02d}_model_states.pt`` for every m < P*T with ``module`` None (DeepSpeed's engine
+    metadata);
   * ZeRO-3 (P == 0): ``zero_pp_rank_*_mp_rank_*`` files, consolidated with DeepSpeed's zero_to_fp32;
 plus ``neox_args.json``, ``configs/*.yml``, ``COMPLETE`` and, one level up, ``latest``.
-Reading merges everything into one state dict with GPT2ModelSequential's names (``embedding.*``,
-``layers.N.*``, ``final_norm.*``, ``head.*``); writing splits such a state dict again.
+Reading merges everything into one flat state dict (``embedding.*``, ``layers.N.*``, ``final_norm.*``,
+``head.*``: ``megatron.model.gpt2_model.slot_prefixes``); writing splits such a state dict again.
 """
 from __future__ import annotations
 
@@ -95,15 +96,35 @@ def _without_buffers(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tenso
 
 
 def _pipeline_prefix(index: int, num_layers: int) -> str:
-    if index == 0:
-        return "embedding."
-    if index <= num_layers:
-        return f"layers.{index - 1}."
-    if index == num_layers + 1:
-        return "final_norm."
-    if index == num_layers + 2:
-        return "head."
-    raise ConversionError(f"pipeline layer file index {index} does not fit num_layers={num_layers}")
+    from megatron.model.gpt2_model import slot_prefixes
+
+    prefixes = slot_prefixes(num_layers)
+    if index not in prefixes:
+        raise ConversionError(f"pipeline layer file index {index} does not fit num_layers={num_layers}")
+    return prefixes[index]
+
+
+def flat_state_dict(module: Mapping[str, torch.Tensor], num_layers: int) -> Dict[str, torch.Tensor]:
+    """GPT2ModelSequential's ``sequential.{slot}.*`` keys as the flat names."""
+    flat = {}
+    for key, value in module.items():
+        slot, _, rest = key[len("sequential."):].partition(".")
+        if not key.startswith("sequential.") or not slot.isdigit():
+            raise ConversionError(f"unexpected parameter {key!r} in a model-states file (expected sequential.N.*)")
+        flat[_pipeline_prefix(int(slot), num_layers) + rest] = value
+    return flat
+
+
+def sequential_state_dict(state: Mapping[str, torch.Tensor], num_layers: int) -> Dict[str, torch.Tensor]:
+    """Inverse of flat_state_dict."""
+    from megatron.model.gpt2_model import slot_prefixes
+
+    by_prefix = {prefix: slot for slot, prefix in slot_prefixes(num_layers).items()}
+    out = {}
+    for name, value in state.items():
+        prefix = next(p for p in by_prefix if name.startswith(p))
+        out[f"sequential.{by_prefix[prefix]}.{name[len(prefix):]}"] = value
+    return out
 
 
 def _merge(per_rank: List[Dict[str, torch.Tensor]], gated: bool, source: str) -> Dict[str, torch.Tensor]:
@@ -125,7 +146,7 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> Neox
     if layer_files:
         state = _read_pipeline(layer_files, int(args["num_layers"]), gated)
     elif any(os.path.basename(f).startswith("zero_pp_rank_") for f in files):
-        state = _read_zero3(path)
+        state = flat_state_dict(_read_zero3(path), int(args["num_layers"]))
     else:
         mp_files = sorted((f for f in files if _MP_FILE.search(os.path.basename(f))),
                           key=lambda f: int(_MP_FILE.search(f).group(1)))
@@ -135,7 +156,7 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> Neox
             if module is None:
                 raise ConversionError(f"{f} holds no model weights ('module' is empty) and there are no "
                                       f"layer_*-model_*-model_states.pt files")
-            per_rank.append(_without_buffers(module))
+            per_rank.append(flat_state_dict(_without_buffers(module), int(args["num_layers"])))
         state = _merge(per_rank, gated, path)
     return NeoxCheckpoint(state=state, args=args, path=path)
 
@@ -203,12 +224,14 @@ def write_checkpoint(save_dir: str, state: Mapping[str, torch.Tensor], args: Map
             shards[rank][name] = piece.detach().clone().contiguous()  # clone: never save a view's storage
     if pp == 0:
         for rank in range(tp):
-            _save({"module": shards[rank], **_engine_metadata(tp, tp, pp, iteration)},
+            _save({"module": sequential_state_dict(shards[rank], int(args["num_layers"])),
+                   **_engine_metadata(tp, tp, pp, iteration)},
                   os.path.join(path, f"mp_rank_{rank:02d}_model_states.pt"))
     else:
         num_layers = int(args["num_layers"])
-        for index in range(num_layers + 3):
-            prefix = _pipeline_prefix(index, num_layers)
+        from megatron.model.gpt2_model import slot_prefixes
+
+        for index, prefix in slot_prefixes(num_layers).items():
             for rank in range(tp):
                 layer = {k[len(prefix):]: v for k, v in shards[rank].items() if k.startswith(prefix)}
                 if layer:

@@ -100,8 +100,8 @@ def run_eval_tasks(neox_args, engine, ctx, iteration: int, limit: Optional[int] 
     was_training = module.training
     module.eval()
     try:
-        lm = NeoXLM(build_runner(engine, ctx.parallel_state, neox_args), ctx.tokenizer, ctx.parallel_state,
-                    max_length=max_sequence_length(neox_args),
+        lm = NeoXLM(build_runner(engine, ctx.parallel_state, ctx.model_config), ctx.tokenizer, ctx.parallel_state,
+                    max_length=max_sequence_length(ctx.model_config),
                     batch_size=int(neox_args.train_micro_batch_size_per_gpu or 1), device=ctx.device,
                     seed=int(neox_args.seed))
         with _untouched_rng():

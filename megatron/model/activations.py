@@ -11,6 +11,8 @@ from typing import Callable, Tuple
 import torch
 import torch.nn.functional as F
 
+from megatron.model_config import GATED_ACTIVATIONS, PLAIN_ACTIVATIONS
+
 Activation = Callable[[torch.Tensor], torch.Tensor]
 
 _PLAIN = {
@@ -30,6 +32,9 @@ _GATED = {
 }
 
 
+assert tuple(_PLAIN) == PLAIN_ACTIVATIONS and tuple(_GATED) == GATED_ACTIVATIONS, "one list of activations"
+
+
 def gated(act: Activation) -> Activation:
     """Wrap ``act`` into the GLU form on an [up | gate] input."""
     def apply(x: torch.Tensor) -> torch.Tensor:
@@ -40,7 +45,7 @@ def gated(act: Activation) -> Activation:
 
 
 def get_activation(name: str) -> Tuple[Activation, bool]:
-    """(function, is_gated) for ``neox_args.activation``; ValueError for unknown names."""
+    """(function, is_gated) for ``config.activation``; ValueError for unknown names."""
     if name in _PLAIN:
         return _PLAIN[name], False
     if name in _GATED:

@@ -42,55 +42,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.flash import FlashAttention
-from megatron.model.fused import model_fused_ops, softmax_fusion_on
+from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
 from megatron.model.positional import RotaryEmbedding, alibi_bias, alibi_slopes, relative_position_bucket
-from megatron.mpu import ColumnParallelLinear, RowParallelLinear, divide, shard_of
-
-SUPPORTED_ATTENTION = ("global", "flash", "local")
-SPARSE_ATTENTION = ("sparse_fixed", "sparse_variable", "bigbird", "bslongformer")
-
-
-def check_attention_type(kind: str) -> None:
-    """ValueError naming the option for attention types this model cannot build."""
-    if kind in SUPPORTED_ATTENTION:
-        return
-    if kind in SPARSE_ATTENTION:
-        raise ValueError(f"attention_config type {kind!r} needs DeepSpeed sparse attention on a GPU and is "
-                         "not supported yet")
-    raise ValueError(f"attention_config type {kind!r} is not supported yet; use global, flash or local")
-
+from megatron.model_config import ModelConfig
+from megatron.mpu import ColumnParallelLinear, RowParallelLinear, shard_of
 
 class ParallelSelfAttention(nn.Module):
     """Causal self-attention over this rank's heads: fused QKV (column-parallel), optional QK norm,
     positional encoding, SDPA, output projection (row-parallel). ``forward(x, attention_mask,
     kv_cache)``; ``x`` is [batch, seq, hidden] (sequence-sharded under sequence_parallel)."""
 
-    def __init__(self, neox_args, parallel_state, initializer, layer_number: int, rng_tracker) -> None:
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker) -> None:
         super().__init__()
         self.layer_number = layer_number
-        self.attention_type = neox_args.attention_config[layer_number]
-        check_attention_type(self.attention_type)
-        hidden = neox_args.hidden_size
-        heads = neox_args.num_attention_heads
-        kv_heads = neox_args.num_kv_heads or heads
+        self.attention_type = config.attention_types[layer_number]
+        hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.kv_heads
         tp = parallel_state.get_model_parallel_world_size()
-        if heads % kv_heads != 0:
-            raise ValueError(f"num_kv_heads ({kv_heads}) must divide num_attention_heads ({heads})")
-        if kv_heads % tp != 0:
-            raise ValueError(f"num_kv_heads ({kv_heads}) must be divisible by model_parallel_size ({tp})")
-        self.head_dim = divide(hidden, heads, "hidden_size / num_attention_heads")
+        self.head_dim = config.head_dim
         self.group_size = heads // kv_heads
         self.local_kv_heads = kv_heads // tp
         self.local_heads = self.local_kv_heads * self.group_size
         self.tp_rank = parallel_state.get_model_parallel_rank()
-        self.dropout_p = float(getattr(neox_args, "attention_dropout", 0.0) or 0.0)
+        self.dropout_p = config.attention_dropout
         self.rng_tracker = rng_tracker
-        self.ops = model_fused_ops(neox_args)
-        self.fused_softmax = softmax_fusion_on(neox_args) and self.attention_type != "flash"
-        sp = bool(getattr(neox_args, "sequence_parallel", False))
-        bias = bool(getattr(neox_args, "use_bias_in_attn_linear", True))
+        self.ops = model_fused_ops(config)
+        self.fused_softmax = config.softmax_fusion and self.attention_type != "flash"
+        sp, bias = config.sequence_parallel, config.use_bias_in_attn_linear
         qkv_rows = kv_heads * (self.group_size + 2) * self.head_dim
         self.query_key_value = ColumnParallelLinear(
             hidden, qkv_rows, parallel_state, initializer.weight(layer_number, "attention.query_key_value"),
@@ -100,26 +79,22 @@ class ParallelSelfAttention(nn.Module):
             initializer.output_weight(layer_number, "attention.dense"), bias=bias, sequence_parallel=sp)
 
         group = parallel_state.get_model_parallel_group() if tp > 1 else None
-        self.qk_norm = bool(getattr(neox_args, "use_qk_layernorm", False))
+        self.qk_norm = config.use_qk_layernorm
         if self.qk_norm:
-            self.q_norm = build_norm(neox_args, self.head_dim, grad_reduce_group=group)
-            self.k_norm = build_norm(neox_args, self.head_dim, grad_reduce_group=group)
+            self.q_norm = build_norm(config, self.head_dim, grad_reduce_group=group)
+            self.k_norm = build_norm(config, self.head_dim, grad_reduce_group=group)
 
-        self.pos_emb = getattr(neox_args, "pos_emb", "learned") or "learned"
+        self.pos_emb = config.pos_emb
         if self.pos_emb == "rotary":
-            rot_dim = int(self.head_dim * float(getattr(neox_args, "rotary_pct", 1.0)))
-            max_positions = int(getattr(neox_args, "max_position_embeddings", None) or neox_args.seq_length)
-            self.rotary = RotaryEmbedding(rot_dim, float(getattr(neox_args, "rotary_emb_base", 10000)),
-                                          persistent=bool(getattr(neox_args, "rotary_save_freqs_buffer", False)),
-                                          max_positions=max_positions)
+            self.rotary = RotaryEmbedding(config.rotary_dim, float(config.rotary_emb_base),
+                                          persistent=config.rotary_save_freqs_buffer, max_positions=config.positions)
         elif self.pos_emb == "alibi":
             # fp32 outside the module's buffers, like the rotary tables: model.to(bfloat16) would round the
             # slopes (2^-0.5 and its powers with 16 heads), shifting the bias by whole units at long distances
             self._alibi_slopes = alibi_slopes(heads)[self.tp_rank * self.local_heads:
                                                      (self.tp_rank + 1) * self.local_heads]
         elif self.pos_emb == "rpe":
-            self.rpe_buckets = int(getattr(neox_args, "rpe_num_buckets", 32))
-            self.rpe_max_distance = int(getattr(neox_args, "rpe_max_distance", 128))
+            self.rpe_buckets, self.rpe_max_distance = config.rpe_num_buckets, config.rpe_max_distance
             self.rpe = nn.Parameter(torch.empty(self.rpe_buckets, self.local_heads))
             with torch.no_grad():
                 full = torch.empty(self.rpe_buckets, heads)
@@ -127,13 +102,11 @@ class ParallelSelfAttention(nn.Module):
                 self.rpe.copy_(shard_of(full, 1, self.tp_rank, tp))
             self.rpe.model_parallel = tp > 1
 
-        self.window = getattr(neox_args, "sliding_window_width", None)
+        self.window = config.sliding_window_width
         if self.attention_type == "local":
-            sparsity = getattr(neox_args, "sparsity_config", None) or {}
-            self.local_block = int(sparsity.get("block", 16))
-            self.local_blocks = int(sparsity.get("num_sliding_window_blocks", 3))
-        self.layer_scaling = bool(getattr(neox_args, "apply_query_key_layer_scaling", False))
-        self.softmax_fp32 = bool(getattr(neox_args, "attention_softmax_in_fp32", False)) or self.layer_scaling
+            self.local_block, self.local_blocks = config.local_attention_block, config.local_attention_window_blocks
+        self.layer_scaling = config.apply_query_key_layer_scaling
+        self.softmax_fp32 = config.attention_softmax_in_fp32 or self.layer_scaling
         self.force_explicit = False  # tests flip this to compare the explicit path with SDPA
         self.flash = FlashAttention.load(self.head_dim) if self.attention_type == "flash" and \
             self.pos_emb != "rpe" else None

@@ -5,12 +5,13 @@
   attention_mask = [1, 1, s, s] bool, True where a query may NOT attend (strict upper triangle),
   loss_mask = 1.0 except, with eod_mask_loss, 0.0 where the input token is the end-of-document token,
   and 0.0 where the label is negative (-100: padding of unpacked samples, or masked by a label dataset).
-With a label dataset ('label' [b, s + 1], when train_label_data_paths is set) labels come from it.
+With a label dataset ('label' [b, s + 1], BatchOptions.labels) labels come from it.
 reset_position_ids restarts positions after each end-of-document token; reset_attention_mask keeps tokens
 from attending across documents (a per-sample [b, 1, s, s] mask).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -49,17 +50,27 @@ def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_m
     return attention_mask, loss_mask, position_ids
 
 
-def get_batch(neox_args, data: Optional[Dict[str, torch.Tensor]], parallel_state,
+@dataclass(frozen=True)
+class BatchOptions:
+    """How samples become model batches (GPT-NeoX's eod_mask_loss, reset_position_ids, reset_attention_mask;
+    ``labels``: the data carries a label dataset, i.e. train_label_data_paths is set)."""
+
+    labels: bool = False
+    eod_mask_loss: bool = False
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+
+
+def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], parallel_state,
               eod_token: Optional[int] = None):
     """Model batch from a data sample; ``data`` is read only on model-parallel rank 0."""
-    keys = ["text", "label"] if getattr(neox_args, "train_label_data_paths", None) else ["text"]
+    keys = ["text", "label"] if options.labels else ["text"]
     sample = broadcast_data(keys, data, torch.int64, parallel_state)
     text = sample["text"]
     tokens = text[:, :-1].clamp(min=0)  # -100 padding is never attended to as a label; any id embeds
     labels = (sample["label"] if "label" in sample else text)[:, 1:].contiguous()
     attention_mask, loss_mask, position_ids = masks_and_position_ids(
-        tokens, eod_token, bool(getattr(neox_args, "eod_mask_loss", False)),
-        bool(getattr(neox_args, "reset_position_ids", False)), bool(getattr(neox_args, "reset_attention_mask", False)))
+        tokens, eod_token, options.eod_mask_loss, options.reset_position_ids, options.reset_attention_mask)
     negative = labels < 0
     if bool(negative.any()):
         loss_mask = loss_mask.masked_fill(negative, 0.0)

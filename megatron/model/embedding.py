@@ -18,6 +18,7 @@ from torch import nn
 from megatron.model.norms import build_norm
 from megatron.model.positional import sinusoidal_embedding
 from megatron.model.transformer import sequence_parallel_on
+from megatron.model_config import ModelConfig
 from megatron.mpu import (
     ColumnParallelLinear,
     VocabParallelEmbedding,
@@ -32,13 +33,9 @@ EMBEDDING_LAYER_INDEX = -1
 class SoftPrompt(nn.Module):
     """``num_tokens`` learned vectors that replace the first positions' embeddings (prompt tuning)."""
 
-    def __init__(self, config: dict, hidden: int, seed: int) -> None:
+    def __init__(self, num_tokens: int, init_range: float, hidden: int, seed: int) -> None:
         super().__init__()
-        if config.get("init_string"):
-            raise ValueError("soft_prompt_tuning.init_string is not supported yet (it needs the tokenizer); "
-                             "leave it empty to use init_range")
-        self.num_tokens = int(config.get("num_tokens", 10))
-        init_range = float(config.get("init_range", 0.5))
+        self.num_tokens = num_tokens
         weight = torch.empty(self.num_tokens, hidden)
         torch.nn.init.uniform_(weight, -init_range, init_range, generator=torch.Generator().manual_seed(seed))
         self.weight = nn.Parameter(weight)
@@ -52,31 +49,28 @@ class SoftPrompt(nn.Module):
 class EmbeddingPipe(nn.Module):
     """(tokens, position_ids, attention_mask) -> (hidden_states, attention_mask)."""
 
-    def __init__(self, neox_args, parallel_state, initializer, rng_tracker) -> None:
+    def __init__(self, config: ModelConfig, parallel_state, initializer, rng_tracker) -> None:
         super().__init__()
-        hidden = neox_args.hidden_size
+        hidden = config.hidden_size
         self.rng_tracker = rng_tracker
         self.group = parallel_state.get_model_parallel_group()
-        self.sequence_parallel = sequence_parallel_on(neox_args, parallel_state)
+        self.sequence_parallel = sequence_parallel_on(config, parallel_state)
         self.word_embeddings = VocabParallelEmbedding(
-            neox_args.padded_vocab_size, hidden, parallel_state,
+            config.padded_vocab_size, hidden, parallel_state,
             initializer.weight(EMBEDDING_LAYER_INDEX, "word_embeddings"))
-        self.pos_emb = getattr(neox_args, "pos_emb", "learned") or "learned"
-        if self.pos_emb not in ("learned", "rotary", "sinusoidal", "rpe", "alibi", "none"):
-            raise ValueError(f"pos_emb={self.pos_emb!r} is not supported")
+        self.pos_emb = config.pos_emb
         self.hidden = hidden
         if self.pos_emb == "learned":
-            max_pos = int(getattr(neox_args, "max_position_embeddings", None) or neox_args.seq_length)
-            self.position_offset = int(getattr(neox_args, "opt_pos_emb_offset", 0) or 0)
-            weight = torch.empty(max_pos + self.position_offset, hidden)
+            self.position_offset = config.opt_pos_emb_offset
+            weight = torch.empty(config.positions + self.position_offset, hidden)
             initializer.weight(EMBEDDING_LAYER_INDEX, "position_embeddings")(weight)
             # _weight skips nn.Embedding's own init, which would draw from (and advance) the global RNG.
-            self.position_embeddings = nn.Embedding(max_pos + self.position_offset, hidden, _weight=weight)
-        self.dropout = float(getattr(neox_args, "hidden_dropout", 0.0) or 0.0)
-        soft = getattr(neox_args, "soft_prompt_tuning", None)
+            self.position_embeddings = nn.Embedding(config.positions + self.position_offset, hidden, _weight=weight)
+        self.dropout = config.hidden_dropout
         self.soft_prompt = None
-        if soft and soft.get("enabled", True):
-            self.soft_prompt = SoftPrompt(soft, hidden, initializer.seed)
+        if config.soft_prompt_tokens is not None:
+            self.soft_prompt = SoftPrompt(config.soft_prompt_tokens, config.soft_prompt_init_range, hidden,
+                                          initializer.seed)
 
     @property
     def word_embeddings_weight(self) -> torch.Tensor:
@@ -112,11 +106,10 @@ def tied_logits(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
 class NormPipe(nn.Module):
     """Final norm: (hidden_states, attention_mask) -> hidden_states."""
 
-    def __init__(self, neox_args, parallel_state) -> None:
+    def __init__(self, config: ModelConfig, parallel_state) -> None:
         super().__init__()
-        group = parallel_state.get_model_parallel_group() if sequence_parallel_on(neox_args, parallel_state) \
-            else None
-        self.norm = build_norm(neox_args, neox_args.hidden_size, grad_reduce_group=group)
+        group = parallel_state.get_model_parallel_group() if sequence_parallel_on(config, parallel_state) else None
+        self.norm = build_norm(config, config.hidden_size, grad_reduce_group=group)
 
     def forward(self, args) -> torch.Tensor:
         hidden = args[0] if isinstance(args, tuple) else args
@@ -126,12 +119,12 @@ class NormPipe(nn.Module):
 class ParallelLinearPipe(nn.Module):
     """Untied output head: column-parallel over the vocabulary, no bias, logits left sharded."""
 
-    def __init__(self, neox_args, parallel_state, initializer) -> None:
+    def __init__(self, config: ModelConfig, parallel_state, initializer) -> None:
         super().__init__()
         self.final_linear = ColumnParallelLinear(
-            neox_args.hidden_size, neox_args.padded_vocab_size, parallel_state,
-            initializer.weight(int(neox_args.num_layers), "final_linear"), bias=False,
-            sequence_parallel=sequence_parallel_on(neox_args, parallel_state))
+            config.hidden_size, config.padded_vocab_size, parallel_state,
+            initializer.weight(config.num_layers, "final_linear"), bias=False,
+            sequence_parallel=sequence_parallel_on(config, parallel_state))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.final_linear(hidden)

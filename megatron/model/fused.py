@@ -3,8 +3,8 @@
 Every layer asks :func:`model_fused_ops` for a :class:`~megatron.fused_kernels.FusedOps`; a flag that is
 off gives the pure-PyTorch reference, so the unfused model never imports triton. Flags that are on but
 cannot run here (no triton, or no GPU without TRITON_INTERPRET=1), or that name an op this model does not
-contain (e.g. rope_fusion without rotary embeddings), raise one ConfigError naming the flag and the fix,
-when the model is built rather than at the first forward.
+contain (e.g. rope_fusion without rotary embeddings, see ``megatron.model_config.fusion_flag_problems``),
+raise one ConfigError naming the flag and the fix when the model is built rather than at the first forward.
 
 Bias fusion (bias_gelu_fusion, bias_dropout_fusion) needs the linear layer's output *before* its bias:
 the layers call the tensor-parallel linears' ``forward_without_bias`` and hand the bias to the fused op.
@@ -12,30 +12,19 @@ the layers call the tensor-parallel linears' ``forward_without_bias`` and hand t
 from __future__ import annotations
 
 from megatron.fused_kernels import FusedOps
-from megatron.neox_arguments.validation import SOFTMAX_FUSION_FLAGS, fusion_flag_problems
+from megatron.model_config import ModelConfig, fusion_flag_problems
 from megatron.neox_arguments.errors import ConfigError
 
-SOFTMAX_FLAGS = SOFTMAX_FUSION_FLAGS
 
-
-def _on(neox_args, flag: str) -> bool:
-    return bool(getattr(neox_args, flag, False))
-
-
-def softmax_fusion_on(neox_args) -> bool:
-    """True when either fused-softmax flag asks attention to take the explicit-scores path."""
-    return any(_on(neox_args, flag) for flag in SOFTMAX_FLAGS)
-
-
-def model_fused_ops(neox_args) -> FusedOps:
+def model_fused_ops(config: ModelConfig) -> FusedOps:
     """The ops this model's layers call, fused where the flag is on (see module docstring).
 
     Raises ConfigError naming the flag when a fused op cannot be used here.
     """
-    problems = fusion_flag_problems(neox_args)
+    problems = fusion_flag_problems(config)
     if problems:
         raise ConfigError(problems)
     try:
-        return FusedOps.from_args(neox_args)
+        return FusedOps.from_args(config)
     except RuntimeError as err:  # triton missing, or no device for it: one message with the fix
         raise ConfigError([str(err)]) from None

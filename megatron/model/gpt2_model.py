@@ -1,39 +1,53 @@
-"""The GPT model as a list of layer specs, run as a DeepSpeed PipelineModule or as a plain module.
+"""The GPT model as GPT-NeoX's list of layer slots, run as a DeepSpeed PipelineModule or as a plain module.
 
-Layers, in order: EmbeddingPipe, num_layers x ParallelTransformerLayerPipe, NormPipe, output head
-(``ParallelLinearPipe``, or the embedding again through TiedLayerSpec unless no_weight_tying).
+Slots, with L = num_layers (GPT-NeoX's indices: they name the checkpoint files and the module keys, so
+checkpoints move between GPT-NeoX and this project unchanged):
+    0             EmbeddingPipe
+    1             a parameter-free slot (GPT-NeoX's pre-transformer function)
+    2 .. L + 1    ParallelTransformerLayerPipe (layer i in slot i + 2)
+    L + 2         a parameter-free slot (GPT-NeoX's post-transformer function)
+    L + 3         NormPipe, the final norm
+    L + 4         the output head: ParallelLinearPipe, or the embedding again (TiedLayerSpec) unless
+                  no_weight_tying
 Inputs are GPT-NeoX's batch format ((tokens, position_ids, attention_mask), (labels, loss_mask));
 the model returns this rank's vocabulary shard of the logits and ``cross_entropy_loss`` reduces them.
 
 * ``GPT2ModelPipe`` (pipe_parallel_size >= 1): a PipelineModule over ``parallel_state``'s topology,
-  partitioned by ``pipe_partition_method``; activation checkpointing every ``checkpoint_num_layers``
-  transformer layers with DeepSpeed's checkpoint, restricted to the transformer layers
-  (``checkpointable_layers``: the first stage takes integer tokens, which reentrant checkpointing rejects).
-* ``GPT2ModelSequential`` (pipe_parallel_size 0): the same layers in an nn.Module with the same forward
-  and loss; it also takes an explicit ``KVCache`` for incremental decoding.
+  partitioned by ``pipe_partition_method``; DeepSpeed saves slot i of tensor rank t as
+  ``layer_{i:02d}-model_{t:02d}-model_states.pt`` (parameter-free slots and the tied head write nothing).
+  Activation checkpointing every ``checkpoint_num_layers`` transformer layers with DeepSpeed's checkpoint,
+  restricted to the transformer layers (``checkpointable_layers``: the first stage takes integer tokens,
+  which reentrant checkpointing rejects).
+* ``GPT2ModelSequential`` (pipe_parallel_size 0): the same slots in an nn.ModuleList named ``sequential``
+  (module keys ``sequential.{i}.*``, as GPT-NeoX's SequentialWrapper), with the same forward and loss; it
+  also takes an explicit ``KVCache`` for incremental decoding. ``embedding``, ``layers``, ``final_norm`` and
+  ``head`` name the slots' modules.
+
+Every layer is built from a frozen ``ModelConfig`` (megatron.model_config) and the ParallelState; the
+builder checks the config's rules once (``ModelConfig.problems``) and raises one ConfigError.
 """
 from __future__ import annotations
 
 from functools import partial
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import deepspeed
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
-from megatron.model.attention import check_attention_type
 from megatron.model.embedding import EmbeddingPipe, NormPipe, ParallelLinearPipe, tied_logits
 from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
-from megatron.model.transformer import ParallelTransformerLayerPipe, check_layer_options
+from megatron.model.transformer import ParallelTransformerLayerPipe
 from megatron.model.activation_checkpointing import (
     checkpoint_function,
-    checkpointing_enabled,
     checkpointing_rng_tracker,
     configure_activation_checkpointing,
 )
+from megatron.model_config import ModelConfig
+from megatron.neox_arguments.errors import ConfigError
 from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed, vocab_parallel_cross_entropy
 
@@ -53,51 +67,65 @@ def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor
     return torch.sum(losses.reshape(-1) * loss_mask) / loss_mask.sum().clamp(min=1.0)
 
 
-def loss_function(neox_args, parallel_state):
+def loss_function(config: ModelConfig, parallel_state):
     """The model's loss: ``loss_fn(logits, (labels, loss_mask))``."""
     return partial(cross_entropy_loss, group=parallel_state.get_model_parallel_group(),
-                   half_precision_loss=bool(getattr(neox_args, "fp16_lm_cross_entropy", False)))
+                   half_precision_loss=config.fp16_lm_cross_entropy)
 
 
-def _check_model_options(neox_args) -> None:
-    check_layer_options(neox_args)
-    model_fused_ops(neox_args)  # fusion flags that cannot be used here fail now, naming the flag
-    config = neox_args.attention_config
-    if len(config) != int(neox_args.num_layers):
-        raise ValueError(f"attention_config has {len(config)} entries for num_layers={neox_args.num_layers} "
-                         "(it must be expanded to one type per layer)")
-    for kind in config:
-        check_attention_type(kind)
-    if getattr(neox_args, "precision", "fp32") == "fp16" and not torch.cuda.is_available():
-        raise ValueError("precision='fp16' needs a GPU; use fp32 or bfloat16 on CPU")
+def check_model_config(config: ModelConfig, parallel_state) -> None:
+    """One ConfigError listing everything that keeps ``config`` from being built on this rank's layout."""
+    problems = config.problems() + config.device_problems(torch.cuda.is_available())
+    if config.padded_vocab_size is None:
+        problems.append("padded_vocab_size is not set: build the tokenizer first (ModelConfig.from_neox_args(args, "
+                        "padded_vocab_size=...)) or set padded_vocab_size")
+    tp = parallel_state.get_model_parallel_world_size()  # the split is the parallel state's
+    for name, value in (("num_kv_heads", config.kv_heads), ("padded_vocab_size", config.padded_vocab_size)):
+        if value is not None and value % tp:
+            problems.append(f"{name}={value} cannot be split over {tp} tensor-parallel ranks")
+    if problems:
+        raise ConfigError(problems)
+    model_fused_ops(config)  # fusion flags that cannot run here fail now, naming the flag
 
 
-def model_dtype(neox_args) -> torch.dtype:
-    return {"fp16": torch.float16, "bfloat16": torch.bfloat16}.get(getattr(neox_args, "precision", "fp32"),
-                                                                    torch.float32)
+def model_dtype(config: ModelConfig) -> torch.dtype:
+    return {"fp16": torch.float16, "bfloat16": torch.bfloat16}.get(config.precision, torch.float32)
 
 
-def _tied(neox_args) -> bool:
-    return not bool(getattr(neox_args, "no_weight_tying", False))
+def slot_prefixes(num_layers: int) -> Dict[int, str]:
+    """{slot index: the name prefix of its parameters in a flat model state dict} for the slots that hold
+    parameters: 0 "embedding.", i + 2 "layers.{i}.", L + 3 "final_norm.", L + 4 "head." (the untied head)."""
+    prefixes = {0: "embedding.", num_layers + 3: "final_norm.", num_layers + 4: "head."}
+    prefixes.update({i + 2: f"layers.{i}." for i in range(num_layers)})
+    return prefixes
+
+
+def pass_through(args):
+    """A parameter-free slot of the layer list (GPT-NeoX's pre/post-transformer functions)."""
+    return args
+
+
+class LayerSlot(nn.Module):
+    """``pass_through`` as a module, so that GPT2ModelSequential's slots keep GPT-NeoX's indices."""
+
+    def forward(self, args):
+        return args
 
 
 class GPT2ModelSequential(nn.Module):
     """All layers on one pipeline stage, called in order; optional explicit KV cache."""
 
-    def __init__(self, neox_args, parallel_state, rng_tracker=None) -> None:
+    def __init__(self, config: ModelConfig, parallel_state, rng_tracker=None) -> None:
         super().__init__()
-        _check_model_options(neox_args)
-        rng_tracker = _model_tracker(neox_args, parallel_state, rng_tracker)
-        init = Initializer(neox_args)
-        self.embedding = EmbeddingPipe(neox_args, parallel_state, init, rng_tracker)
-        self.layers = nn.ModuleList(
-            ParallelTransformerLayerPipe(neox_args, parallel_state, init, i, rng_tracker)
-            for i in range(int(neox_args.num_layers)))
-        self.final_norm = NormPipe(neox_args, parallel_state)
-        self.head = None if _tied(neox_args) else ParallelLinearPipe(neox_args, parallel_state, init)
-        self.checkpoint_every = int(getattr(neox_args, "checkpoint_num_layers", 1) or 1) \
-            if getattr(neox_args, "checkpoint_activations", False) else 0
-        self.loss_fn = loss_function(neox_args, parallel_state)
+        check_model_config(config, parallel_state)
+        rng_tracker = _model_tracker(config, parallel_state, rng_tracker)
+        init = Initializer(config)
+        layers = [ParallelTransformerLayerPipe(config, parallel_state, init, i, rng_tracker)
+                  for i in range(config.num_layers)]
+        head = None if config.tied_embeddings else ParallelLinearPipe(config, parallel_state, init)
+        self._assemble(EmbeddingPipe(config, parallel_state, init, rng_tracker), layers,
+                       NormPipe(config, parallel_state), head, loss_function(config, parallel_state),
+                       config.checkpoint_num_layers if config.checkpoint_activations else 0)
 
     @classmethod
     def from_parts(cls, embedding: EmbeddingPipe, layers: List[nn.Module], final_norm: NormPipe,
@@ -105,10 +133,29 @@ class GPT2ModelSequential(nn.Module):
         """A sequential model over existing (already initialised) layers; parameters are shared."""
         model = cls.__new__(cls)
         nn.Module.__init__(model)
-        model.embedding, model.layers, model.final_norm, model.head = embedding, nn.ModuleList(layers), \
-            final_norm, head
-        model.checkpoint_every, model.loss_fn = checkpoint_every, loss_fn
+        model._assemble(embedding, layers, final_norm, head, loss_fn, checkpoint_every)
         return model
+
+    def _assemble(self, embedding: EmbeddingPipe, layers: List[nn.Module], final_norm: NormPipe,
+                  head: Optional[nn.Module], loss_fn, checkpoint_every: int) -> None:
+        self.sequential = nn.ModuleList([embedding, LayerSlot(), *layers, LayerSlot(), final_norm,
+                                         head if head is not None else LayerSlot()])
+        self.layers: Tuple[nn.Module, ...] = tuple(layers)  # a tuple: registered once, under sequential
+        self.tied_head = head is None
+        self.checkpoint_every, self.loss_fn = checkpoint_every, loss_fn
+
+    @property
+    def embedding(self) -> EmbeddingPipe:
+        return self.sequential[0]
+
+    @property
+    def final_norm(self) -> NormPipe:
+        return self.sequential[len(self.layers) + 3]
+
+    @property
+    def head(self) -> Optional[nn.Module]:
+        """The untied output head, or None when the word embedding is the head."""
+        return None if self.tied_head else self.sequential[len(self.layers) + 4]
 
     def forward(self, inputs, kv_cache: Optional[KVCache] = None, logits_to_keep: Optional[int] = None
                 ) -> torch.Tensor:
@@ -147,65 +194,65 @@ class GPT2ModelSequential(nn.Module):
         return hidden
 
 
-def _model_tracker(neox_args, parallel_state, rng_tracker):
+def _model_tracker(config: ModelConfig, parallel_state, rng_tracker):
     """The RNG tracker the model's dropout uses.
 
     With checkpoint_activations it is always DeepSpeed's tracker (configured here, seeded from
-    neox_args.seed like ``model_parallel_seed``): DeepSpeed's recomputation replays only its own tracker's
+    config.seed like ``model_parallel_seed``): DeepSpeed's recomputation replays only its own tracker's
     streams, so any other tracker would give different dropout masks in the backward pass. Otherwise the
-    given tracker, or a new one seeded from neox_args.seed.
+    given tracker, or a new one seeded from config.seed.
     """
-    if checkpointing_enabled(neox_args):
-        configure_activation_checkpointing(neox_args, parallel_state)
-        return checkpointing_rng_tracker(neox_args, parallel_state)
+    if config.checkpoint_activations:
+        configure_activation_checkpointing(config, parallel_state)
+        return checkpointing_rng_tracker(config, parallel_state)
     if rng_tracker is not None:
         return rng_tracker
     tracker = RNGStatesTracker()
     with torch.random.fork_rng():  # seed the tracker only; leave the default stream alone
-        model_parallel_seed(int(getattr(neox_args, "seed", 1234)), parallel_state, tracker)
+        model_parallel_seed(config.seed, parallel_state, tracker)
     return tracker
 
 
-def gpt2_layer_specs(neox_args, parallel_state, rng_tracker) -> List[object]:
-    """DeepSpeed layer specs of the model (built lazily, per pipeline stage)."""
-    init = Initializer(neox_args)
-    if _tied(neox_args):
-        specs = [TiedLayerSpec("embed", EmbeddingPipe, neox_args, parallel_state, init, rng_tracker,
+def gpt2_layer_specs(config: ModelConfig, parallel_state, rng_tracker) -> List[object]:
+    """DeepSpeed layer specs of the model, one per slot (built lazily, per pipeline stage)."""
+    init = Initializer(config)
+    if config.tied_embeddings:
+        specs = [TiedLayerSpec("embed", EmbeddingPipe, config, parallel_state, init, rng_tracker,
                                tied_weight_attr="word_embeddings.weight")]
     else:
-        specs = [LayerSpec(EmbeddingPipe, neox_args, parallel_state, init, rng_tracker)]
-    specs += [LayerSpec(ParallelTransformerLayerPipe, neox_args, parallel_state, init, i, rng_tracker)
-              for i in range(int(neox_args.num_layers))]
-    specs.append(LayerSpec(NormPipe, neox_args, parallel_state))
-    if _tied(neox_args):
-        specs.append(TiedLayerSpec("embed", EmbeddingPipe, neox_args, parallel_state, init, rng_tracker,
+        specs = [LayerSpec(EmbeddingPipe, config, parallel_state, init, rng_tracker)]
+    specs.append(pass_through)
+    specs += [LayerSpec(ParallelTransformerLayerPipe, config, parallel_state, init, i, rng_tracker)
+              for i in range(config.num_layers)]
+    specs += [pass_through, LayerSpec(NormPipe, config, parallel_state)]
+    if config.tied_embeddings:
+        specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, parallel_state, init, rng_tracker,
                                    forward_fn=tied_logits, tied_weight_attr="word_embeddings.weight"))
     else:
-        specs.append(LayerSpec(ParallelLinearPipe, neox_args, parallel_state, init))
+        specs.append(LayerSpec(ParallelLinearPipe, config, parallel_state, init))
     return specs
 
 
 class GPT2ModelPipe(PipelineModule):
     """The GPT as a DeepSpeed PipelineModule (see module docstring)."""
 
-    def __init__(self, neox_args, parallel_state, rng_tracker=None) -> None:
-        _check_model_options(neox_args)
+    def __init__(self, config: ModelConfig, parallel_state, rng_tracker=None) -> None:
+        check_model_config(config, parallel_state)
         if not deepspeed.comm.is_initialized():
             # PipelineModule talks through deepspeed.comm; wrap the existing torch.distributed world.
             init_deepspeed_comm(torch.distributed.get_backend(), dist_init_required=False)
-        rng_tracker = _model_tracker(neox_args, parallel_state, rng_tracker)
-        checkpointing = bool(getattr(neox_args, "checkpoint_activations", False))
+        rng_tracker = _model_tracker(config, parallel_state, rng_tracker)
         super().__init__(
-            layers=gpt2_layer_specs(neox_args, parallel_state, rng_tracker),
-            loss_fn=loss_function(neox_args, parallel_state),
+            layers=gpt2_layer_specs(config, parallel_state, rng_tracker),
+            loss_fn=loss_function(config, parallel_state),
             topology=parallel_state.get_topology(),
-            partition_method=getattr(neox_args, "pipe_partition_method", None) or "type:transformer|mlp",
-            activation_checkpoint_interval=int(getattr(neox_args, "checkpoint_num_layers", 1) or 1)
-            if checkpointing else 0,
+            partition_method=config.pipe_partition_method,
+            activation_checkpoint_interval=config.checkpoint_num_layers if config.checkpoint_activations else 0,
             activation_checkpoint_func=checkpoint_function(),
             checkpointable_layers=["ParallelTransformerLayerPipe"],
         )
-        self._tied_head = _tied(neox_args)
+        self._tied_head = config.tied_embeddings
+        self.num_layers = config.num_layers
         self._checkpoint_every = self.activation_checkpoint_interval
 
     def to_sequential(self) -> GPT2ModelSequential:
@@ -216,28 +263,27 @@ class GPT2ModelPipe(PipelineModule):
         if self.num_stages != 1:
             raise ValueError(f"to_sequential needs pipe_parallel_size == 1, this model has {self.num_stages} "
                              "stages")
-        funcs = list(self.forward_funcs)
+        funcs = list(self.forward_funcs)  # the slots: embedding, pass, layers..., pass, norm, head
         embedding = self.tied_modules["embed"] if self._tied_head else funcs[0]
         head = None if self._tied_head else funcs[-1]
-        return GPT2ModelSequential.from_parts(embedding, funcs[1:-2], funcs[-2], head, self.loss_fn,
+        return GPT2ModelSequential.from_parts(embedding, funcs[2:-3], funcs[-2], head, self.loss_fn,
                                               self._checkpoint_every)
 
 
-def build_model(neox_args, parallel_state, rng_tracker=None) -> nn.Module:
+def build_model(config: ModelConfig, parallel_state, rng_tracker=None) -> nn.Module:
     """The model for this rank: GPT2ModelPipe if pipe_parallel_size >= 1, else GPT2ModelSequential.
 
-    Parameters are cast to the dtype of ``neox_args.precision``. With soft_prompt_tuning enabled only the
-    soft prompt stays trainable. ``rng_tracker`` (default: a new one seeded from neox_args.seed) draws the
+    Parameters are cast to the dtype of ``config.precision``. With a soft prompt only the soft prompt
+    stays trainable. ``rng_tracker`` (default: a new one seeded from config.seed) draws the
     model-parallel dropout; with checkpoint_activations DeepSpeed's tracker is used instead (see
     ``_model_tracker``). For the pipeline model pass ``mpu=None`` to deepspeed.initialize (the
     PipelineModule brings its own grid); for the sequential model pass ``mpu=parallel_state``.
     """
-    if int(getattr(neox_args, "pipe_parallel_size", 0) or 0) >= 1:
-        model = GPT2ModelPipe(neox_args, parallel_state, rng_tracker)
+    if config.is_pipe_parallel:
+        model = GPT2ModelPipe(config, parallel_state, rng_tracker)
     else:
-        model = GPT2ModelSequential(neox_args, parallel_state, rng_tracker)
-    soft = getattr(neox_args, "soft_prompt_tuning", None)
-    if soft and soft.get("enabled", True):
+        model = GPT2ModelSequential(config, parallel_state, rng_tracker)
+    if config.soft_prompt_tokens is not None:
         for name, param in model.named_parameters():
             param.requires_grad = "soft_prompt" in name
-    return model.to(model_dtype(neox_args))
+    return model.to(model_dtype(config))

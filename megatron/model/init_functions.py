@@ -24,10 +24,7 @@ from typing import Callable
 
 import torch
 
-INIT_METHODS = (
-    "normal", "scaled_normal", "orthogonal", "scaled_orthogonal", "xavier_uniform", "xavier_normal",
-    "wang_init", "small_init", "single_residual_scaled_normal",
-)
+from megatron.model_config import INIT_METHODS, ModelConfig
 
 GeneratorInit = Callable[[torch.Tensor, torch.Generator], None]
 InitFn = Callable[[torch.Tensor], None]
@@ -66,16 +63,13 @@ def get_init_method(name: str, sigma: float, num_layers: int, hidden_size: int) 
 
 
 class Initializer:
-    """Hands out per-tensor init functions for one model, all derived from ``neox_args.seed``."""
+    """Hands out per-tensor init functions for one model, all derived from ``config.seed``."""
 
-    def __init__(self, neox_args) -> None:
-        self.seed = int(getattr(neox_args, "seed", 1234))
-        sigma = float(getattr(neox_args, "init_method_std", 0.02))
-        layers, hidden = int(neox_args.num_layers), int(neox_args.hidden_size)
-        self.default = get_init_method(getattr(neox_args, "init_method", "normal") or "normal",
-                                       sigma, layers, hidden)
-        self.output = get_init_method(getattr(neox_args, "output_layer_init_method", "scaled_normal")
-                                      or "scaled_normal", sigma, layers, hidden)
+    def __init__(self, config: ModelConfig) -> None:
+        self.seed = int(config.seed)
+        sigma, layers, hidden = float(config.init_method_std), int(config.num_layers), int(config.hidden_size)
+        self.default = get_init_method(config.init_method, sigma, layers, hidden)
+        self.output = get_init_method(config.output_layer_init_method, sigma, layers, hidden)
 
     def _bind(self, method: GeneratorInit, layer_index: int, name: str) -> InitFn:
         seed = tensor_seed(self.seed, layer_index, name)

@@ -1,9 +1,7 @@
 """Tensor-parallel MLP: column-parallel up projection, activation, row-parallel down projection.
 
-Width rule (as GPT-NeoX): inner = intermediate_size, else expansion_factor * hidden, else 4 * hidden.
-Plain activations: inner rounded up to a multiple of mlp_multiple_of. Gated activations keep the
-parameter count of the plain MLP: each half is int(inner * 2 / 3) // 2 rounded up to mlp_multiple_of,
-and the fused up projection holds [up | gate] (each half split across tensor-parallel ranks).
+Width: ``config.ffn_width`` (GPT-NeoX's rule, derived in megatron.model_config.mlp_width). Gated activations
+fuse the up projection as [up | gate], each half split across tensor-parallel ranks.
 
 bias_gelu_fusion (activation 'gelu' only): the up projection's bias and the GeLU run as one fused kernel.
 It computes the exact erf GeLU (approximate='none'), the function the unfused model uses (F.gelu), not
@@ -21,48 +19,24 @@ from torch import nn
 
 from megatron.model.activations import get_activation
 from megatron.model.fused import model_fused_ops
+from megatron.model_config import ModelConfig
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
 
 # The GeLU of the unfused model (F.gelu's default): the exact erf form.
 GELU_APPROXIMATION = "none"
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return multiple * ((value + multiple - 1) // multiple)
-
-
-def mlp_width(neox_args, gated: bool) -> int:
-    """Width of the activation's output (the down projection's input)."""
-    hidden = neox_args.hidden_size
-    multiple = int(getattr(neox_args, "mlp_multiple_of", 1) or 1)
-    if getattr(neox_args, "intermediate_size", None):
-        inner = int(neox_args.intermediate_size)
-    elif getattr(neox_args, "expansion_factor", None):
-        inner = int(float(neox_args.expansion_factor) * hidden)
-    else:
-        inner = 4 * hidden
-    if gated:
-        return _round_up(int(inner * 2 / 3) // 2, multiple)
-    return _round_up(inner, multiple)
-
-
 class ParallelMLP(nn.Module):
     """linear2(act(linear1(x))) with linear1 column-parallel and linear2 row-parallel."""
 
-    def __init__(self, neox_args, parallel_state, initializer, layer_number: int) -> None:
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
         super().__init__()
-        name = getattr(neox_args, "activation", "gelu") or "gelu"
-        self.activation, gated = get_activation(name)
-        # model_fused_ops refuses bias_gelu_fusion for any activation other than plain gelu.
-        self.bias_gelu = model_fused_ops(neox_args).bias_gelu if getattr(neox_args, "bias_gelu_fusion", False) \
-            else None
-        # use_flashattn_swiglu: the Triton SwiGLU kernel (fusion_flag_problems refuses it for other activations).
-        self.fused_swiglu = model_fused_ops(neox_args).swiglu if getattr(neox_args, "use_flashattn_swiglu", False) \
-            else None
-        width = mlp_width(neox_args, gated)
-        bias = bool(getattr(neox_args, "use_bias_in_mlp", True))
-        sp = bool(getattr(neox_args, "sequence_parallel", False))
-        hidden = neox_args.hidden_size
+        self.activation, gated = get_activation(config.activation)
+        ops = model_fused_ops(config)  # refuses fusion flags that do not fit the activation
+        self.bias_gelu = ops.bias_gelu if config.bias_gelu_fusion else None
+        self.fused_swiglu = ops.swiglu if config.use_flashattn_swiglu else None
+        width, bias, sp, hidden = config.ffn_width, config.use_bias_in_mlp, config.sequence_parallel, \
+            config.hidden_size
         self.linear1 = ColumnParallelLinear(
             hidden, width * (2 if gated else 1), parallel_state,
             initializer.weight(layer_number, "mlp.linear1"), bias=bias, chunks=2 if gated else 1,

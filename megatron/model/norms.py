@@ -14,6 +14,7 @@ from torch import nn
 
 from megatron.fused_kernels import layer_norm_reference, rms_norm_reference
 from megatron.model.fused import model_fused_ops
+from megatron.model_config import ModelConfig
 from megatron.mpu.collectives import copy_to_model_parallel_region
 
 # norm_fn(x, weight | None, bias | None, eps) over the last dimension (megatron.fused_kernels' contract).
@@ -69,20 +70,15 @@ class ScaleNorm(nn.Module):
         return x / norm * _shared(self.g, self.group)
 
 
-def build_norm(neox_args, dim: int, grad_reduce_group=None) -> nn.Module:
-    """The norm selected by ``neox_args.norm`` with its epsilon and ``use_bias_in_norms``, fused when
+def build_norm(config: ModelConfig, dim: int, grad_reduce_group=None) -> nn.Module:
+    """The norm selected by ``config.norm`` with its epsilon and ``use_bias_in_norms``, fused when
     layernorm_fusion / rmsnorm_fusion is on."""
-    kind = getattr(neox_args, "norm", "layernorm") or "layernorm"
-    bias = bool(getattr(neox_args, "use_bias_in_norms", True))
-    if kind == "layernorm":
-        return LayerNorm(dim, float(getattr(neox_args, "layernorm_epsilon", 1e-5)), bias, grad_reduce_group,
-                         model_fused_ops(neox_args).layer_norm)
-    if kind == "rmsnorm":
-        return RMSNorm(dim, float(getattr(neox_args, "rms_norm_epsilon", 1e-8)), bias, grad_reduce_group,
-                       model_fused_ops(neox_args).rms_norm)
-    if kind == "scalenorm":
-        return ScaleNorm(dim, float(getattr(neox_args, "scalenorm_epsilon", 1e-8)), bias, grad_reduce_group)
-    if kind in ("te_layernorm", "te_rmsnorm"):
-        raise ValueError(f"norm={kind!r} needs transformer-engine, which is not supported yet; "
-                         "use 'layernorm' or 'rmsnorm'")
-    raise ValueError(f"norm={kind!r} is not supported; choose layernorm, rmsnorm or scalenorm")
+    if config.norm == "layernorm":
+        return LayerNorm(dim, config.norm_epsilon, config.use_bias_in_norms, grad_reduce_group,
+                         model_fused_ops(config).layer_norm)
+    if config.norm == "rmsnorm":
+        return RMSNorm(dim, config.norm_epsilon, config.use_bias_in_norms, grad_reduce_group,
+                       model_fused_ops(config).rms_norm)
+    if config.norm == "scalenorm":
+        return ScaleNorm(dim, config.norm_epsilon, config.use_bias_in_norms, grad_reduce_group)
+    raise ValueError(f"norm={config.norm!r} is not supported; choose layernorm, rmsnorm or scalenorm")

@@ -27,46 +27,31 @@ from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.mlp import ParallelMLP
 from megatron.model.norms import build_norm
+from megatron.model_config import ModelConfig
 
 
-def check_layer_options(neox_args) -> None:
-    """ValueError naming the option for layer families this model does not build."""
-    if int(getattr(neox_args, "moe_num_experts", 1) or 1) > 1:
-        raise ValueError("moe_num_experts > 1 (mixture of experts) is not supported yet")
-    if getattr(neox_args, "use_mup", False):
-        raise ValueError("use_mup is not supported yet")
-    if int(getattr(neox_args, "num_unique_layers", 0) or 0) not in (0, int(neox_args.num_layers)):
-        raise ValueError("num_unique_layers (parameter sharing) is not supported yet")
-    if getattr(neox_args, "output_layer_parallelism", "column") != "column":
-        raise ValueError("output_layer_parallelism must be 'column'")
-
-
-def sequence_parallel_on(neox_args, parallel_state) -> bool:
+def sequence_parallel_on(config: ModelConfig, parallel_state) -> bool:
     """sequence_parallel only has an effect with more than one model-parallel rank."""
-    return bool(getattr(neox_args, "sequence_parallel", False)) and \
-        parallel_state.get_model_parallel_world_size() > 1
+    return config.sequence_parallel and parallel_state.get_model_parallel_world_size() > 1
 
 
 class ParallelTransformerLayer(nn.Module):
     """Norms, attention, MLP and residuals of one layer (see module docstring)."""
 
-    def __init__(self, neox_args, parallel_state, initializer, layer_number: int, rng_tracker) -> None:
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker) -> None:
         super().__init__()
         self.layer_number = layer_number
         self.rng_tracker = rng_tracker
-        self.sequence_parallel = sequence_parallel_on(neox_args, parallel_state)
+        self.sequence_parallel = sequence_parallel_on(config, parallel_state)
         group = parallel_state.get_model_parallel_group() if self.sequence_parallel else None
-        hidden = neox_args.hidden_size
-        self.gpt_j_residual = bool(getattr(neox_args, "gpt_j_residual", False))
-        self.gpt_j_tied = bool(getattr(neox_args, "gpt_j_tied", False))
-        self.input_layernorm = build_norm(neox_args, hidden, grad_reduce_group=group)
+        self.gpt_j_residual, self.gpt_j_tied = config.gpt_j_residual, config.gpt_j_tied
+        self.input_layernorm = build_norm(config, config.hidden_size, grad_reduce_group=group)
         if not (self.gpt_j_residual and self.gpt_j_tied):
-            self.post_attention_layernorm = build_norm(neox_args, hidden, grad_reduce_group=group)
-        self.attention = ParallelSelfAttention(neox_args, parallel_state, initializer, layer_number, rng_tracker)
-        self.mlp = ParallelMLP(neox_args, parallel_state, initializer, layer_number)
-        self.hidden_dropout = float(getattr(neox_args, "hidden_dropout", 0.0) or 0.0)
-        self.bias_dropout_add = model_fused_ops(neox_args).bias_dropout_add \
-            if getattr(neox_args, "bias_dropout_fusion", False) else None
+            self.post_attention_layernorm = build_norm(config, config.hidden_size, grad_reduce_group=group)
+        self.attention = ParallelSelfAttention(config, parallel_state, initializer, layer_number, rng_tracker)
+        self.mlp = ParallelMLP(config, parallel_state, initializer, layer_number)
+        self.hidden_dropout = config.hidden_dropout
+        self.bias_dropout_add = model_fused_ops(config).bias_dropout_add if config.bias_dropout_fusion else None
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.hidden_dropout == 0.0:

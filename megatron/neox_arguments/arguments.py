@@ -116,6 +116,9 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
         problems = []
         if self.train_iters is None and self.train_epochs is None:
             problems.append("train_iters (or train_epochs) is required for training")
+        if self.train_batch_size is None:
+            problems.append("no batch size: set train_micro_batch_size_per_gpu (and optionally "
+                            "gradient_accumulation_steps or train_batch_size)")
         if self.optimizer is None:
             problems.append("an optimizer dict is required for training, e.g. "
                             "optimizer: {type: Adam, params: {lr: 0.0006, betas: [0.9, 0.95], eps: 1.0e-8}}")
@@ -124,15 +127,6 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
             problems.append("no training data: set data_path (or train_data_paths, valid_data_paths and "
                             "test_data_paths)")
         return problems
-
-    def check_device(self) -> None:
-        """Refuse what this worker's hardware cannot run (called where the workers start, not in deepy.py)."""
-        if self.precision == "fp16":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ConfigError(["fp16 needs a CUDA GPU and this worker has none; on CPU use "
-                                   "bf16: {enabled: true} or fp32 (remove the fp16 dict)"])
 
     # ---- launching ----------------------------------------------------------------------------
     def get_deepspeed_main_args(self) -> List[str]:
@@ -184,20 +178,6 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
     # ---- conversions --------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def set_padded_vocab_size(self, tokenizer_vocab_size: int) -> int:
-        """Pad the tokenizer's vocabulary to a multiple of make_vocab_size_divisible_by x model_parallel_size
-        (so every tensor-parallel rank holds an equal slice); an explicit padded_vocab_size is kept if big enough."""
-        multiple = self.make_vocab_size_divisible_by * self.model_parallel_size
-        padded = -(-tokenizer_vocab_size // multiple) * multiple
-        if self.padded_vocab_size is not None:
-            if self.padded_vocab_size < tokenizer_vocab_size or self.padded_vocab_size % self.model_parallel_size:
-                raise ConfigError([f"padded_vocab_size={self.padded_vocab_size} must be >= the tokenizer's "
-                                   f"{tokenizer_vocab_size} tokens and divisible by model_parallel_size="
-                                   f"{self.model_parallel_size}"])
-            return self.padded_vocab_size
-        self.padded_vocab_size = padded
-        return padded
 
 
 def _ranks_from_environment(args: NeoXArgs, env: Mapping[str, str]):

@@ -4,18 +4,15 @@ Each function reads what the user provided (`provided`: the keys actually set, s
 gradient_accumulation_steps must not count as "given") and fills derived fields, returning problems
 instead of raising so that every problem is reported at once."""
 
-import math
 import subprocess
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
 
 from megatron.neox_arguments.errors import ConfigError
+from megatron.model_config import expand_attention_config
 from megatron.neox_arguments.hostfile import count_global_ranks
 
 if TYPE_CHECKING:
     from megatron.neox_arguments.arguments import NeoXArgs
-
-ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
-                   "gmlp", "amlp", "mamba", "rwkv")
 
 
 def derive_world(args: "NeoXArgs") -> List[str]:
@@ -79,8 +76,7 @@ def derive_batch(args: "NeoXArgs", provided: Set[str]) -> List[str]:
         if rest or micro == 0:
             return [f"train_batch_size={train} is not a multiple of the data-parallel size {dp}"]
     else:
-        return ["no batch size: set train_micro_batch_size_per_gpu (and optionally gradient_accumulation_steps "
-                "or train_batch_size)"]
+        return []  # generation and evaluation need none; training_problems asks for one
     args.train_batch_size, args.train_micro_batch_size_per_gpu, args.gradient_accumulation_steps = train, micro, acc
     if args.batch_size is not None and args.batch_size != micro:
         return [f"batch_size={args.batch_size} (the older name of train_micro_batch_size_per_gpu) disagrees with "
@@ -163,35 +159,12 @@ def derive_optimizer_and_zero(args: "NeoXArgs", provided: Set[str]) -> List[str]
     return problems
 
 
-def expand_attention_config(config: Optional[list], num_layers: int) -> List[str]:
-    """[[["global", "local"], 6]] -> ["global", "local", ...] of length num_layers; raises ValueError."""
-    if config is None:
-        return ["global"] * num_layers
-    if all(isinstance(item, str) for item in config):
-        return list(config)  # already expanded (a worker rebuilding a derived config)
-    layers: List[str] = []
-    for item in config:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], (list, tuple))
-                and all(isinstance(t, str) for t in item[0]) and item[0]):
-            raise ValueError(f"each attention_config entry must be [[types...], count], got {item!r}")
-        types, count = list(item[0]), item[1]
-        if count == "all":
-            if len(config) != 1:
-                raise ValueError("an attention_config entry with count 'all' must be the only entry")
-            repeats = math.ceil(num_layers / len(types))
-            return (types * repeats)[:num_layers]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"attention_config count must be a positive integer or 'all', got {count!r}")
-        layers += types * count
-    return layers
-
-
 def derive_model(args: "NeoXArgs") -> List[str]:
     """attention_config expansion, max_position_embeddings, text_gen_type, save_iters, git_hash."""
     problems: List[str] = []
     if isinstance(args.num_layers, int):
         try:
-            args.attention_config = expand_attention_config(args.attention_config, args.num_layers)
+            args.attention_config = list(expand_attention_config(args.attention_config, args.num_layers))
         except ValueError as exc:
             problems.append(f"attention_config={args.attention_config!r}: {exc}")
     if args.max_position_embeddings is None:

@@ -1,18 +1,18 @@
 """The rules a GPT-NeoX config must satisfy, each returning messages that name the key, the value and
 what is allowed. Nothing here looks at the local machine: deepy.py often runs on a head node without
-GPUs, so device-dependent checks (fp16 needs CUDA) run where the workers start (see `check_device`)."""
+GPUs, so device-dependent checks (fp16 needs CUDA) run where the workers start
+(`ModelConfig.device_problems`, called by megatron.initialize)."""
 
 import difflib
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Set, Tuple
 
-from megatron.neox_arguments.derivation import ATTENTION_TYPES
+from megatron.model_config import ModelConfig
 
 if TYPE_CHECKING:
     from megatron.neox_arguments.arguments import NeoXArgs
 
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 DERIVED_ONLY = ("data_parallel_size", "deepspeed_config", "is_pipe_parallel")
-BUILT_ATTENTION_TYPES = ("global", "local", "flash")
 SPLIT_OPTIONS = ("grouped", "spaced")
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
@@ -57,39 +57,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
-SOFTMAX_FUSION_FLAGS = ("scaled_upper_triang_masked_softmax_fusion", "scaled_masked_softmax_fusion")
-
-
-def fusion_flag_problems(neox_args) -> List[str]:
-    """Problems for fusion flags that are on although the model has no op for them to replace."""
-    problems = []
-    norm = getattr(neox_args, "norm", "layernorm") or "layernorm"
-    if getattr(neox_args, "layernorm_fusion", False) and norm != "layernorm":
-        problems.append(f"layernorm_fusion=true fuses norm='layernorm', but norm={norm!r}; "
-                        + ("use rmsnorm_fusion instead" if norm == "rmsnorm" else "set layernorm_fusion to false"))
-    if getattr(neox_args, "rmsnorm_fusion", False) and norm != "rmsnorm":
-        problems.append(f"rmsnorm_fusion=true fuses norm='rmsnorm', but norm={norm!r}; "
-                        + ("use layernorm_fusion instead" if norm == "layernorm" else "set rmsnorm_fusion to false"))
-    pos_emb = getattr(neox_args, "pos_emb", "learned") or "learned"
-    if getattr(neox_args, "rope_fusion", False) and pos_emb != "rotary":
-        problems.append(f"rope_fusion=true fuses rotary embeddings, but pos_emb={pos_emb!r}; "
-                        "set rope_fusion to false")
-    activation = getattr(neox_args, "activation", "gelu") or "gelu"
-    if getattr(neox_args, "bias_gelu_fusion", False) and activation != "gelu":
-        problems.append(f"bias_gelu_fusion=true fuses activation='gelu', but activation={activation!r}; "
-                        "set bias_gelu_fusion to false")
-    if getattr(neox_args, "use_flashattn_swiglu", False) and activation != "swiglu":
-        problems.append(f"use_flashattn_swiglu=true replaces activation='swiglu', but activation={activation!r}; "
-                        "set use_flashattn_swiglu to false")
-    config = list(getattr(neox_args, "attention_config", None) or [])
-    softmax_flags = [flag for flag in SOFTMAX_FUSION_FLAGS if getattr(neox_args, flag, False)]
-    if softmax_flags and config and all(kind == "flash" for kind in config):
-        flags = " / ".join(softmax_flags)
-        problems.append(f"{flags}=true fuses the attention softmax, but every layer uses 'flash' attention "
-                        "(which computes its own softmax); set it to false or use 'global' layers")
-    return problems
-
-
 def unknown_key_problems(keys: Iterable[str], known: Set[str], origin: dict) -> List[str]:
     """Each unknown key with its file and the closest known names."""
     problems = []
@@ -116,67 +83,19 @@ def not_supported_problems(args: "NeoXArgs") -> List[str]:
 
 
 def model_problems(args: "NeoXArgs") -> List[str]:
+    """The model's own rules (megatron.model_config.ModelConfig.problems) plus the GPT-NeoX keys around them."""
     problems = [f"'{name}' is required (the model shape); set it in a config file"
                 for name in REQUIRED_MODEL_FIELDS if getattr(args, name) is None]
     if problems:
         return problems
-    for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length"):
-        if getattr(args, name) < 1:
-            problems.append(f"{name}={getattr(args, name)} must be >= 1")
-    if problems:
-        return problems
-    heads, kv = args.num_attention_heads, args.num_kv_heads
-    mp = args.model_parallel_size
-    if args.hidden_size % heads:
-        problems.append(f"hidden_size={args.hidden_size} must be divisible by num_attention_heads={heads}")
-    if heads % mp:
-        problems.append(f"num_attention_heads={heads} must be divisible by model_parallel_size={mp}")
-    if kv is not None:
-        if kv < 1 or kv > heads or heads % kv:
-            problems.append(f"num_kv_heads={kv} must divide num_attention_heads={heads} (1 <= num_kv_heads <= heads)")
-        elif kv % mp:
-            problems.append(f"num_kv_heads={kv} must be divisible by model_parallel_size={mp}")
-    if args.max_position_embeddings < args.seq_length:
-        problems.append(f"max_position_embeddings={args.max_position_embeddings} must be >= "
-                        f"seq_length={args.seq_length}")
-    if args.pos_emb == "rotary" and not 0 < args.rotary_pct <= 1:
-        problems.append(f"rotary_pct={args.rotary_pct} must be in (0, 1]")
-    if args.num_unique_layers is not None:
-        if args.pipe_parallel_size >= 1:
-            problems.append(f"num_unique_layers={args.num_unique_layers} only works with pipe_parallel_size=0 "
-                            f"(got {args.pipe_parallel_size})")
-        elif args.num_unique_layers < 1 or args.num_layers % args.num_unique_layers:
-            problems.append(f"num_layers={args.num_layers} must be divisible by "
-                            f"num_unique_layers={args.num_unique_layers}")
+    problems = ModelConfig.from_neox_args(args).problems()
     if args.param_sharing_style not in SPLIT_OPTIONS:
         problems.append(f"param_sharing_style={args.param_sharing_style!r} must be one of {SPLIT_OPTIONS}")
-    if isinstance(args.attention_config, list) and all(isinstance(t, str) for t in args.attention_config):
-        if len(args.attention_config) != args.num_layers:
-            problems.append(f"attention_config expands to {len(args.attention_config)} layers but num_layers="
-                            f"{args.num_layers}; the counts in attention_config must add up to num_layers")
-        for kind in sorted(set(args.attention_config)):
-            if kind not in ATTENTION_TYPES:
-                problems.append(f"attention_config: unknown attention type {kind!r}; choose from "
-                                f"{', '.join(ATTENTION_TYPES)}")
-            elif kind not in BUILT_ATTENTION_TYPES:
-                problems.append(f"attention_config: attention type {kind!r} is not supported yet; built types are "
-                                f"{', '.join(BUILT_ATTENTION_TYPES)}")
-    if args.sliding_window_width is not None and args.sliding_window_width < 1:
-        problems.append(f"sliding_window_width={args.sliding_window_width} must be >= 1")
-    if args.gpt_j_tied and not args.gpt_j_residual:
-        problems.append("gpt_j_tied=true needs gpt_j_residual=true")
-    if args.intermediate_size is not None and args.intermediate_size < 1:
-        problems.append(f"intermediate_size={args.intermediate_size} must be >= 1")
-    if args.mlp_multiple_of < 1:
-        problems.append(f"mlp_multiple_of={args.mlp_multiple_of} must be >= 1")
     if args.soft_prompt_tuning is not None:
         allowed = {"enabled", "n_tokens", "init_string", "init_range"}
         extra = set(args.soft_prompt_tuning) - allowed
         if extra:
             problems.append(f"soft_prompt_tuning has unknown keys {sorted(extra)}; allowed: {sorted(allowed)}")
-    problems += fusion_flag_problems(args)
-    if args.sequence_parallel and mp == 1:
-        problems.append("sequence_parallel=true needs model_parallel_size > 1")
     return problems
 
 

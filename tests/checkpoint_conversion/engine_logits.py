@@ -1,5 +1,5 @@
-"""Logits of a checkpoint as our DeepSpeed engine computes them, through deepy.py and
-workers/logits_worker.py (the load path of generate.py / eval.py)."""
+"""Logits of a checkpoint as generate.py / eval.py compute them, through deepy.py and
+workers/logits_worker.py (megatron.inference's load path)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,9 +11,9 @@ import yaml
 from tests.e2e.launch import free_port, run_deepy
 
 WORKER = "tests/checkpoint_conversion/workers/logits_worker.py"
-RUNTIME = {"train_micro_batch_size_per_gpu": 1, "train_iters": 1, "distributed_backend": "gloo",
-           "optimizer": {"type": "Adam", "params": {"lr": 1.0e-3}}}
-"""What the worker's engine needs besides the model config (no data: it only loads and runs forward)."""
+RUNTIME = {"distributed_backend": "gloo"}
+"""What the worker needs besides the model config: no batch size, optimizer or iterations (inference
+loads weights only), just the launch."""
 
 
 def runtime_config(workdir: Path, num_gpus: int = 2) -> Path:

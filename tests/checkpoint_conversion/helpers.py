@@ -3,8 +3,7 @@ converted checkpoint, greedy decoding with our KV cache, and fixed token batches
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
-from typing import Any, Dict, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -64,21 +63,19 @@ def _randomise(model):
     return model
 
 
-def model_args(args: Mapping[str, Any]) -> SimpleNamespace:
-    """NeoXArgs values for a single-process, sequential, inference build of the model."""
-    values: Dict[str, Any] = dict(args)
-    values.update(pipe_parallel_size=0, model_parallel_size=1, is_pipe_parallel=False, sequence_parallel=False,
-                  checkpoint_activations=False, hidden_dropout=0.0, attention_dropout=0.0, precision="fp32")
-    return SimpleNamespace(**values)
-
-
 def our_model(args: Mapping[str, Any], state: Mapping[str, torch.Tensor]):
-    """GPT2ModelSequential with NeoXArgs ``args`` and the merged ``state`` loaded (strictly)."""
+    """GPT2ModelSequential of a checkpoint's arguments (a NeoXArgs dict), built for one process in fp32
+    without dropout, with the merged ``state`` (the converter's flat names) loaded strictly."""
+    from megatron.checkpoint_conversion.neox_checkpoint import sequential_state_dict
     from megatron.model import GPT2ModelSequential
+    from megatron.model_config import ModelConfig
     from megatron.mpu import SingleProcessState
 
-    model = GPT2ModelSequential(model_args(args), SingleProcessState())
-    model.load_state_dict(dict(state), strict=True)
+    config = ModelConfig.from_neox_args(args).replace(
+        pipe_parallel_size=0, model_parallel_size=1, sequence_parallel=False, checkpoint_activations=False,
+        hidden_dropout=0.0, attention_dropout=0.0, precision="fp32")
+    model = GPT2ModelSequential(config, SingleProcessState())
+    model.load_state_dict(sequential_state_dict(state, config.num_layers), strict=True)
     return model.eval()
 
 

@@ -1,13 +1,14 @@
 """Hugging Face -> our checkpoint, in process: tiny random GPTNeoX / Llama / Mistral models give the
 same logits (fp32, <= 1e-4) and the same greedy generation in our model, for every tensor / pipeline
 split written; and our checkpoint -> Hugging Face -> our checkpoint gives back the same tensors."""
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
-from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict, read_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
 from tests.checkpoint_conversion.helpers import (
     hf_greedy,
@@ -126,11 +127,11 @@ def test_our_gptneox_layouts_to_hf(overrides, tmp_path):
     from transformers import GPTNeoXForCausalLM
 
     from megatron.checkpoint_conversion import hf_gptneox
-    from tests.model.neox_args_factory import make_neox_args
+    from tests.model.helpers import tiny_config
 
-    args = make_neox_args(pos_emb="rotary", padded_vocab_size=96, **overrides)
-    ours = our_model(vars(args), _randomised_state(args))
-    config, state = hf_gptneox.to_hf(vars(args), ours.state_dict())
+    args = tiny_config(pos_emb="rotary", padded_vocab_size=96, **overrides)
+    ours = our_model(dataclasses.asdict(args), _randomised_state(args))
+    config, state = hf_gptneox.to_hf(dataclasses.asdict(args), flat_state_dict(ours.state_dict(), 2))
     hf = _saved_and_loaded(config, state, tmp_path)
     assert isinstance(hf, GPTNeoXForCausalLM)
     tokens = random_tokens(seq=16)
@@ -149,13 +150,13 @@ def test_our_llama_layouts_to_hf(architecture, overrides, tmp_path):
     from transformers import LlamaForCausalLM, MistralForCausalLM
 
     from megatron.checkpoint_conversion import hf_llama
-    from tests.model.neox_args_factory import make_neox_args
+    from tests.model.helpers import tiny_config
 
     values = dict(pos_emb="rotary", padded_vocab_size=96, norm="rmsnorm", activation="swiglu", use_bias_in_norms=False,
                   use_bias_in_attn_linear=False, use_bias_in_mlp=False, rms_norm_epsilon=1e-6)
-    args = make_neox_args(**{**values, **overrides})
-    ours = our_model(vars(args), _randomised_state(args))
-    config, state = hf_llama.to_hf(vars(args), ours.state_dict(), architecture)
+    args = tiny_config(**{**values, **overrides})
+    ours = our_model(dataclasses.asdict(args), _randomised_state(args))
+    config, state = hf_llama.to_hf(dataclasses.asdict(args), flat_state_dict(ours.state_dict(), 2), architecture)
     hf = _saved_and_loaded(config, state, tmp_path)
     assert isinstance(hf, MistralForCausalLM if architecture == "mistral" else LlamaForCausalLM)
     tokens = random_tokens(seq=16)
@@ -174,10 +175,10 @@ def _saved_and_loaded(config, state, directory):
 
 
 def _randomised_state(args):
-    """A state dict of our model with every tensor random (norm weights and biases included)."""
+    """Our model's weights (flat names) with every tensor random (norm weights and biases included)."""
     from megatron.model import GPT2ModelSequential
     from megatron.mpu import SingleProcessState
 
     torch.manual_seed(0)
-    model = GPT2ModelSequential(args, SingleProcessState())
-    return {name: torch.randn_like(t) * (0.3 if t.dim() > 1 else 1.0) for name, t in model.state_dict().items()}
+    state = flat_state_dict(GPT2ModelSequential(args, SingleProcessState()).state_dict(), args.num_layers)
+    return {name: torch.randn_like(t) * (0.3 if t.dim() > 1 else 1.0) for name, t in state.items()}

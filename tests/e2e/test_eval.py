@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from megatron.model_config import ModelConfig
 from tests.e2e.launch import free_port, run_deepy
 from tests.e2e.test_generate import trained_checkpoint
 from tests.evaluation.hf_copy import sequential_state, write_hf_copy
@@ -44,7 +45,7 @@ def _hf_scores(config: dict, work: Path, env: dict) -> dict:
     folder = Path(config["load"]) / step
     args = json.loads((folder / "neox_args.json").read_text())
     state = sequential_state(folder)
-    hf_dir = write_hf_copy(state, args, config["vocab_file"], "<|endoftext|>", work / f"hf_{step}_{len(state)}")
+    hf_dir = write_hf_copy(state, ModelConfig.from_neox_args(args), config["vocab_file"], "<|endoftext|>", work / f"hf_{step}_{len(state)}")
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

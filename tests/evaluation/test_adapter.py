@@ -23,9 +23,11 @@ from megatron.evaluation import (
 from megatron.initialize import RunContext
 from megatron.model import build_model
 from megatron.mpu import RNGStatesTracker, SingleProcessState
+from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict
 from tests.evaluation.hf_copy import write_hf_copy
 from tests.evaluation.local_tasks import TASKS, scores, write_local_tasks
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import tiny_config
+from tests.neox_arguments.helpers import tiny as tiny_args
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +56,15 @@ def tiny(tmp_path_factory, offline):
     tokenizer = HFTokenizer(str(vocab_file))
     tasks = write_local_tasks(base / "tasks")
     padded = -(-tokenizer.vocab_size // 8) * 8
-    args = make_neox_args(pos_emb="rotary", rotary_pct=0.5, gpt_j_residual=True, no_weight_tying=True,
-                          seq_length=32, max_position_embeddings=32, padded_vocab_size=padded, init_method_std=0.1,
-                          train_micro_batch_size_per_gpu=3, eval_tasks=[str(base / "tasks")])
+    config = tiny_config(pos_emb="rotary", rotary_pct=0.5, gpt_j_residual=True, no_weight_tying=True,
+                         seq_length=32, max_position_embeddings=32, padded_vocab_size=padded, init_method_std=0.1)
+    args = tiny_args(train_micro_batch_size_per_gpu=3, eval_tasks=[str(base / "tasks")])
     torch.manual_seed(0)
-    model = build_model(args, SingleProcessState()).eval()
+    model = build_model(config, SingleProcessState()).eval()
     ctx = RunContext(parallel_state=SingleProcessState(), rng_tracker=RNGStatesTracker(), tokenizer=tokenizer,
-                     device=torch.device("cpu"))
-    return SimpleNamespace(base=base, args=args, model=model, ctx=ctx, tasks=tasks, vocab_file=vocab_file)
+                     device=torch.device("cpu"), model_config=config)
+    return SimpleNamespace(base=base, args=args, config=config, model=model, ctx=ctx, tasks=tasks,
+                           vocab_file=vocab_file)
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +72,8 @@ def hf_lm(tiny):
     """lm-eval's own Hugging Face model on a copy of the same weights."""
     from lm_eval.models.huggingface import HFLM
 
-    folder = write_hf_copy(tiny.model.state_dict(), vars(tiny.args), str(tiny.vocab_file), "<|endoftext|>",
-                           tiny.base / "hf")
+    state = flat_state_dict(tiny.model.state_dict(), tiny.config.num_layers)
+    folder = write_hf_copy(state, tiny.config, str(tiny.vocab_file), "<|endoftext|>", tiny.base / "hf")
     return HFLM(pretrained=str(folder), backend="causal", device="cpu", batch_size=4, max_length=32, dtype="float32")
 
 
@@ -87,7 +90,7 @@ def _our_lm(tiny):
     from megatron.evaluation.adapter import NeoXLM
     from megatron.text_generation_utils import build_runner
 
-    return NeoXLM(build_runner(tiny.model, tiny.ctx.parallel_state, tiny.args), tiny.ctx.tokenizer,
+    return NeoXLM(build_runner(tiny.model, tiny.ctx.parallel_state, tiny.config), tiny.ctx.tokenizer,
                   tiny.ctx.parallel_state, max_length=32, batch_size=3, device=torch.device("cpu"))
 
 

@@ -1,8 +1,16 @@
-"""Shared bits for model tests: a random batch in GPT-NeoX format."""
+"""Shared bits for model tests: a tiny ModelConfig and a random batch in GPT-NeoX format."""
 
 import torch
 
 from megatron.model.batch import masks_and_position_ids
+from megatron.model_config import ModelConfig
+
+TINY_MODEL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, padded_vocab_size=128)
+"""A 2-layer, hidden-32, 4-head, seq-16, vocab-128 model; the rest are ModelConfig's (GPT-NeoX's) defaults."""
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    return ModelConfig(**{**TINY_MODEL, **overrides})
 
 
 def random_batch(batch: int = 2, seq: int = 16, vocab: int = 128, seed: int = 0):

@@ -7,8 +7,7 @@ import torch
 from megatron.model import build_model
 from megatron.mpu import ParallelState, RNGStatesTracker, SingleProcessState
 from tests.distributed_helpers import run_distributed
-from tests.model.helpers import random_batch
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import random_batch, tiny_config
 
 
 def _loss_and_grads(model, inputs, labels):
@@ -28,10 +27,10 @@ def _compare(rank: int, world_size: int) -> None:
         dict(sequence_parallel=True),
     ):
         state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
-        plain_args = make_neox_args(**common, sequence_parallel=extra.get("sequence_parallel", False))
+        plain_args = tiny_config(**common, sequence_parallel=extra.get("sequence_parallel", False))
         plain = build_model(plain_args, state)
         # A tracker passed in is replaced by DeepSpeed's, whose streams the recomputation replays.
-        ckpt = build_model(make_neox_args(checkpoint_activations=True, **common, **extra), state, RNGStatesTracker())
+        ckpt = build_model(tiny_config(checkpoint_activations=True, **common, **extra), state, RNGStatesTracker())
         ckpt.load_state_dict(plain.state_dict())
         loss_a, grads_a = _loss_and_grads(plain, inputs, labels)
         loss_b, grads_b = _loss_and_grads(ckpt, inputs, labels)
@@ -42,13 +41,13 @@ def _compare(rank: int, world_size: int) -> None:
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
     with pytest.raises(ValueError, match="partition_activations"):
         build_model(
-            make_neox_args(
+            tiny_config(
                 checkpoint_activations=True, partition_activations=True, sequence_parallel=True, model_parallel_size=2
             ),
             state,
         )
     with pytest.raises(ValueError, match="partition_activations"):
-        build_model(make_neox_args(checkpoint_activations=True, contiguous_checkpointing=True), state)
+        build_model(tiny_config(checkpoint_activations=True, contiguous_checkpointing=True), state)
     state.destroy()
 
 
@@ -59,4 +58,4 @@ def test_checkpointed_equals_plain_with_dropout_at_tp2():
 
 def test_checkpointing_needs_a_world_and_valid_options():
     with pytest.raises(RuntimeError, match="torch.distributed"):
-        build_model(make_neox_args(checkpoint_activations=True), SingleProcessState())
+        build_model(tiny_config(checkpoint_activations=True), SingleProcessState())

@@ -3,29 +3,29 @@
 import pytest
 import torch
 
-from megatron.model import get_batch
+from megatron.model import BatchOptions, get_batch
 from megatron.mpu import SingleProcessState
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import tiny_config
 
 
 def test_get_batch_format_and_eod_mask():
     text = torch.tensor([[5, 0, 7, 8, 0, 9]])
     (tokens, pos, mask), (labels, loss_mask) = get_batch(
-        make_neox_args(eod_mask_loss=True), {"text": text}, SingleProcessState(), eod_token=0
+        BatchOptions(eod_mask_loss=True), {"text": text}, SingleProcessState(), eod_token=0
     )
     assert tokens.tolist() == [[5, 0, 7, 8, 0]] and labels.tolist() == [[0, 7, 8, 0, 9]]
     assert pos.tolist() == [[0, 1, 2, 3, 4]]
     assert loss_mask.tolist() == [[1.0, 0.0, 1.0, 1.0, 0.0]]
     assert mask.shape == (1, 1, 5, 5) and mask.dtype == torch.bool
     assert mask[0, 0, 1, 2].item() and not mask[0, 0, 2, 1].item() and not mask[0, 0, 3, 3].item()
-    _, (_, no_eod_mask) = get_batch(make_neox_args(), {"text": text}, SingleProcessState(), eod_token=0)
+    _, (_, no_eod_mask) = get_batch(BatchOptions(), {"text": text}, SingleProcessState(), eod_token=0)
     assert no_eod_mask.sum().item() == 5
     with pytest.raises(ValueError, match="eod"):
-        get_batch(make_neox_args(eod_mask_loss=True), {"text": text}, SingleProcessState())
+        get_batch(BatchOptions(eod_mask_loss=True), {"text": text}, SingleProcessState())
 
 
 def test_reset_position_ids_and_attention_mask_restart_at_each_document():
-    args = make_neox_args(reset_position_ids=True, reset_attention_mask=True)
+    args = BatchOptions(reset_position_ids=True, reset_attention_mask=True)
     text = torch.tensor([[5, 0, 6, 7, 0, 8, 9]])
     (tokens, positions, mask), _ = get_batch(args, {"text": text}, SingleProcessState(), eod_token=0)
     assert positions.tolist() == [[0, 1, 0, 1, 2, 0]]
@@ -37,18 +37,18 @@ def test_documents_packed_with_resets_match_each_document_alone():
     from megatron.model import build_model
 
     torch.manual_seed(0)
-    args = make_neox_args(pos_emb="learned", reset_position_ids=True, reset_attention_mask=True)
-    model = build_model(args, SingleProcessState()).eval()
+    args = BatchOptions(reset_position_ids=True, reset_attention_mask=True)
+    model = build_model(tiny_config(pos_emb="learned"), SingleProcessState()).eval()
     first, second = [11, 12, 13, 0], [21, 22, 23, 24, 25]
     packed, _ = get_batch(args, {"text": torch.tensor([first + second + [0]])}, SingleProcessState(), eod_token=0)
-    alone, _ = get_batch(make_neox_args(pos_emb="learned"), {"text": torch.tensor([second + [0]])},
+    alone, _ = get_batch(BatchOptions(), {"text": torch.tensor([second + [0]])},
                          SingleProcessState(), eod_token=0)
     with torch.no_grad():
         torch.testing.assert_close(model(packed)[:, len(first):], model(alone), rtol=1e-5, atol=1e-5)
 
 
 def test_negative_labels_are_masked_and_label_datasets_are_used():
-    args = make_neox_args(train_label_data_paths=["labels"])
+    args = BatchOptions(labels=True)
     text = torch.tensor([[3, 4, 5, -100, -100]])
     label = torch.tensor([[3, -100, 5, 6, -100]])
     (tokens, _, _), (labels, loss_mask) = get_batch(args, {"text": text, "label": label}, SingleProcessState(),

@@ -6,8 +6,7 @@ import torch
 from megatron.model import build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from tests.distributed_helpers import run_distributed
-from tests.model.helpers import random_batch
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import random_batch, tiny_config
 
 STEPS = 3
 CONFIG = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
@@ -41,8 +40,8 @@ def _run(rank: int, world_size: int):
     args = dict(pos_emb="rotary", num_kv_heads=2, activation="swiglu")
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
     assert state.get_data_parallel_world_size() == 1
-    losses = _train(build_model(make_neox_args(model_parallel_size=2, **args), state), True, state)
-    ref = _train(build_model(make_neox_args(**args), SingleProcessState()), False)
+    losses = _train(build_model(tiny_config(model_parallel_size=2, **args), state), True, state)
+    ref = _train(build_model(tiny_config(**args), SingleProcessState()), False)
     state.destroy()
     return losses, ref
 

@@ -18,7 +18,7 @@ from megatron.model.flash import FlashAttention
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import tiny_config
 
 
 def documented_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -68,8 +68,8 @@ def fake_flash_attn(monkeypatch):
 
 def _pair(**overrides):
     """(model with 'flash' layers, model with 'global' layers), same seed and weights."""
-    flash_model = build_model(make_neox_args(attention_config=["flash", "flash"], **overrides), SingleProcessState())
-    global_model = build_model(make_neox_args(attention_config=["global", "global"], **overrides),
+    flash_model = build_model(tiny_config(attention_config=["flash", "flash"], **overrides), SingleProcessState())
+    global_model = build_model(tiny_config(attention_config=["global", "global"], **overrides),
                                SingleProcessState())
     global_model.load_state_dict(flash_model.state_dict())
     return flash_model, global_model

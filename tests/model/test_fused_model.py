@@ -28,7 +28,7 @@ from megatron.neox_arguments.errors import ConfigError
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import tiny_config
 from tests.model.tp_helpers import expected_local, gather_vocab
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,9 +79,9 @@ def _run(model: torch.nn.Module) -> Dict[str, Any]:
 
 def _twins(options: dict, flags: tuple) -> tuple:
     """(unfused model, fused model with the unfused one's weights)."""
-    plain = build_model(make_neox_args(**options), SingleProcessState())
+    plain = build_model(tiny_config(**options), SingleProcessState())
     _randomize(plain)
-    fused = build_model(make_neox_args(**options, **{flag: True for flag in flags}), SingleProcessState())
+    fused = build_model(tiny_config(**options, **{flag: True for flag in flags}), SingleProcessState())
     fused.load_state_dict(plain.state_dict())
     return plain, fused
 
@@ -216,7 +216,7 @@ def test_rotary_kernel_layout_equals_apply_rotary():
 )
 def test_flag_without_its_op_is_a_config_error(options, flag):
     with pytest.raises(ConfigError, match=flag):
-        build_model(make_neox_args(**options, **{flag: True}), SingleProcessState())
+        build_model(tiny_config(**options, **{flag: True}), SingleProcessState())
 
 
 TP_CONFIGS = [
@@ -231,14 +231,14 @@ def _tp_compare(rank: int, world_size: int) -> None:
     os.environ["TRITON_INTERPRET"] = "1"  # before the first fused op imports triton in this process
     inputs, labels = random_batch()
     for options, flags in TP_CONFIGS:
-        args = make_neox_args(model_parallel_size=2, **options)
+        args = tiny_config(model_parallel_size=2, **options)
         ref = build_model(args, SingleProcessState())
         _randomize(ref)
         ref_logits = ref(inputs)
         ref_loss = ref.loss_fn(ref_logits, labels)
         ref_loss.backward()
         state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
-        model = build_model(make_neox_args(model_parallel_size=2, **options, **{f: True for f in flags}), state)
+        model = build_model(tiny_config(model_parallel_size=2, **options, **{f: True for f in flags}), state)
         with torch.no_grad():
             for name, (want, mine) in expected_local(ref, model, rank, 2, grads=False).items():
                 mine.copy_(want)
@@ -286,13 +286,13 @@ NO_DEVICE_SCRIPT = textwrap.dedent(
     from megatron.mpu import SingleProcessState
     from megatron.neox_arguments.errors import ConfigError
     from tests.model.helpers import random_batch
-    from tests.model.neox_args_factory import make_neox_args
+    from tests.model.helpers import tiny_config
 
-    model = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState())
+    model = build_model(tiny_config(pos_emb="rotary"), SingleProcessState())
     model(random_batch()[0]).sum().backward()
     print("unfused model ran; triton imported:", sys.modules.get("triton") is not None)
     try:
-        build_model(make_neox_args(pos_emb="rotary", {flag}=True), SingleProcessState())
+        build_model(tiny_config(pos_emb="rotary", {flag}=True), SingleProcessState())
     except ConfigError as err:
         print(err, file=sys.stderr)
         sys.exit(2)

@@ -6,7 +6,7 @@ from megatron.model import build_model
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import tiny_config
 
 
 @pytest.mark.gpu
@@ -14,8 +14,8 @@ from tests.model.neox_args_factory import make_neox_args
 @pytest.mark.parametrize("pos_emb", ["rotary", "alibi", "sinusoidal"])
 def test_cuda_half_precision_matches_cpu_fp32(precision, pos_emb):
     overrides = dict(pos_emb=pos_emb, num_kv_heads=2, attention_softmax_in_fp32=True)
-    ref = build_model(make_neox_args(**overrides), SingleProcessState())
-    model = build_model(make_neox_args(precision=precision, **overrides), SingleProcessState()).cuda()
+    ref = build_model(tiny_config(**overrides), SingleProcessState())
+    model = build_model(tiny_config(precision=precision, **overrides), SingleProcessState()).cuda()
     inputs, labels = random_batch()
     ref_loss = ref.loss_fn(ref(inputs), labels)
     cuda_inputs = tuple(t.cuda() for t in inputs)

@@ -6,23 +6,25 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from megatron.model import build_model
 from megatron.mpu import SingleProcessState
-from tests.model.helpers import random_batch
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import random_batch, tiny_config
 
 
-def _hf_name(ours: str) -> str:
-    if ours == "embedding.word_embeddings.weight":
-        return "gpt_neox.embed_in.weight"
-    if ours == "head.final_linear.weight":
+def _hf_name(ours: str, num_layers: int = 2) -> str:
+    """GPT-NeoX's slot names (sequential.{slot}.*) as Hugging Face GPTNeoX names."""
+    slot, _, rest = ours[len("sequential."):].partition(".")
+    slot = int(slot)
+    if slot == 0:
+        return "gpt_neox.embed_in." + rest.split(".", 1)[1]
+    if slot == num_layers + 4:
         return "embed_out.weight"
-    if ours.startswith("final_norm.norm."):
-        return "gpt_neox.final_layer_norm." + ours.rsplit(".", 1)[1]
-    name = ours.replace("layers.", "gpt_neox.layers.", 1)
+    if slot == num_layers + 3:
+        return "gpt_neox.final_layer_norm." + rest.rsplit(".", 1)[1]
+    name = f"gpt_neox.layers.{slot - 2}.{rest}"
     return name.replace("mlp.linear1", "mlp.dense_h_to_4h").replace("mlp.linear2", "mlp.dense_4h_to_h")
 
 
 def test_logits_match_hf_gptneox():
-    args = make_neox_args(pos_emb="rotary", rotary_pct=0.5, gpt_j_residual=True, no_weight_tying=True,
+    args = tiny_config(pos_emb="rotary", rotary_pct=0.5, gpt_j_residual=True, no_weight_tying=True,
                           max_position_embeddings=16)
     ours = build_model(args, SingleProcessState()).eval()
     config = GPTNeoXConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,

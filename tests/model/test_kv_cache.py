@@ -7,7 +7,7 @@ from megatron.model import KVCache, build_model
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import tiny_config
 
 
 @pytest.mark.parametrize(
@@ -17,11 +17,11 @@ from tests.model.neox_args_factory import make_neox_args
         dict(pos_emb="rotary", num_kv_heads=1, sliding_window_width=4),
         dict(pos_emb="alibi"),
         dict(pos_emb="rpe", gpt_j_residual=True),
-        dict(pos_emb="learned", attention_config=["local", "global"], sparsity_config={"block": 4}),
+        dict(pos_emb="learned", attention_config=["local", "global"], local_attention_block=4),
     ],
 )
 def test_kv_cache_matches_full_forward(overrides):
-    model = build_model(make_neox_args(**overrides), SingleProcessState()).eval()
+    model = build_model(tiny_config(**overrides), SingleProcessState()).eval()
     inputs, _ = random_batch()
     with torch.no_grad():
         full = model(inputs)
@@ -41,7 +41,7 @@ def test_kv_cache_overflow_and_reset():
 
 
 def test_logits_to_keep_computes_only_the_last_positions():
-    model = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState()).eval()
+    model = build_model(tiny_config(pos_emb="rotary"), SingleProcessState()).eval()
     inputs, _ = random_batch()
     with torch.no_grad():
         full = model(inputs)

@@ -8,16 +8,15 @@ import torch
 from megatron.model import build_model
 from megatron.model.activations import get_activation
 from megatron.model.init_functions import get_init_method, tensor_seed
-from megatron.model.mlp import mlp_width
 from megatron.model.norms import build_norm
 from megatron.mpu import SingleProcessState
-from tests.model.helpers import random_batch
-from tests.model.neox_args_factory import make_neox_args
+from megatron.neox_arguments import ConfigError
+from tests.model.helpers import random_batch, tiny_config
 
 
 def _run(**overrides):
     """Build, forward, backward; return (model, logits, loss)."""
-    model = build_model(make_neox_args(**overrides), SingleProcessState())
+    model = build_model(tiny_config(**overrides), SingleProcessState())
     inputs, labels = random_batch()
     logits = model(inputs)
     loss = model.loss_fn(logits, labels)
@@ -36,7 +35,7 @@ def test_pos_emb_families_train(pos_emb):
 
 
 def test_learned_position_embedding_offset_shifts_positions():
-    a = build_model(make_neox_args(opt_pos_emb_offset=2, max_position_embeddings=16), SingleProcessState())
+    a = build_model(tiny_config(opt_pos_emb_offset=2, max_position_embeddings=16), SingleProcessState())
     assert a.embedding.position_embeddings.weight.shape[0] == 18
     inputs, _ = random_batch()
     h, _ = a.embedding(inputs)
@@ -47,7 +46,7 @@ def test_learned_position_embedding_offset_shifts_positions():
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "scalenorm"])
 def test_norm_families(norm):
     _run(norm=norm)
-    layer = build_norm(make_neox_args(norm=norm, rms_norm_epsilon=1e-8, scalenorm_epsilon=1e-8), 64)
+    layer = build_norm(tiny_config(norm=norm, rms_norm_epsilon=1e-8, scalenorm_epsilon=1e-8), 64)
     x = torch.randn(5, 64) * 3 + 1
     y = layer(x)
     if norm == "layernorm":
@@ -60,9 +59,9 @@ def test_norm_families(norm):
 
 
 def test_norm_bias_flag_and_unsupported_norms():
-    assert build_norm(make_neox_args(use_bias_in_norms=False), 8).bias is None
-    with pytest.raises(ValueError, match="te_layernorm"):
-        build_norm(make_neox_args(norm="te_layernorm"), 8)
+    assert build_norm(tiny_config(use_bias_in_norms=False), 8).bias is None
+    with pytest.raises(ConfigError, match="te_layernorm"):
+        build_model(tiny_config(norm="te_layernorm"), SingleProcessState())
 
 
 ACTIVATIONS = ["gelu", "geglu", "relu", "softsign", "swish", "mish", "silu", "reglu", "swiglu", "bilinear", "glu"]
@@ -93,12 +92,12 @@ def test_activation_families(activation):
 
 
 def test_mlp_width_rules():
-    assert mlp_width(make_neox_args(hidden_size=32), gated=False) == 128
-    assert mlp_width(make_neox_args(hidden_size=32, expansion_factor=2.0), gated=False) == 64
-    assert mlp_width(make_neox_args(hidden_size=32, intermediate_size=100, mlp_multiple_of=16), gated=False) == 112
-    assert mlp_width(make_neox_args(hidden_size=48), gated=True) == 64  # int(192 * 2/3) // 2
+    assert tiny_config(hidden_size=32).ffn_width == 128
+    assert tiny_config(hidden_size=32, expansion_factor=2.0).ffn_width == 64
+    assert tiny_config(hidden_size=32, intermediate_size=100, mlp_multiple_of=16).ffn_width == 112
+    assert tiny_config(hidden_size=48, num_attention_heads=4, activation="swiglu").ffn_width == 64  # int(192*2/3)//2
     model = build_model(
-        make_neox_args(activation="swiglu", intermediate_size=96, mlp_multiple_of=8), SingleProcessState()
+        tiny_config(activation="swiglu", intermediate_size=96, mlp_multiple_of=8), SingleProcessState()
     )
     assert model.layers[0].mlp.linear1.weight.shape == (64, 32)
     assert model.layers[0].mlp.linear2.weight.shape == (32, 32)
@@ -108,7 +107,7 @@ def test_gpt_j_residual_and_tied():
     _run(gpt_j_residual=True)
     tied, _, _ = _run(gpt_j_residual=True, gpt_j_tied=True)
     assert not hasattr(tied.layers[0], "post_attention_layernorm")
-    untied = build_model(make_neox_args(gpt_j_residual=True), SingleProcessState())
+    untied = build_model(tiny_config(gpt_j_residual=True), SingleProcessState())
     # Untied with ln2 == ln1 computes exactly what the tied layer computes.
     untied.load_state_dict(tied.state_dict(), strict=False)
     for layer in untied.layers:
@@ -127,16 +126,16 @@ def test_gpt_j_residual_and_tied():
 
 def test_gqa_with_kv_heads_equal_heads_is_mha():
     inputs, _ = random_batch()
-    mha = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState())
-    same = build_model(make_neox_args(pos_emb="rotary", num_kv_heads=4), SingleProcessState())
+    mha = build_model(tiny_config(pos_emb="rotary"), SingleProcessState())
+    same = build_model(tiny_config(pos_emb="rotary", num_kv_heads=4), SingleProcessState())
     torch.testing.assert_close(mha(inputs), same(inputs), rtol=0, atol=0)
 
 
 def test_gqa_equals_mha_with_shared_kv_heads():
     """GQA (4 query heads, 2 kv heads) == MHA whose heads 2g, 2g+1 share kv head g (layout check)."""
     inputs, _ = random_batch()
-    gqa = build_model(make_neox_args(pos_emb="rotary", num_kv_heads=2), SingleProcessState())
-    mha = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState())
+    gqa = build_model(tiny_config(pos_emb="rotary", num_kv_heads=2), SingleProcessState())
+    mha = build_model(tiny_config(pos_emb="rotary"), SingleProcessState())
     mha.load_state_dict({k: v for k, v in gqa.state_dict().items() if "query_key_value" not in k}, strict=False)
     d = 8
     for lg, lm in zip(gqa.layers, mha.layers):
@@ -163,8 +162,8 @@ def test_bias_flags_remove_biases():
 
 
 def test_weight_tying():
-    tied = build_model(make_neox_args(), SingleProcessState())
-    untied = build_model(make_neox_args(no_weight_tying=True), SingleProcessState())
+    tied = build_model(tiny_config(), SingleProcessState())
+    untied = build_model(tiny_config(no_weight_tying=True), SingleProcessState())
     assert tied.head is None and untied.head is not None
     n_tied = sum(p.numel() for p in tied.parameters())
     assert sum(p.numel() for p in untied.parameters()) == n_tied + 128 * 32
@@ -197,13 +196,13 @@ def test_orthogonal_init(method, gain):
 
 def test_model_init_methods_and_seed():
     args = dict(hidden_size=64, num_layers=4, init_method="small_init", output_layer_init_method="wang_init")
-    model = build_model(make_neox_args(**args), SingleProcessState())
+    model = build_model(tiny_config(**args), SingleProcessState())
     qkv = model.layers[0].attention.query_key_value.weight
     assert abs(qkv.std().item() / math.sqrt(2 / (5 * 64)) - 1) < 0.05
     dense = model.layers[2].mlp.linear2.weight
     assert abs(dense.std().item() / (2 / 4 / math.sqrt(64)) - 1) < 0.05
-    again = build_model(make_neox_args(**args), SingleProcessState())
-    other = build_model(make_neox_args(seed=7, **args), SingleProcessState())
+    again = build_model(tiny_config(**args), SingleProcessState())
+    other = build_model(tiny_config(seed=7, **args), SingleProcessState())
     assert torch.equal(again.layers[0].attention.query_key_value.weight, qkv)
     assert not torch.equal(other.layers[0].attention.query_key_value.weight, qkv)
     assert tensor_seed(1, 0, "a") != tensor_seed(1, 1, "a") != tensor_seed(1, 0, "b")
@@ -220,18 +219,18 @@ def _changed_positions(model, change_at: int) -> torch.Tensor:
 
 
 def test_sliding_window_limits_receptive_field():
-    model = build_model(make_neox_args(num_layers=1, pos_emb="rotary", sliding_window_width=3), SingleProcessState())
+    model = build_model(tiny_config(num_layers=1, pos_emb="rotary", sliding_window_width=3), SingleProcessState())
     changed = _changed_positions(model, 0)
     assert changed[:4].all() and not changed[4:].any()
 
 
 def test_local_attention_uses_block_window():
     model = build_model(
-        make_neox_args(
+        tiny_config(
             num_layers=1,
             pos_emb="rotary",
             attention_config=["local"],
-            sparsity_config={"block": 4, "num_sliding_window_blocks": 3},
+            local_attention_block=4, local_attention_window_blocks=3,
         ),
         SingleProcessState(),
     )
@@ -242,7 +241,7 @@ def test_local_attention_uses_block_window():
 
 @pytest.mark.parametrize("pos_emb", ["alibi", "rpe", "rotary"])
 def test_explicit_attention_equals_sdpa(pos_emb):
-    model = build_model(make_neox_args(pos_emb=pos_emb, apply_query_key_layer_scaling=True), SingleProcessState())
+    model = build_model(tiny_config(pos_emb=pos_emb, apply_query_key_layer_scaling=True), SingleProcessState())
     inputs, _ = random_batch()
     sdpa = model(inputs)
     for layer in model.layers:
@@ -252,8 +251,8 @@ def test_explicit_attention_equals_sdpa(pos_emb):
 
 def test_bf16_with_fp32_softmax_close_to_fp32():
     inputs, labels = random_batch()
-    ref = build_model(make_neox_args(), SingleProcessState())
-    low = build_model(make_neox_args(precision="bfloat16", attention_softmax_in_fp32=True), SingleProcessState())
+    ref = build_model(tiny_config(), SingleProcessState())
+    low = build_model(tiny_config(precision="bfloat16", attention_softmax_in_fp32=True), SingleProcessState())
     assert next(low.parameters()).dtype == torch.bfloat16
     ref_loss = ref.loss_fn(ref(inputs), labels)
     loss = low.loss_fn(low(inputs), labels)
@@ -263,7 +262,7 @@ def test_bf16_with_fp32_softmax_close_to_fp32():
 
 
 def test_dropout_only_in_training():
-    model = build_model(make_neox_args(attention_dropout=0.5, hidden_dropout=0.5), SingleProcessState())
+    model = build_model(tiny_config(attention_dropout=0.5, hidden_dropout=0.5), SingleProcessState())
     inputs, _ = random_batch()
     model.eval()
     torch.testing.assert_close(model(inputs), model(inputs))
@@ -276,7 +275,6 @@ def test_dropout_only_in_training():
     [
         (dict(attention_config=["sparse_fixed", "global"]), "sparse_fixed"),
         (dict(attention_config=["mamba", "global"]), "mamba"),
-        (dict(moe_num_experts=4), "moe_num_experts"),
         (dict(precision="fp16"), "fp16"),
         (dict(num_kv_heads=3), "num_kv_heads"),
         (dict(activation="tanh"), "tanh"),
@@ -288,23 +286,21 @@ def test_unsupported_options_are_rejected(overrides, match):
         overrides = dict(attention_config=["bigbird", "global"])
         match = "bigbird"
     with pytest.raises(ValueError, match=match):
-        build_model(make_neox_args(**overrides), SingleProcessState())
+        build_model(tiny_config(**overrides), SingleProcessState())
 
 
 def test_soft_prompt_tuning_trains_only_the_prompt():
-    model, _, _ = _run(soft_prompt_tuning={"enabled": True, "num_tokens": 3, "init_range": 0.5})
+    model, _, _ = _run(soft_prompt_tokens=3, soft_prompt_init_range=0.5)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-    assert trainable == ["embedding.soft_prompt.weight"]
+    assert trainable == ["sequential.0.soft_prompt.weight"]
     assert model.embedding.soft_prompt.weight.grad.abs().sum() > 0
     inputs, _ = random_batch()
     hidden, _ = model.embedding(inputs)
     torch.testing.assert_close(hidden[:, :3], model.embedding.soft_prompt.weight.expand(2, 3, 32))
-    with pytest.raises(ValueError, match="init_string"):
-        build_model(make_neox_args(soft_prompt_tuning={"enabled": True, "init_string": "hi"}), SingleProcessState())
 
 
 def test_custom_attention_mask_is_honoured():
-    model = build_model(make_neox_args(pos_emb="rotary"), SingleProcessState())
+    model = build_model(tiny_config(pos_emb="rotary"), SingleProcessState())
     inputs, _ = random_batch()
     tokens, pos, causal = inputs
     extra = causal.clone()
@@ -323,5 +319,5 @@ def test_building_leaves_the_global_rng_alone():
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    build_model(make_neox_args(pos_emb="learned", soft_prompt_tuning={"num_tokens": 2}), SingleProcessState())
+    build_model(tiny_config(pos_emb="learned", soft_prompt_tokens=2), SingleProcessState())
     torch.testing.assert_close(torch.rand(3), expected)

@@ -7,8 +7,7 @@ import torch
 from megatron.model import GPT2ModelPipe, build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from tests.distributed_helpers import run_distributed
-from tests.model.helpers import random_batch
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import random_batch, tiny_config
 from tests.model.tp_helpers import expected_local, gather_vocab
 
 STEPS, MICRO, GAS = 3, 2, 2
@@ -38,29 +37,22 @@ def _reference(args):
 
 
 def _sequential_name(pipe_model, name: str) -> str:
-    """Map a PipelineModule parameter name ('<layer idx>.<rest>') to the sequential model's name."""
+    """Map a PipelineModule parameter name ('<slot>.<rest>', or the tied embedding's) to the sequential
+    model's: both use GPT-NeoX's slot indices."""
     if name.startswith("tied_modules.embed."):
-        return "embedding." + name[len("tied_modules.embed."):]
-    idx, rest = name.split(".", 1)
-    idx, last = int(idx), len(pipe_model._layer_specs) - 1
-    if idx == 0 or (idx == last and rest.startswith("word_embeddings")):
-        return f"embedding.{rest}"
-    if idx == last:
-        return f"head.{rest}"
-    if idx == last - 1:
-        return f"final_norm.{rest}"
-    return f"layers.{idx - 1}.{rest}"
+        return "sequential.0." + name[len("tied_modules.embed."):]
+    return f"sequential.{name}"
 
 
 def _pipeline_losses(rank: int, world_size: int, pipe: int, model_parallel: int, overrides: dict):
     import deepspeed
 
     layout = dict(pipe_parallel_size=pipe, model_parallel_size=model_parallel)
-    args = make_neox_args(**layout, **overrides)
+    args = tiny_config(**layout, **overrides)
     state = ParallelState(**layout)
     model = build_model(args, state)
     assert isinstance(model, GPT2ModelPipe)
-    ref, ref_losses = _reference(make_neox_args(**dict(layout, pipe_parallel_size=0), **overrides))
+    ref, ref_losses = _reference(tiny_config(**dict(layout, pipe_parallel_size=0), **overrides))
 
     class Renamed(torch.nn.Module):  # view the pipeline's parameters under sequential names
         def __init__(self):
@@ -114,6 +106,7 @@ def test_pipeline_matches_sequential_over_steps(pipe, model_parallel, overrides)
     assert len(losses) == STEPS and ref[0] != ref[-1]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=1e-5)
     if pipe == 2:
-        # type:transformer|mlp balances the 2 transformer layers; uniform balances the 5 layers.
-        want = [0, 3, 5] if overrides.get("pipe_partition_method") == "uniform" else [0, 2, 5]
+        # GPT-NeoX's 7 slots (embedding, pass, 2 layers, pass, norm, head): type:transformer|mlp balances the
+        # 2 transformer layers (slots 2 and 3); uniform balances the 7 slots.
+        want = [0, 4, 7] if overrides.get("pipe_partition_method") == "uniform" else [0, 3, 7]
         assert parts == want

@@ -73,9 +73,9 @@ def test_relative_position_buckets():
 def test_rotary_tables_stay_fp32_in_a_bf16_model_and_equal_direct_angles():
     from megatron.model import build_model
     from megatron.mpu import SingleProcessState
-    from tests.model.neox_args_factory import make_neox_args
+    from tests.model.helpers import tiny_config
 
-    model = build_model(make_neox_args(precision="bfloat16", pos_emb="rotary", seq_length=16,
+    model = build_model(tiny_config(precision="bfloat16", pos_emb="rotary", seq_length=16,
                                        max_position_embeddings=4096), SingleProcessState())
     rope = model.layers[0].attention.rotary
     assert rope.inv_freq.dtype == torch.bfloat16  # the module's buffer follows the model...
@@ -94,9 +94,9 @@ def test_rotary_tables_stay_fp32_in_a_bf16_model_and_equal_direct_angles():
 def test_alibi_slopes_stay_fp32_in_a_bf16_model():
     from megatron.model import build_model
     from megatron.mpu import SingleProcessState
-    from tests.model.neox_args_factory import make_neox_args
+    from tests.model.helpers import tiny_config
 
-    model = build_model(make_neox_args(precision="bfloat16", pos_emb="alibi", num_attention_heads=16,
+    model = build_model(tiny_config(precision="bfloat16", pos_emb="alibi", num_attention_heads=16,
                                        hidden_size=64), SingleProcessState())
     slopes = model.layers[0].attention.alibi_slopes(torch.device("cpu"))
     assert slopes.dtype == torch.float32

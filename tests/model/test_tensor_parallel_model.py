@@ -4,12 +4,12 @@ and KV-cache decoding at TP=2 gives the full-forward logits."""
 import pytest
 import torch
 
-from megatron.model import build_model, get_batch
+from megatron.model import BatchOptions, build_model, get_batch
 from megatron.mpu import ParallelState, SingleProcessState
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits
-from tests.model.neox_args_factory import make_neox_args
+from tests.model.helpers import tiny_config
 from tests.model.tp_helpers import expected_local, gather_vocab
 
 CONFIGS = [
@@ -25,7 +25,7 @@ def _compare(rank: int, world_size: int) -> None:
     inputs, labels = random_batch()
     text = torch.cat([inputs[0], labels[0][:, -1:]], dim=1)
     for overrides in CONFIGS:
-        args = make_neox_args(model_parallel_size=2, **overrides)
+        args = tiny_config(model_parallel_size=2, **overrides)
         ref = build_model(args, SingleProcessState())
         ref_logits = ref(inputs)
         ref_loss = ref.loss_fn(ref_logits, labels)
@@ -34,7 +34,7 @@ def _compare(rank: int, world_size: int) -> None:
         state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
         model = build_model(args, state)
         # Only TP rank 0 reads data; get_batch broadcasts it inside the model-parallel group.
-        got_inputs, got_labels = get_batch(args, {"text": text} if rank == 0 else None, state)
+        got_inputs, got_labels = get_batch(BatchOptions(), {"text": text} if rank == 0 else None, state)
         for got, want in zip(got_inputs + got_labels, inputs + labels):
             assert torch.equal(got, want)
         for name, (want, got) in expected_local(ref, model, rank, 2, grads=False).items():

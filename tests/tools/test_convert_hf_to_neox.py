@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from tests.checkpoint_conversion.engine_logits import engine_logits, runtime_config
-from tests.checkpoint_conversion.helpers import random_tokens, save_tiny_tokenizer, tiny_gptneox, tiny_llama
+from tests.checkpoint_conversion.helpers import (hf_greedy, random_tokens, save_tiny_tokenizer, tiny_gptneox,
+                                                tiny_llama)
 from tests.e2e.launch import free_port, run_deepy
 from tests.e2e.training_run import build_tiny_corpus
 from tests.tools.tool_runner import load_tool, run_tool
@@ -77,3 +78,45 @@ def test_missing_hf_dir_exits_2(tmp_path):
                       "--config_out", str(tmp_path / "c.yml"))
     assert result.returncode == 2
     assert "--hf_dir" in result.stderr and "no config.json" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_config_out_alone_serves_generate_and_the_reverse_conversion(tmp_path):
+    """The YAML convert_hf_to_neox.py writes (model, tokenizer and load: no batch size, optimizer or
+    iterations) is all that `deepy.py generate.py` and `convert_neox_to_hf.py --config_file` need: greedy
+    generation gives transformers' greedy tokens, and converting back gives the original tensors."""
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    hf = tiny_gptneox(parallel_residual=True, rotary_pct=0.5, tied=False)
+    hf.save_pretrained(tmp_path / "hf")
+    save_tiny_tokenizer(tmp_path / "hf")
+    model_yml = tmp_path / "model.yml"
+    result = run_tool(TOOL, "--hf_dir", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "ckpt"),
+                      "--config_out", str(model_yml))
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = set(yaml.safe_load(model_yml.read_text()))
+    assert not {"train_micro_batch_size_per_gpu", "optimizer", "train_iters"} & written
+
+    prompts = ["w5 w17 w9 w30", "w2 w3"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    out = tmp_path / "samples.jsonl"
+    result = run_deepy(["generate.py", str(model_yml), "-i", str(tmp_path / "prompts.txt"), "-o", str(out),
+                        "--master_port", str(free_port())])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    tokenizer = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["context"] for r in records] == prompts
+    for prompt, record in zip(prompts, records):
+        ids = torch.tensor([tokenizer.encode(prompt).ids])
+        want = hf_greedy(hf, ids, record["length"])[0, ids.size(1):].tolist()
+        assert record["length"] > 0 and tokenizer.encode(record["text"]).ids == want
+
+    result = run_tool("tools/ckpts/convert_neox_to_hf.py", "--input_dir", str(tmp_path / "ckpt"), "--config_file",
+                      str(model_yml), "--output_dir", str(tmp_path / "back"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    back = load_file(str(tmp_path / "back" / "model.safetensors"))
+    original = {k: v for k, v in hf.state_dict().items() if not k.endswith("inv_freq")}
+    names = {"lm_head.weight": "embed_out.weight"} if "embed_out.weight" in back else {}
+    for name, tensor in original.items():
+        assert torch.equal(back[names.get(name, name)], tensor), name

@@ -1,5 +1,5 @@
-"""deepy.py worker: load a checkpoint through the DeepSpeed engine (megatron.inference.setup_for_inference,
-the path generate.py and eval.py use) and write the full logits of fixed tokens.
+"""deepy.py worker: load a checkpoint as generate.py and eval.py do (megatron.inference.setup_for_inference)
+and write the full logits of fixed tokens.
 
 Environment: CONVERT_TOKENS (a torch file with a [batch, seq] LongTensor), CONVERT_LOGITS_OUT (where the
 first rank writes the [batch, seq, padded_vocab] logits). Tensor-parallel vocabulary shards are gathered;
@@ -56,11 +56,12 @@ def main() -> int:
     tokens = torch.load(os.environ["CONVERT_TOKENS"])
     mask, _, pos = masks_and_position_ids(tokens, None, False)
     ps = ctx.parallel_state
+    module = getattr(engine, "module", engine)  # the PipelineEngine's module, or the model itself
     with torch.no_grad():
         if args.is_pipe_parallel:
-            logits = _pipeline_logits(engine.module, (tokens, pos, mask), ps, args.hidden_size)
+            logits = _pipeline_logits(module, (tokens, pos, mask), ps, args.hidden_size)
         else:
-            logits = engine.module((tokens, pos, mask))
+            logits = module((tokens, pos, mask))
         if logits is not None:
             logits = _gather_vocab(logits.float(), ps)
             if ps.get_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0:

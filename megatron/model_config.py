@@ -1,0 +1,397 @@
+"""ModelConfig: the frozen set of values the model's layers read, and the model's own rules.
+
+The layers never see NeoXArgs (312 fields of launcher, data, logging and optimizer settings): they are
+built from a ModelConfig, made once per run by :meth:`ModelConfig.from_neox_args` (the one adapter) or
+constructed directly (tests, converters, inference). Every value the layers need that is *derived* from
+the user's arguments (head size, key/value heads, MLP width, norm epsilon, rotary width, the per-layer
+attention types, the padded vocabulary) is computed here, in ``__post_init__``, and nowhere else.
+
+Field names are GPT-NeoX's argument names with the schema's defaults (a test checks they agree), except
+where a GPT-NeoX dict is flattened into plain values: ``soft_prompt_tuning`` becomes ``soft_prompt_tokens``
+/ ``soft_prompt_init_range``, and ``sparsity_config``'s local-window keys become ``local_attention_block``
+/ ``local_attention_window_blocks``.
+
+The model's rules (:meth:`ModelConfig.problems`: shapes, attention types, which fusion flags apply,
+:meth:`ModelConfig.device_problems`: which precision runs where) live here too; NeoXArgs validation
+reports them with every other config problem at once. This module does not import torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
+
+ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
+                   "gmlp", "amlp", "mamba", "rwkv")
+"""Every layer type GPT-NeoX's attention_config names."""
+BUILT_ATTENTION_TYPES = ("global", "local", "flash")
+"""The layer types this model builds."""
+PLAIN_ACTIVATIONS = ("gelu", "relu", "softsign", "swish", "mish", "silu")
+GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
+"""GLU-family activations: the MLP's first projection is a fused [up | gate] pair."""
+NORMS = ("layernorm", "rmsnorm", "scalenorm")
+POSITION_EMBEDDINGS = ("learned", "rotary", "sinusoidal", "rpe", "alibi", "none")
+INIT_METHODS = ("normal", "scaled_normal", "orthogonal", "scaled_orthogonal", "xavier_uniform", "xavier_normal",
+                "wang_init", "small_init", "single_residual_scaled_normal")
+PRECISIONS = ("fp32", "fp16", "bfloat16")
+SOFTMAX_FUSION_FLAGS = ("scaled_upper_triang_masked_softmax_fusion", "scaled_masked_softmax_fusion")
+LOCAL_ATTENTION_BLOCK = 16
+LOCAL_ATTENTION_WINDOW_BLOCKS = 3
+
+
+def expand_attention_config(config: Optional[Sequence[Any]], num_layers: int) -> Tuple[str, ...]:
+    """[[["global", "local"], 6]] -> ("global", "local", ...) of length num_layers (None: all global).
+
+    An already expanded list of strings is returned as it is. Raises ValueError for a malformed entry."""
+    if config is None:
+        return ("global",) * num_layers
+    if all(isinstance(item, str) for item in config):
+        return tuple(config)
+    layers: List[str] = []
+    for item in config:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], (list, tuple))
+                and item[0] and all(isinstance(t, str) for t in item[0])):
+            raise ValueError(f"each attention_config entry must be [[types...], count], got {item!r}")
+        types, count = list(item[0]), item[1]
+        if count == "all":
+            if len(config) != 1:
+                raise ValueError("an attention_config entry with count 'all' must be the only entry")
+            return tuple((types * math.ceil(num_layers / len(types)))[:num_layers])
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"attention_config count must be a positive integer or 'all', got {count!r}")
+        layers += types * count
+    return tuple(layers)
+
+
+def mlp_width(hidden_size: int, intermediate_size: Optional[int], expansion_factor: Optional[float],
+              mlp_multiple_of: int, gated: bool) -> int:
+    """Width of the MLP activation (the down projection's input), GPT-NeoX's rule.
+
+    inner = intermediate_size, else int(expansion_factor * hidden), else 4 * hidden. Plain activations:
+    inner rounded up to mlp_multiple_of. Gated ones keep the plain MLP's parameter count: each of the two
+    halves is int(inner * 2 / 3) // 2, rounded up to mlp_multiple_of."""
+    if intermediate_size:
+        inner = int(intermediate_size)
+    elif expansion_factor:
+        inner = int(float(expansion_factor) * hidden_size)
+    else:
+        inner = 4 * hidden_size
+    width = int(inner * 2 / 3) // 2 if gated else inner
+    multiple = max(int(mlp_multiple_of), 1)
+    return multiple * -(-width // multiple)
+
+
+def padded_vocab_size(tokenizer_vocab_size: int, make_vocab_size_divisible_by: int, model_parallel_size: int,
+                      explicit: Optional[int] = None) -> int:
+    """The tokenizer's vocabulary padded to a multiple of make_vocab_size_divisible_by x model_parallel_size
+    (every tensor-parallel rank holds an equal slice); an explicit padded_vocab_size is kept if big enough.
+    Raises ValueError naming the key otherwise."""
+    if explicit is not None:
+        if explicit < tokenizer_vocab_size or explicit % model_parallel_size:
+            raise ValueError(f"padded_vocab_size={explicit} must be >= the tokenizer's {tokenizer_vocab_size} tokens "
+                             f"and divisible by model_parallel_size={model_parallel_size}")
+        return explicit
+    multiple = make_vocab_size_divisible_by * model_parallel_size
+    return -(-tokenizer_vocab_size // multiple) * multiple
+
+
+def _soft_prompt(settings: Optional[dict]) -> Tuple[Optional[int], float]:
+    """(tokens, init range) of GPT-NeoX's soft_prompt_tuning dict; tokens None when it is off."""
+    if not settings or not settings.get("enabled", True):
+        return None, 0.5
+    tokens = settings.get("n_tokens", 10)
+    return int(tokens), float(settings.get("init_range", 0.5))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the model is (see the module docstring). Construct directly or with from_neox_args."""
+
+    # shape
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    seq_length: int
+    padded_vocab_size: Optional[int] = None
+    num_kv_heads: Optional[int] = None
+    max_position_embeddings: Optional[int] = None
+    intermediate_size: Optional[int] = None
+    expansion_factor: Optional[float] = None
+    mlp_multiple_of: int = 1
+    activation: str = "gelu"
+    # norms
+    norm: str = "layernorm"
+    layernorm_epsilon: float = 1e-05
+    rms_norm_epsilon: float = 1e-08
+    scalenorm_epsilon: float = 1e-08
+    use_bias_in_norms: bool = True
+    use_qk_layernorm: bool = False
+    # positions
+    pos_emb: str = "learned"
+    rotary_pct: float = 1.0
+    rotary_emb_base: int = 10000
+    rotary_save_freqs_buffer: bool = False
+    rpe_num_buckets: int = 32
+    rpe_max_distance: int = 128
+    opt_pos_emb_offset: int = 0
+    # attention
+    attention_config: Optional[Sequence[Any]] = None
+    sliding_window_width: Optional[int] = None
+    local_attention_block: int = LOCAL_ATTENTION_BLOCK
+    local_attention_window_blocks: int = LOCAL_ATTENTION_WINDOW_BLOCKS
+    apply_query_key_layer_scaling: bool = False
+    attention_softmax_in_fp32: bool = False
+    use_bias_in_attn_linear: bool = True
+    use_bias_in_mlp: bool = True
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    # residual and head
+    gpt_j_residual: bool = False
+    gpt_j_tied: bool = False
+    no_weight_tying: bool = False
+    soft_prompt_tokens: Optional[int] = None
+    soft_prompt_init_range: float = 0.5
+    # initialisation
+    seed: int = 1234
+    init_method: str = "normal"
+    output_layer_init_method: str = "scaled_normal"
+    init_method_std: float = 0.02
+    # fused kernels (megatron.fused_kernels)
+    layernorm_fusion: bool = False
+    rmsnorm_fusion: bool = False
+    rope_fusion: bool = False
+    bias_gelu_fusion: bool = False
+    bias_dropout_fusion: bool = False
+    use_flashattn_swiglu: bool = False
+    scaled_upper_triang_masked_softmax_fusion: bool = False
+    scaled_masked_softmax_fusion: bool = False
+    # numerics
+    precision: str = "fp32"
+    fp16_lm_cross_entropy: bool = False
+    # parallel layout and activation checkpointing
+    model_parallel_size: int = 1
+    pipe_parallel_size: int = 0
+    sequence_parallel: bool = False
+    pipe_partition_method: str = "type:transformer|mlp"
+    checkpoint_activations: bool = False
+    checkpoint_num_layers: int = 1
+    partition_activations: bool = False
+    contiguous_checkpointing: bool = False
+    checkpoint_in_cpu: bool = False
+    synchronize_each_layer: bool = False
+    profile_backward: bool = False
+
+    # derived once, in __post_init__
+    attention_types: Tuple[str, ...] = field(init=False)
+    """One layer type per layer (attention_config expanded)."""
+    kv_heads: int = field(init=False)
+    head_dim: int = field(init=False)
+    gated_mlp: bool = field(init=False)
+    ffn_width: int = field(init=False)
+    """Width of the MLP activation (mlp_width's rule)."""
+    norm_epsilon: float = field(init=False)
+    """The epsilon of the selected norm."""
+    rotary_dim: int = field(init=False)
+    """Channels of each head that rotary embeddings rotate (0 without rotary)."""
+    positions: int = field(init=False)
+    """max_position_embeddings, or seq_length when unset."""
+
+    def __post_init__(self) -> None:
+        def derive(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        try:
+            types = expand_attention_config(self.attention_config, int(self.num_layers))
+        except ValueError:
+            types = ()  # problems() names the malformed entry
+        derive("attention_config", types if types else self.attention_config)
+        derive("attention_types", types)
+        heads = int(self.num_attention_heads)
+        derive("kv_heads", int(self.num_kv_heads or heads))
+        derive("head_dim", self.hidden_size // heads if heads > 0 else 0)
+        derive("gated_mlp", self.activation in GATED_ACTIVATIONS)
+        derive("ffn_width", mlp_width(self.hidden_size, self.intermediate_size, self.expansion_factor,
+                                      self.mlp_multiple_of, self.gated_mlp))
+        derive("norm_epsilon", {"rmsnorm": self.rms_norm_epsilon, "scalenorm": self.scalenorm_epsilon}.get(
+            self.norm, self.layernorm_epsilon))
+        derive("rotary_dim", int(self.head_dim * float(self.rotary_pct)) if self.pos_emb == "rotary" else 0)
+        derive("positions", int(self.max_position_embeddings or self.seq_length))
+
+    # ---- the adapter ------------------------------------------------------------------------------
+    @classmethod
+    def from_neox_args(cls, args: Any, padded_vocab_size: Optional[int] = None) -> "ModelConfig":
+        """The model of a NeoXArgs (validated, derived), or of its dict (a checkpoint's neox_args.json);
+        ``padded_vocab_size`` once the tokenizer is known (default: the args' own padded_vocab_size, which may
+        be None before the tokenizer is built)."""
+        if isinstance(args, Mapping):
+            args = SimpleNamespace(**args)
+        flattened = {"soft_prompt_tuning", "sparsity_config"}
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                  if f.init and f.name not in flattened and hasattr(args, f.name)}
+        values["precision"] = getattr(args, "precision", None) or "fp32"
+        values["padded_vocab_size"] = padded_vocab_size if padded_vocab_size is not None \
+            else getattr(args, "padded_vocab_size", None)
+        values["soft_prompt_tokens"], values["soft_prompt_init_range"] = \
+            _soft_prompt(getattr(args, "soft_prompt_tuning", None))
+        sparsity = getattr(args, "sparsity_config", None) or {}
+        values["local_attention_block"] = int(sparsity.get("block", LOCAL_ATTENTION_BLOCK))
+        values["local_attention_window_blocks"] = int(sparsity.get("num_sliding_window_blocks",
+                                                                   LOCAL_ATTENTION_WINDOW_BLOCKS))
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with ``changes`` (derived values recomputed)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        return ModelConfig(**{**values, **changes})
+
+    # ---- views ------------------------------------------------------------------------------------
+    @property
+    def tied_embeddings(self) -> bool:
+        return not self.no_weight_tying
+
+    @property
+    def is_pipe_parallel(self) -> bool:
+        """Built as a DeepSpeed PipelineModule (pipe_parallel_size >= 1, as GPT-NeoX)."""
+        return self.pipe_parallel_size >= 1
+
+    @property
+    def softmax_fusion(self) -> bool:
+        """A fused-softmax flag is on and some layer can use it (flash layers compute their own softmax)."""
+        return any(getattr(self, flag) for flag in SOFTMAX_FUSION_FLAGS) and \
+            any(kind != "flash" for kind in self.attention_types)
+
+    # ---- rules ------------------------------------------------------------------------------------
+    def problems(self) -> List[str]:
+        """Everything that makes this model unbuildable, each naming the argument and what is allowed."""
+        problems = self._shape_problems()
+        if problems:
+            return problems
+        problems += self._attention_problems()
+        problems += self._component_problems()
+        problems += fusion_flag_problems(self)
+        return problems
+
+    def _shape_problems(self) -> List[str]:
+        problems = [f"{name}={getattr(self, name)} must be >= 1" for name in
+                    ("num_layers", "hidden_size", "num_attention_heads", "seq_length") if getattr(self, name) < 1]
+        if problems:
+            return problems
+        heads, kv, mp = self.num_attention_heads, self.num_kv_heads, self.model_parallel_size
+        if self.hidden_size % heads:
+            problems.append(f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={heads}")
+        if heads % mp:
+            problems.append(f"num_attention_heads={heads} must be divisible by model_parallel_size={mp}")
+        if kv is not None:
+            if kv < 1 or kv > heads or heads % kv:
+                problems.append(f"num_kv_heads={kv} must divide num_attention_heads={heads} (1 <= num_kv_heads <= "
+                                f"heads)")
+            elif kv % mp:
+                problems.append(f"num_kv_heads={kv} must be divisible by model_parallel_size={mp}")
+        if self.positions < self.seq_length:
+            problems.append(f"max_position_embeddings={self.max_position_embeddings} must be >= "
+                            f"seq_length={self.seq_length}")
+        if self.intermediate_size is not None and self.intermediate_size < 1:
+            problems.append(f"intermediate_size={self.intermediate_size} must be >= 1")
+        if self.mlp_multiple_of < 1:
+            problems.append(f"mlp_multiple_of={self.mlp_multiple_of} must be >= 1")
+        if self.padded_vocab_size is not None and self.padded_vocab_size % mp:
+            problems.append(f"padded_vocab_size={self.padded_vocab_size} must be divisible by "
+                            f"model_parallel_size={mp}")
+        return problems
+
+    def _attention_problems(self) -> List[str]:
+        problems: List[str] = []
+        try:
+            expand_attention_config(self.attention_config, self.num_layers)
+        except ValueError as exc:
+            return [f"attention_config={self.attention_config!r}: {exc}"]
+        if len(self.attention_types) != self.num_layers:
+            problems.append(f"attention_config expands to {len(self.attention_types)} layers but num_layers="
+                            f"{self.num_layers}; the counts in attention_config must add up to num_layers")
+        for kind in sorted(set(self.attention_types)):
+            if kind not in ATTENTION_TYPES:
+                problems.append(f"attention_config: unknown attention type {kind!r}; choose from "
+                                f"{', '.join(ATTENTION_TYPES)}")
+            elif kind not in BUILT_ATTENTION_TYPES:
+                problems.append(f"attention_config: attention type {kind!r} is not supported yet; built types are "
+                                f"{', '.join(BUILT_ATTENTION_TYPES)}")
+        if self.sliding_window_width is not None and self.sliding_window_width < 1:
+            problems.append(f"sliding_window_width={self.sliding_window_width} must be >= 1")
+        if self.local_attention_block < 1 or self.local_attention_window_blocks < 1:
+            problems.append(f"sparsity_config block={self.local_attention_block} and num_sliding_window_blocks="
+                            f"{self.local_attention_window_blocks} must be >= 1")
+        if self.pos_emb == "rotary":
+            if not 0 < self.rotary_pct <= 1:
+                problems.append(f"rotary_pct={self.rotary_pct} must be in (0, 1]")
+            elif self.rotary_dim < 2 or self.rotary_dim % 2:
+                problems.append(f"rotary_pct={self.rotary_pct} of head size {self.head_dim} gives {self.rotary_dim} "
+                                f"rotated channels; it must be even and >= 2")
+        return problems
+
+    def _component_problems(self) -> List[str]:
+        problems: List[str] = []
+        for name, value, allowed in (("activation", self.activation, PLAIN_ACTIVATIONS + GATED_ACTIVATIONS),
+                                     ("norm", self.norm, NORMS), ("pos_emb", self.pos_emb, POSITION_EMBEDDINGS),
+                                     ("init_method", self.init_method, INIT_METHODS),
+                                     ("output_layer_init_method", self.output_layer_init_method, INIT_METHODS),
+                                     ("precision", self.precision, PRECISIONS)):
+            if value not in allowed:
+                problems.append(f"{name}={value!r} is not supported; choose from {', '.join(allowed)}")
+        if self.gpt_j_tied and not self.gpt_j_residual:
+            problems.append("gpt_j_tied=true needs gpt_j_residual=true")
+        if self.sequence_parallel and self.model_parallel_size == 1:
+            problems.append("sequence_parallel=true needs model_parallel_size > 1")
+        if self.soft_prompt_tokens is not None and self.soft_prompt_tokens < 1:
+            problems.append(f"soft_prompt_tuning.n_tokens={self.soft_prompt_tokens} must be >= 1")
+        if self.contiguous_checkpointing and not self.partition_activations:
+            problems.append("contiguous_checkpointing=true needs partition_activations=true")
+        if self.partition_activations and self.sequence_parallel and self.checkpoint_activations:
+            problems.append("partition_activations with sequence_parallel is not supported: the checkpointed "
+                            "activations already differ across model-parallel ranks")
+        if self.checkpoint_num_layers < 1:
+            problems.append(f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
+        return problems
+
+    def device_problems(self, cuda_available: bool) -> List[str]:
+        """What this worker's hardware cannot run (checked where the workers start: deepy.py often runs on a
+        head node without the workers' GPUs)."""
+        if self.precision == "fp16" and not cuda_available:
+            return ["fp16 needs a CUDA GPU and this worker has none; on CPU use bf16: {enabled: true} or fp32 "
+                    "(remove the fp16 dict)"]
+        return []
+
+
+def fusion_flag_problems(config: ModelConfig) -> List[str]:
+    """Fusion flags that are on although the model has no op for them to replace."""
+    problems = []
+    if config.layernorm_fusion and config.norm != "layernorm":
+        problems.append(f"layernorm_fusion=true fuses norm='layernorm', but norm={config.norm!r}; "
+                        + ("use rmsnorm_fusion instead" if config.norm == "rmsnorm" else
+                           "set layernorm_fusion to false"))
+    if config.rmsnorm_fusion and config.norm != "rmsnorm":
+        problems.append(f"rmsnorm_fusion=true fuses norm='rmsnorm', but norm={config.norm!r}; "
+                        + ("use layernorm_fusion instead" if config.norm == "layernorm" else
+                           "set rmsnorm_fusion to false"))
+    if config.rope_fusion and config.pos_emb != "rotary":
+        problems.append(f"rope_fusion=true fuses rotary embeddings, but pos_emb={config.pos_emb!r}; "
+                        "set rope_fusion to false")
+    if config.bias_gelu_fusion and config.activation != "gelu":
+        problems.append(f"bias_gelu_fusion=true fuses activation='gelu', but activation={config.activation!r}; "
+                        "set bias_gelu_fusion to false")
+    if config.use_flashattn_swiglu and config.activation != "swiglu":
+        problems.append(f"use_flashattn_swiglu=true replaces activation='swiglu', but activation="
+                        f"{config.activation!r}; set use_flashattn_swiglu to false")
+    return problems
+
+
+def softmax_fusion_warning(config: ModelConfig) -> Optional[str]:
+    """The warning for a fused-softmax flag on a model whose layers are all 'flash' (GPT-NeoX's Pythia,
+    Mistral and Llama-2 configs set both): flash attention computes its own softmax, so nothing is fused."""
+    flags = [flag for flag in SOFTMAX_FUSION_FLAGS if getattr(config, flag)]
+    if flags and config.attention_types and all(kind == "flash" for kind in config.attention_types):
+        return (f"{' / '.join(flags)}=true has no effect: every layer uses 'flash' attention, which computes its "
+                f"own softmax (as in GPT-NeoX)")
+    return None
+
