@@ -121,3 +121,30 @@ def test_training_needs_iterations_optimizer_and_data():
 def test_valid_tiny_config_passes():
     args = NeoXArgs.from_dict(dict(TINY))
     assert args.deepspeed_config is not None
+
+
+TE_AT_DEFAULTS = {"te_columnparallel": False, "te_rowparallel": False, "te_layernorm_mlp": False, "te_mha": False,
+                  "te_fp8_format": "hybrid", "te_fp8_wgrad": True, "te_fp8_amax_history_len": 1,
+                  "te_fp8_amax_compute_algo": "most_recent", "te_fp8_margin": 0, "te_fp8_mha": False}
+
+
+def test_transformer_engine_keys_are_known_and_accepted_when_off():
+    args = tiny(**TE_AT_DEFAULTS)
+    assert args.te_mha is False and args.te_fp8_format == "hybrid"
+
+
+@pytest.mark.parametrize("key,value", [("te_columnparallel", True), ("te_rowparallel", True),
+                                       ("te_layernorm_mlp", True), ("te_mha", True), ("te_fp8_mha", True),
+                                       ("te_fp8_format", "e4m3"), ("te_fp8_wgrad", False),
+                                       ("te_fp8_amax_history_len", 16), ("te_fp8_amax_compute_algo", "max"),
+                                       ("te_fp8_margin", 1)])
+def test_transformer_engine_switched_on_is_not_supported_yet(key, value):
+    with pytest.raises(ConfigError) as err:
+        NeoXArgs.from_dict({**TINY, **TE_AT_DEFAULTS, key: value})
+    [problem] = err.value.problems
+    assert problem.startswith(f"{key}={value!r}: Transformer Engine") and "not supported yet" in problem
+
+
+def test_transformer_engine_fp8_format_is_a_choice():
+    text = problems_of(te_fp8_format="e5m2")
+    assert "te_fp8_format='e5m2'" in text and "one of 'e4m3', 'hybrid'" in text
