@@ -92,13 +92,26 @@ def fusion_flag_problems(neox_args) -> List[str]:
     if getattr(neox_args, "use_flashattn_swiglu", False) and activation != "swiglu":
         problems.append(f"use_flashattn_swiglu=true replaces activation='swiglu', but activation={activation!r}; "
                         "set use_flashattn_swiglu to false")
-    config = list(getattr(neox_args, "attention_config", None) or [])
-    softmax_flags = [flag for flag in SOFTMAX_FUSION_FLAGS if getattr(neox_args, flag, False)]
-    if softmax_flags and config and all(kind == "flash" for kind in config):
-        flags = " / ".join(softmax_flags)
-        problems.append(f"{flags}=true fuses the attention softmax, but every layer uses 'flash' attention "
-                        "(which computes its own softmax); set it to false or use 'global' layers")
     return problems
+
+
+def unused_softmax_fusion_flags(neox_args) -> List[str]:
+    """Softmax fusion flags that are on although every layer uses 'flash' attention, which computes its own
+    softmax: nothing is fused. GPT-NeoX accepts this (its Pythia, Llama 2 and Mistral configs do it), so it
+    is accepted here too, with the warning of `fusion_flag_warnings`, and the model leaves the flags out."""
+    config = list(getattr(neox_args, "attention_config", None) or [])
+    if not config or any(kind != "flash" for kind in config):
+        return []
+    return [flag for flag in SOFTMAX_FUSION_FLAGS if getattr(neox_args, flag, False)]
+
+
+def fusion_flag_warnings(neox_args) -> List[str]:
+    """What to tell the user about fusion flags that are accepted but cannot take effect."""
+    unused = unused_softmax_fusion_flags(neox_args)
+    if not unused:
+        return []
+    return [f"{' / '.join(unused)}=true has no effect: every layer uses 'flash' attention, which computes its "
+            f"own softmax, so nothing is fused (as in GPT-NeoX); set it to false to silence this warning"]
 
 
 def unknown_key_problems(keys: Iterable[str], known: Set[str], origin: dict) -> List[str]:

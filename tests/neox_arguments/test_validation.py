@@ -1,8 +1,10 @@
 """Each validation rule, checked through the message naming the key."""
 
+import warnings
+
 import pytest
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import ConfigError, NeoXArgs, NeoXConfigWarning
 from tests.neox_arguments.helpers import TINY, problems_of, tiny
 
 
@@ -88,8 +90,6 @@ def test_required_model_fields():
     ({"rope_fusion": True, "pos_emb": "learned"}, "rope_fusion=true fuses rotary embeddings"),
     ({"bias_gelu_fusion": True, "activation": "swiglu"}, "bias_gelu_fusion=true fuses activation='gelu'"),
     ({"use_flashattn_swiglu": True, "activation": "geglu"}, "use_flashattn_swiglu=true replaces activation='swiglu'"),
-    ({"scaled_upper_triang_masked_softmax_fusion": True, "attention_config": [[["flash"], 2]]},
-     "every layer uses 'flash' attention"),
 ])
 def test_rule(overrides, needle):
     assert needle in problems_of(**overrides)
@@ -148,3 +148,27 @@ def test_transformer_engine_switched_on_is_not_supported_yet(key, value):
 def test_transformer_engine_fp8_format_is_a_choice():
     text = problems_of(te_fp8_format="e5m2")
     assert "te_fp8_format='e5m2'" in text and "one of 'e4m3', 'hybrid'" in text
+
+
+def _config_warnings(**overrides):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = tiny(**overrides)
+    return args, [str(w.message) for w in caught if issubclass(w.category, NeoXConfigWarning)]
+
+
+@pytest.mark.parametrize("flags", [{"scaled_upper_triang_masked_softmax_fusion": True},
+                                   {"scaled_masked_softmax_fusion": True},
+                                   {"scaled_upper_triang_masked_softmax_fusion": True,
+                                    "scaled_masked_softmax_fusion": True}])
+def test_softmax_fusion_with_only_flash_layers_is_accepted_with_one_warning(flags):
+    args, messages = _config_warnings(attention_config=[[["flash"], 2]], **flags)
+    assert args.attention_config == ["flash", "flash"] and all(getattr(args, f) for f in flags)
+    [message] = messages
+    assert " / ".join(flags) + "=true has no effect" in message and "'flash'" in message
+
+
+@pytest.mark.parametrize("config", [None, [[["global", "flash"], 1]], [[["local"], 2]]])
+def test_softmax_fusion_with_a_softmax_to_fuse_gives_no_warning(config):
+    _, messages = _config_warnings(attention_config=config, scaled_upper_triang_masked_softmax_fusion=True)
+    assert messages == []
