@@ -15,6 +15,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.hostfile import is_local_launch
 
 TRAINING_SCRIPTS = ("train.py",)
 
@@ -80,7 +81,7 @@ def _cap_cpu_threads(args: NeoXArgs) -> None:
 
     if torch.cuda.is_available():
         return
-    ranks_here = args.global_num_gpus if not args.hostfile else 1
+    ranks_here = args.global_num_gpus if is_local_launch(args.hostfile) else 1
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(ranks_here, 1)))
 
 
