@@ -36,6 +36,17 @@ def test_types_and_choices_name_key_value_and_what_is_allowed(key, value, expect
     assert key in text and repr(value) in text and expected in text
 
 
+@pytest.mark.parametrize("key,written,declared", [
+    ("tokenizer_type", "hftokenizer", "HFTokenizer"),
+    ("tokenizer_type", "GPT2BPETOKENIZER", "GPT2BPETokenizer"),
+    ("norm", "RMSNorm", "rmsnorm"),
+    ("launcher", "OpenMPI", "openmpi"),
+])
+def test_choices_in_any_case_become_the_declared_spelling(key, written, declared):
+    """GPT-NeoX compares choices without regard to case (`tokenizer_type: hftokenizer`)."""
+    assert getattr(tiny(**{key: written}), key) == declared
+
+
 def test_int_is_accepted_for_a_float_and_converted():
     assert tiny(hidden_dropout=0).hidden_dropout == 0.0 and isinstance(tiny(hidden_dropout=0).hidden_dropout, float)
 

@@ -93,6 +93,16 @@ def test_pad_vocab_size_rejects_bad_values() -> None:
         pad_vocab_size(100, 0, 1)
 
 
+@pytest.mark.parametrize("spelling", ["hftokenizer", "HFTOKENIZER", "HfTokenizer"])
+def test_tokenizer_type_in_any_case(spelling: str, files: dict[str, Path]) -> None:
+    """GPT-NeoX's build_tokenizer compares the type without regard to case."""
+    args = _args_for("HFTokenizer", files)
+    args.tokenizer_type = spelling
+    tok = build_tokenizer(args)
+    assert tok.name == "HFTokenizer" and tok.tokenize("hello world") == build_tokenizer(
+        _args_for("HFTokenizer", files)).tokenize("hello world")
+
+
 def test_unknown_tokenizer_type_names_the_choices() -> None:
     with pytest.raises(TokenizerError, match="tokenizer_type='Nope'.*HFTokenizer"):
         build_tokenizer(make_neox_args(tokenizer_type="Nope"))
