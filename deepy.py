@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
 from megatron.neox_arguments.hostfile import is_local_launch
+from megatron.neox_arguments.loading import resolve_config_paths
 
 TRAINING_SCRIPTS = ("train.py",)
 
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="deepy.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("user_script", help="the worker script to run: train.py, generate.py, eval.py or your own")
-    parser.add_argument("conf_file", nargs="+", help="YAML config files, merged; a key may be set in one file only")
+    parser.add_argument("conf_file", nargs="+",
+                        help="YAML config files, merged; a key may be set in one file only; NAME means NAME.yml")
     parser.add_argument("-d", "--conf_dir", help="directory the config file names are relative to")
     runner = parser.add_argument_group("launching (override the config)")
     runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node")
@@ -59,7 +61,7 @@ OVERRIDE_KEYS = ("hostfile", "include", "exclude", "num_nodes", "num_gpus", "mas
 def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
     """Parse deepy.py's command line into validated NeoXArgs (raises ConfigError)."""
     ns = build_parser().parse_args(argv)
-    paths = [os.path.join(ns.conf_dir, p) if ns.conf_dir else p for p in ns.conf_file]
+    paths = resolve_config_paths(ns.conf_file, ns.conf_dir)
     overrides: Dict[str, Any] = {k: getattr(ns, k) for k in OVERRIDE_KEYS if getattr(ns, k) is not None}
     overrides["user_script"] = ns.user_script
     args = NeoXArgs.from_ymls(paths, overwrite_values=overrides)
