@@ -151,7 +151,10 @@ def model_problems(args: "NeoXArgs") -> List[str]:
         return problems
     heads, kv = args.num_attention_heads, args.num_kv_heads
     mp = args.model_parallel_size
-    if args.hidden_size % heads:
+    mamba = isinstance(args.attention_config, list) and "mamba" in args.attention_config
+    # Mamba layers have no heads to split hidden_size over; GPT-NeoX's Mamba configs keep a count that does not
+    # divide it, and GPT-NeoX skips this check for them (they are refused below as not supported yet anyway)
+    if args.hidden_size % heads and not mamba:
         problems.append(f"hidden_size={args.hidden_size} must be divisible by num_attention_heads={heads}")
     if heads % mp:
         problems.append(f"num_attention_heads={heads} must be divisible by model_parallel_size={mp}")
