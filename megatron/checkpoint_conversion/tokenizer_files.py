@@ -38,7 +38,7 @@ def write_hf_tokenizer(args: Mapping[str, Any], out_dir: str, max_length: int) -
     PreTrainedTokenizerFast = transformers_module().PreTrainedTokenizerFast
 
     ours = build_tokenizer(_Namespace(tokenizer_type="HFTokenizer", vocab_file=vocab_file))
-    eos = ours.detokenize([ours.eod])
+    eos = ours.inv_vocab[ours.eod]
     tok = PreTrainedTokenizerFast(tokenizer_file=vocab_file, eos_token=eos, bos_token=eos,
                                   model_max_length=int(max_length))
     tok.save_pretrained(out_dir)
