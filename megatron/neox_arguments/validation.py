@@ -22,6 +22,11 @@ SPLIT_OPTIONS = ("grouped", "spaced")
 
 _MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(NeoXArgsModel)}
 
+
+def _not_default(key: str) -> Callable[[Any], bool]:
+    return lambda value: value != _MODEL_DEFAULTS[key]
+
+
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("train_impl", lambda v: v != "normal", "only train_impl 'normal' (language-model pretraining) is built; "
@@ -62,7 +67,7 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("no_save_optim", bool, "no_save_optim is not supported yet (DeepSpeed always saves optimizer states)"),
     ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
     *((key, bool, f"Transformer Engine layers ({key}) are not supported yet") for key in TRANSFORMER_ENGINE_LAYERS),
-    *((key, lambda v, default=_MODEL_DEFAULTS[key]: v != default,
+    *((key, _not_default(key),
        f"Transformer Engine FP8 settings ({key}) are not supported yet (they only apply to Transformer Engine "
        f"layers); leave it at {_MODEL_DEFAULTS[key]!r} or delete the key") for key in TRANSFORMER_ENGINE_FP8_SETTINGS),
 )
