@@ -15,6 +15,8 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments.hostfile import is_local_launch
+from megatron.neox_arguments.loading import resolve_config_paths
 
 TRAINING_SCRIPTS = ("train.py",)
 
@@ -23,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="deepy.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("user_script", help="the worker script to run: train.py, generate.py, eval.py or your own")
-    parser.add_argument("conf_file", nargs="+", help="YAML config files, merged; a key may be set in one file only")
+    parser.add_argument("conf_file", nargs="+",
+                        help="YAML config files, merged; a key may be set in one file only; NAME means NAME.yml")
     parser.add_argument("-d", "--conf_dir", help="directory the config file names are relative to")
     runner = parser.add_argument_group("launching (override the config)")
     runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node")
@@ -58,7 +61,7 @@ OVERRIDE_KEYS = ("hostfile", "include", "exclude", "num_nodes", "num_gpus", "mas
 def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
     """Parse deepy.py's command line into validated NeoXArgs (raises ConfigError)."""
     ns = build_parser().parse_args(argv)
-    paths = [os.path.join(ns.conf_dir, p) if ns.conf_dir else p for p in ns.conf_file]
+    paths = resolve_config_paths(ns.conf_file, ns.conf_dir)
     overrides: Dict[str, Any] = {k: getattr(ns, k) for k in OVERRIDE_KEYS if getattr(ns, k) is not None}
     overrides["user_script"] = ns.user_script
     args = NeoXArgs.from_ymls(paths, overwrite_values=overrides)
@@ -80,7 +83,7 @@ def _cap_cpu_threads(args: NeoXArgs) -> None:
 
     if torch.cuda.is_available():
         return
-    ranks_here = args.global_num_gpus if not args.hostfile else 1
+    ranks_here = args.global_num_gpus if is_local_launch(args.hostfile) else 1
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(ranks_here, 1)))
 
 

@@ -279,7 +279,9 @@ class ModelConfig:
         if problems:
             return problems
         heads, kv, mp = self.num_attention_heads, self.num_kv_heads, self.model_parallel_size
-        if self.hidden_size % heads:
+        # Mamba layers have no heads to split hidden_size over: GPT-NeoX's Mamba configs keep a head count that
+        # does not divide it, and GPT-NeoX skips this check for them (they are refused as not built yet anyway)
+        if self.hidden_size % heads and "mamba" not in self.attention_types:
             problems.append(f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={heads}")
         if heads % mp:
             problems.append(f"num_attention_heads={heads} must be divisible by model_parallel_size={mp}")
@@ -325,7 +327,7 @@ class ModelConfig:
         if self.pos_emb == "rotary":
             if not 0 < self.rotary_pct <= 1:
                 problems.append(f"rotary_pct={self.rotary_pct} must be in (0, 1]")
-            elif self.rotary_dim < 2 or self.rotary_dim % 2:
+            elif (self.rotary_dim < 2 or self.rotary_dim % 2) and not self.hidden_size % self.num_attention_heads:
                 problems.append(f"rotary_pct={self.rotary_pct} of head size {self.head_dim} gives {self.rotary_dim} "
                                 f"rotated channels; it must be even and >= 2")
         return problems

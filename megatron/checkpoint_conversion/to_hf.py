@@ -8,7 +8,7 @@ from megatron.checkpoint_conversion import hf_gptneox, hf_llama
 from megatron.checkpoint_conversion.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
-from megatron.checkpoint_conversion.tokenizer_files import write_hf_tokenizer
+from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
 
 ARCHITECTURES = ("neox", "llama", "mistral")
 HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
@@ -26,8 +26,9 @@ def args_from_config_files(paths: Sequence[str]) -> Dict[str, Any]:
 
 def convert_neox_to_hf(input_dir: str, output_dir: str, config_files: Optional[Sequence[str]] = None,
                        architecture: str = "neox", precision: str = "fp32") -> str:
-    """Merge the shards of ``input_dir`` and write ``output_dir`` (config.json, model.safetensors and the
-    tokenizer files when the config names a tokenizer.json). Returns the Hugging Face class name."""
+    """Merge the shards of ``input_dir`` and write ``output_dir`` (config.json with the tokenizer's eos / bos
+    ids, model.safetensors, and the tokenizer files when the config names a tokenizer.json). Returns the
+    Hugging Face class name."""
     if architecture not in ARCHITECTURES:
         raise ConversionError(f"--architecture {architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
     args = args_from_config_files(config_files) if config_files else None
@@ -37,9 +38,11 @@ def convert_neox_to_hf(input_dir: str, output_dir: str, config_files: Optional[S
     else:
         config, state = hf_llama.to_hf(ckpt.args, ckpt.state, architecture)
     config.architectures = [HF_CLASSES[architecture]]
+    tokenizer = run_tokenizer(ckpt.args)
     os.makedirs(output_dir, exist_ok=True)
-    special = write_hf_tokenizer(ckpt.args, output_dir, config.max_position_embeddings)
-    if special:
-        config.eos_token_id, config.bos_token_id = special["eos_token_id"], special["bos_token_id"]
+    if tokenizer is not None:
+        for name, value in special_token_ids(tokenizer).items():
+            setattr(config, name, value)
+        write_hf_tokenizer(ckpt.args, tokenizer, output_dir, config.max_position_embeddings)
     save_hf_folder(output_dir, config, state, precision)
     return HF_CLASSES[architecture]

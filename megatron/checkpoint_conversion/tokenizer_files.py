@@ -1,10 +1,11 @@
 """Tokenizer files on both sides of a conversion.
 
-Ours -> Hugging Face: a ``tokenizer.json`` named by the config (HFTokenizer, or HFGPT2Tokenizer given a
-tokenizer.json) is written with transformers' PreTrainedTokenizerFast.save_pretrained, so the folder
-has tokenizer.json and tokenizer_config.json with our end-of-document token as eos. Hugging Face ->
-ours: the folder's tokenizer.json (HFTokenizer) or tokenizer.model (SPMTokenizer) is copied next to the
-checkpoint and named in the YAML config.
+Ours -> Hugging Face: config.json's eos_token_id and bos_token_id are the run's end-of-document token, for
+every tokenizer type (GPT-NeoX's converter sets both to the tokenizer's eod). A ``tokenizer.json`` named by
+the config (HFTokenizer, or HFGPT2Tokenizer given a tokenizer.json) is written with transformers'
+PreTrainedTokenizerFast.save_pretrained, so the folder has tokenizer.json and tokenizer_config.json with
+that token as eos. Hugging Face -> ours: the folder's tokenizer.json (HFTokenizer) or tokenizer.model
+(SPMTokenizer) is copied next to the checkpoint and named in the YAML config.
 """
 from __future__ import annotations
 
@@ -20,30 +21,47 @@ from megatron.checkpoint_conversion.errors import ConversionError
 JSON_TOKENIZERS = ("HFTokenizer", "HFGPT2Tokenizer")
 
 
-def write_hf_tokenizer(args: Mapping[str, Any], out_dir: str, max_length: int) -> Optional[Dict[str, int]]:
-    """Write the tokenizer files; returns {"eos_token_id": .., "bos_token_id": ..} or None when the config
-    names no tokenizer.json (a note says why)."""
+def run_tokenizer(args: Mapping[str, Any]) -> Optional[Any]:
+    """The tokenizer the run trained with, or None (with a note) when its config names no tokenizer files."""
+    kind = args.get("tokenizer_type") or "GPT2BPETokenizer"
+    if kind != "CharLevelTokenizer" and not args.get("vocab_file"):
+        print(f"note: tokenizer_type={kind!r} without a vocab_file: config.json gets no eos_token_id / "
+              f"bos_token_id (set them yourself)", file=sys.stderr)
+        return None
+    from megatron.tokenizer import TokenizerError, build_tokenizer
+
+    try:
+        return build_tokenizer(_Namespace(tokenizer_type=kind, vocab_file=args.get("vocab_file"),
+                                          merge_file=args.get("merge_file")))
+    except TokenizerError as exc:
+        raise ConversionError(f"{exc} (the run's tokenizer gives config.json its eos_token_id; fix vocab_file in "
+                              f"the config, or run from the directory it is relative to)") from None
+
+
+def special_token_ids(tokenizer: Any) -> Dict[str, int]:
+    """config.json's eos_token_id and bos_token_id: the end-of-document token, as GPT-NeoX's converter sets
+    them (pad_token_id it sets only for reward models, which are not built here)."""
+    return {"eos_token_id": int(tokenizer.eod), "bos_token_id": int(tokenizer.eod)}
+
+
+def write_hf_tokenizer(args: Mapping[str, Any], tokenizer: Any, out_dir: str, max_length: int) -> bool:
+    """Write tokenizer.json and tokenizer_config.json with the run's ``tokenizer``; False (and a note saying
+    why) when the config names no tokenizer.json."""
     kind = args.get("tokenizer_type")
     vocab_file = args.get("vocab_file")
     if kind not in JSON_TOKENIZERS or not vocab_file or not str(vocab_file).endswith(".json") or \
             args.get("merge_file"):
         print(f"note: tokenizer_type={kind!r} with vocab_file={vocab_file!r} is not a tokenizer.json; no "
               f"tokenizer files written (add the tokenizer to {out_dir} yourself)", file=sys.stderr)
-        return None
-    if not os.path.isfile(vocab_file):
-        raise ConversionError(f"vocab_file {vocab_file!r} (named by the config) does not exist; fix vocab_file "
-                              f"or run from the directory it is relative to")
-    from megatron.tokenizer import build_tokenizer
-
+        return False
     PreTrainedTokenizerFast = transformers_module().PreTrainedTokenizerFast
 
-    ours = build_tokenizer(_Namespace(tokenizer_type="HFTokenizer", vocab_file=vocab_file))
-    eos = ours.detokenize([ours.eod])
+    eos = tokenizer.inv_vocab[tokenizer.eod]
     tok = PreTrainedTokenizerFast(tokenizer_file=vocab_file, eos_token=eos, bos_token=eos,
                                   model_max_length=int(max_length))
     tok.save_pretrained(out_dir)
     _portable_tokenizer_class(os.path.join(out_dir, "tokenizer_config.json"))
-    return {"eos_token_id": int(ours.eod), "bos_token_id": int(ours.eod)}
+    return True
 
 
 def _portable_tokenizer_class(config_path: str) -> None:

@@ -85,13 +85,13 @@ class FusedOps:
         return cls(**ops, cross_entropy=cross_entropy)
 
     @classmethod
-    def from_args(cls, neox_args: Any, fused_cross_entropy: bool = False) -> "FusedOps":
-        """Pick each op by its GPT-NeoX flag on ``neox_args`` (a missing attribute counts as off).
+    def from_args(cls, flags: Any, fused_cross_entropy: bool = False) -> "FusedOps":
+        """Pick each op by its GPT-NeoX flag on ``flags`` (a ModelConfig; a missing attribute counts as off).
 
         Raises RuntimeError naming the enabled flags (and requirements-triton.txt) when any is
         on but Triton is not installed or has no device to run on.
         """
-        enabled = {name for name, (flag, _, _) in KERNELS.items() if bool(getattr(neox_args, flag, False))}
+        enabled = {name for name, (flag, _, _) in KERNELS.items() if bool(getattr(flags, flag, False))}
         flags = [KERNELS[name][0] for name in KERNELS if name in enabled]
         require_triton(*flags, *([CROSS_ENTROPY_OPTION] if fused_cross_entropy else []))
         ops = {name: (fused if name in enabled else reference) for name, (_, fused, reference) in KERNELS.items()}

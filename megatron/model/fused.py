@@ -5,6 +5,9 @@ off gives the pure-PyTorch reference, so the unfused model never imports triton.
 cannot run here (no triton, or no GPU without TRITON_INTERPRET=1), or that name an op this model does not
 contain (e.g. rope_fusion without rotary embeddings, see ``megatron.model_config.fusion_flag_problems``),
 raise one ConfigError naming the flag and the fix when the model is built rather than at the first forward.
+The softmax fusion flags of a model whose every layer is 'flash' (which computes its own softmax) are left
+out: there is nothing for them to fuse, and the config loader has already warned about it (GPT-NeoX accepts
+such configs).
 
 Bias fusion (bias_gelu_fusion, bias_dropout_fusion) needs the linear layer's output *before* its bias:
 the layers call the tensor-parallel linears' ``forward_without_bias`` and hand the bias to the fused op.
@@ -12,7 +15,7 @@ the layers call the tensor-parallel linears' ``forward_without_bias`` and hand t
 from __future__ import annotations
 
 from megatron.fused_kernels import FusedOps
-from megatron.model_config import ModelConfig, fusion_flag_problems
+from megatron.model_config import SOFTMAX_FUSION_FLAGS, ModelConfig, fusion_flag_problems
 from megatron.neox_arguments.errors import ConfigError
 
 
@@ -24,6 +27,8 @@ def model_fused_ops(config: ModelConfig) -> FusedOps:
     problems = fusion_flag_problems(config)
     if problems:
         raise ConfigError(problems)
+    if not config.softmax_fusion:  # no layer can use a fused softmax: never ask for its kernel
+        config = config.replace(**{flag: False for flag in SOFTMAX_FUSION_FLAGS})
     try:
         return FusedOps.from_args(config)
     except RuntimeError as err:  # triton missing, or no device for it: one message with the fix

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import typing
+import warnings
 import zlib
 from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
@@ -28,7 +29,7 @@ from megatron.neox_arguments.derivation import (derive_batch, derive_model, deri
                                                 derive_precision, derive_world)
 from megatron.neox_arguments.derived import NeoXArgsDerived
 from megatron.neox_arguments.ds_config import build_deepspeed_config
-from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
 from megatron.neox_arguments.logging_args import NeoXArgsLogging
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
 from megatron.neox_arguments.lr_scheduler import NeoXArgsLRScheduler
@@ -41,8 +42,9 @@ from megatron.neox_arguments.text_generation import NeoXArgsTextgen
 from megatron.neox_arguments.tokenizer import NeoXArgsTokenizer
 from megatron.neox_arguments.training import NeoXArgsTraining
 from megatron.neox_arguments.typecheck import coerce, describe
-from megatron.neox_arguments.validation import (derived_only_problems, model_problems, not_supported_problems,
-                                                parallelism_problems, training_problems, unknown_key_problems)
+from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, model_problems,
+                                                not_supported_problems, parallelism_problems, training_problems,
+                                                unknown_key_problems)
 
 ARGUMENT_GROUPS = (NeoXArgsParallelism, NeoXArgsModel, NeoXArgsOptimizer, NeoXArgsLRScheduler, NeoXArgsLogging,
                    NeoXArgsOther, NeoXArgsTokenizer, NeoXArgsTraining, NeoXArgsTextgen, NeoXArgsMoE,
@@ -93,6 +95,8 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
         problems = args._derive_and_validate(provided)
         if problems:
             raise ConfigError(problems)
+        for message in fusion_flag_warnings(args):
+            warnings.warn(message, NeoXConfigWarning, stacklevel=2)
         return args
 
     def _derive_and_validate(self, provided: Set[str]) -> List[str]:

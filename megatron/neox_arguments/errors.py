@@ -19,3 +19,8 @@ class ConfigError(ValueError):
         lines = [f"Invalid NeoX configuration ({len(self.problems)} problems):"]
         lines += [f"  - {p}" for p in self.problems]
         return "\n".join(lines)
+
+
+class NeoXConfigWarning(UserWarning):
+    """Something in a config that is accepted, as GPT-NeoX accepts it, but does not do what it seems to
+    (a fusion flag with nothing to fuse, a hostfile that does not exist); raised once, when the config loads."""

@@ -4,7 +4,6 @@ Only options the user set are passed, so the runner's own defaults (e.g. /job/ho
 slurm's comment and account go through --launcher_args because upstream DeepSpeed's runner has no
 options of its own for them."""
 
-import os
 import shlex
 from typing import TYPE_CHECKING, List
 
@@ -15,7 +14,7 @@ if TYPE_CHECKING:
 def deepspeed_runner_argv(args: "NeoXArgs") -> List[str]:
     """Runner options, then the user script, then the encoded config for every worker."""
     from megatron.neox_arguments.arguments import ENCODED_CONFIG_FLAG
-    from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE
+    from megatron.neox_arguments.hostfile import is_local_launch
 
     if not args.user_script:
         raise ValueError("user_script is not set; deepy.py sets it from its first argument")
@@ -30,9 +29,10 @@ def deepspeed_runner_argv(args: "NeoXArgs") -> List[str]:
         argv += ["--num_nodes", str(args.num_nodes)]
     if args.num_gpus is not None:
         argv += ["--num_gpus", str(args.num_gpus)]
-    elif not args.hostfile and not os.path.isfile(DEFAULT_HOSTFILE) and args.global_num_gpus is not None:
-        # One node: left alone, the runner starts a rank per device, or per NUMA node on CPU; state the
-        # count the config was derived for.
+    elif is_local_launch(args.hostfile) and args.global_num_gpus is not None:
+        # One node (no hostfile, or one that does not exist, which the runner also reads as the local node):
+        # left alone, the runner starts a rank per device, or per NUMA node on CPU; state the count the config
+        # was derived for.
         argv += ["--num_gpus", str(args.global_num_gpus)]
     argv += ["--master_port", str(args.master_port)]
     if args.master_addr:

@@ -6,7 +6,7 @@ because silently letting the later file win hides mistakes in long config stacks
 
 import os
 import re
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -34,6 +34,22 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _c
 _StrictLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)?(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
+
+
+CONFIG_SUFFIXES = (".yml", ".yaml", ".json")
+
+
+def resolve_config_paths(names: Sequence[str], conf_dir: Optional[str] = None) -> List[str]:
+    """deepy.py's config file arguments as paths: relative to conf_dir (-d) when given, and a name without a
+    suffix read as NAME.yml (`125M local_setup` is `125M.yml local_setup.yml`), as GPT-NeoX's deepy.py reads
+    them; a file that exists under the name as given is taken as it is."""
+    paths = []
+    for name in names:
+        path = os.path.join(conf_dir, name) if conf_dir else name
+        if not path.endswith(CONFIG_SUFFIXES) and not os.path.isfile(path):
+            path += ".yml"
+        paths.append(path)
+    return paths
 
 
 def normalize_key(key: str) -> str:

@@ -347,6 +347,65 @@ class NeoXArgsModel:
     vocab dim (column)
     """
 
+    te_columnparallel: bool = False
+    """
+    Use Transformer Engine for the ColumnParallelLinear layers. Transformer Engine is not supported yet:
+    true is refused.
+    """
+
+    te_rowparallel: bool = False
+    """
+    Use Transformer Engine for the RowParallelLinear layers. Transformer Engine is not supported yet: true is
+    refused.
+    """
+
+    te_layernorm_mlp: bool = False
+    """
+    Use Transformer Engine's LayerNormMLP (the norm fused into the MLP). Transformer Engine is not supported
+    yet: true is refused.
+    """
+
+    te_mha: bool = False
+    """
+    Use Transformer Engine's MultiheadAttention. Transformer Engine is not supported yet: true is refused.
+    """
+
+    te_fp8_format: Literal['e4m3', 'hybrid'] = 'hybrid'
+    """
+    FP8 format of Transformer Engine layers: "e4m3" in both passes, or "hybrid" (E4M3 forward, E5M2
+    backward). Transformer Engine is not supported yet: a value other than the default is refused.
+    """
+
+    te_fp8_wgrad: bool = True
+    """
+    Compute the weight gradients of Transformer Engine layers in FP8 (false: in higher precision).
+    Transformer Engine is not supported yet: a value other than the default is refused.
+    """
+
+    te_fp8_amax_history_len: int = 1
+    """
+    Length of the amax history window for Transformer Engine's FP8 scaling factors. Transformer Engine is
+    not supported yet: a value other than the default is refused.
+    """
+
+    te_fp8_amax_compute_algo: str = 'most_recent'
+    """
+    How Transformer Engine picks the amax for FP8 scaling: "max" (largest in the history window) or
+    "most_recent". Transformer Engine is not supported yet: a value other than the default is refused.
+    """
+
+    te_fp8_margin: int = 0
+    """
+    Margin for Transformer Engine's FP8 scaling-factor computation. Transformer Engine is not supported
+    yet: a value other than the default is refused.
+    """
+
+    te_fp8_mha: bool = False
+    """
+    Use Transformer Engine's FP8 multi-head attention. Transformer Engine is not supported yet: true is
+    refused.
+    """
+
     dim_att: Optional[int] = None
     """
     Total dimension of the attention mechanism for RWKV. If not set, defaults to hidden_size.

@@ -1,7 +1,9 @@
 """Checking a YAML value against a field's annotation, with the coercions users expect.
 
-YAML gives ints where floats are meant (`lr: 1`) and lists for tuples; those are converted. Anything else
-that does not fit is reported with the key, the value and what is allowed."""
+YAML gives ints where floats are meant (`lr: 1`) and lists for tuples; those are converted. A choice may be
+written in any case (`tokenizer_type: hftokenizer`), as GPT-NeoX compares choices without regard to case; it
+becomes the declared spelling. Anything else that does not fit is reported with the key, the value and what
+is allowed."""
 
 import typing
 from typing import Any, Literal, Tuple, Union
@@ -54,7 +56,10 @@ def coerce(value: Any, annotation: Any) -> Tuple[bool, Any]:
         return False, value
     if origin is Literal:
         # compare types too, so that True does not pass for a Literal[1]
-        return any(value == a and type(value) is type(a) for a in args), value
+        if any(value == a and type(value) is type(a) for a in args):
+            return True, value
+        same_but_case = [a for a in args if isinstance(a, str) and isinstance(value, str) and a.lower() == value.lower()]
+        return (True, same_but_case[0]) if len(same_but_case) == 1 else (False, value)
     if origin in (list, typing.List):
         if not isinstance(value, (list, tuple)):
             return False, value

@@ -3,17 +3,29 @@ what is allowed. Nothing here looks at the local machine: deepy.py often runs on
 GPUs, so device-dependent checks (fp16 needs CUDA) run where the workers start
 (`ModelConfig.device_problems`, called by megatron.initialize)."""
 
+import dataclasses
 import difflib
 from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Set, Tuple
 
-from megatron.model_config import ModelConfig
+from megatron.model_config import ModelConfig, softmax_fusion_warning
+from megatron.neox_arguments.model import NeoXArgsModel
 
 if TYPE_CHECKING:
     from megatron.neox_arguments.arguments import NeoXArgs
 
+TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha")
+TRANSFORMER_ENGINE_FP8_SETTINGS = ("te_fp8_format", "te_fp8_wgrad", "te_fp8_amax_history_len",
+                                   "te_fp8_amax_compute_algo", "te_fp8_margin")
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 DERIVED_ONLY = ("data_parallel_size", "deepspeed_config", "is_pipe_parallel")
 SPLIT_OPTIONS = ("grouped", "spaced")
+
+_MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(NeoXArgsModel)}
+
+
+def _not_default(key: str) -> Callable[[Any], bool]:
+    return lambda value: value != _MODEL_DEFAULTS[key]
+
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
@@ -54,7 +66,20 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
      "soft_prompt_tuning.init_string is not supported yet; use init_range"),
     ("no_save_optim", bool, "no_save_optim is not supported yet (DeepSpeed always saves optimizer states)"),
     ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
+    *((key, bool, f"Transformer Engine layers ({key}) are not supported yet") for key in TRANSFORMER_ENGINE_LAYERS),
+    *((key, _not_default(key),
+       f"Transformer Engine FP8 settings ({key}) are not supported yet (they only apply to Transformer Engine "
+       f"layers); leave it at {_MODEL_DEFAULTS[key]!r} or delete the key") for key in TRANSFORMER_ENGINE_FP8_SETTINGS),
 )
+
+
+def fusion_flag_warnings(args: "NeoXArgs") -> List[str]:
+    """What to tell the user about fusion flags that are accepted but cannot take effect (the model's rule,
+    megatron.model_config.softmax_fusion_warning)."""
+    if any(getattr(args, name) is None for name in REQUIRED_MODEL_FIELDS):
+        return []
+    message = softmax_fusion_warning(ModelConfig.from_neox_args(args))
+    return [message + "; set it to false to silence this warning"] if message else []
 
 
 def unknown_key_problems(keys: Iterable[str], known: Set[str], origin: dict) -> List[str]:

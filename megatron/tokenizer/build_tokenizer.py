@@ -28,7 +28,9 @@ def build_tokenizer(neox_args: Any) -> AbstractTokenizer:
 def build_tokenizer_from(
     tokenizer_type: str, vocab_file: str | None = None, merge_file: str | None = None
 ) -> AbstractTokenizer:
-    """Same as `build_tokenizer` from explicit values (used by the preprocessing tools)."""
+    """Same as `build_tokenizer` from explicit values (used by the preprocessing tools). The type may be
+    written in any case (`hftokenizer`), as GPT-NeoX's build_tokenizer accepts it."""
+    tokenizer_type = {t.lower(): t for t in TOKENIZER_TYPES}.get(str(tokenizer_type).lower(), tokenizer_type)
     if tokenizer_type == "GPT2BPETokenizer":
         from megatron.tokenizer.hf_tokenizer import GPT2BPETokenizer
 

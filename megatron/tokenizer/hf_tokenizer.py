@@ -14,7 +14,12 @@ EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", 
 
 
 class TokenizersLibraryTokenizer(AbstractTokenizer):
-    """Wraps a `tokenizers.Tokenizer`; the eod id is the first of the usual end-of-text tokens it knows."""
+    """Wraps a `tokenizers.Tokenizer`; the eod id is the first of the usual end-of-text tokens it knows.
+
+    `skips_special_tokens`: whether detokenize drops special tokens such as `<|endoftext|>`, as the library
+    GPT-NeoX decodes the same tokenizer type with does (see each subclass)."""
+
+    skips_special_tokens = False
 
     def __init__(self, name: str, tokenizer: Tokenizer, source: str) -> None:
         super().__init__(name)
@@ -43,7 +48,7 @@ class TokenizersLibraryTokenizer(AbstractTokenizer):
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
-        return self._tok.decode([int(i) for i in token_ids], skip_special_tokens=False)
+        return self._tok.decode([int(i) for i in token_ids], skip_special_tokens=self.skips_special_tokens)
 
     @property
     def eod(self) -> int:
@@ -77,14 +82,18 @@ def _load_gpt2_vocab_merges(vocab_file: str | None, merge_file: str | None, name
 
 
 class HFTokenizer(TokenizersLibraryTokenizer):
-    """tokenizer_type=HFTokenizer: vocab_file is a `tokenizer.json`."""
+    """tokenizer_type=HFTokenizer: vocab_file is a `tokenizer.json`. Detokenizing drops its special tokens
+    (`<|endoftext|>`, `<|padding|>`, ...), as GPT-NeoX's HFTokenizer does (tokenizers' decode default)."""
+
+    skips_special_tokens = True
 
     def __init__(self, vocab_file: str | None) -> None:
         super().__init__("HFTokenizer", _load_tokenizer_json(vocab_file, "vocab_file", "HFTokenizer"), str(vocab_file))
 
 
 class GPT2BPETokenizer(TokenizersLibraryTokenizer):
-    """tokenizer_type=GPT2BPETokenizer: GPT-2 style vocab.json (vocab_file) + merges.txt (merge_file)."""
+    """tokenizer_type=GPT2BPETokenizer: GPT-2 style vocab.json (vocab_file) + merges.txt (merge_file).
+    Detokenizing keeps `<|endoftext|>`, as GPT-NeoX's (transformers' GPT2Tokenizer.decode) does."""
 
     def __init__(self, vocab_file: str | None, merge_file: str | None) -> None:
         tok = _load_gpt2_vocab_merges(vocab_file, merge_file, "GPT2BPETokenizer")
@@ -96,6 +105,7 @@ class HFGPT2Tokenizer(TokenizersLibraryTokenizer):
 
     GPT-NeoX downloads "gpt2" from the Hub when vocab_file is unset; this framework never downloads at
     run time, so vocab_file (a tokenizer.json, or a vocab.json together with merge_file) is required.
+    Detokenizing keeps `<|endoftext|>`, as GPT-NeoX's (transformers' GPT2TokenizerFast.decode) does.
     """
 
     def __init__(self, vocab_file: str | None, merge_file: str | None = None) -> None:

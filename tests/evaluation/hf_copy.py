@@ -10,7 +10,7 @@ import torch
 from megatron.checkpoint_conversion import hf_gptneox
 from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
-from megatron.checkpoint_conversion.tokenizer_files import write_hf_tokenizer
+from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
 from megatron.model_config import ModelConfig
 
 
@@ -23,8 +23,10 @@ def write_hf_copy(state: Dict[str, torch.Tensor], model_config: ModelConfig, tok
             "merge_file": None}
     config, hf_state = hf_gptneox.to_hf(args, {k: v.float() for k, v in state.items()})
     out_dir.mkdir(parents=True, exist_ok=True)
-    special = write_hf_tokenizer(args, str(out_dir), config.max_position_embeddings)
-    assert special is not None, "the tokenizer files were not written"
+    tokenizer = run_tokenizer(args)
+    assert write_hf_tokenizer(args, tokenizer, str(out_dir), config.max_position_embeddings), \
+        "the tokenizer files were not written"
+    special = special_token_ids(tokenizer)
     config.eos_token_id, config.bos_token_id = special["eos_token_id"], special["bos_token_id"]
     save_hf_folder(str(out_dir), config, hf_state, "fp32")
     from transformers import AutoTokenizer

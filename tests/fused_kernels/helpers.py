@@ -1,10 +1,11 @@
-"""Shared helpers for the fused-kernel tests: a NeoX-args factory, inputs, and dtype-aware comparison."""
+"""Shared helpers for the fused-kernel tests: a config with fusion flags, inputs, and dtype-aware comparison."""
 from __future__ import annotations
 
-import types
 from typing import Sequence
 
 import torch
+
+from megatron.model_config import ModelConfig
 
 # The fusion flags at their reference defaults (all off).
 FUSION_FLAG_DEFAULTS = {
@@ -21,13 +22,12 @@ FUSION_FLAG_DEFAULTS = {
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-def make_neox_args(**overrides) -> types.SimpleNamespace:
-    """A duck-typed neox_args with the reference defaults of the fields these kernels read."""
-    unknown = set(overrides) - set(FUSION_FLAG_DEFAULTS) - {"layernorm_epsilon", "rms_norm_epsilon"}
+def flags_config(**flags: bool) -> ModelConfig:
+    """A tiny ModelConfig with these fusion flags on (FusedOps reads only the flags)."""
+    unknown = set(flags) - set(FUSION_FLAG_DEFAULTS)
     if unknown:
-        raise KeyError(f"make_neox_args: unknown fields {sorted(unknown)}")
-    fields = {**FUSION_FLAG_DEFAULTS, "layernorm_epsilon": 1e-5, "rms_norm_epsilon": 1e-8, **overrides}
-    return types.SimpleNamespace(**fields)
+        raise KeyError(f"flags_config: not fusion flags {sorted(unknown)}")
+    return ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=1, seq_length=4, **flags)
 
 
 def randn(*shape: int, dtype: torch.dtype, device: str, scale: float = 1.0, seed: int = 0) -> torch.Tensor:

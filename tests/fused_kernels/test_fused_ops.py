@@ -10,7 +10,7 @@ import torch
 
 import megatron.fused_kernels as fk
 from megatron.fused_kernels import KERNELS, FusedOps, triton_support
-from tests.fused_kernels.helpers import FUSION_FLAG_DEFAULTS, make_neox_args
+from tests.fused_kernels.helpers import FUSION_FLAG_DEFAULTS, flags_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,7 +20,7 @@ def test_every_flag_has_a_kernel():
 
 
 def test_flags_off_give_references():
-    ops = FusedOps.from_args(make_neox_args())
+    ops = FusedOps.from_args(flags_config())
     for name, (_, _, reference) in KERNELS.items():
         assert getattr(ops, name) is reference, name
     assert ops.cross_entropy is fk.cross_entropy_reference
@@ -29,27 +29,27 @@ def test_flags_off_give_references():
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_each_flag_selects_only_its_kernel(device, name):
     flag = KERNELS[name][0]
-    ops = FusedOps.from_args(make_neox_args(**{flag: True}))
+    ops = FusedOps.from_args(flags_config(**{flag: True}))
     for other, (_, fused, reference) in KERNELS.items():
         assert getattr(ops, other) is (fused if other == name else reference), other
 
 
 def test_fused_cross_entropy_option(device):
-    assert FusedOps.from_args(make_neox_args(), fused_cross_entropy=True).cross_entropy is fk.cross_entropy
+    assert FusedOps.from_args(flags_config(), fused_cross_entropy=True).cross_entropy is fk.cross_entropy
 
 
 def test_missing_triton_names_flag_and_requirements_file(monkeypatch):
     monkeypatch.setattr(triton_support, "triton_installed", lambda: False)
     with pytest.raises(RuntimeError, match="rope_fusion.*requirements/requirements-triton.txt"):
-        FusedOps.from_args(make_neox_args(rope_fusion=True))
-    FusedOps.from_args(make_neox_args())  # flags off need no triton
+        FusedOps.from_args(flags_config(rope_fusion=True))
+    FusedOps.from_args(flags_config())  # flags off need no triton
 
 
 def test_no_gpu_and_no_interpreter_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="'layernorm_fusion', 'bias_gelu_fusion'.*no CUDA device"):
-        FusedOps.from_args(make_neox_args(layernorm_fusion=True, bias_gelu_fusion=True))
+        FusedOps.from_args(flags_config(layernorm_fusion=True, bias_gelu_fusion=True))
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         fk.layer_norm(torch.randn(2, 4), None, None, 1e-5)
 

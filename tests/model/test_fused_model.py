@@ -211,12 +211,27 @@ def test_rotary_kernel_layout_equals_apply_rotary():
         (dict(norm="scalenorm"), "rmsnorm_fusion"),
         (dict(pos_emb="learned"), "rope_fusion"),
         (dict(activation="swiglu"), "bias_gelu_fusion"),
-        (dict(attention_config=["flash", "flash"]), UPPER),
     ],
 )
 def test_flag_without_its_op_is_a_config_error(options, flag):
     with pytest.raises(ConfigError, match=flag):
         build_model(tiny_config(**options, **{flag: True}), SingleProcessState())
+
+
+@pytest.mark.parametrize("flag", [UPPER, MASKED])
+def test_softmax_fusion_with_only_flash_layers_builds_unfused(flag):
+    """Flash attention computes its own softmax: the flag is accepted (GPT-NeoX's Pythia configs set it) and
+    the model neither uses nor requires the fused softmax (no triton needed), whatever the machine."""
+    from megatron.fused_kernels import scaled_masked_softmax_reference, scaled_upper_triang_masked_softmax_reference
+    from megatron.model.fused import model_fused_ops
+
+    args = tiny_config(attention_config=["flash", "flash"], **{flag: True})
+    ops = model_fused_ops(args)
+    assert ops.upper_triang_masked_softmax is scaled_upper_triang_masked_softmax_reference
+    assert ops.masked_softmax is scaled_masked_softmax_reference
+    model = build_model(args, SingleProcessState())
+    inputs, _ = random_batch()
+    assert torch.isfinite(model(inputs)).all()
 
 
 TP_CONFIGS = [

@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
@@ -101,6 +103,23 @@ def test_bad_hostfile_is_a_config_error(tmp_path):
     base = {k: v for k, v in TINY.items() if k != "num_gpus"}
     with pytest.raises(ConfigError, match="slots=N"):
         NeoXArgs.from_dict({**base, "hostfile": str(hostfile)})
+
+
+@pytest.mark.parametrize("num_gpus,expected", [(None, "local"), (2, 2)])
+def test_missing_hostfile_means_the_local_node_with_one_warning(tmp_path, num_gpus, expected):
+    """GPT-NeoX's 125M.yml ships hostfile: /mock_path; GPT-NeoX and DeepSpeed's runner fall back to this node."""
+    from megatron.neox_arguments import NeoXConfigWarning
+    from megatron.neox_arguments.hostfile import local_device_count
+
+    placeholder = str(tmp_path / "mock_path")
+    base = {k: v for k, v in TINY.items() if k != "num_gpus"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = NeoXArgs.from_dict({**base, "hostfile": placeholder, "num_gpus": num_gpus})
+    assert args.global_num_gpus == (local_device_count() if expected == "local" else expected)
+    assert args.hostfile == placeholder
+    [message] = [str(w.message) for w in caught if issubclass(w.category, NeoXConfigWarning)]
+    assert f"hostfile '{placeholder}' does not exist" in message and "local node" in message
 
 
 def test_num_gpus_on_a_cpu_machine_counts_cpu_ranks():

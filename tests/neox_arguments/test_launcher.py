@@ -56,6 +56,17 @@ def test_single_node_states_the_rank_count():
     assert parsed.num_gpus == 2 and parsed.hostfile != "" and parsed.include == ""
 
 
+def test_missing_hostfile_launches_the_derived_rank_count_on_this_node(tmp_path):
+    """The runner reads a hostfile that does not exist as the local node; it must start the ranks the config
+    was derived for."""
+    placeholder = str(tmp_path / "mock_path")
+    base = {k: v for k, v in TINY.items() if k != "num_gpus"}
+    with pytest.warns(UserWarning, match="does not exist"):
+        args = NeoXArgs.from_dict({**base, "hostfile": placeholder, "user_script": "train.py"})
+    parsed = runner_options(args.get_deepspeed_main_args())
+    assert parsed.hostfile == placeholder and parsed.num_gpus == args.global_num_gpus >= 1
+
+
 def test_encode_consume_round_trip():
     args = NeoXArgs.from_dict({**TINY, "num_gpus": 2, "user_script": "train.py",
                                "attention_config": [[["global", "local"], 1]]})

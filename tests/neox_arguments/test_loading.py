@@ -68,6 +68,17 @@ def test_missing_config_file_is_named(tmp_path):
         NeoXArgs.from_ymls([str(tmp_path / "nope.yml")])
 
 
+def test_config_names_without_suffix_are_read_as_yml(tmp_path):
+    """GPT-NeoX's deepy.py: `-d configs 125M local_setup` is configs/125M.yml configs/local_setup.yml."""
+    from megatron.neox_arguments.loading import resolve_config_paths
+
+    write(tmp_path, "plain", "{}")  # a file that exists under the name as given is taken as it is
+    d = str(tmp_path)
+    assert resolve_config_paths(["125M", "local_setup.yml", "slurm.json", "x.yaml", "plain"], d) == \
+        [f"{d}/125M.yml", f"{d}/local_setup.yml", f"{d}/slurm.json", f"{d}/x.yaml", f"{d}/plain"]
+    assert resolve_config_paths(["configs/pythia/70M"]) == ["configs/pythia/70M.yml"]
+
+
 def test_overrides_win_over_files_without_a_duplicate_error(tmp_path):
     args = NeoXArgs.from_ymls([write(tmp_path, "a.yml", FLOW)], overwrite_values={"num-layers": 4})
     assert args.num_layers == 4

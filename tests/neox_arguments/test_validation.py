@@ -1,9 +1,11 @@
 """Each validation rule, checked through the message naming the key."""
 
+import warnings
+
 import pytest
 
 from megatron.model_config import ModelConfig
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import ConfigError, NeoXArgs, NeoXConfigWarning
 from tests.neox_arguments.helpers import TINY, problems_of, tiny
 
 
@@ -33,6 +35,17 @@ def test_unknown_key_suggests_the_closest_name():
 def test_types_and_choices_name_key_value_and_what_is_allowed(key, value, expected):
     text = problems_of(**{key: value})
     assert key in text and repr(value) in text and expected in text
+
+
+@pytest.mark.parametrize("key,written,declared", [
+    ("tokenizer_type", "hftokenizer", "HFTokenizer"),
+    ("tokenizer_type", "GPT2BPETOKENIZER", "GPT2BPETokenizer"),
+    ("norm", "RMSNorm", "rmsnorm"),
+    ("launcher", "OpenMPI", "openmpi"),
+])
+def test_choices_in_any_case_become_the_declared_spelling(key, written, declared):
+    """GPT-NeoX compares choices without regard to case (`tokenizer_type: hftokenizer`)."""
+    assert getattr(tiny(**{key: written}), key) == declared
 
 
 def test_int_is_accepted_for_a_float_and_converted():
@@ -115,3 +128,54 @@ def test_training_needs_iterations_optimizer_and_data():
 def test_valid_tiny_config_passes():
     args = NeoXArgs.from_dict(dict(TINY))
     assert args.deepspeed_config is not None
+
+
+TE_AT_DEFAULTS = {"te_columnparallel": False, "te_rowparallel": False, "te_layernorm_mlp": False, "te_mha": False,
+                  "te_fp8_format": "hybrid", "te_fp8_wgrad": True, "te_fp8_amax_history_len": 1,
+                  "te_fp8_amax_compute_algo": "most_recent", "te_fp8_margin": 0, "te_fp8_mha": False}
+
+
+def test_transformer_engine_keys_are_known_and_accepted_when_off():
+    args = tiny(**TE_AT_DEFAULTS)
+    assert args.te_mha is False and args.te_fp8_format == "hybrid"
+
+
+@pytest.mark.parametrize("key,value", [("te_columnparallel", True), ("te_rowparallel", True),
+                                       ("te_layernorm_mlp", True), ("te_mha", True), ("te_fp8_mha", True),
+                                       ("te_fp8_format", "e4m3"), ("te_fp8_wgrad", False),
+                                       ("te_fp8_amax_history_len", 16), ("te_fp8_amax_compute_algo", "max"),
+                                       ("te_fp8_margin", 1)])
+def test_transformer_engine_switched_on_is_not_supported_yet(key, value):
+    with pytest.raises(ConfigError) as err:
+        NeoXArgs.from_dict({**TINY, **TE_AT_DEFAULTS, key: value})
+    [problem] = err.value.problems
+    assert problem.startswith(f"{key}={value!r}: Transformer Engine") and "not supported yet" in problem
+
+
+def test_transformer_engine_fp8_format_is_a_choice():
+    text = problems_of(te_fp8_format="e5m2")
+    assert "te_fp8_format='e5m2'" in text and "one of 'e4m3', 'hybrid'" in text
+
+
+def _config_warnings(**overrides):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = tiny(**overrides)
+    return args, [str(w.message) for w in caught if issubclass(w.category, NeoXConfigWarning)]
+
+
+@pytest.mark.parametrize("flags", [{"scaled_upper_triang_masked_softmax_fusion": True},
+                                   {"scaled_masked_softmax_fusion": True},
+                                   {"scaled_upper_triang_masked_softmax_fusion": True,
+                                    "scaled_masked_softmax_fusion": True}])
+def test_softmax_fusion_with_only_flash_layers_is_accepted_with_one_warning(flags):
+    args, messages = _config_warnings(attention_config=[[["flash"], 2]], **flags)
+    assert args.attention_config == ["flash", "flash"] and all(getattr(args, f) for f in flags)
+    [message] = messages
+    assert " / ".join(flags) + "=true has no effect" in message and "'flash'" in message
+
+
+@pytest.mark.parametrize("config", [None, [[["global", "flash"], 1]], [[["local"], 2]]])
+def test_softmax_fusion_with_a_softmax_to_fuse_gives_no_warning(config):
+    _, messages = _config_warnings(attention_config=config, scaled_upper_triang_masked_softmax_fusion=True)
+    assert messages == []

@@ -93,6 +93,16 @@ def test_pad_vocab_size_rejects_bad_values() -> None:
         pad_vocab_size(100, 0, 1)
 
 
+@pytest.mark.parametrize("spelling", ["hftokenizer", "HFTOKENIZER", "HfTokenizer"])
+def test_tokenizer_type_in_any_case(spelling: str, files: dict[str, Path]) -> None:
+    """GPT-NeoX's build_tokenizer compares the type without regard to case."""
+    args = _args_for("HFTokenizer", files)
+    args.tokenizer_type = spelling
+    tok = build_tokenizer(args)
+    assert tok.name == "HFTokenizer" and tok.tokenize("hello world") == build_tokenizer(
+        _args_for("HFTokenizer", files)).tokenize("hello world")
+
+
 def test_unknown_tokenizer_type_names_the_choices() -> None:
     with pytest.raises(TokenizerError, match="tokenizer_type='Nope'.*HFTokenizer"):
         build_tokenizer(make_neox_args(tokenizer_type="Nope"))
@@ -118,3 +128,53 @@ def test_corrupt_tokenizer_json_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(TokenizerError, match="not a valid tokenizer.json"):
         build_tokenizer(make_neox_args(tokenizer_type="HFTokenizer", vocab_file=str(bad)))
+
+
+# What GPT-NeoX's tokenizer of each type calls to detokenize (megatron/tokenizer/tokenizer.py there), built
+# from the same files: the oracle for whether `<|endoftext|>` survives.
+def _gpt_neox_decoder(kind: str, files: dict[str, Path]):
+    if kind == "HFTokenizer":  # tokenizers.Tokenizer.decode, default skip_special_tokens=True
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(files["tokenizer_json"])).decode
+    if kind == "GPT2BPETokenizer":  # transformers' GPT2Tokenizer(vocab, merges).decode
+        from transformers import GPT2Tokenizer
+
+        return GPT2Tokenizer(str(files["vocab"]), str(files["merges"]), errors="replace").decode
+    if kind == "HFGPT2Tokenizer":  # transformers' GPT2TokenizerFast.decode
+        from transformers import GPT2TokenizerFast
+
+        return GPT2TokenizerFast(tokenizer_file=str(files["tokenizer_json"])).decode
+    if kind == "SPMTokenizer":  # sentencepiece's decode
+        import sentencepiece as spm
+
+        return spm.SentencePieceProcessor(model_file=str(files["spm"])).decode
+    raise KeyError(kind)
+
+
+@pytest.mark.parametrize("kind,keeps_eod", [("HFTokenizer", False), ("GPT2BPETokenizer", True),
+                                            ("HFGPT2Tokenizer", True), ("SPMTokenizer", False),
+                                            ("TiktokenTokenizer", True)])
+def test_detokenize_drops_or_keeps_the_eod_token_as_gpt_neox_does(kind: str, keeps_eod: bool,
+                                                                  files: dict[str, Path]) -> None:
+    tok = build_tokenizer(_args_for(kind, files))
+    text = "hello world"
+    ids = tok.tokenize(text) + [tok.eod] + tok.tokenize(" again") + [tok.eod]
+    eod_text = tok.inv_vocab[tok.eod]
+    expected = f"{text}{eod_text} again{eod_text}" if keeps_eod else f"{text} again"
+    assert tok.detokenize(ids) == expected
+    if kind != "TiktokenTokenizer":  # GPT-NeoX's tiktoken type loads a named encoding, not a local file
+        assert tok.detokenize(ids) == _gpt_neox_decoder(kind, files)(ids)
+
+
+def test_hf_tokenizer_detokenize_drops_every_special_token(files: dict[str, Path]) -> None:
+    tok = build_tokenizer(_args_for("HFTokenizer", files))
+    padding = tok.vocab["<|padding|>"]
+    assert tok.detokenize([padding] + tok.tokenize("hi") + [tok.eod, padding]) == "hi"
+
+
+def test_char_level_detokenize_drops_the_eod_byte() -> None:
+    """GPT-NeoX's CharLevelTokenizer maps every id below 32 to a space (the eod 0 and newlines alike); here
+    the eod (0) is dropped and newlines round-trip."""
+    tok = build_tokenizer(make_neox_args(tokenizer_type="CharLevelTokenizer"))
+    assert tok.detokenize(tok.tokenize("a\nb") + [tok.eod]) == "a\nb"
