@@ -45,8 +45,6 @@ def distributed_backend(neox_args) -> str:
 
 def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     """Everything before the model: distributed world, layout, seeds, tokenizer, padded vocabulary."""
-    import deepspeed
-
     neox_args.check_device()
     if torch.cuda.is_available() and neox_args.local_rank is not None:
         torch.cuda.set_device(neox_args.local_rank)
@@ -56,12 +54,10 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     tracker = RNGStatesTracker()
     set_seeds(neox_args.seed, parallel_state, tracker)
     if neox_args.checkpoint_activations:
-        deepspeed.checkpointing.configure(parallel_state, partition_activations=neox_args.partition_activations,
-                                          contiguous_checkpointing=neox_args.contiguous_checkpointing,
-                                          num_checkpoints=neox_args.num_layers,
-                                          checkpoint_in_cpu=neox_args.checkpoint_in_cpu,
-                                          synchronize=neox_args.synchronize_each_layer,
-                                          profile=neox_args.profile_backward)
+        from megatron.model.activation_checkpointing import configure_activation_checkpointing
+
+        # the flags and DeepSpeed's activation_checkpointing dict are one setting (NeoXArgs derives one from the other)
+        configure_activation_checkpointing(neox_args, parallel_state)
     if build_tokenizer_fn is None:
         from megatron.tokenizer import build_tokenizer as build_tokenizer_fn
     tokenizer = build_tokenizer_fn(neox_args)

@@ -43,11 +43,20 @@ def configure_activation_checkpointing(neox_args, parallel_state) -> None:
         mpu_=parallel_state,
         partition_activations=partition,
         contiguous_checkpointing=contiguous,
-        num_checkpoints=int(neox_args.num_layers),
+        num_checkpoints=number_of_checkpoints(neox_args),
         checkpoint_in_cpu=bool(getattr(neox_args, "checkpoint_in_cpu", False)),
         synchronize=bool(getattr(neox_args, "synchronize_each_layer", False)),
         profile=bool(getattr(neox_args, "profile_backward", False)),
     )
+
+
+def number_of_checkpoints(neox_args) -> int:
+    """How many checkpoints DeepSpeed keeps contiguous buffers for: activation_checkpointing.number_checkpoints,
+    which NeoXArgs derives as ceil(num_layers / checkpoint_num_layers) unless the config sets more."""
+    section = getattr(neox_args, "activation_checkpointing", None) or {}
+    if section.get("number_checkpoints"):
+        return int(section["number_checkpoints"])
+    return -(-int(neox_args.num_layers) // max(int(getattr(neox_args, "checkpoint_num_layers", 1) or 1), 1))
 
 
 def checkpointing_rng_tracker(neox_args, parallel_state):

@@ -218,5 +218,7 @@ class NeoXArgsDeepspeedConfig:
     deepspeed_extra_args: Optional[dict] = None
     """
     Dictionary of extra arguments to be included in the yaml config file. This can be used for any
-    argument not included in the above list.
+    argument not included in the above list. Keys may add to the DeepSpeed config but never contradict it:
+    a key that is an argument of this group (fp16, zero_optimization, ...) is merged into that argument and
+    validated with it; a contradicting value is an error naming the key path and both values.
     """

@@ -81,7 +81,7 @@ def test_required_model_fields():
     ({"comment": "x"}, "comment / account are slurm options"),
     ({"zero_stage": "all"}, "lists and 'all' are for DeepSpeed autotuning"),
     ({"soft_prompt_tuning": {"enabled": True, "n_token": 3}}, "soft_prompt_tuning has unknown keys ['n_token']"),
-    ({"deepspeed_extra_args": {"train_batch_size": 3}}, "deepspeed_extra_args['train_batch_size'] duplicates"),
+    ({"deepspeed_extra_args": {"num_layers": 3}}, "deepspeed_extra_args['num_layers']: 'num_layers' is a NeoX argument"),
     ({"data_parallel_size": 2}, "'data_parallel_size' is computed"),
     ({"optimizer": {"type": "Adamw"}}, "optimizer.type='adamw' must be one of"),
     ({"layernorm_fusion": True, "norm": "rmsnorm"}, "layernorm_fusion=true fuses norm='layernorm'"),
