@@ -88,7 +88,11 @@ def _record_clipping_grad_norm(engine) -> None:
 
 
 def setup_model_and_optimizer(neox_args, ctx: RunContext):
-    """Build the model, optimizer and LR schedule and hand them to deepspeed.initialize."""
+    """Build the model, optimizer and LR schedule and hand them to deepspeed.initialize.
+
+    The schedule is the built-in AnnealingLR, or, when the config has a DeepSpeed `scheduler` dict, the
+    scheduler DeepSpeed builds from it (the engine steps either after each optimizer step and saves and loads
+    its state in checkpoints)."""
     import deepspeed
 
     from megatron.learning_rates import build_lr_scheduler
@@ -97,19 +101,29 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext):
 
     model = build_model(neox_args, ctx.parallel_state, ctx.rng_tracker)
     optimizer = build_optimizer(neox_args, model)
-    lr_scheduler = build_lr_scheduler(neox_args, optimizer)
-    config = {k: v for k, v in neox_args.deepspeed_config.items() if k not in ("optimizer", "scheduler")}
+    lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, optimizer)
+    config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
+              and not (k == "scheduler" and lr_scheduler is not None)}
     if neox_args.zero_stage > 0 and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         # ZeRO refuses optimizers DeepSpeed has not tested unless told; ours are tested here
         config.setdefault("zero_allow_untested_optimizer", True)
     if neox_args.is_pipe_parallel:
         _mark_grad_norm_ownership(model, ctx.parallel_state)
-    engine, _, _, _ = deepspeed.initialize(
+    engine, _, _, engine_scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
         mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)
     _record_clipping_grad_norm(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
-    return engine, optimizer, lr_scheduler
+    return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
+
+
+def current_lr(lr_scheduler) -> float:
+    """The learning rate to log: AnnealingLR's base rate, or the rate a DeepSpeed scheduler last set."""
+    from megatron.learning_rates import AnnealingLR
+
+    if isinstance(lr_scheduler, AnnealingLR):
+        return lr_scheduler.get_lr()
+    return float(lr_scheduler.get_last_lr()[0])
 
 
 def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
@@ -316,7 +330,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
             if iteration % neox_args.log_interval == 0:
                 extras.update({f"time_ms/{k}": v for k, v in
                                timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
-            logger.log_train(iteration=iteration, lm_loss=loss, lr=lr_scheduler.get_lr(), grad_norm=grad_norm,
+            logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
             if iteration in (neox_args.save_iters or []):
                 save(iteration)

@@ -25,7 +25,8 @@ from megatron.neox_arguments.aliases import apply_aliases
 from megatron.neox_arguments.deepspeed_config import NeoXArgsDeepspeedConfig
 from megatron.neox_arguments.deepspeed_runner import NeoXArgsDeepspeedRunner
 from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model,
-                                                derive_optimizer_and_zero, derive_precision, derive_world)
+                                                derive_optimizer_and_zero, derive_precision, derive_scheduler,
+                                                derive_world)
 from megatron.neox_arguments.derived import NeoXArgsDerived
 from megatron.neox_arguments.ds_config import (build_deepspeed_config, fold_deepspeed_extra_args,
                                                note_extra_args_origin)
@@ -103,6 +104,7 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
         problems = not_supported_problems(self)
         problems += derive_precision(self, provided)
         problems += derive_optimizer_and_zero(self, provided)
+        problems += derive_scheduler(self, provided)
         problems += derive_world(self)
         problems += derive_batch(self, provided)
         problems += derive_model(self)

@@ -53,7 +53,9 @@ class NeoXArgsDeepspeedConfig:
     dict containing the keys type and params type: The scheduler name. See here
     (https://deepspeed.readthedocs.io/en/latest/schedulers.html) for list of support schedulers. params:
     Dictionary of parameters to instantiate scheduler. The parameter names should match scheduler
-    constructor signature.
+    constructor signature. Here: WarmupLR, WarmupDecayLR or WarmupCosineLR; DeepSpeed builds it instead of
+    the built-in schedule (so lr_decay_style, warmup, min_lr, ... are refused beside it), warmup_max_lr is lr,
+    and its state is saved in and resumed from checkpoints.
     """
 
     fp32_allreduce: bool = False

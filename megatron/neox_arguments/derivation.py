@@ -282,6 +282,71 @@ def derive_activation_checkpointing(args: "NeoXArgs", provided: Set[str]) -> Lis
     return problems
 
 
+SCHEDULER_TYPES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+"""DeepSpeed schedulers a `scheduler` dict may name (DeepSpeed builds it and steps it after each optimizer step)."""
+
+BUILT_IN_SCHEDULE_ARGUMENTS = ("lr_decay_style", "lr_decay_iters", "lr_decay_fraction", "min_lr", "warmup",
+                               "override_lr_scheduler", "use_checkpoint_lr_scheduler")
+"""Arguments of the built-in schedule (AnnealingLR), which a `scheduler` dict replaces."""
+
+
+def derive_scheduler(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+    """Check a DeepSpeed `scheduler` dict against the scheduler's own signature; its peak learning rate is lr.
+
+    With a scheduler dict, DeepSpeed builds that scheduler instead of the built-in AnnealingLR (as GPT-NeoX's
+    DeepSpeed did), so arguments that only configure AnnealingLR are refused when set to non-default values."""
+    if args.scheduler is None:
+        return []
+    scheduler = args.scheduler
+    kind = scheduler.get("type")
+    problems = [f"scheduler has unknown keys {sorted(set(scheduler) - {'type', 'params'})}; it takes type and "
+                f"params"] if set(scheduler) - {"type", "params"} else []
+    if kind in ("OneCycle", "LRRangeTest"):
+        return problems + [f"scheduler.type={kind!r} is not supported yet; use one of {', '.join(SCHEDULER_TYPES)} "
+                           f"or the built-in schedule (lr_decay_style, warmup, ...)"]
+    if kind not in SCHEDULER_TYPES:
+        return problems + [f"scheduler.type={kind!r} must be one of {', '.join(SCHEDULER_TYPES)} (DeepSpeed's "
+                           f"schedulers), or remove the scheduler dict to use the built-in schedule"]
+    params = scheduler.get("params") or {}
+    if not isinstance(params, dict):
+        return problems + [f"scheduler.params must be a dict, got {params!r}"]
+    import inspect
+
+    from deepspeed.runtime import lr_schedules
+
+    signature = inspect.signature(getattr(lr_schedules, kind).__init__).parameters
+    allowed = [name for name in signature if name not in ("self", "optimizer", "last_batch_iteration")]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        problems.append(f"scheduler.params has keys {unknown} that {kind} does not take; it takes {', '.join(allowed)}"
+                        + (" (last_batch_iteration comes from the checkpoint when resuming)"
+                           if "last_batch_iteration" in unknown else ""))
+    missing = [name for name in allowed if signature[name].default is inspect.Parameter.empty and name not in params]
+    if missing:
+        problems.append(f"scheduler.params lacks {', '.join(missing)}, which {kind} needs (e.g. total_num_steps: "
+                        f"train_iters)")
+    steps = params.get("warmup_num_steps", 1000)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        problems.append(f"scheduler.params.warmup_num_steps={steps!r} must be a positive integer")
+    if kind != "WarmupCosineLR":  # WarmupCosineLR scales the optimizer's lr; the others set warmup_max_lr
+        peak = params.get("warmup_max_lr")
+        if peak is None and args.lr is not None:
+            params = {**params, "warmup_max_lr": args.lr}
+        elif peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float))):
+            problems.append(f"scheduler.params.warmup_max_lr={peak!r} must be a number")
+        elif peak is not None and args.lr is not None and float(peak) != args.lr:
+            problems.append(f"scheduler.params.warmup_max_lr={peak!r} contradicts lr={args.lr!r} (the optimizer's "
+                            f"lr); they are one setting, set it in one place")
+    defaults = _defaults(args)
+    for name in BUILT_IN_SCHEDULE_ARGUMENTS:
+        value = getattr(args, name)
+        if name in provided and value != defaults[name]:
+            problems.append(f"{name}={value!r} configures the built-in learning-rate schedule, which the scheduler "
+                            f"dict ({kind}) replaces; remove {name} or the scheduler dict")
+    args.scheduler = {"type": kind, "params": params}
+    return problems
+
+
 def expand_attention_config(config: Optional[list], num_layers: int) -> List[str]:
     """[[["global", "local"], 6]] -> ["global", "local", ...] of length num_layers; raises ValueError."""
     if config is None:

@@ -197,6 +197,36 @@ def test_activation_checkpointing_contradictions(overrides, needle):
     assert needle in problems_of(**overrides)
 
 
+# ---- the scheduler dict -----------------------------------------------------------------------------------
+
+ADAM = {"type": "Adam", "params": {"lr": 1e-3}}
+
+
+def test_scheduler_dict_reaches_deepspeed_with_lr_as_its_peak(single_process_group):
+    args = tiny(optimizer=ADAM, scheduler={"type": "WarmupDecayLR",
+                                           "params": {"total_num_steps": 100, "warmup_num_steps": 10}})
+    parsed = _parsed(args)
+    assert parsed.scheduler_name == "WarmupDecayLR"
+    assert parsed.scheduler_params == {"total_num_steps": 100, "warmup_num_steps": 10, "warmup_max_lr": 1e-3}
+    cosine = tiny(optimizer=ADAM, scheduler={"type": "WarmupCosineLR", "params": {"total_num_steps": 10}})
+    assert cosine.deepspeed_config["scheduler"] == {"type": "WarmupCosineLR", "params": {"total_num_steps": 10}}
+
+
+@pytest.mark.parametrize("scheduler,extra,needle", [
+    ({"type": "OneCycle"}, {}, "scheduler.type='OneCycle' is not supported yet"),
+    ({"type": "StepLR"}, {}, "scheduler.type='StepLR' must be one of WarmupLR, WarmupDecayLR, WarmupCosineLR"),
+    ({"type": "WarmupLR", "params": {"warmup_steps": 3}}, {}, "scheduler.params has keys ['warmup_steps'] that "
+                                                             "WarmupLR does not take"),
+    ({"type": "WarmupDecayLR", "params": {}}, {}, "scheduler.params lacks total_num_steps"),
+    ({"type": "WarmupLR", "params": {"warmup_max_lr": 0.1}}, {}, "warmup_max_lr=0.1 contradicts lr=0.001"),
+    ({"type": "WarmupLR"}, {"lr_decay_style": "cosine"}, "lr_decay_style='cosine' configures the built-in"),
+    ({"type": "WarmupLR"}, {"warmup": 0.1}, "warmup=0.1 configures the built-in"),
+    ({"type": "WarmupLR", "params": {"last_batch_iteration": 5}}, {}, "comes from the checkpoint"),
+])
+def test_scheduler_dict_problems(scheduler, extra, needle):
+    assert needle in problems_of(optimizer=ADAM, scheduler=scheduler, **extra)
+
+
 # ---- deepspeed_extra_args adds, never contradicts -----------------------------------------------------
 
 def test_extra_args_merge_into_the_sections_they_add_to(single_process_group):
@@ -244,7 +274,8 @@ def test_mirrored_config_rederives_to_the_same_values():
 
     args = tiny(fp16={"enabled": True, "hysteresis": 3}, loss_scale_window=100, clip_grad=0.5, zero_stage=1,
                 zero_reduce_bucket_size=1000, checkpoint_activations=True,
-                activation_checkpointing={"partition_activations": True},
+                activation_checkpointing={"partition_activations": True}, optimizer=ADAM,
+                scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 5}},
                 deepspeed_extra_args={"zero_optimization": {"overlap_comm": True}, "wall_clock_breakdown": True})
     again = NeoXArgs.from_dict({k: v for k, v in args.to_dict().items()
                                 if k not in ("data_parallel_size", "deepspeed_config", "is_pipe_parallel")})
