@@ -98,9 +98,9 @@ def test_exact_resume(data, tmp_path):
 
 def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path):
     """A DeepSpeed `scheduler` dict replaces the built-in schedule: DeepSpeed builds it, the logged lr is the one
-    it sets, and it resumes from the checkpoint."""
+    it sets, and it resumes from the checkpoint. Evaluation also reports the character-level perplexity."""
     peak = TINY_MODEL["optimizer"]["params"]["lr"]
-    settings = dict(num_gpus=1, train_iters=8,
+    settings = dict(num_gpus=1, train_iters=8, eval_interval=4, char_level_ppl=True,
                     lr_decay_style="linear", min_lr=0.0, warmup=0.01,  # the built-in schedule's defaults
                     scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 8,
                                                                     "warmup_type": "linear"}})
@@ -110,6 +110,8 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
     # WarmupDecayLR after optimizer step i (DeepSpeed steps it once per step, from batch iteration 0)
     expected = [peak * (i / 3 if i < 3 else (8 - i) / 5) for i in range(8)]
     assert [r["lr"] for r in straight.records()] == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    evals = straight.records("eval")
+    assert evals and all(1.0 < e["lm_loss_char_lvl_ppl"] < e["lm_loss_ppl"] for e in evals)
     stopped = TrainingRun(tmp_path / "stopped", data, exit_interval=4, **settings)
     stopped.launch()
     stopped.assert_ok()
