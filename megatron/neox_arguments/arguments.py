@@ -44,7 +44,8 @@ from megatron.neox_arguments.tokenizer import NeoXArgsTokenizer
 from megatron.neox_arguments.training import NeoXArgsTraining
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, model_problems, not_supported_problems,
-                                                parallelism_problems, training_problems, unknown_key_problems)
+                                                not_supported_setting_problems, parallelism_problems,
+                                                training_problems, unknown_key_problems)
 
 ARGUMENT_GROUPS = (NeoXArgsParallelism, NeoXArgsModel, NeoXArgsOptimizer, NeoXArgsLRScheduler, NeoXArgsLogging,
                    NeoXArgsOther, NeoXArgsTokenizer, NeoXArgsTraining, NeoXArgsTextgen, NeoXArgsMoE,
@@ -101,7 +102,7 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
         return args
 
     def _derive_and_validate(self, provided: Set[str]) -> List[str]:
-        problems = not_supported_problems(self)
+        problems = not_supported_problems(self) + not_supported_setting_problems(self)
         problems += derive_precision(self, provided)
         problems += derive_optimizer_and_zero(self, provided)
         problems += derive_scheduler(self, provided)

@@ -192,6 +192,7 @@ def test_activation_checkpointing_flags_fill_the_dict(single_process_group):
     ({"activation_checkpointing": {"number_checkpoints": 1}}, "number_checkpoints=1 must be an integer >= 2"),
     ({"activation_checkpointing": {"contiguous_memory_optimization": True}},
      "contiguous_checkpointing (activation_checkpointing.contiguous_memory_optimization) needs partition_activations"),
+    ({"deepspeed_activation_checkpointing": False}, "activation checkpointing is always DeepSpeed's"),
 ])
 def test_activation_checkpointing_contradictions(overrides, needle):
     assert needle in problems_of(**overrides)

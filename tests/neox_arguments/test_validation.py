@@ -77,6 +77,11 @@ def test_required_model_fields():
     ({"use_mup": True}, "use_mup=True: muP (use_mup) is not supported yet"),
     ({"train_impl": "dpo"}, "dpo / rm / kto are not supported yet"),
     ({"moe_num_experts": 4}, "mixture of experts"),
+    ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts (moe_num_experts > 1), which is not "
+                       "supported yet"),
+    ({"mup_width_scale": 4}, "mup_width_scale=4 is a setting of muP (use_mup)"),
+    ({"dpo_beta": 0.5}, "dpo_beta=0.5 is a setting of DPO / KTO training"),
+    ({"deepspeed": False}, "deepspeed=False: DeepSpeed is the engine here"),
     ({"sequence_parallel": True}, "sequence_parallel=true needs model_parallel_size > 1"),
     ({"comment": "x"}, "comment / account are slurm options"),
     ({"zero_stage": "all"}, "lists and 'all' are for DeepSpeed autotuning"),
