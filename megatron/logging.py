@@ -314,8 +314,9 @@ class TrainingLogger:
                   "lm_loss_ppl": math.exp(min(loss, PPL_LOSS_CAP)), **(extras or {})}
         self._write(split, record)
         if self.is_logging_rank:
+            more = "".join(f" | {k} {v:.6E}" for k, v in (extras or {}).items() if isinstance(v, (int, float)))
             self.console.write(f"{split} at iteration {iteration} | lm_loss {loss:.6E} | "
-                               f"lm_loss_ppl {record['lm_loss_ppl']:.6E}\n")
+                               f"lm_loss_ppl {record['lm_loss_ppl']:.6E}{more}\n")
             self.console.flush()
         return record
 

@@ -8,8 +8,9 @@ attention types, the padded vocabulary) is computed here, in ``__post_init__``, 
 
 Field names are GPT-NeoX's argument names with the schema's defaults (a test checks they agree), except
 where a GPT-NeoX dict is flattened into plain values: ``soft_prompt_tuning`` becomes ``soft_prompt_tokens``
-/ ``soft_prompt_init_range``, and ``sparsity_config``'s local-window keys become ``local_attention_block``
-/ ``local_attention_window_blocks``.
+/ ``soft_prompt_init_range``, ``sparsity_config``'s local-window keys become ``local_attention_block``
+/ ``local_attention_window_blocks``, and DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes
+``number_checkpoints``.
 
 The model's rules (:meth:`ModelConfig.problems`: shapes, attention types, which fusion flags apply,
 :meth:`ModelConfig.device_problems`: which precision runs where) live here too; NeoXArgs validation
@@ -177,6 +178,7 @@ class ModelConfig:
     pipe_partition_method: str = "type:transformer|mlp"
     checkpoint_activations: bool = False
     checkpoint_num_layers: int = 1
+    number_checkpoints: Optional[int] = None
     partition_activations: bool = False
     contiguous_checkpointing: bool = False
     checkpoint_in_cpu: bool = False
@@ -197,6 +199,8 @@ class ModelConfig:
     """Channels of each head that rotary embeddings rotate (0 without rotary)."""
     positions: int = field(init=False)
     """max_position_embeddings, or seq_length when unset."""
+    activation_checkpoints: int = field(init=False)
+    """Checkpoints DeepSpeed keeps buffers for: number_checkpoints, else ceil(num_layers / checkpoint_num_layers)."""
 
     def __post_init__(self) -> None:
         def derive(name: str, value: Any) -> None:
@@ -218,6 +222,8 @@ class ModelConfig:
             self.norm, self.layernorm_epsilon))
         derive("rotary_dim", int(self.head_dim * float(self.rotary_pct)) if self.pos_emb == "rotary" else 0)
         derive("positions", int(self.max_position_embeddings or self.seq_length))
+        derive("activation_checkpoints", int(self.number_checkpoints or
+                                             -(-self.num_layers // max(self.checkpoint_num_layers, 1))))
 
     # ---- the adapter ------------------------------------------------------------------------------
     @classmethod
@@ -227,7 +233,7 @@ class ModelConfig:
         be None before the tokenizer is built)."""
         if isinstance(args, Mapping):
             args = SimpleNamespace(**args)
-        flattened = {"soft_prompt_tuning", "sparsity_config"}
+        flattened = {"soft_prompt_tuning", "sparsity_config", "activation_checkpointing"}
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
                   if f.init and f.name not in flattened and hasattr(args, f.name)}
         values["precision"] = getattr(args, "precision", None) or "fp32"
@@ -235,6 +241,7 @@ class ModelConfig:
             else getattr(args, "padded_vocab_size", None)
         values["soft_prompt_tokens"], values["soft_prompt_init_range"] = \
             _soft_prompt(getattr(args, "soft_prompt_tuning", None))
+        values["number_checkpoints"] = (getattr(args, "activation_checkpointing", None) or {}).get("number_checkpoints")
         sparsity = getattr(args, "sparsity_config", None) or {}
         values["local_attention_block"] = int(sparsity.get("block", LOCAL_ATTENTION_BLOCK))
         values["local_attention_window_blocks"] = int(sparsity.get("num_sliding_window_blocks",

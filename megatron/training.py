@@ -88,7 +88,11 @@ def _record_clipping_grad_norm(engine) -> None:
 
 
 def setup_model_and_optimizer(neox_args, ctx: RunContext):
-    """Build the model, optimizer and LR schedule and hand them to deepspeed.initialize."""
+    """Build the model, optimizer and LR schedule and hand them to deepspeed.initialize.
+
+    The schedule is the built-in AnnealingLR, or, when the config has a DeepSpeed `scheduler` dict, the
+    scheduler DeepSpeed builds from it (the engine steps either after each optimizer step and saves and loads
+    its state in checkpoints)."""
     import deepspeed
 
     from megatron.learning_rates import build_lr_scheduler
@@ -97,19 +101,29 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext):
 
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
     optimizer = build_optimizer(neox_args, model)
-    lr_scheduler = build_lr_scheduler(neox_args, optimizer)
-    config = {k: v for k, v in neox_args.deepspeed_config.items() if k not in ("optimizer", "scheduler")}
+    lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, optimizer)
+    config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
+              and not (k == "scheduler" and lr_scheduler is not None)}
     if neox_args.zero_stage > 0 and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         # ZeRO refuses optimizers DeepSpeed has not tested unless told; ours are tested here
         config.setdefault("zero_allow_untested_optimizer", True)
     if neox_args.is_pipe_parallel:
         _mark_grad_norm_ownership(model, ctx.parallel_state)
-    engine, _, _, _ = deepspeed.initialize(
+    engine, _, _, engine_scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
         mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)
     _record_clipping_grad_norm(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
-    return engine, optimizer, lr_scheduler
+    return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
+
+
+def current_lr(lr_scheduler) -> float:
+    """The learning rate to log: AnnealingLR's base rate, or the rate a DeepSpeed scheduler last set."""
+    from megatron.learning_rates import AnnealingLR
+
+    if isinstance(lr_scheduler, AnnealingLR):
+        return lr_scheduler.get_lr()
+    return float(lr_scheduler.get_last_lr()[0])
 
 
 def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
@@ -238,21 +252,70 @@ def _data_parallel_mean(loss: torch.Tensor, engine) -> float:
     return loss.item()
 
 
+class CharCounter:
+    """Wraps a stream of {'text': tokens} samples and counts the predicted tokens (every token after the first of
+    each sample) and the characters they detokenize to, for char_level_ppl."""
+
+    def __init__(self, samples: Iterator, tokenizer) -> None:
+        self.samples, self.tokenizer = samples, tokenizer
+        self.tokens = 0
+        self.chars = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        data = next(self.samples)
+        for sample in data["text"]:
+            predicted = [int(t) for t in sample[1:]]
+            self.tokens += len(predicted)
+            self.chars += len(self.tokenizer.detokenize(predicted))
+        return data
+
+
+def tokens_per_char(tokens: int, chars: int) -> Optional[float]:
+    """Tokens per character over every rank's evaluation samples (each data-parallel replica reads its own)."""
+    counts = torch.tensor([float(tokens), float(chars)], dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(counts)  # ranks that read no samples add zeros; stages that read the same add a ratio
+    return float(counts[0] / counts[1]) if counts[1] > 0 else None
+
+
 @torch.no_grad()
-def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: int) -> Optional[float]:
-    """Mean lm loss over `iterations` global batches."""
+def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: int) -> Optional[Dict[str, float]]:
+    """{'lm_loss': mean lm loss over `iterations` global batches} and, with char_level_ppl,
+    'lm_loss_char_lvl_ppl': exp(lm_loss x tokens per character) (GPT-NeoX's character-level perplexity)."""
     if batches is None or iterations <= 0:
         return None
+    counter = None
+    if neox_args.char_level_ppl and batches.samples is not None:
+        counter = batches.samples = CharCounter(batches.samples, batches.ctx.tokenizer)
     engine.eval()
     losses: List[float] = []
-    for _ in range(iterations):
-        if neox_args.is_pipe_parallel:
-            losses.append(_data_parallel_mean(engine.eval_batch(data_iter=batches), engine))
-        else:
-            micro = [_loss_of(engine, next(batches)).float() for _ in range(neox_args.gradient_accumulation_steps)]
-            losses.append(_data_parallel_mean(torch.stack(micro).mean(), engine))
+    try:
+        for _ in range(iterations):
+            if neox_args.is_pipe_parallel:
+                losses.append(_data_parallel_mean(engine.eval_batch(data_iter=batches), engine))
+            else:
+                micro = [_loss_of(engine, next(batches)).float()
+                         for _ in range(neox_args.gradient_accumulation_steps)]
+                losses.append(_data_parallel_mean(torch.stack(micro).mean(), engine))
+            if neox_args.checkpoint_activations and neox_args.contiguous_checkpointing:
+                import deepspeed  # forwards without a backward leave DeepSpeed's contiguous buffers filled
+
+                deepspeed.checkpointing.reset()
+    finally:
+        if counter is not None:
+            batches.samples = counter.samples
     engine.train()
-    return sum(losses) / len(losses)
+    result = {"lm_loss": sum(losses) / len(losses)}
+    if neox_args.char_level_ppl:
+        from megatron.logging import PPL_LOSS_CAP
+
+        ratio = tokens_per_char(counter.tokens if counter else 0, counter.chars if counter else 0)
+        if ratio is not None:
+            result["lm_loss_char_lvl_ppl"] = math.exp(min(result["lm_loss"] * ratio, PPL_LOSS_CAP))
+    return result
 
 
 def pretrain(neox_args) -> Dict[str, Any]:
@@ -300,10 +363,11 @@ def pretrain(neox_args) -> Dict[str, Any]:
 
     def evaluate_split(batches: Optional[_ModelBatches], split: str) -> None:
         timers("eval").start()
-        value = evaluate(neox_args, engine, batches, neox_args.eval_iters)
+        result = evaluate(neox_args, engine, batches, neox_args.eval_iters)
         timers("eval").stop()
-        if value is not None:
-            logger.log_eval(iteration=iteration, lm_loss=value, split=split)
+        if result is not None:
+            value = result.pop("lm_loss")
+            logger.log_eval(iteration=iteration, lm_loss=value, split=split, extras=result)
             summary["eval"].append((iteration, split, value))
 
     do_train = neox_args.do_train if neox_args.do_train is not None else True
@@ -325,7 +389,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
             if iteration % neox_args.log_interval == 0:
                 extras.update({f"time_ms/{k}": v for k, v in
                                timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
-            logger.log_train(iteration=iteration, lm_loss=loss, lr=lr_scheduler.get_lr(), grad_norm=grad_norm,
+            logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
             if iteration in (neox_args.save_iters or []):
                 save(iteration)

@@ -247,3 +247,13 @@ def test_memory_stats_and_profiler_on_cpu(tmp_path):
         assert json.load(f)["iteration"] == 7
     with pytest.raises(ValueError, match="memory_profiling_path"):
         MemoryProfiler(_args(memory_profiling=True))
+
+
+def test_eval_extras_reach_the_record_and_the_console(tmp_path):
+    console = io.StringIO()
+    logger = _logger(_args(log_dir=str(tmp_path)), console=console, clock=FakeClock(), peak=1.0)
+    logger.log_eval(3, 2.0, extras={"lm_loss_char_lvl_ppl": 1.5})
+    logger.close()
+    (record,) = _read_jsonl(tmp_path / "metrics.jsonl")
+    assert record["lm_loss_char_lvl_ppl"] == 1.5
+    assert console.getvalue().splitlines()[-1].endswith("| lm_loss_char_lvl_ppl 1.500000E+00")

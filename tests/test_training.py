@@ -75,3 +75,21 @@ def test_single_rank_allreduce_is_skipped_without_changing_training():
     (zero_switched, _), = run_distributed(_engine_losses, world_size=1, args=(1, True))
     assert not zero_switched  # ZeRO keeps its own reduction
     assert not any(s for s, _ in run_distributed(_engine_losses, world_size=2, args=(0, True)))  # dp = 2
+
+
+def test_char_counter_counts_the_predicted_tokens_and_their_characters():
+    import numpy as np
+
+    from megatron.training import CharCounter, tokens_per_char
+
+    class Letters:  # token t is the character chr(97 + t), token 0 the two characters "<>"
+        @staticmethod
+        def detokenize(ids):
+            return "".join("<>" if t == 0 else chr(97 + t) for t in ids)
+
+    samples = iter([{"text": np.array([[5, 1, 2, 0], [1, 1, 1, 1]])}, {"text": np.array([[3, 0, 0, 4]])}])
+    counter = CharCounter(samples, Letters())
+    assert next(counter)["text"].shape == (2, 4) and next(counter)["text"].shape == (1, 4)
+    assert (counter.tokens, counter.chars) == (9, 4 + 3 + 5)  # 'bc<>', 'bbb', '<><>e'
+    assert tokens_per_char(counter.tokens, counter.chars) == pytest.approx(9 / 12)
+    assert tokens_per_char(0, 0) is None

@@ -33,7 +33,7 @@ def configure_activation_checkpointing(config: ModelConfig, parallel_state) -> N
         mpu_=parallel_state,
         partition_activations=config.partition_activations,
         contiguous_checkpointing=config.contiguous_checkpointing,
-        num_checkpoints=config.num_layers,
+        num_checkpoints=config.activation_checkpoints,
         checkpoint_in_cpu=config.checkpoint_in_cpu,
         synchronize=config.synchronize_each_layer,
         profile=config.profile_backward,

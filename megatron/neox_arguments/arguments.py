@@ -25,10 +25,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 from megatron.neox_arguments.aliases import apply_aliases
 from megatron.neox_arguments.deepspeed_config import NeoXArgsDeepspeedConfig
 from megatron.neox_arguments.deepspeed_runner import NeoXArgsDeepspeedRunner
-from megatron.neox_arguments.derivation import (derive_batch, derive_model, derive_optimizer_and_zero,
-                                                derive_precision, derive_world)
+from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model,
+                                                derive_optimizer_and_zero, derive_precision, derive_scheduler,
+                                                derive_world)
 from megatron.neox_arguments.derived import NeoXArgsDerived
-from megatron.neox_arguments.ds_config import build_deepspeed_config
+from megatron.neox_arguments.ds_config import (build_deepspeed_config, fold_deepspeed_extra_args,
+                                               note_extra_args_origin)
 from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
 from megatron.neox_arguments.logging_args import NeoXArgsLogging
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
@@ -43,8 +45,8 @@ from megatron.neox_arguments.tokenizer import NeoXArgsTokenizer
 from megatron.neox_arguments.training import NeoXArgsTraining
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, model_problems,
-                                                not_supported_problems, parallelism_problems, training_problems,
-                                                unknown_key_problems)
+                                                not_supported_problems, not_supported_setting_problems,
+                                                parallelism_problems, training_problems, unknown_key_problems)
 
 ARGUMENT_GROUPS = (NeoXArgsParallelism, NeoXArgsModel, NeoXArgsOptimizer, NeoXArgsLRScheduler, NeoXArgsLogging,
                    NeoXArgsOther, NeoXArgsTokenizer, NeoXArgsTraining, NeoXArgsTextgen, NeoXArgsMoE,
@@ -78,6 +80,9 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
         origin = dict(origin or {})
         problems = apply_aliases(values, origin)
         known = set(argument_types())
+        deepspeed_group = [f.name for f in dataclasses.fields(NeoXArgsDeepspeedConfig)]
+        folded_problems, folded = fold_deepspeed_extra_args(values, origin, deepspeed_group, known)
+        problems += folded_problems
         problems += unknown_key_problems(values, known, origin)
         provided = set(values) & known
         problems += derived_only_problems(provided)
@@ -94,18 +99,20 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
         args = cls(**clean)
         problems = args._derive_and_validate(provided)
         if problems:
-            raise ConfigError(problems)
+            raise ConfigError(note_extra_args_origin(problems, folded))
         for message in fusion_flag_warnings(args):
             warnings.warn(message, NeoXConfigWarning, stacklevel=2)
         return args
 
     def _derive_and_validate(self, provided: Set[str]) -> List[str]:
-        problems = not_supported_problems(self)
+        problems = not_supported_problems(self) + not_supported_setting_problems(self)
         problems += derive_precision(self, provided)
         problems += derive_optimizer_and_zero(self, provided)
+        problems += derive_scheduler(self, provided)
         problems += derive_world(self)
         problems += derive_batch(self, provided)
         problems += derive_model(self)
+        problems += derive_activation_checkpointing(self, provided)
         problems += model_problems(self)
         problems += training_problems(self)
         problems += parallelism_problems(self)

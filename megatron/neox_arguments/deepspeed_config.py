@@ -53,7 +53,9 @@ class NeoXArgsDeepspeedConfig:
     dict containing the keys type and params type: The scheduler name. See here
     (https://deepspeed.readthedocs.io/en/latest/schedulers.html) for list of support schedulers. params:
     Dictionary of parameters to instantiate scheduler. The parameter names should match scheduler
-    constructor signature.
+    constructor signature. Here: WarmupLR, WarmupDecayLR or WarmupCosineLR; DeepSpeed builds it instead of
+    the built-in schedule (so lr_decay_style, warmup, min_lr, ... are refused beside it), warmup_max_lr is lr,
+    and its state is saved in and resumed from checkpoints.
     """
 
     fp32_allreduce: bool = False
@@ -218,5 +220,7 @@ class NeoXArgsDeepspeedConfig:
     deepspeed_extra_args: Optional[dict] = None
     """
     Dictionary of extra arguments to be included in the yaml config file. This can be used for any
-    argument not included in the above list.
+    argument not included in the above list. Keys may add to the DeepSpeed config but never contradict it:
+    a key that is an argument of this group (fp16, zero_optimization, ...) is merged into that argument and
+    validated with it; a contradicting value is an error naming the key path and both values.
     """

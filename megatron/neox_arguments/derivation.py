@@ -4,8 +4,9 @@ Each function reads what the user provided (`provided`: the keys actually set, s
 gradient_accumulation_steps must not count as "given") and fills derived fields, returning problems
 instead of raising so that every problem is reported at once."""
 
+import dataclasses
 import subprocess
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
 
 from megatron.neox_arguments.errors import ConfigError
 from megatron.model_config import expand_attention_config
@@ -89,10 +90,43 @@ def _enabled(section: Optional[Dict[str, Any]]) -> bool:
     return bool(section) and bool(section.get("enabled", False))
 
 
+FP16_MIRRORS = (("loss_scale", "loss_scale"), ("loss_scale_window", "loss_scale_window"),
+                ("hysteresis", "hysteresis"), ("min_scale", "min_loss_scale"))
+"""(top-level argument, key of the DeepSpeed fp16 dict): one setting written in either place."""
+
+ZERO_MIRRORS = (("zero_stage", "stage"), ("zero_reduce_scatter", "reduce_scatter"),
+                ("zero_contiguous_gradients", "contiguous_gradients"), ("zero_reduce_bucket_size", "reduce_bucket_size"),
+                ("zero_allgather_bucket_size", "allgather_bucket_size"))
+"""(top-level argument, key of the DeepSpeed zero_optimization dict)."""
+
+ACTIVATION_CHECKPOINTING_MIRRORS = (("partition_activations", "partition_activations"),
+                                    ("checkpoint_in_cpu", "cpu_checkpointing"),
+                                    ("contiguous_checkpointing", "contiguous_memory_optimization"),
+                                    ("synchronize_each_layer", "synchronize_checkpoint_boundary"),
+                                    ("profile_backward", "profile"))
+"""(top-level argument, key of the DeepSpeed activation_checkpointing dict)."""
+
+ACTIVATION_CHECKPOINTING_KEYS = tuple(key for _, key in ACTIVATION_CHECKPOINTING_MIRRORS) + ("number_checkpoints",)
+"""Every key DeepSpeed's activation_checkpointing section has."""
+
+
+def _defaults(args: "NeoXArgs") -> Dict[str, Any]:
+    return {f.name: f.default for f in dataclasses.fields(args)}
+
+
+def _whole_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
+
+
 def derive_precision(args: "NeoXArgs", provided: Set[str]) -> List[str]:
-    """precision from the fp16 / bf16 dicts, and the fp16 loss-scaling fields from the fp16 dict."""
+    """precision from the fp16 / bf16 dicts; the top-level fp16 loss-scaling arguments and the fp16 dict made
+    one setting (either may be written; both written and different is a problem)."""
     problems: List[str] = []
     fp16_on, bf16_on = _enabled(args.fp16), _enabled(args.bf16)
+    if fp16_on and args.fp16.get("type", "fp16") not in ("fp16", "bfloat16"):
+        problems.append(f"fp16.type={args.fp16['type']!r} must be 'fp16' or 'bfloat16' (GPT-NeoX's spellings); "
+                        f"DeepSpeed needs no type key")
+        return problems
     if fp16_on and args.fp16.get("type") == "bfloat16":  # older GPT-NeoX spelling of bf16
         fp16_on, bf16_on = False, True
         args.bf16 = {"enabled": True}
@@ -103,8 +137,8 @@ def derive_precision(args: "NeoXArgs", provided: Set[str]) -> List[str]:
     implied = "fp16" if fp16_on else "bfloat16" if bf16_on else None
     if "precision" in provided and args.precision is not None:
         if implied is not None and implied != args.precision:
-            problems.append(f"precision={args.precision!r} contradicts the {'fp16' if fp16_on else 'bf16'} dict, "
-                            f"which enables {implied}")
+            problems.append(f"precision={args.precision!r} contradicts "
+                            f"{'fp16' if fp16_on else 'bf16'}.enabled=true (which means {implied!r})")
         elif implied is None and args.precision == "fp16":
             args.fp16 = {**(args.fp16 or {}), "enabled": True}
         elif implied is None and args.precision == "bfloat16":
@@ -112,20 +146,79 @@ def derive_precision(args: "NeoXArgs", provided: Set[str]) -> List[str]:
     else:
         args.precision = implied or "fp32"
     if args.precision == "fp16":
-        fp16 = args.fp16 or {}
-        if "loss_scale" not in provided:
-            args.loss_scale = fp16.get("loss_scale", 0)
-        args.dynamic_loss_scale = not args.loss_scale
-        args.loss_scale_window = fp16.get("loss_scale_window", args.loss_scale_window)
-        args.hysteresis = fp16.get("hysteresis", args.hysteresis)
-        args.min_scale = fp16.get("min_loss_scale", args.min_scale)
+        problems += _unify_fp16(args, provided)
     else:
+        defaults = _defaults(args)
+        for name, _key in FP16_MIRRORS:
+            value = getattr(args, name)
+            if name in provided and value != defaults[name] and not (name == "loss_scale" and not value):
+                problems.append(f"{name}={value!r} is an fp16 loss-scaling setting but precision is "
+                                f"{args.precision!r}; remove it")
+        if "dynamic_loss_scale" in provided and args.dynamic_loss_scale:
+            problems.append(f"dynamic_loss_scale=true is an fp16 loss-scaling setting but precision is "
+                            f"{args.precision!r}; remove it")
         args.dynamic_loss_scale = False
     return problems
 
 
+def _same_loss_scale(name: str, ours: Any, theirs: Any) -> bool:
+    if name == "loss_scale":  # None and 0 both mean dynamic
+        return (ours or 0) == (theirs or 0)
+    return ours == theirs
+
+
+def _unify_fp16(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+    args.fp16 = {k: v for k, v in (args.fp16 or {}).items() if k != "type"}
+    problems = _unify_section(args, provided, "fp16", FP16_MIRRORS, same=_same_loss_scale)
+    if args.loss_scale is None:
+        args.loss_scale = 0
+    for name in ("loss_scale_window", "min_scale"):
+        value = getattr(args, name)
+        if not _whole_number(value) or value < 1:
+            problems.append(f"{name}={value!r} must be a whole number >= 1 (DeepSpeed's fp16 setting is an int)")
+    if not _whole_number(args.loss_scale) or args.loss_scale < 0:
+        problems.append(f"loss_scale={args.loss_scale!r} must be 0 (dynamic) or a positive whole number")
+    dynamic = not args.loss_scale
+    if "dynamic_loss_scale" in provided and args.dynamic_loss_scale is not None and args.dynamic_loss_scale != dynamic:
+        if dynamic:
+            problems.append("dynamic_loss_scale=false needs a static scale: set loss_scale (or fp16.loss_scale) "
+                            "to a power of two")
+        else:
+            problems.append(f"dynamic_loss_scale=true contradicts the static loss_scale={args.loss_scale!r}; "
+                            f"loss_scale 0 means dynamic")
+    args.dynamic_loss_scale = dynamic
+    args.fp16 = {**args.fp16, "loss_scale": args.loss_scale, "enabled": True}
+    return problems
+
+
+def _unify_section(args: "NeoXArgs", provided: Set[str], section: str, mirrors,
+                   same: Callable[[str, Any, Any], bool] = lambda _name, a, b: a == b) -> List[str]:
+    """Make each (argument, key of the `section` dict) pair one value: whichever side was written fills the
+    other; both written and different is a problem naming both. Afterwards the dict holds every pair whose
+    value is set (None leaves DeepSpeed's default)."""
+    raw = getattr(args, section)
+    if raw is not None and not isinstance(raw, dict):
+        return [f"{section} must be a dict, got {raw!r}"]
+    problems: List[str] = []
+    values = dict(raw or {})
+    for name, key in mirrors:
+        value = getattr(args, name)
+        given = name in provided and value is not None
+        if given and key in values:
+            if not same(name, value, values[key]):
+                problems.append(f"{name}={value!r} contradicts {section}.{key}={values[key]!r}; they are one "
+                                f"setting, set it in one place")
+        elif key in values:
+            setattr(args, name, values[key])
+        if getattr(args, name) is not None and not (given and key in values):
+            values[key] = getattr(args, name)
+    setattr(args, section, values)
+    return problems
+
+
 def derive_optimizer_and_zero(args: "NeoXArgs", provided: Set[str]) -> List[str]:
-    """optimizer_type and lr from the optimizer dict; zero_* from zero_optimization; clip_grad."""
+    """optimizer_type and lr from the optimizer dict; zero_* and zero_optimization as one setting; clip_grad and
+    gradient_clipping as one setting."""
     problems: List[str] = []
     if args.optimizer is not None:
         kind = args.optimizer.get("type")
@@ -144,18 +237,109 @@ def derive_optimizer_and_zero(args: "NeoXArgs", provided: Set[str]) -> List[str]
                 problems.append(f"lr={args.lr} disagrees with optimizer.params.lr={lr}; set it in one place")
             else:
                 args.lr = float(lr)
-    zero = args.zero_optimization or {}
-    if "zero_stage" not in provided:
-        args.zero_stage = zero.get("stage", 0)
-    elif zero.get("stage", args.zero_stage) != args.zero_stage:
-        problems.append(f"zero_stage={args.zero_stage} disagrees with zero_optimization.stage={zero['stage']}")
-    for field_name, key in (("zero_reduce_scatter", "reduce_scatter"), ("zero_contiguous_gradients",
-                            "contiguous_gradients"), ("zero_reduce_bucket_size", "reduce_bucket_size"),
-                            ("zero_allgather_bucket_size", "allgather_bucket_size")):
-        if field_name not in provided and key in zero:
-            setattr(args, field_name, zero[key])
-    if "gradient_clipping" in provided or "clip_grad" not in provided:
+    problems += _unify_section(args, provided, "zero_optimization", ZERO_MIRRORS)
+    args.zero_optimization.setdefault("stage", 0)
+    args.zero_stage = args.zero_optimization["stage"]
+    if "clip_grad" in provided and "gradient_clipping" in provided and args.clip_grad != args.gradient_clipping:
+        problems.append(f"clip_grad={args.clip_grad!r} contradicts gradient_clipping={args.gradient_clipping!r}; "
+                        f"they are one setting (DeepSpeed's gradient_clipping), set it in one place")
+    elif "clip_grad" in provided:
+        args.gradient_clipping = args.clip_grad
+    else:
         args.clip_grad = args.gradient_clipping
+    return problems
+
+
+def derive_activation_checkpointing(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+    """The top-level activation-checkpointing flags and DeepSpeed's activation_checkpointing dict as one setting;
+    number_checkpoints (DeepSpeed's buffer count for contiguous checkpointing) defaults to the number of
+    checkpointed chunks, ceil(num_layers / checkpoint_num_layers), as GPT-NeoX computes it."""
+    section = args.activation_checkpointing
+    if isinstance(section, dict):
+        unknown = sorted(set(section) - set(ACTIVATION_CHECKPOINTING_KEYS))
+        if unknown:
+            return [f"activation_checkpointing has unknown keys {unknown}; DeepSpeed's keys are "
+                    f"{', '.join(ACTIVATION_CHECKPOINTING_KEYS)}"]
+    problems = _unify_section(args, provided, "activation_checkpointing", ACTIVATION_CHECKPOINTING_MIRRORS)
+    if args.contiguous_checkpointing and not args.partition_activations:
+        problems.append("contiguous_checkpointing (activation_checkpointing.contiguous_memory_optimization) needs "
+                        "partition_activations=true: DeepSpeed copies the partitioned activations into its buffers")
+    if problems or not isinstance(args.num_layers, int) or not isinstance(args.checkpoint_num_layers, int) \
+            or args.checkpoint_num_layers < 1:
+        return problems
+    needed = -(-args.num_layers // args.checkpoint_num_layers)
+    given = args.activation_checkpointing.get("number_checkpoints")
+    if given is None:
+        args.activation_checkpointing["number_checkpoints"] = needed
+    elif isinstance(given, bool) or not isinstance(given, int) or given < needed:
+        problems.append(f"activation_checkpointing.number_checkpoints={given!r} must be an integer >= {needed}, the "
+                        f"number of checkpointed chunks (num_layers={args.num_layers} / checkpoint_num_layers="
+                        f"{args.checkpoint_num_layers}); DeepSpeed keeps one contiguous buffer per checkpoint")
+    return problems
+
+
+SCHEDULER_TYPES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+"""DeepSpeed schedulers a `scheduler` dict may name (DeepSpeed builds it and steps it after each optimizer step)."""
+
+BUILT_IN_SCHEDULE_ARGUMENTS = ("lr_decay_style", "lr_decay_iters", "lr_decay_fraction", "min_lr", "warmup",
+                               "override_lr_scheduler", "use_checkpoint_lr_scheduler")
+"""Arguments of the built-in schedule (AnnealingLR), which a `scheduler` dict replaces."""
+
+
+def derive_scheduler(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+    """Check a DeepSpeed `scheduler` dict against the scheduler's own signature; its peak learning rate is lr.
+
+    With a scheduler dict, DeepSpeed builds that scheduler instead of the built-in AnnealingLR (as GPT-NeoX's
+    DeepSpeed did), so arguments that only configure AnnealingLR are refused when set to non-default values."""
+    if args.scheduler is None:
+        return []
+    scheduler = args.scheduler
+    kind = scheduler.get("type")
+    problems = [f"scheduler has unknown keys {sorted(set(scheduler) - {'type', 'params'})}; it takes type and "
+                f"params"] if set(scheduler) - {"type", "params"} else []
+    if kind in ("OneCycle", "LRRangeTest"):
+        return problems + [f"scheduler.type={kind!r} is not supported yet; use one of {', '.join(SCHEDULER_TYPES)} "
+                           f"or the built-in schedule (lr_decay_style, warmup, ...)"]
+    if kind not in SCHEDULER_TYPES:
+        return problems + [f"scheduler.type={kind!r} must be one of {', '.join(SCHEDULER_TYPES)} (DeepSpeed's "
+                           f"schedulers), or remove the scheduler dict to use the built-in schedule"]
+    params = scheduler.get("params") or {}
+    if not isinstance(params, dict):
+        return problems + [f"scheduler.params must be a dict, got {params!r}"]
+    import inspect
+
+    from deepspeed.runtime import lr_schedules
+
+    signature = inspect.signature(getattr(lr_schedules, kind).__init__).parameters
+    allowed = [name for name in signature if name not in ("self", "optimizer", "last_batch_iteration")]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        problems.append(f"scheduler.params has keys {unknown} that {kind} does not take; it takes {', '.join(allowed)}"
+                        + (" (last_batch_iteration comes from the checkpoint when resuming)"
+                           if "last_batch_iteration" in unknown else ""))
+    missing = [name for name in allowed if signature[name].default is inspect.Parameter.empty and name not in params]
+    if missing:
+        problems.append(f"scheduler.params lacks {', '.join(missing)}, which {kind} needs (e.g. total_num_steps: "
+                        f"train_iters)")
+    steps = params.get("warmup_num_steps", 1000)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        problems.append(f"scheduler.params.warmup_num_steps={steps!r} must be a positive integer")
+    if kind != "WarmupCosineLR":  # WarmupCosineLR scales the optimizer's lr; the others set warmup_max_lr
+        peak = params.get("warmup_max_lr")
+        if peak is None and args.lr is not None:
+            params = {**params, "warmup_max_lr": args.lr}
+        elif peak is not None and (isinstance(peak, bool) or not isinstance(peak, (int, float))):
+            problems.append(f"scheduler.params.warmup_max_lr={peak!r} must be a number")
+        elif peak is not None and args.lr is not None and float(peak) != args.lr:
+            problems.append(f"scheduler.params.warmup_max_lr={peak!r} contradicts lr={args.lr!r} (the optimizer's "
+                            f"lr); they are one setting, set it in one place")
+    defaults = _defaults(args)
+    for name in BUILT_IN_SCHEDULE_ARGUMENTS:
+        value = getattr(args, name)
+        if name in provided and value != defaults[name]:
+            problems.append(f"{name}={value!r} configures the built-in learning-rate schedule, which the scheduler "
+                            f"dict ({kind}) replaces; remove {name} or the scheduler dict")
+    args.scheduler = {"type": kind, "params": params}
     return problems
 
 

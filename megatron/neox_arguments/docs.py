@@ -33,12 +33,34 @@ def _type_name(annotation) -> str:
     return re.sub(r"\btyping\.", "", str(annotation)) if not isinstance(annotation, type) else annotation.__name__
 
 
+def notes() -> Dict[str, str]:
+    """{field name: a sentence appended to its documentation}: the mirrors (one setting written in two places)
+    and the arguments accepted without effect."""
+    from megatron.neox_arguments.derivation import (ACTIVATION_CHECKPOINTING_MIRRORS, FP16_MIRRORS, ZERO_MIRRORS)
+    from megatron.neox_arguments.no_ops import NO_OP_ARGUMENTS
+
+    result: Dict[str, str] = {}
+    for section, mirrors in (("fp16", FP16_MIRRORS), ("zero_optimization", ZERO_MIRRORS),
+                             ("activation_checkpointing", ACTIVATION_CHECKPOINTING_MIRRORS)):
+        for name, key in mirrors:
+            result[name] = (f"The same setting as `{section}.{key}`: set either (both only to the same value); "
+                            f"the other is derived.")
+    result["clip_grad"] = ("The same setting as `gradient_clipping`: set either (both only to the same value); the "
+                           "other is derived.")
+    result["gradient_clipping"] = "The same setting as `clip_grad`."
+    result["dynamic_loss_scale"] = "Derived: true when loss_scale is 0 (fp16 only); setting it must agree."
+    for name, reason in NO_OP_ARGUMENTS.items():
+        result[name] = f"No effect here: {reason}"
+    return result
+
+
 def render() -> str:
     """The whole markdown reference."""
     lines: List[str] = ["# NeoX arguments", "",
                         "Generated from the field docstrings in `megatron/neox_arguments/` by "
                         "`python -m megatron.neox_arguments.docs`; do not edit by hand.", "",
                         "Keys may be written with `-` or `_` (`train-iters` is `train_iters`).", ""]
+    extra = notes()
     for cls in ARGUMENT_GROUPS:
         docs = field_docstrings(cls)
         lines += [f"## {cls.__name__}", "", " ".join((cls.__doc__ or "").split()), ""]
@@ -48,6 +70,15 @@ def render() -> str:
             lines += [f"- **{field.name}**: {_type_name(hints[field.name])}", "",
                       f"    Default = {field.default!r}", "",
                       f"    {docs.get(field.name, '')}", ""]
+            if field.name in extra:
+                lines += [f"    {extra[field.name]}", ""]
+    from megatron.neox_arguments.no_ops import NO_OP_ARGUMENTS
+
+    lines += ["## Arguments accepted without effect", "",
+              "Every other argument changes behaviour or is refused when set (\"not supported yet\"); these are "
+              "accepted for compatibility with GPT-NeoX configs and do nothing here "
+              "(`megatron/neox_arguments/no_ops.py`):", ""]
+    lines += [f"- **{name}**: {reason}" for name, reason in NO_OP_ARGUMENTS.items()]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -70,7 +70,39 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     *((key, _not_default(key),
        f"Transformer Engine FP8 settings ({key}) are not supported yet (they only apply to Transformer Engine "
        f"layers); leave it at {_MODEL_DEFAULTS[key]!r} or delete the key") for key in TRANSFORMER_ENGINE_FP8_SETTINGS),
+    ("deepspeed", lambda v: not v, "DeepSpeed is the engine here; there is no path without it (delete the key)"),
+    ("deepspeed_activation_checkpointing", lambda v: not v,
+     "activation checkpointing is always DeepSpeed's (the key is deprecated in GPT-NeoX); set "
+     "checkpoint_activations: false to train without checkpointing"),
 )
+
+NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("muP (use_mup)", ("base_shapes_file", "mup_init_scale", "mup_attn_temp", "mup_output_temp",
+                       "mup_embedding_mult", "mup_rp_embedding_mult", "mup_width_scale")),
+    ("mixture of experts (moe_num_experts > 1)",
+     ("expert_interval", "moe_top_k", "moe_loss_coeff", "moe_train_capacity_factor", "moe_eval_capacity_factor",
+      "moe_min_capacity", "moe_token_dropping", "create_moe_param_group", "moe_use_residual",
+      "moe_expert_parallel_size", "moe_type", "moe_glu", "moe_lbl_in_fp32", "moe_jitter_eps",
+      "enable_expert_tensor_parallelism")),
+    ("Mamba layers (attention type 'mamba')",
+     ("mamba_selective_scan_fusion", "mamba_causal_conv_fusion", "mamba_inner_func_fusion",
+      "mamba_selective_fp32_params", "mamba_use_bias_in_conv", "mamba_use_bias_in_linears")),
+    ("RWKV layers (attention type 'rwkv')", ("dim_att", "head_size", "ffn_dim")),
+    ("gMLP / aMLP layers (attention types 'gmlp', 'amlp')", ("gmlp_attn_dim",)),
+    ("gradient noise scale logging (log_gradient_noise_scale)",
+     ("gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload")),
+    ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
+    ("adlr_autoresume", ("adlr_autoresume_interval",)),
+    ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
+    ("DPO / KTO training (train_impl 'dpo' / 'kto')",
+     ("dpo_fp32", "dpo_reference_free", "dpo_beta", "kto_fp32", "kto_desirable_weight", "kto_undesirable_weight",
+      "kto_beta")),
+    ("precomputing logprobs (text_gen_type 'precompute')", ("precompute_model_name",)),
+    ("curriculum_learning", ("curriculum_seqlen",)),
+    ("parameter sharing (num_unique_layers)", ("param_sharing_style",)),
+)
+"""(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
+anything but its default, since nothing would read it."""
 
 
 def fusion_flag_warnings(args: "NeoXArgs") -> List[str]:
@@ -104,6 +136,20 @@ def not_supported_problems(args: "NeoXArgs") -> List[str]:
         value = getattr(args, key)
         if value is not None and switched_on(value):
             problems.append(f"{key}={value!r}: {message}")
+    return problems
+
+
+def not_supported_setting_problems(args: "NeoXArgs") -> List[str]:
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    problems = []
+    for feature, names in NOT_SUPPORTED_SETTINGS:
+        for name in names:
+            value = getattr(args, name)
+            if value != defaults[name]:
+                problems.append(f"{name}={value!r} is a setting of {feature}, which is not supported yet; remove it "
+                                f"(or set it to its default {defaults[name]!r})")
     return problems
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.e2e.launch import REPO, free_port
-from tests.e2e.training_run import TrainingRun, build_tiny_corpus, falls
+from tests.e2e.training_run import TINY_MODEL, TrainingRun, build_tiny_corpus, falls
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +94,31 @@ def test_exact_resume(data, tmp_path):
     stopped.launch()
     stopped.assert_ok()
     assert stopped.losses() == straight.losses()
+
+
+def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path):
+    """A DeepSpeed `scheduler` dict replaces the built-in schedule: DeepSpeed builds it, the logged lr is the one
+    it sets, and it resumes from the checkpoint. Evaluation also reports the character-level perplexity."""
+    peak = TINY_MODEL["optimizer"]["params"]["lr"]
+    settings = dict(num_gpus=1, train_iters=8, eval_interval=4, char_level_ppl=True,
+                    lr_decay_style="linear", min_lr=0.0, warmup=0.01,  # the built-in schedule's defaults
+                    scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 8,
+                                                                    "warmup_type": "linear"}})
+    straight = TrainingRun(tmp_path / "straight", data, save=None, load=None, **settings)
+    straight.launch()
+    straight.assert_ok()
+    # WarmupDecayLR after optimizer step i (DeepSpeed steps it once per step, from batch iteration 0)
+    expected = [peak * (i / 3 if i < 3 else (8 - i) / 5) for i in range(8)]
+    assert [r["lr"] for r in straight.records()] == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    evals = straight.records("eval")
+    assert evals and all(1.0 < e["lm_loss_char_lvl_ppl"] < e["lm_loss_ppl"] for e in evals)
+    stopped = TrainingRun(tmp_path / "stopped", data, exit_interval=4, **settings)
+    stopped.launch()
+    stopped.assert_ok()
+    stopped.launch()
+    stopped.assert_ok()
+    assert stopped.losses() == straight.losses()
+    assert [r["lr"] for r in stopped.records()][-4:] == pytest.approx(expected[-4:], rel=1e-6)
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint_loadable(data, tmp_path):
