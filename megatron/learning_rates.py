@@ -3,10 +3,10 @@
 It gives GPT-NeoX's AnnealingLR values (its megatron/learning_rates.py, with its fix #1379 for step 0) from
 iteration 0 to the end of the decay, and holds the final value after that. With `it` the number of
 optimizer steps taken, `lr` the peak rate, `T` the decay iterations and `W` the warmup iterations
-(T = lr_decay_iters, else train_iters, at least 1, where NeoXArgs sets lr_decay_iters to
-int(lr_decay_fraction x train_iters) when lr_decay_fraction is given, as GPT-NeoX's docs say; GPT-NeoX's
-code prefers lr_decay_iters when both are set. W = warmup x T, which may be fractional; a schedule built
-directly with W > T warms up to W and then holds lr):
+(T and W from megatron.training_schedule.TrainingSchedule: T = int(lr_decay_fraction x train_iters) when
+lr_decay_fraction is given, as GPT-NeoX's docs say, else lr_decay_iters, else train_iters, at least 1;
+GPT-NeoX's code prefers lr_decay_iters when both are set. W = warmup x T, which may be fractional; a
+schedule built directly with W > T warms up to W and then holds lr):
 
 * warmup, W > 0 and it <= W: lr * max(1, it) / W. Iteration 0 gets lr / W like iteration 1 (GPT-NeoX
   #1379; before it the first step had lr 0); min_lr does not apply here. When 0 < W < 1 this would be
@@ -40,6 +40,8 @@ import math
 from typing import Any, Dict, List, Optional
 
 import torch
+
+from megatron.training_schedule import TrainingSchedule
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential")
 CHECKED_KEYS = ("start_lr", "warmup_iter", "end_iter", "decay_style", "min_lr")
@@ -142,32 +144,15 @@ def _same(ours: Any, theirs: Any) -> bool:
     return ours == theirs
 
 
-def decay_iterations(neox_args: Any) -> int:
-    """T: lr_decay_iters (NeoXArgs derives it from lr_decay_fraction x train_iters), else train_iters."""
-    if getattr(neox_args, "lr_decay_iters", None) is not None:
-        return max(1, int(neox_args.lr_decay_iters))
-    train_iters = getattr(neox_args, "train_iters", None)
-    if train_iters is None:
-        raise ValueError("the learning-rate schedule needs train_iters or lr_decay_iters (with train_epochs, "
-                         "the training loop must set train_iters from the dataset size first)")
-    fraction = getattr(neox_args, "lr_decay_fraction", None)
-    if fraction is not None:
-        return max(1, int(fraction * train_iters))
-    return max(1, int(train_iters))
-
-
-def build_lr_scheduler(neox_args: Any, optimizer: torch.optim.Optimizer) -> AnnealingLR:
-    """The AnnealingLR that GPT-NeoX's config describes (lr, min_lr, warmup, lr_decay_style, ...).
+def build_lr_scheduler(neox_args: Any, schedule: TrainingSchedule, optimizer: torch.optim.Optimizer) -> AnnealingLR:
+    """The AnnealingLR that GPT-NeoX's config describes: lr, min_lr, lr_decay_style and the override rules from
+    the config; the decay and warmup iterations from the run's TrainingSchedule.
 
     Call it after build_optimizer and before deepspeed.initialize; it starts at iteration 0 (lr / W with
     warmup, lr without)."""
     if neox_args.lr is None:
         raise ValueError("no learning rate: set optimizer.params.lr (or lr)")
-    total = decay_iterations(neox_args)
-    warmup = float(getattr(neox_args, "warmup", 0.0) or 0.0)
-    if not 0.0 <= warmup <= 1.0:
-        raise ValueError(f"warmup={warmup} must be a fraction of the decay iterations in [0, 1]")
-    return AnnealingLR(optimizer, start_lr=neox_args.lr, warmup_iter=warmup * total, total_iters=total,
-                       decay_style=neox_args.lr_decay_style, min_lr=neox_args.min_lr,
-                       override_lr_scheduler=bool(neox_args.override_lr_scheduler),
+    return AnnealingLR(optimizer, start_lr=neox_args.lr, warmup_iter=schedule.warmup_iters,
+                       total_iters=schedule.decay_iters, decay_style=neox_args.lr_decay_style,
+                       min_lr=neox_args.min_lr, override_lr_scheduler=bool(neox_args.override_lr_scheduler),
                        use_checkpoint_lr_scheduler=bool(neox_args.use_checkpoint_lr_scheduler))

@@ -217,12 +217,12 @@ class TrainingLogger:
                  is_logging_rank: Optional[bool] = None, rank: Optional[int] = None,
                  flops_per_token: Optional[float] = None, peak: Optional[float] = None,
                  console: Optional[TextIO] = None, clock: Callable[[], float] = time.perf_counter,
-                 start_iteration: int = 0) -> None:
+                 start_iteration: int = 0, train_iters: Optional[int] = None) -> None:
         self.args = neox_args
         self.rank = rank if rank is not None else (getattr(neox_args, "rank", None) or _default_rank())
         self.is_logging_rank = self.rank == 0 if is_logging_rank is None else is_logging_rank
         self.log_interval = max(1, int(neox_args.log_interval))
-        self.train_iters = getattr(neox_args, "train_iters", None)
+        self.train_iters = train_iters if train_iters is not None else neox_args.train_iters
         self.tokens_per_iteration = neox_args.train_batch_size * neox_args.seq_length
         self.num_devices = int(getattr(neox_args, "global_num_gpus", None) or getattr(neox_args, "world_size", None)
                                or 1)

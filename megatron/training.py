@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.initialize import RunContext, initialize_megatron
-from megatron.training_schedule import OverflowGuard, resolve_train_iters
+from megatron.training_schedule import OverflowGuard, TrainingSchedule
 
 
 class StopRequested:
@@ -87,7 +87,7 @@ def _record_clipping_grad_norm(engine) -> None:
     engine.clip_fp32_gradients = clip_and_record
 
 
-def setup_model_and_optimizer(neox_args, ctx: RunContext):
+def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSchedule):
     """Build the model, optimizer and LR schedule and hand them to deepspeed.initialize.
 
     The schedule is the built-in AnnealingLR, or, when the config has a DeepSpeed `scheduler` dict, the
@@ -101,7 +101,7 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext):
 
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
     optimizer = build_optimizer(neox_args, model)
-    lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, optimizer)
+    lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
               and not (k == "scheduler" and lr_scheduler is not None)}
     if neox_args.zero_stage > 0 and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
@@ -138,7 +138,8 @@ def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
     return True
 
 
-def _batch_streams(neox_args, ctx: RunContext, consumed_train: int, consumed_valid: int):
+def _batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consumed_train: int,
+                   consumed_valid: int):
     """(train, valid, test) streams of model batches, None for a split without data. Every rank builds the
     datasets (rank 0 builds the index maps, the others wait); only model-parallel rank 0 reads samples and
     broadcasts them to its tensor-parallel group."""
@@ -146,7 +147,7 @@ def _batch_streams(neox_args, ctx: RunContext, consumed_train: int, consumed_val
 
     ps = ctx.parallel_state
     reads_data = ps.get_model_parallel_rank() == 0
-    datasets = build_train_valid_test_datasets(neox_args)
+    datasets = build_train_valid_test_datasets(neox_args, schedule.split_samples())
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     streams = []
     for dataset, consumed in zip(datasets, (consumed_train, consumed_valid, 0)):
@@ -329,18 +330,19 @@ def pretrain(neox_args) -> Dict[str, Any]:
 
         raise ConfigError(problems)
     ctx = initialize_megatron(neox_args)
-    resolve_train_iters(neox_args)
+    schedule = TrainingSchedule.from_neox_args(neox_args)
     stop = StopRequested()
     stop.install()
-    engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx)
+    engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx, schedule)
     iteration, client_state = load_checkpoint(neox_args, ctx.model_config, engine)
     position = {"consumed_train_samples": client_state.get("consumed_train_samples",
                                                            iteration * neox_args.train_batch_size),
                 "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
     train_batches, valid_batches, test_batches = _batch_streams(
-        neox_args, ctx, position["consumed_train_samples"], position["consumed_valid_samples"])
+        neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"])
     timers = Timers(enabled=neox_args.wall_clock_breakdown)
-    logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0)
+    logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0,
+                            train_iters=schedule.train_iters)
     logger.restart_clock(iteration)
     summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
     overflow = OverflowGuard()
@@ -372,7 +374,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
 
     do_train = neox_args.do_train if neox_args.do_train is not None else True
     try:
-        while do_train and iteration < neox_args.train_iters:
+        while do_train and iteration < schedule.train_iters:
             started = time.perf_counter()
             debug = wants_debug and (iteration + 1) % neox_args.log_interval == 0
             timers("train_step").start()
@@ -391,7 +393,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
                                timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
             logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
-            if iteration in (neox_args.save_iters or []):
+            if iteration in schedule.save_iters:
                 save(iteration)
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
                 if valid_batches is not None:

@@ -1,10 +1,27 @@
-"""How long training runs: train_iters, or the number of iterations that train_epochs passes over the
-training documents, and the guard that stops fp16 runs stuck in loss-scale overflow.
+"""When things happen in a training run, computed once: TrainingSchedule.
 
-Kept apart from the loop so that both are unit-tested without launching anything."""
+The validated NeoXArgs are never changed; everything about the run's length that is derived from them
+(train_iters from train_epochs and the dataset, the learning-rate decay length, the warmup, the
+iterations to save at, the samples each split needs) is computed here, once, by
+``TrainingSchedule.from_neox_args``, and handed to the LR scheduler, the data pipeline, the loop and the
+logger. Also here: the guard that stops fp16 runs stuck in loss-scale overflow.
+
+Rules (as GPT-NeoX documents them):
+* train_iters, or with train_epochs: ceil(epochs x training samples / train_batch_size), where training
+  samples = tokens of the training documents (the train part of `split`, or all of train_data_paths) //
+  seq_length.
+* decay iterations T = int(lr_decay_fraction x train_iters) if lr_decay_fraction is set (it "overrides
+  lr_decay_iters"), else lr_decay_iters, else train_iters; at least 1. Warmup iterations W = warmup x T.
+* checkpoints at every checkpoint_factor iterations (checkpoint_scale linear) or at its powers (log),
+  plus extra_save_iters.
+* samples: train train_iters x B, valid (train_iters // eval_interval + 1) x eval_iters x B, test
+  eval_iters x B (B = train_batch_size)."""
+
+from __future__ import annotations
 
 import math
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence, Set, Tuple
 
 MAX_CONSECUTIVE_SKIPPED_STEPS = 50
 """fp16 steps skipped in a row (loss-scale overflow) after which training stops: dynamic loss scaling
@@ -12,7 +29,23 @@ recovers within a few steps when training is healthy; fifty in a row means the s
 far enough (min_loss_scale) or the loss is non-finite for another reason."""
 
 
-def epoch_tokens(prefixes: List[str], split: Optional[str], use_split: bool) -> int:
+def checkpoint_iterations(factor: Optional[int], scale: str, extra: Optional[Iterable[int]],
+                          train_iters: int) -> Tuple[int, ...]:
+    """Iterations at which a checkpoint is saved: every `factor` (linear) or at powers of `factor` (log),
+    and the `extra` ones, up to train_iters."""
+    iterations: Set[int] = set(int(i) for i in (extra or []) if 0 < int(i) <= train_iters)
+    if factor:
+        if scale == "linear":
+            iterations.update(range(factor, train_iters + 1, factor))
+        elif factor > 1:
+            step = factor
+            while step <= train_iters:
+                iterations.add(step)
+                step *= factor
+    return tuple(sorted(iterations))
+
+
+def epoch_tokens(prefixes: Sequence[str], split: Optional[str], use_split: bool) -> int:
     """Tokens in the training documents: the train part of `split` of one dataset, or whole datasets."""
     from megatron.data.data_utils import split_document_ranges
     from megatron.data.indexed_dataset import MMapIndexedDataset
@@ -28,8 +61,7 @@ def epoch_tokens(prefixes: List[str], split: Optional[str], use_split: bool) -> 
 
 
 def iterations_for_epochs(neox_args) -> int:
-    """train_iters equivalent of train_epochs: epochs x (training tokens / seq_length) samples, in global
-    batches (rounded up, so the last partial batch is trained)."""
+    """train_iters equivalent of train_epochs (rounded up, so the last partial batch is trained)."""
     if neox_args.train_data_paths:
         tokens = epoch_tokens(list(neox_args.train_data_paths), None, use_split=False)
     else:
@@ -41,18 +73,46 @@ def iterations_for_epochs(neox_args) -> int:
     return math.ceil(neox_args.train_epochs * samples / neox_args.train_batch_size)
 
 
-def resolve_train_iters(neox_args) -> int:
-    """Fix train_iters (and what derives from it) when the config gave train_epochs."""
-    from megatron.neox_arguments.derivation import checkpoint_iterations
+@dataclass(frozen=True)
+class TrainingSchedule:
+    """The run's iteration counts and the steps at which things happen (see the module docstring)."""
 
-    if neox_args.train_iters is not None:
-        return neox_args.train_iters
-    neox_args.train_iters = iterations_for_epochs(neox_args)
-    if neox_args.lr_decay_fraction is not None:
-        neox_args.lr_decay_iters = int(neox_args.lr_decay_fraction * neox_args.train_iters)
-    neox_args.save_iters = checkpoint_iterations(neox_args.checkpoint_factor, neox_args.checkpoint_scale,
-                                                 neox_args.extra_save_iters, neox_args.train_iters)
-    return neox_args.train_iters
+    train_iters: int
+    train_batch_size: int
+    decay_iters: int
+    warmup_iters: float
+    save_iters: Tuple[int, ...] = ()
+    eval_interval: int = 1000
+    eval_iters: int = 100
+
+    @classmethod
+    def from_neox_args(cls, neox_args, train_iters: Optional[int] = None) -> "TrainingSchedule":
+        """The schedule of a validated config; ``train_iters`` when already known, else the config's, else
+        counted from train_epochs over the training data (reads the dataset's index)."""
+        if train_iters is None:
+            train_iters = neox_args.train_iters
+        if train_iters is None:
+            if neox_args.train_epochs is None:
+                raise ValueError("the training schedule needs train_iters or train_epochs")
+            train_iters = iterations_for_epochs(neox_args)
+        if neox_args.lr_decay_fraction is not None:
+            decay = int(neox_args.lr_decay_fraction * train_iters)
+        elif neox_args.lr_decay_iters is not None:
+            decay = int(neox_args.lr_decay_iters)
+        else:
+            decay = train_iters
+        decay = max(1, decay)
+        return cls(train_iters=int(train_iters), train_batch_size=int(neox_args.train_batch_size),
+                   decay_iters=decay, warmup_iters=float(neox_args.warmup) * decay,
+                   save_iters=checkpoint_iterations(neox_args.checkpoint_factor, neox_args.checkpoint_scale,
+                                                    neox_args.extra_save_iters, int(train_iters)),
+                   eval_interval=int(neox_args.eval_interval), eval_iters=int(neox_args.eval_iters))
+
+    def split_samples(self) -> Tuple[int, int, int]:
+        """Samples the train, valid and test datasets must provide (GPT-NeoX's counts)."""
+        batch = self.train_batch_size
+        return (self.train_iters * batch, (self.train_iters // self.eval_interval + 1) * self.eval_iters * batch,
+                self.eval_iters * batch)
 
 
 class OverflowGuard:
@@ -74,3 +134,4 @@ class OverflowGuard:
                 f"iteration {iteration}: {self.in_a_row} optimizer steps in a row were skipped because the fp16 "
                 f"loss scale overflowed; the run cannot make progress. Lower lr, raise min_loss_scale in the fp16 "
                 f"dict, or train in bf16")
+

@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from megatron.learning_rates import AnnealingLR, build_lr_scheduler, decay_iterations
+from megatron.learning_rates import AnnealingLR
+from megatron.learning_rates import build_lr_scheduler as _build
+from megatron.training_schedule import TrainingSchedule
 from tests.distributed_helpers import run_distributed
 from tests.neox_arguments.helpers import tiny
 
@@ -18,6 +20,11 @@ ADAM = {"type": "Adam", "params": {"lr": 1.0e-3, "betas": [0.9, 0.95], "eps": 1.
 def _optimizer(lr_mults=(1.0,)) -> torch.optim.Optimizer:
     groups = [{"params": [torch.nn.Parameter(torch.zeros(2))], "lr_mult": m} for m in lr_mults]
     return torch.optim.SGD(groups, lr=0.0)
+
+
+def build_lr_scheduler(args, optimizer) -> AnnealingLR:
+    """The scheduler of a config, with its decay and warmup lengths from the run's TrainingSchedule."""
+    return _build(args, TrainingSchedule.from_neox_args(args), optimizer)
 
 
 def _scheduler(style: str, **overrides) -> AnnealingLR:
@@ -156,7 +163,7 @@ def test_exponential_about_halves_and_is_floored():
 def test_lr_decay_iters_and_fraction_set_the_decay_length():
     args = tiny(optimizer=ADAM, train_iters=100, lr_decay_iters=40, warmup=0.25)
     sched = build_lr_scheduler(args, _optimizer())
-    assert (decay_iterations(args), sched.warmup_iter) == (40, 10.0)
+    assert (sched.end_iter, sched.warmup_iter) == (40, 10.0)
     assert _lr_at(sched, 25) == pytest.approx(5e-4)  # linear to 0: p = 15/30
     args = tiny(optimizer=ADAM, train_iters=100, lr_decay_fraction=0.5, warmup=0.0)
     sched = build_lr_scheduler(args, _optimizer())

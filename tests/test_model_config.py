@@ -73,6 +73,16 @@ def test_attention_config_expansion():
         expand_attention_config([[["global"], 0]], 2)
 
 
+@pytest.mark.parametrize(
+    ("vocab", "div", "mp", "expected"),
+    [(50257, 128, 1, 50304), (50257, 128, 2, 50432), (512, 128, 1, 512), (1, 8, 1, 8), (8193, 64, 4, 8448)],
+)
+def test_padded_vocab_size_is_the_smallest_multiple(vocab, div, mp, expected):
+    padded = padded_vocab_size(vocab, div, mp)
+    assert padded == expected
+    assert padded % (div * mp) == 0 and padded >= vocab and padded - vocab < div * mp
+
+
 def test_padded_vocab_size_is_a_multiple_of_divisor_times_model_parallel():
     assert padded_vocab_size(50257, 128, 2) == 50432
     assert padded_vocab_size(128, 128, 1) == 128

@@ -1,8 +1,13 @@
+"""TrainingSchedule: iterations from train_epochs, decay and warmup lengths, save steps and split sizes, all
+computed once from a validated config that is never changed; and the fp16 overflow guard."""
+
+import dataclasses
+
 import numpy as np
 import pytest
 
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
-from megatron.training_schedule import OverflowGuard, iterations_for_epochs, resolve_train_iters
+from megatron.training_schedule import OverflowGuard, TrainingSchedule, checkpoint_iterations, iterations_for_epochs
 from tests.neox_arguments.helpers import tiny
 
 
@@ -20,23 +25,57 @@ def test_epochs_count_the_training_split_only(tmp_path):
     args = tiny(data_path=prefix, split="8,1,1", train_epochs=3, seq_length=32, max_position_embeddings=32)
     # train split: 8 documents = 800 tokens = 25 samples of 32; 3 epochs = 75 samples; batch 2 -> 38 iterations
     assert iterations_for_epochs(args) == 38
-    assert resolve_train_iters(args) == 38 and args.train_iters == 38
+    before = args.to_dict()
+    assert TrainingSchedule.from_neox_args(args).train_iters == 38
+    assert args.to_dict() == before and args.train_iters is None  # the config is never changed
 
 
 def test_epochs_over_separate_training_files_and_derived_schedule(tmp_path):
     a = write_dataset(tmp_path / "a", [64, 64])
     b = write_dataset(tmp_path / "b", [128])
     args = tiny(train_data_paths=[a, b], valid_data_paths=[a], test_data_paths=[b], train_epochs=1,
-                seq_length=32, max_position_embeddings=32, checkpoint_factor=3, lr_decay_fraction=0.5)
-    assert resolve_train_iters(args) == 4  # 256 tokens / 32 = 8 samples / batch 2
-    assert args.save_iters == [3] and args.lr_decay_iters == 2
+                seq_length=32, max_position_embeddings=32, checkpoint_factor=3, lr_decay_fraction=0.5, warmup=0.5)
+    schedule = TrainingSchedule.from_neox_args(args)
+    assert schedule.train_iters == 4  # 256 tokens / 32 = 8 samples / batch 2
+    assert (schedule.save_iters, schedule.decay_iters, schedule.warmup_iters) == ((3,), 2, 1.0)
 
 
-def test_too_little_data_for_one_sample(tmp_path):
+def test_decay_length_rules():
+    def decay(**kw):
+        return TrainingSchedule.from_neox_args(tiny(train_iters=100, **kw)).decay_iters
+
+    assert decay() == 100
+    assert decay(lr_decay_iters=40) == 40
+    assert decay(lr_decay_fraction=0.25) == 25
+    assert decay(lr_decay_iters=40, lr_decay_fraction=0.25) == 25  # the fraction "overrides lr_decay_iters"
+    assert decay(lr_decay_fraction=0.001) == 1  # at least one iteration
+
+
+def test_checkpoint_iterations_linear_log_and_extra():
+    assert checkpoint_iterations(10, "linear", None, 35) == (10, 20, 30)
+    assert checkpoint_iterations(2, "log", [3, 100], 20) == (2, 3, 4, 8, 16)
+    schedule = TrainingSchedule.from_neox_args(tiny(train_iters=25, checkpoint_factor=10, extra_save_iters=[5]))
+    assert schedule.save_iters == (5, 10, 20)
+
+
+def test_split_samples_follow_gpt_neox():
+    schedule = TrainingSchedule.from_neox_args(tiny(train_iters=100, train_batch_size=8, eval_iters=5,
+                                                    eval_interval=30, num_gpus=4))
+    assert schedule.split_samples() == (800, (100 // 30 + 1) * 5 * 8, 40)
+
+
+def test_frozen():
+    schedule = TrainingSchedule.from_neox_args(tiny(train_iters=10))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        schedule.train_iters = 11
+
+
+def test_needs_iterations_or_epochs_and_enough_data(tmp_path):
+    with pytest.raises(ValueError, match="train_iters or train_epochs"):
+        TrainingSchedule.from_neox_args(tiny())
     prefix = write_dataset(tmp_path / "small", [10])
-    args = tiny(data_path=prefix, split="1", train_epochs=1)
     with pytest.raises(ValueError, match="less than one sample"):
-        iterations_for_epochs(args)
+        iterations_for_epochs(tiny(data_path=prefix, split="1", train_epochs=1))
 
 
 def test_overflow_guard_stops_after_the_limit_in_a_row():

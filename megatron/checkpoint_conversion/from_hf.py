@@ -55,10 +55,10 @@ def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_para
     values.update(load=output_dir, finetune=True)
     text = _yaml_text(values, hf_dir)
     try:
-        args = NeoXArgs.from_dict({**values, "num_gpus": model_parallel_size * max(pipe_parallel_size, 1)})
+        args = NeoXArgs.from_dict({**values, "num_gpus": model_parallel_size * max(pipe_parallel_size, 1),
+                                   "config_files": {os.path.basename(config_out): text}})
     except ConfigError as exc:
         raise ConversionError(f"the converted configuration is not valid here: {exc}") from None
-    args.config_files = {os.path.basename(config_out): text}
     os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
     with open(config_out, "w", encoding="utf-8") as handle:
         handle.write(text)

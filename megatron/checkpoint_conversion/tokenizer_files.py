@@ -28,11 +28,10 @@ def run_tokenizer(args: Mapping[str, Any]) -> Optional[Any]:
         print(f"note: tokenizer_type={kind!r} without a vocab_file: config.json gets no eos_token_id / "
               f"bos_token_id (set them yourself)", file=sys.stderr)
         return None
-    from megatron.tokenizer import TokenizerError, build_tokenizer
+    from megatron.tokenizer import TokenizerError, build_tokenizer_from
 
     try:
-        return build_tokenizer(_Namespace(tokenizer_type=kind, vocab_file=args.get("vocab_file"),
-                                          merge_file=args.get("merge_file")))
+        return build_tokenizer_from(kind, args.get("vocab_file"), args.get("merge_file"))
     except TokenizerError as exc:
         raise ConversionError(f"{exc} (the run's tokenizer gives config.json its eos_token_id; fix vocab_file in "
                               f"the config, or run from the directory it is relative to)") from None
@@ -74,11 +73,6 @@ def _portable_tokenizer_class(config_path: str) -> None:
         json.dump(config, handle, indent=2)
 
 
-class _Namespace:
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)
-
-
 def copy_hf_tokenizer(hf_dir: str, out_dir: str) -> Optional[Dict[str, Any]]:
     """Copy the folder's tokenizer next to the checkpoint; returns the tokenizer settings for the YAML
     config and its vocabulary size, or None when the folder has no tokenizer this framework reads."""
@@ -88,10 +82,10 @@ def copy_hf_tokenizer(hf_dir: str, out_dir: str) -> Optional[Dict[str, Any]]:
             os.makedirs(out_dir, exist_ok=True)
             target = os.path.abspath(os.path.join(out_dir, name))
             shutil.copyfile(source, target)
-            from megatron.tokenizer import TokenizerError, build_tokenizer
+            from megatron.tokenizer import TokenizerError, build_tokenizer_from
 
             try:
-                size = build_tokenizer(_Namespace(tokenizer_type=kind, vocab_file=target)).vocab_size
+                size = build_tokenizer_from(kind, target).vocab_size
             except TokenizerError as exc:
                 print(f"note: {source} cannot serve as this framework's tokenizer ({exc}); the config names none",
                       file=sys.stderr)

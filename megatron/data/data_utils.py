@@ -1,11 +1,10 @@
 """Build the train/valid/test datasets from neox_args and the per-rank DataLoaders the training loop uses.
 
 Entry points:
-    build_train_valid_test_datasets(neox_args)            -> (train, valid, test), None for unused splits
+    build_train_valid_test_datasets(neox_args, num_samples) -> (train, valid, test), None for unused splits
     build_data_loader(dataset, micro_batch_size, dp_rank, dp_size, consumed_samples, num_workers)
     make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed_samples)
     repeating_iterator(loader)                           -> endless batches without caching an epoch
-    consumed_samples_at(neox_args, iteration)            -> (train, valid) samples to skip when resuming
 
 Batches are {"text": LongTensor[micro_batch, seq_length + 1]} plus "label" (same shape) when label
 datasets are given; -100 marks padding (unpacked / pack_until_overflow) and masked label positions.
@@ -28,42 +27,6 @@ from megatron.data.samplers import DistributedBatchSampler
 
 SPLIT_NAMES = ("train", "valid", "test")
 BLEND_MARGIN = 1.005  # each blended dataset gets a little more than its share, as GPT-NeoX does
-
-
-def _get(neox_args: Any, key: str, default: Any = None) -> Any:
-    return getattr(neox_args, key, default)
-
-
-def train_valid_test_num_samples(neox_args: Any) -> tuple[int, int, int]:
-    """Samples each split needs, as GPT-NeoX computes them (B = train_batch_size):
-    train train_iters*B; valid (train_iters // eval_interval + 1) * eval_iters * B; test eval_iters*B."""
-    if _get(neox_args, "train_epochs") is not None and _get(neox_args, "train_iters") is None:
-        raise DataError("train_epochs is not supported by the data pipeline yet; set train_iters instead.")
-    train_iters = _get(neox_args, "train_iters")
-    batch = _get(neox_args, "train_batch_size")
-    if train_iters is None or batch is None:
-        raise DataError("train_iters and train_batch_size must be set to size the datasets.")
-    eval_iters = _get(neox_args, "eval_iters", 0) or 0
-    eval_interval = _get(neox_args, "eval_interval") or train_iters or 1
-    return (
-        train_iters * batch,
-        (train_iters // eval_interval + 1) * eval_iters * batch,
-        eval_iters * batch,
-    )
-
-
-def consumed_samples_at(neox_args: Any, iteration: int) -> tuple[int, int]:
-    """(train, valid) samples consumed after `iteration` steps, for resuming the loaders from a checkpoint.
-
-    Train: iteration * train_batch_size. Valid: eval_iters * train_batch_size for every evaluation run so
-    far (one every eval_interval iterations).
-    """
-    batch = _get(neox_args, "train_batch_size")
-    if batch is None:
-        raise DataError("train_batch_size must be set to compute consumed samples.")
-    eval_interval = _get(neox_args, "eval_interval") or 0
-    evals = iteration // eval_interval if eval_interval else 0
-    return iteration * batch, evals * (_get(neox_args, "eval_iters", 0) or 0) * batch
 
 
 def parse_split(split: str | Sequence[float]) -> list[float]:
@@ -95,27 +58,9 @@ def split_document_ranges(num_documents: int, split: str | Sequence[float]) -> l
     return [(bounds[i], bounds[i + 1]) for i in range(3)]
 
 
-def _check_supported(neox_args: Any) -> None:
-    if _get(neox_args, "dataset_impl", "gpt2") != "gpt2":
-        raise DataError(f"dataset_impl={_get(neox_args, 'dataset_impl')!r} is not supported yet; use 'gpt2'.")
-    if _get(neox_args, "train_impl", "normal") != "normal":
-        raise DataError(f"train_impl={_get(neox_args, 'train_impl')!r} is not supported by the data pipeline yet.")
-    for key in (
-        "train_reward_data_paths",
-        "valid_reward_data_paths",
-        "test_reward_data_paths",
-        "pos_train_data_paths",
-        "neg_train_data_paths",
-    ):
-        if _get(neox_args, key):
-            raise DataError(f"{key} is not supported by the data pipeline yet (pairwise / reward datasets).")
-    if _get(neox_args, "seq_length") is None:
-        raise DataError("seq_length must be set to build datasets.")
-
-
 def _open(prefix: str, neox_args: Any):
-    warm = bool(_get(neox_args, "mmap_warmup", False))
-    return make_dataset(prefix, _get(neox_args, "data_impl", "infer"), skip_warmup=not warm)
+    warm = bool(neox_args.mmap_warmup)
+    return make_dataset(prefix, neox_args.data_impl, skip_warmup=not warm)
 
 
 def _gpt2_dataset(
@@ -136,12 +81,12 @@ def _gpt2_dataset(
         documents,
         indexed,
         num_samples,
-        _get(neox_args, "seq_length"),
-        _get(neox_args, "seed", 1234),
-        pack_impl=_get(neox_args, "pack_impl", "packed"),
-        allow_chopped=_get(neox_args, "allow_chopped", True),
+        neox_args.seq_length,
+        neox_args.seed,
+        pack_impl=neox_args.pack_impl,
+        allow_chopped=neox_args.allow_chopped,
         label_dataset=labels,
-        use_shared_fs=_get(neox_args, "use_shared_fs", True),
+        use_shared_fs=neox_args.use_shared_fs,
         group=group,
     )
 
@@ -158,14 +103,10 @@ def _split_blend(
     """One split from its own list of data paths, blended by weight when there are several."""
     if not paths or num_samples <= 0:
         return None
-    if label_paths and len(label_paths) != len(paths):
-        raise DataError(f"{name}_label_data_paths has {len(label_paths)} entries for {len(paths)} {name}_data_paths.")
     indexed = [_open(p, neox_args) for p in paths]
-    if _get(neox_args, "weight_by_num_documents", False):
-        w = weights_by_num_documents([len(d) for d in indexed], _get(neox_args, "weighted_sampler_alpha", 1.0))
+    if neox_args.weight_by_num_documents:
+        w = weights_by_num_documents([len(d) for d in indexed], neox_args.weighted_sampler_alpha)
     elif weights:
-        if len(weights) != len(paths):
-            raise DataError(f"{name}_data_weights has {len(weights)} entries for {len(paths)} {name}_data_paths.")
         w = normalize_weights(weights)
     else:
         w = np.full(len(paths), 1.0 / len(paths))
@@ -197,29 +138,28 @@ def _split_blend(
 
 
 def build_train_valid_test_datasets(
-    neox_args: Any, num_samples: tuple[int, int, int] | None = None, group: Any = None
+    neox_args: Any, num_samples: tuple[int, int, int], group: Any = None
 ) -> tuple[torch.utils.data.Dataset | None, torch.utils.data.Dataset | None, torch.utils.data.Dataset | None]:
     """Datasets from `data_path` + `split`, or from train/valid/test_data_paths (+ weights, labels).
 
-    `num_samples` defaults to train_valid_test_num_samples(neox_args). Splits that are empty or need no
-    samples are None. Every rank of `group` (a torch.distributed process group: the ranks that load
+    `num_samples`: what each split must provide (TrainingSchedule.split_samples). Splits that are empty or
+    need no samples are None. Every rank of `group` (a torch.distributed process group: the ranks that load
     data; default all ranks, or none needed without torch.distributed) calls this; its first rank builds
     the cached index maps while the others wait.
     """
-    _check_supported(neox_args)
-    counts = num_samples if num_samples is not None else train_valid_test_num_samples(neox_args)
-    data_path = _get(neox_args, "data_path")
-    if _get(neox_args, "train_data_paths"):
+    counts = num_samples
+    data_path = neox_args.data_path
+    if neox_args.train_data_paths:
         out = []
         for name, n in zip(SPLIT_NAMES, counts):
-            paths = _get(neox_args, f"{name}_data_paths") or []
+            paths = getattr(neox_args, f"{name}_data_paths") or []
             paths = [paths] if isinstance(paths, str) else list(paths)
             out.append(
                 _split_blend(
                     name,
                     paths,
-                    _get(neox_args, f"{name}_label_data_paths"),
-                    _get(neox_args, f"{name}_data_weights"),
+                    getattr(neox_args, f"{name}_label_data_paths"),
+                    getattr(neox_args, f"{name}_data_weights"),
                     n,
                     neox_args,
                     group,
@@ -229,7 +169,7 @@ def build_train_valid_test_datasets(
     if not data_path:
         raise DataError("no data: set data_path (with split) or train_data_paths / valid_data_paths / test_data_paths.")
     indexed = _open(data_path, neox_args)
-    ranges = split_document_ranges(len(indexed), _get(neox_args, "split", "969, 30, 1"))
+    ranges = split_document_ranges(len(indexed), neox_args.split)
     out = []
     for name, (start, end), n in zip(SPLIT_NAMES, ranges, counts):
         if end <= start or n <= 0:
@@ -265,10 +205,10 @@ def make_data_loader(
     dataset: torch.utils.data.Dataset | None, neox_args: Any, dp_rank: int, dp_size: int, consumed_samples: int = 0
 ) -> torch.utils.data.DataLoader | None:
     """build_data_loader with micro batch size and num_workers from neox_args."""
-    micro = _get(neox_args, "train_micro_batch_size_per_gpu")
+    micro = neox_args.train_micro_batch_size_per_gpu
     if micro is None:
         raise DataError("train_micro_batch_size_per_gpu must be set to build a data loader.")
-    return build_data_loader(dataset, micro, dp_rank, dp_size, consumed_samples, _get(neox_args, "num_workers", 0))
+    return build_data_loader(dataset, micro, dp_rank, dp_size, consumed_samples, neox_args.num_workers)
 
 
 def repeating_iterator(loader: torch.utils.data.DataLoader) -> Iterator[Any]:

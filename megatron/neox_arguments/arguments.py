@@ -59,7 +59,19 @@ ENCODED_CONFIG_FLAG = "--neox_config"
 
 @dataclasses.dataclass
 class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
-    """All arguments; construct with from_ymls / from_dict (which validate), not directly."""
+    """All arguments; construct with from_ymls / from_dict (which validate), not directly. Once validated
+    (and, in a worker, given its rank) they are frozen: run state lives elsewhere (ModelConfig in the run
+    context, megatron.training_schedule.TrainingSchedule)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen", False):
+            raise AttributeError(f"NeoXArgs are validated and frozen: '{name}' cannot be changed; derive run state "
+                                 f"elsewhere (ModelConfig, TrainingSchedule) or build new arguments with from_dict")
+        object.__setattr__(self, name, value)
+
+    def freeze(self) -> "NeoXArgs":
+        object.__setattr__(self, "_frozen", True)
+        return self
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -102,7 +114,7 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
             raise ConfigError(note_extra_args_origin(problems, folded))
         for message in fusion_flag_warnings(args):
             warnings.warn(message, NeoXConfigWarning, stacklevel=2)
-        return args
+        return args.freeze()
 
     def _derive_and_validate(self, provided: Set[str]) -> List[str]:
         problems = not_supported_problems(self) + not_supported_setting_problems(self)
@@ -184,7 +196,7 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
                 raise ConfigError([f"the launcher started {world_size} processes but the config was derived for "
                                    f"global_num_gpus={args.global_num_gpus}; pass the same hostfile / num_gpus to "
                                    f"deepy.py that the cluster provides"])
-        return args
+        return args.freeze()
 
     # ---- conversions --------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:

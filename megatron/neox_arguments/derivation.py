@@ -344,7 +344,8 @@ def derive_scheduler(args: "NeoXArgs", provided: Set[str]) -> List[str]:
 
 
 def derive_model(args: "NeoXArgs") -> List[str]:
-    """attention_config expansion, max_position_embeddings, text_gen_type, save_iters, git_hash."""
+    """attention_config expansion, max_position_embeddings, text_gen_type, git_hash. (How long training runs,
+    and what follows from it, is megatron.training_schedule.TrainingSchedule's.)"""
     problems: List[str] = []
     if isinstance(args.num_layers, int):
         try:
@@ -355,27 +356,8 @@ def derive_model(args: "NeoXArgs") -> List[str]:
         args.max_position_embeddings = args.seq_length
     if args.text_gen_type is None:
         args.text_gen_type = "input-file" if args.sample_input_file else "unconditional"
-    if args.train_iters is not None and args.lr_decay_fraction is not None:
-        args.lr_decay_iters = int(args.lr_decay_fraction * args.train_iters)
-    if args.save_iters is None and args.train_iters is not None:
-        args.save_iters = checkpoint_iterations(args.checkpoint_factor, args.checkpoint_scale,
-                                                args.extra_save_iters, args.train_iters)
     args.git_hash = _git_hash() or args.git_hash
     return problems
-
-
-def checkpoint_iterations(factor: Optional[int], scale: str, extra: Optional[list], train_iters: int) -> List[int]:
-    """Iterations at which a checkpoint is saved: every `factor` (linear) or at powers of `factor` (log)."""
-    iterations: Set[int] = set(int(i) for i in (extra or []) if 0 < int(i) <= train_iters)
-    if factor:
-        if scale == "linear":
-            iterations.update(range(factor, train_iters + 1, factor))
-        elif factor > 1:
-            step = factor
-            while step <= train_iters:
-                iterations.add(step)
-                step *= factor
-    return sorted(iterations)
 
 
 def _git_hash() -> Optional[str]:

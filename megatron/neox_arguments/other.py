@@ -110,7 +110,9 @@ class NeoXArgsOther:
 
     save_iters: Optional[list] = None
     """
-    Set during training
+    Set during training (GPT-NeoX's run-time list of the iterations to save at); here the training
+    schedule (megatron/training_schedule.py) computes it from checkpoint_factor, checkpoint_scale and
+    extra_save_iters, and setting it is refused.
     """
 
     global_num_gpus: Optional[int] = None

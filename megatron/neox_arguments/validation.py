@@ -17,7 +17,7 @@ TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernor
 TRANSFORMER_ENGINE_FP8_SETTINGS = ("te_fp8_format", "te_fp8_wgrad", "te_fp8_amax_history_len",
                                    "te_fp8_amax_compute_algo", "te_fp8_margin")
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
-DERIVED_ONLY = ("data_parallel_size", "deepspeed_config", "is_pipe_parallel")
+DERIVED_ONLY = ("data_parallel_size", "deepspeed_config", "is_pipe_parallel", "save_iters")
 SPLIT_OPTIONS = ("grouped", "spaced")
 
 _MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(NeoXArgsModel)}
@@ -99,6 +99,9 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
       "kto_beta")),
     ("precomputing logprobs (text_gen_type 'precompute')", ("precompute_model_name",)),
     ("curriculum_learning", ("curriculum_seqlen",)),
+    ("pairwise and reward datasets (dataset_impl 'pairwise', train_impl 'rm' / 'dpo' / 'kto')",
+     tuple(f"{kind}{split}_{data}data_paths" for split in ("train", "valid", "test")
+           for kind, data in (("", "reward_"), ("pos_", ""), ("neg_", ""), ("pos_", "label_"), ("neg_", "label_")))),
     ("parameter sharing (num_unique_layers)", ("param_sharing_style",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
@@ -160,6 +163,8 @@ def model_problems(args: "NeoXArgs") -> List[str]:
     if problems:
         return problems
     problems = ModelConfig.from_neox_args(args).problems()
+    if args.make_vocab_size_divisible_by < 1:
+        problems.append(f"make_vocab_size_divisible_by={args.make_vocab_size_divisible_by} must be >= 1")
     if args.param_sharing_style not in SPLIT_OPTIONS:
         problems.append(f"param_sharing_style={args.param_sharing_style!r} must be one of {SPLIT_OPTIONS}")
     if args.soft_prompt_tuning is not None:

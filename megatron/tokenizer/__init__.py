@@ -1,11 +1,11 @@
-"""Tokenizers chosen by `tokenizer_type`, one interface (`AbstractTokenizer`), and vocab padding."""
+"""Tokenizers chosen by `tokenizer_type`, one interface (`AbstractTokenizer`). (The padded vocabulary is the
+model's: megatron.model_config.padded_vocab_size.)"""
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.tokenizer.build_tokenizer import (
     TOKENIZER_TYPES,
     build_tokenizer,
     build_tokenizer_from,
-    pad_vocab_size,
 )
 from megatron.tokenizer.errors import TokenizerError
 
@@ -15,5 +15,4 @@ __all__ = [
     "TokenizerError",
     "build_tokenizer",
     "build_tokenizer_from",
-    "pad_vocab_size",
 ]

@@ -19,10 +19,7 @@ TOKENIZER_TYPES = (
 
 def build_tokenizer(neox_args: Any) -> AbstractTokenizer:
     """Build the tokenizer from `neox_args.tokenizer_type`, `vocab_file` and `merge_file` (not mutated)."""
-    tokenizer_type = getattr(neox_args, "tokenizer_type", "GPT2BPETokenizer")
-    vocab_file = getattr(neox_args, "vocab_file", None)
-    merge_file = getattr(neox_args, "merge_file", None)
-    return build_tokenizer_from(tokenizer_type, vocab_file, merge_file)
+    return build_tokenizer_from(neox_args.tokenizer_type, neox_args.vocab_file, neox_args.merge_file)
 
 
 def build_tokenizer_from(
@@ -56,20 +53,3 @@ def build_tokenizer_from(
 
         return TiktokenTokenizer(vocab_file)
     raise TokenizerError(f"tokenizer_type={tokenizer_type!r} is not known; use one of {', '.join(TOKENIZER_TYPES)}.")
-
-
-def pad_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, model_parallel_size: int) -> int:
-    """Smallest multiple of divisible_by * model_parallel_size that is >= vocab_size.
-
-    The embedding is split over tensor-parallel ranks, and each shard should stay a multiple of
-    `make_vocab_size_divisible_by` for efficient matmuls.
-    """
-    if vocab_size < 1:
-        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    if make_vocab_size_divisible_by < 1 or model_parallel_size < 1:
-        raise ValueError(
-            "make_vocab_size_divisible_by and model_parallel_size must be >= 1, got "
-            f"{make_vocab_size_divisible_by} and {model_parallel_size}"
-        )
-    multiple = make_vocab_size_divisible_by * model_parallel_size
-    return -(-vocab_size // multiple) * multiple

@@ -81,7 +81,7 @@ def test_neox_to_hf_to_neox_gives_back_the_tensors(hf_model, tmp_path):
 def test_tokenizer_is_copied_and_named_in_the_config(tmp_path):
     import yaml
 
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import build_tokenizer_from
 
     hf_dir = tmp_path / "hf"
     tiny_gptneox().save_pretrained(hf_dir)
@@ -90,7 +90,7 @@ def test_tokenizer_is_copied_and_named_in_the_config(tmp_path):
     config = yaml.safe_load((tmp_path / "model.yml").read_text())
     assert config["tokenizer_type"] == "HFTokenizer" and config["load"] == str(tmp_path / "ckpt")
     assert config["finetune"] is True and config["padded_vocab_size"] == 96
-    ours = build_tokenizer(type("A", (), {"tokenizer_type": "HFTokenizer", "vocab_file": config["vocab_file"]})())
+    ours = build_tokenizer_from("HFTokenizer", config["vocab_file"])
     assert ours.tokenize("w5 w7 w2") == [5, 7, 2] and ours.eod == 0
     saved = json.loads((tmp_path / "ckpt" / "global_step0" / "neox_args.json").read_text())
     assert saved["model_parallel_size"] == 1 and saved["num_layers"] == 2

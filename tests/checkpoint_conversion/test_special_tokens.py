@@ -47,14 +47,15 @@ EODS = [("HFTokenizer", 0), ("HFGPT2Tokenizer", 0), ("GPT2BPETokenizer", 0), ("S
 
 @pytest.mark.parametrize("kind,eod", EODS)
 def test_config_json_carries_the_run_tokenizers_eos_and_bos(checkpoint, tokenizer_files, tmp_path, kind, eod):
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import build_tokenizer_from
     from transformers import AutoConfig
 
     architecture, ckpt, model_yml = checkpoint
     tokenizer_yml = tmp_path / "tokenizer.yml"
     tokenizer_yml.write_text(_tokenizer_yaml(kind, tokenizer_files))
     convert_neox_to_hf(str(ckpt), str(tmp_path / "hf"), [str(model_yml), str(tokenizer_yml)], architecture)
-    ours = build_tokenizer(type("A", (), json.loads(tokenizer_yml.read_text()))())
+    settings = json.loads(tokenizer_yml.read_text())
+    ours = build_tokenizer_from(settings["tokenizer_type"], settings.get("vocab_file"), settings.get("merge_file"))
     assert ours.eod == eod
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert written["eos_token_id"] == written["bos_token_id"] == eod

@@ -12,28 +12,21 @@ from megatron.data.blendable_dataset import BlendableDataset, blending_indices, 
 from megatron.data.data_utils import (
     build_data_loader,
     build_train_valid_test_datasets,
-    consumed_samples_at,
     make_data_loader,
     repeating_iterator,
     split_document_ranges,
-    train_valid_test_num_samples,
 )
 from megatron.data.errors import DataError
+from megatron.neox_arguments import ConfigError
+from megatron.training_schedule import TrainingSchedule
 from tests.data.dataset_factory import make_docs, write_dataset
-from tests.data.neox_args_factory import make_neox_args
+from tests.neox_arguments.helpers import tiny
 
 
-def test_num_samples_follow_gpt_neox() -> None:
-    args = make_neox_args(train_iters=100, train_batch_size=8, eval_iters=5, eval_interval=30)
-    assert train_valid_test_num_samples(args) == (800, (100 // 30 + 1) * 5 * 8, 40)
-    with pytest.raises(DataError, match="train_epochs"):
-        train_valid_test_num_samples(make_neox_args(train_epochs=2, train_batch_size=8))
-
-
-def test_consumed_samples_at_iteration() -> None:
-    args = make_neox_args(train_batch_size=8, eval_iters=5, eval_interval=30)
-    assert consumed_samples_at(args, 0) == (0, 0)
-    assert consumed_samples_at(args, 65) == (65 * 8, 2 * 5 * 8)
+def datasets(**config):
+    """The datasets of a (validated) config, sized by its training schedule."""
+    args = tiny(**config)
+    return build_train_valid_test_datasets(args, TrainingSchedule.from_neox_args(args).split_samples())
 
 
 def test_split_ranges() -> None:
@@ -46,22 +39,15 @@ def test_split_ranges() -> None:
 
 def test_datasets_from_data_path_and_split(tmp_path: Path) -> None:
     prefix = write_dataset(tmp_path / "corpus", make_docs(100))
-    args = make_neox_args(
-        data_path=prefix,
-        split="80,10,10",
-        seq_length=16,
-        train_iters=10,
-        train_batch_size=4,
-        eval_iters=2,
-        eval_interval=5,
-    )
-    train, valid, test = build_train_valid_test_datasets(args)
+    config = dict(data_path=prefix, split="80,10,10", seq_length=16, train_iters=10, train_batch_size=4, eval_iters=2,
+                  eval_interval=5)
+    train, valid, test = datasets(**config)
     assert len(train) >= 40 and len(valid) >= 24 and len(test) >= 8
     for ds, (lo, hi) in ((train, (0, 80)), (valid, (80, 90)), (test, (90, 100))):
         docs = set(np.asarray(ds.maps.doc_idx).tolist())
         assert docs == set(range(lo, hi))
         assert ds[0]["text"].shape == (17,)
-    none_valid = build_train_valid_test_datasets(make_neox_args(**{**vars(args), "split": "100,0,0"}))
+    none_valid = datasets(**{**config, "split": "100,0,0"})
     assert none_valid[1] is None and none_valid[2] is None
 
 
@@ -80,52 +66,34 @@ def test_blending_prefixes_follow_weights() -> None:
 
 def test_blended_train_paths_realise_weights(tmp_path: Path) -> None:
     paths = [write_dataset(tmp_path / f"p{k}", make_docs(30, seed=k, base=100_000 * k)) for k in range(3)]
-    args = make_neox_args(
-        train_data_paths=paths,
-        train_data_weights=[2, 1, 1],
-        valid_data_paths=paths[:1],
-        test_data_paths=None,
-        seq_length=8,
-        train_iters=10_000,
-        train_batch_size=1,
-        eval_iters=1,
-        eval_interval=10_000,
-    )
-    train, valid, test = build_train_valid_test_datasets(args)
-    assert isinstance(train, BlendableDataset) and len(train) == 10_000 and test is None
-    source = np.array([int(train[i]["text"][0]) // 100_000 for i in range(10_000)])
-    fractions = np.bincount(source, minlength=3) / 10_000
+    config = dict(train_data_paths=paths, train_data_weights=[2, 1, 1], valid_data_paths=paths[:1],
+                  test_data_paths=paths[:1], seq_length=8, train_iters=10_000, train_batch_size=2,
+                  train_micro_batch_size_per_gpu=2, eval_iters=0, eval_interval=10_000)
+    train, valid, test = datasets(**config)
+    assert isinstance(train, BlendableDataset) and len(train) == 20_000 and valid is None and test is None
+    source = np.array([int(train[i]["text"][0]) // 100_000 for i in range(20_000)])
+    fractions = np.bincount(source, minlength=3) / 20_000
     assert np.abs(fractions - [0.5, 0.25, 0.25]).max() < 0.01
-    by_docs = make_neox_args(**{**vars(args), "weight_by_num_documents": True, "train_iters": 100})
-    assert np.allclose(build_train_valid_test_datasets(by_docs)[0].weights, 1 / 3)
-    with pytest.raises(DataError, match="train_data_weights has 2 entries for 3"):
-        build_train_valid_test_datasets(make_neox_args(**{**vars(args), "train_data_weights": [1, 2]}))
+    by_docs = {**config, "weight_by_num_documents": True, "train_data_weights": None, "train_iters": 100}
+    assert np.allclose(datasets(**by_docs)[0].weights, 1 / 3)
+    with pytest.raises(ConfigError, match="train_data_weights has 2 entries but train_data_paths has 3"):
+        datasets(**{**config, "train_data_weights": [1, 2]})
 
 
 def test_label_paths_and_unsupported_options(tmp_path: Path) -> None:
     docs = make_docs(20)
     text = write_dataset(tmp_path / "t", docs)
     label = write_dataset(tmp_path / "l", [d + 7 for d in docs])
-    args = make_neox_args(
-        train_data_paths=[text],
-        train_label_data_paths=[label],
-        seq_length=8,
-        train_iters=5,
-        train_batch_size=2,
-        eval_iters=0,
-    )
-    train, valid, _ = build_train_valid_test_datasets(args)
+    config = dict(train_data_paths=[text], train_label_data_paths=[label], valid_data_paths=[text],
+                  test_data_paths=[text], seq_length=8, train_iters=5, train_batch_size=2, eval_iters=0)
+    train, valid, _ = datasets(**config)
     assert valid is None and np.array_equal(train[3]["label"], train[3]["text"] + 7)
-    with pytest.raises(DataError, match="dataset_impl='pairwise'"):
-        build_train_valid_test_datasets(make_neox_args(**{**vars(args), "dataset_impl": "pairwise"}))
+    with pytest.raises(ConfigError, match="dataset_impl='pairwise'"):
+        datasets(**{**config, "dataset_impl": "pairwise"})
     with pytest.raises(DataError, match="no data"):
-        build_train_valid_test_datasets(make_neox_args(seq_length=8, train_iters=5, train_batch_size=2))
+        datasets(seq_length=8, train_iters=5, train_batch_size=2)
     with pytest.raises(DataError, match="index file not found: '.*missing.idx'"):
-        build_train_valid_test_datasets(
-            make_neox_args(
-                **{**vars(args), "train_data_paths": [str(tmp_path / "missing")], "train_label_data_paths": None}
-            )
-        )
+        datasets(**{**config, "train_data_paths": [str(tmp_path / "missing")], "train_label_data_paths": None})
 
 
 class _Range(torch.utils.data.Dataset):
@@ -157,18 +125,11 @@ def test_ranks_get_disjoint_slices_of_the_global_batch() -> None:
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_resume_at_iteration_k_matches_uninterrupted(tmp_path: Path, num_workers: int) -> None:
     prefix = write_dataset(tmp_path / "c", make_docs(50))
-    args = make_neox_args(
-        data_path=prefix,
-        split="1",
-        seq_length=8,
-        train_iters=20,
-        train_batch_size=8,
-        train_micro_batch_size_per_gpu=2,
-        gradient_accumulation_steps=2,
-        eval_iters=0,
-        num_workers=num_workers,
-    )
-    train, _, _ = build_train_valid_test_datasets(args)
+    config = dict(data_path=prefix, split="1", seq_length=8, train_iters=20, train_batch_size=8,
+                  train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2, eval_iters=0,
+                  num_workers=num_workers, num_gpus=2)
+    args = tiny(**config)
+    train, _, _ = datasets(**config)
     dp, k = 2, 7
     for rank in range(dp):
         full = [b["text"] for b in make_data_loader(train, args, rank, dp)]

@@ -2,8 +2,8 @@ import warnings
 
 import pytest
 
+from megatron.neox_arguments.validation import DERIVED_ONLY
 from megatron.neox_arguments import ConfigError, NeoXArgs
-from megatron.neox_arguments.derivation import checkpoint_iterations
 from tests.neox_arguments.helpers import TINY, tiny
 
 
@@ -67,14 +67,8 @@ def test_attention_config_is_expanded_once_at_derivation():
 def test_derived_config_rederives_to_the_same_values():
     args = tiny(attention_config=[[["global", "local"], 1]], num_gpus=2, gradient_accumulation_steps=2)
     again = NeoXArgs.from_dict({k: v for k, v in args.to_dict().items()
-                                if k not in ("data_parallel_size", "deepspeed_config", "is_pipe_parallel")})
+                                if k not in DERIVED_ONLY})
     assert again.to_dict() == args.to_dict()
-
-
-def test_checkpoint_iterations_linear_log_and_extra():
-    assert checkpoint_iterations(10, "linear", None, 35) == [10, 20, 30]
-    assert checkpoint_iterations(2, "log", [3, 100], 20) == [2, 3, 4, 8, 16]
-    assert tiny(train_iters=25, checkpoint_factor=10, extra_save_iters=[5]).save_iters == [5, 10, 20]
 
 
 def test_text_gen_type_and_max_position_embeddings_defaults():
@@ -125,3 +119,14 @@ def test_missing_hostfile_means_the_local_node_with_one_warning(tmp_path, num_gp
 def test_num_gpus_on_a_cpu_machine_counts_cpu_ranks():
     assert tiny(num_gpus=2).global_num_gpus == 2
     assert tiny(num_gpus=2, num_nodes=3).global_num_gpus == 6
+
+
+def test_validated_args_are_frozen_in_deepy_and_in_the_workers():
+    args = tiny(train_iters=10)
+    with pytest.raises(AttributeError, match="frozen: 'train_iters' cannot be changed"):
+        args.train_iters = 20
+    worker = NeoXArgs.consume_neox_args(["--neox_config", args.encode()], environ={"RANK": "0", "LOCAL_RANK": "0",
+                                                                                  "WORLD_SIZE": "1"})
+    assert worker.rank == 0 and worker.to_dict() == {**args.to_dict(), "rank": 0, "local_rank": 0, "world_size": 1}
+    with pytest.raises(AttributeError, match="frozen"):
+        worker.padded_vocab_size = 128

@@ -107,6 +107,7 @@ def test_required_model_fields():
     ({"rope_fusion": True, "pos_emb": "learned"}, "rope_fusion=true fuses rotary embeddings"),
     ({"bias_gelu_fusion": True, "activation": "swiglu"}, "bias_gelu_fusion=true fuses activation='gelu'"),
     ({"use_flashattn_swiglu": True, "activation": "geglu"}, "use_flashattn_swiglu=true replaces activation='swiglu'"),
+    ({"make_vocab_size_divisible_by": 0}, "make_vocab_size_divisible_by=0 must be >= 1"),
 ])
 def test_rule(overrides, needle):
     assert needle in problems_of(**overrides)

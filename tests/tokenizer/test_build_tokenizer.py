@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron.tokenizer import TOKENIZER_TYPES, AbstractTokenizer, TokenizerError, build_tokenizer, pad_vocab_size
-from tests.data.neox_args_factory import make_neox_args
+from megatron.tokenizer.build_tokenizer import build_tokenizer_from
+from megatron.tokenizer import TOKENIZER_TYPES, AbstractTokenizer, TokenizerError, build_tokenizer
+from tests.neox_arguments.helpers import tiny
 from tests.tokenizer.tokenizer_files import (
     ROUND_TRIP_TEXTS,
     make_hf_tokenizer_files,
@@ -27,16 +28,16 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _args_for(kind: str, files: dict[str, Path]):
     if kind == "GPT2BPETokenizer":
-        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["vocab"]), merge_file=str(files["merges"]))
+        return tiny(tokenizer_type=kind, vocab_file=str(files["vocab"]), merge_file=str(files["merges"]))
     if kind == "HFTokenizer":
-        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["tokenizer_json"]))
+        return tiny(tokenizer_type=kind, vocab_file=str(files["tokenizer_json"]))
     if kind == "HFGPT2Tokenizer":
-        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["tokenizer_json"]))
+        return tiny(tokenizer_type=kind, vocab_file=str(files["tokenizer_json"]))
     if kind == "SPMTokenizer":
-        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["spm"]))
+        return tiny(tokenizer_type=kind, vocab_file=str(files["spm"]))
     if kind == "TiktokenTokenizer":
-        return make_neox_args(tokenizer_type=kind, vocab_file=str(files["tiktoken"]))
-    return make_neox_args(tokenizer_type=kind)
+        return tiny(tokenizer_type=kind, vocab_file=str(files["tiktoken"]))
+    return tiny(tokenizer_type=kind)
 
 
 @pytest.mark.parametrize("kind", TOKENIZER_TYPES)
@@ -78,56 +79,41 @@ def test_tiktoken_uses_merges(files: dict[str, Path]) -> None:
     assert tok.eod == 263 and tok.vocab_size == 264  # 263 ranks + eod
 
 
-@pytest.mark.parametrize(
-    ("vocab", "div", "mp", "expected"),
-    [(50257, 128, 1, 50304), (50257, 128, 2, 50432), (512, 128, 1, 512), (1, 8, 1, 8), (8193, 64, 4, 8448)],
-)
-def test_pad_vocab_size(vocab: int, div: int, mp: int, expected: int) -> None:
-    padded = pad_vocab_size(vocab, div, mp)
-    assert padded == expected
-    assert padded % (div * mp) == 0 and padded >= vocab and padded - vocab < div * mp
-
-
-def test_pad_vocab_size_rejects_bad_values() -> None:
-    with pytest.raises(ValueError, match="make_vocab_size_divisible_by"):
-        pad_vocab_size(100, 0, 1)
-
-
 @pytest.mark.parametrize("spelling", ["hftokenizer", "HFTOKENIZER", "HfTokenizer"])
 def test_tokenizer_type_in_any_case(spelling: str, files: dict[str, Path]) -> None:
-    """GPT-NeoX's build_tokenizer compares the type without regard to case."""
-    args = _args_for("HFTokenizer", files)
-    args.tokenizer_type = spelling
-    tok = build_tokenizer(args)
+    """GPT-NeoX's build_tokenizer compares the type without regard to case: the config stores the declared
+    spelling, and the preprocessing tools' builder accepts any case too."""
+    assert tiny(tokenizer_type=spelling).tokenizer_type == "HFTokenizer"
+    tok = build_tokenizer_from(spelling, str(files["tokenizer_json"]))
     assert tok.name == "HFTokenizer" and tok.tokenize("hello world") == build_tokenizer(
         _args_for("HFTokenizer", files)).tokenize("hello world")
 
 
 def test_unknown_tokenizer_type_names_the_choices() -> None:
     with pytest.raises(TokenizerError, match="tokenizer_type='Nope'.*HFTokenizer"):
-        build_tokenizer(make_neox_args(tokenizer_type="Nope"))
+        build_tokenizer_from("Nope")  # the preprocessing tools' path; configs are refused at validation
 
 
 @pytest.mark.parametrize("kind", ["GPT2BPETokenizer", "HFTokenizer", "SPMTokenizer", "TiktokenTokenizer"])
 def test_missing_vocab_file_names_the_path(kind: str, tmp_path: Path) -> None:
     missing = tmp_path / "absent.file"
-    args = make_neox_args(tokenizer_type=kind, vocab_file=str(missing), merge_file=str(missing))
+    args = tiny(tokenizer_type=kind, vocab_file=str(missing), merge_file=str(missing))
     with pytest.raises(TokenizerError, match="vocab_file file not found: '.*absent.file'"):
         build_tokenizer(args)
 
 
 def test_unset_vocab_file_names_the_option() -> None:
     with pytest.raises(TokenizerError, match="needs `vocab_file`"):
-        build_tokenizer(make_neox_args(tokenizer_type="HFTokenizer"))
+        build_tokenizer(tiny(tokenizer_type="HFTokenizer"))
     with pytest.raises(TokenizerError, match="Hub at run time is not supported"):
-        build_tokenizer(make_neox_args(tokenizer_type="HFGPT2Tokenizer"))
+        build_tokenizer(tiny(tokenizer_type="HFGPT2Tokenizer"))
 
 
 def test_corrupt_tokenizer_json_is_a_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "tokenizer.json"
     bad.write_text("{not json")
     with pytest.raises(TokenizerError, match="not a valid tokenizer.json"):
-        build_tokenizer(make_neox_args(tokenizer_type="HFTokenizer", vocab_file=str(bad)))
+        build_tokenizer(tiny(tokenizer_type="HFTokenizer", vocab_file=str(bad)))
 
 
 # What GPT-NeoX's tokenizer of each type calls to detokenize (megatron/tokenizer/tokenizer.py there), built
@@ -176,5 +162,5 @@ def test_hf_tokenizer_detokenize_drops_every_special_token(files: dict[str, Path
 def test_char_level_detokenize_drops_the_eod_byte() -> None:
     """GPT-NeoX's CharLevelTokenizer maps every id below 32 to a space (the eod 0 and newlines alike); here
     the eod (0) is dropped and newlines round-trip."""
-    tok = build_tokenizer(make_neox_args(tokenizer_type="CharLevelTokenizer"))
+    tok = build_tokenizer(tiny(tokenizer_type="CharLevelTokenizer"))
     assert tok.detokenize(tok.tokenize("a\nb") + [tok.eod]) == "a\nb"

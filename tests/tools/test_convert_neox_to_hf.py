@@ -51,7 +51,7 @@ def test_trained_checkpoint_converts_with_the_same_logits(trained, tmp_path, nam
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
-    from megatron.tokenizer import build_tokenizer
+    from megatron.tokenizer import build_tokenizer_from
 
     architecture, hf_class, overrides = RUNS[name]
     run = trained[name]
@@ -73,7 +73,7 @@ def test_trained_checkpoint_converts_with_the_same_logits(trained, tmp_path, nam
         got = hf(tokens).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
-    ours = build_tokenizer(type("A", (), {"tokenizer_type": "HFTokenizer", "vocab_file": run.config["vocab_file"]})())
+    ours = build_tokenizer_from("HFTokenizer", run.config["vocab_file"])
     text = "def f(x):\n    return x + 1\n"
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
     assert tok(text)["input_ids"] == ours.tokenize(text)

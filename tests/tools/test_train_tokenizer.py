@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from megatron.tokenizer import build_tokenizer
-from tests.data.neox_args_factory import make_neox_args
+from tests.neox_arguments.helpers import tiny
 from tests.tokenizer.tokenizer_files import SAMPLE_TEXTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +39,6 @@ def test_train_tokenizer_cli(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    tok = build_tokenizer(make_neox_args(tokenizer_type="HFTokenizer", vocab_file=str(out)))
+    tok = build_tokenizer(tiny(tokenizer_type="HFTokenizer", vocab_file=str(out)))
     assert tok.vocab_size == 320 and tok.eod == 0
     assert tok.detokenize(tok.tokenize("plain text document")) == "plain text document"
