@@ -22,7 +22,7 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO
+from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
 
 import torch
 from torch import nn
@@ -413,32 +413,76 @@ def total_norm(norms: Dict[str, float]) -> float:
 def optimizer_state_norms(model: nn.Module, optimizer: torch.optim.Optimizer) -> Dict[str, float]:
     """{'optimizer_state_norms/<param name>/<state key>': norm} for every floating-point state (exp_avg, ...).
 
-    Under DeepSpeed ZeRO the states are read through safe_get_full_optimizer_state (call it on every rank);
-    DeepSpeed 0.19 links no state to the parameters of some ZeRO-1/2 groups (e.g. the no-weight-decay one),
-    which are then left out."""
-    names = {id(param): name for name, param in model.named_parameters()}
-    out = {}
+    Under DeepSpeed ZeRO / bf16 the torch optimizer holds flat partitions; each parameter's share is found through
+    DeepSpeed's links from the parameters to them, and gathered across data-parallel ranks (call it on every
+    rank)."""
+    return _optimizer_state_norms(list(model.named_parameters()), model, optimizer)
+
+
+def _optimizer_state_norms(params: List[Tuple[str, nn.Parameter]], model: nn.Module,
+                           optimizer: torch.optim.Optimizer) -> Dict[str, float]:
+    """optimizer_state_norms of the (logged name, parameter) pairs `params` of `model`."""
     basic = getattr(optimizer, "optimizer", optimizer)  # DeepSpeed wrappers keep the torch optimizer here
-    for group in basic.param_groups:
-        for param in group["params"]:
-            name = names.get(id(param))
-            state = basic.state.get(param, {})
-            if name is None:
-                continue
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.is_floating_point() and key != "step":
-                    out[f"optimizer_state_norms/{name}/{key}"] = float(value.detach().float().norm())
-    if not out and any(hasattr(p, "_hp_mapping") or hasattr(p, "ds_id") for p in model.parameters()):
+    if not basic.state:  # no step taken yet: no states
+        return {}
+    if any(hasattr(p, "ds_id") for p in model.parameters()):  # ZeRO-3 assembles each parameter's state
         from deepspeed.utils import safe_get_full_optimizer_state
 
-        for name, param in model.named_parameters():
+        out = {}
+        for name, param in params:
             for key in ("exp_avg", "exp_avg_sq"):
-                try:
-                    value = safe_get_full_optimizer_state(param, key)
-                except ValueError:  # DeepSpeed 0.19 links no state for some ZeRO-1/2 groups; skip those
-                    continue
+                value = safe_get_full_optimizer_state(param, key)
                 if value is not None:
                     out[f"optimizer_state_norms/{name}/{key}"] = float(value.detach().float().norm())
+        return out
+    if any(hasattr(p, "_hp_mapping") for p in model.parameters()):
+        return _partitioned_state_norms(params, basic)
+    out = {}
+    for name, param in params:
+        for key, value in basic.state.get(param, {}).items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and key != "step":
+                out[f"optimizer_state_norms/{name}/{key}"] = float(value.detach().float().norm())
+    return out
+
+
+def _partitioned_state_norms(params: List[Tuple[str, nn.Parameter]], basic: torch.optim.Optimizer
+                             ) -> Dict[str, float]:
+    """ZeRO-1/2 and DeepSpeed's BF16_Optimizer: the torch optimizer steps one flat fp32 partition per param group
+    and data-parallel rank, and a parameter's `_hp_mapping` says which slice of this rank's partition of its
+    group is its own (None: no slice here). A state's norm is the root of its slices' squared norms summed over
+    the data-parallel group. (DeepSpeed's safe_get_full_optimizer_state reads the slices it links to the
+    parameters, but DeepSpeed 0.19's ZeRO-1/2 links them right after stepping the first param group, so the other
+    groups, e.g. the no-weight-decay one, would have no states.) Every data-parallel rank must call it."""
+    keys = sorted({key for state in basic.state.values() for key, value in state.items()
+                   if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point()})
+    groups: Dict[int, Any] = {}
+    rows: Dict[int, List[Tuple[str, List[float]]]] = {}  # per data-parallel group: (key, [sum of squares, present])
+    for name, param in params:
+        mapping = getattr(param, "_hp_mapping", None)
+        state: Dict[str, Any] = {}
+        if mapping is not None:
+            state = basic.state.get(basic.param_groups[mapping.param_group_index]["params"][0], {})
+        group = getattr(param, "_dp_group", None)
+        groups.setdefault(id(group), group)
+        for key in keys:
+            entry = [0.0, 0.0]
+            value = state.get(key)
+            if value is not None:
+                address = mapping.hp_fragment_address
+                entry = [float(value.detach().narrow(0, address.start, address.numel).float().norm()) ** 2, 1.0]
+            rows.setdefault(id(group), []).append((f"optimizer_state_norms/{name}/{key}", entry))
+    out = {}
+    for group_id, entries in rows.items():
+        sums = torch.tensor([entry for _, entry in entries], dtype=torch.float64)
+        group = groups[group_id]
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
+            on_cuda = torch.distributed.get_backend(group) == "nccl"
+            sums = sums.to(torch.device("cuda", torch.cuda.current_device()) if on_cuda else "cpu")
+            torch.distributed.all_reduce(sums, group=group)
+            sums = sums.cpu()
+        for (key, _), (sum_of_squares, present) in zip(entries, sums.tolist()):
+            if present:
+                out[key] = math.sqrt(sum_of_squares)
     return out
 
 
@@ -461,27 +505,103 @@ def memory_stats() -> Dict[str, float]:
     return stats
 
 
-def debug_metrics(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None
-                  ) -> Dict[str, float]:
-    """The values the log_* / memory_profiling switches ask for, as `extras` for TrainingLogger.
+def counted_here(param: nn.Parameter, parallel_state: Any = None) -> bool:
+    """Whether this rank's copy of `param` is the one counted in whole-model values, so that every parameter
+    of the model is counted exactly once: a tensor-parallel shard on every rank (the shards add up), a
+    replicated parameter on tensor-parallel rank 0 only, a tied pipeline module on the first stage holding it
+    only (DeepSpeed marks the other copies `ds_pipe_replicated`). `model_parallel` marks a shard, or, under the
+    pipeline engine, what megatron.training._mark_grad_norm_ownership counts (shards, and replicated
+    parameters on tensor-parallel rank 0)."""
+    if getattr(param, "ds_pipe_replicated", False):
+        return False
+    tp_rank = parallel_state.get_model_parallel_rank() if parallel_state is not None else 0
+    return bool(getattr(param, "model_parallel", False)) or tp_rank == 0
 
-    log_grad_norm, log_param_norm: per-parameter norms plus the total ('grad_norm_total', 'param_norm_total');
-    log_grad_pct_zeros; log_optimizer_states (needs `optimizer`); memory_profiling: memory_stats()."""
-    out: Dict[str, float] = {}
-    if neox_args.log_grad_norm:
-        norms = gradient_norms(model)
-        out.update(norms)
-        out["grad_norm_total"] = total_norm(norms)
+
+def debug_sums(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+               parallel_state: Any = None, names: Optional[Callable[[str], str]] = None
+               ) -> Dict[str, List[float]]:
+    """This rank's share of the log_grad_norm / log_param_norm / log_grad_pct_zeros / log_optimizer_states
+    values, as sums that add up across ranks (debug_values adds them and takes the roots):
+
+    'gradient_norms/<name>': [sum of squares], 'gradient_pct_zeros/<name>': [zero entries, entries],
+    'parameter_norms/<name>': [sum of squares], 'optimizer_state_norms/<name>/<state key>': [sum of squares].
+
+    Only the parameters counted on this rank (counted_here) are included, under `names(name)` (default: the
+    module's own names; a pipeline logs the sequential model's, GPT2ModelPipe.sequential_name). Call where the
+    gradients are reduced and not yet clipped or cleared, on every rank (ZeRO / bf16 gradients and optimizer
+    states are gathered across data-parallel ranks)."""
+    rename = names or (lambda name: name)
+    params = [(rename(name), param) for name, param in model.named_parameters()
+              if counted_here(param, parallel_state)]
+    out: Dict[str, List[float]] = {}
+    if neox_args.log_grad_norm or neox_args.log_grad_pct_zeros:
+        for name, param in params:
+            grad = _full_grad(param)
+            if grad is None:
+                continue
+            grad = grad.detach()
+            if neox_args.log_grad_norm:
+                out[f"gradient_norms/{name}"] = [float(grad.float().norm()) ** 2]
+            if neox_args.log_grad_pct_zeros and grad.numel():
+                out[f"gradient_pct_zeros/{name}"] = [float((grad == 0).sum()), float(grad.numel())]
     if neox_args.log_param_norm:
-        norms = parameter_norms(model)
-        out.update(norms)
-        out["param_norm_total"] = total_norm(norms)
-    if neox_args.log_grad_pct_zeros:
-        out.update(gradient_pct_zeros(model))
+        for name, param in params:
+            out[f"parameter_norms/{name}"] = [float(param.detach().float().norm()) ** 2]
     if neox_args.log_optimizer_states:
         if optimizer is None:
             raise ValueError("log_optimizer_states needs the optimizer passed to debug_metrics")
-        out.update(optimizer_state_norms(model, optimizer))
+        for key, norm in _optimizer_state_norms(params, model, optimizer).items():
+            out[key] = [norm ** 2]
+    return out
+
+
+def gather_debug_sums(sums: Dict[str, List[float]], parallel_state: Any = None) -> List[Dict[str, List[float]]]:
+    """Every rank's share of one model replica (every pipeline stage and tensor-parallel rank of
+    data-parallel rank 0), on every rank, in rank order. Data-parallel replicas hold the same values and send
+    nothing. Without a torch.distributed world, or without `parallel_state`: [sums] (this rank's view)."""
+    if parallel_state is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
+            or torch.distributed.get_world_size() == 1:
+        return [sums]
+    shares: List[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(shares, sums if parallel_state.get_data_parallel_rank() == 0 else {})
+    return shares
+
+
+def debug_values(neox_args: Any, shares: Iterable[Dict[str, List[float]]]) -> Dict[str, float]:
+    """The logged values from the ranks' debug_sums: per-parameter norms and zero percentages of the whole
+    parameters, 'grad_norm_total' and 'param_norm_total' over the whole model."""
+    added: Dict[str, List[float]] = {}
+    for share in shares:
+        for key, value in share.items():
+            if key in added:
+                added[key] = [a + b for a, b in zip(added[key], value)]
+            else:
+                added[key] = list(value)
+    out: Dict[str, float] = {}
+    for key, value in added.items():
+        if key.startswith("gradient_pct_zeros/"):
+            out[key] = 100.0 * value[0] / value[1]
+        else:
+            out[key] = math.sqrt(value[0])
+    for flag, prefix, total in (("log_grad_norm", "gradient_norms/", "grad_norm_total"),
+                                ("log_param_norm", "parameter_norms/", "param_norm_total")):
+        if getattr(neox_args, flag):
+            out[total] = math.sqrt(sum(v[0] for k, v in added.items() if k.startswith(prefix)))
+    return out
+
+
+def debug_metrics(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                  parallel_state: Any = None, names: Optional[Callable[[str], str]] = None) -> Dict[str, float]:
+    """The values the log_* / memory_profiling switches ask for, as `extras` for TrainingLogger.
+
+    log_grad_norm, log_param_norm: per-parameter norms plus the total ('grad_norm_total', 'param_norm_total');
+    log_grad_pct_zeros; log_optimizer_states (needs `optimizer`); memory_profiling: memory_stats() of this rank.
+    With `parallel_state` in a distributed run the values are the whole model's, the same on every rank:
+    tensor-parallel shards are combined into their parameter and every pipeline stage's parameters are there
+    (see debug_sums, gather_debug_sums). Every rank must call it."""
+    out = debug_values(neox_args, gather_debug_sums(debug_sums(neox_args, model, optimizer, parallel_state, names),
+                                                    parallel_state))
     if neox_args.memory_profiling:
         out.update(memory_stats())
     return out

@@ -202,9 +202,10 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
     grad_norm = None
     extras: Dict[str, float] = {}
     if neox_args.is_pipe_parallel:
-        loss = engine.train_batch(data_iter=batches)
-        if debug:  # gradients are gone after train_batch; validation allows only these flags here
-            extras = debug_metrics(neox_args, engine.module, optimizer)
+        if debug:
+            loss, extras = _pipeline_debug_step(neox_args, engine, batches, ctx, optimizer)
+        else:
+            loss = engine.train_batch(data_iter=batches)
     else:
         losses = []
         for micro in range(neox_args.gradient_accumulation_steps):
@@ -214,7 +215,7 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
                 if neox_args.zero_stage == 0 and not neox_args.gradient_clipping:  # else DeepSpeed computes it
                     grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
                 if debug:
-                    extras = debug_metrics(neox_args, engine.module, optimizer)
+                    extras = debug_metrics(neox_args, engine.module, optimizer, ctx.parallel_state)
             engine.step()
             losses.append(loss.detach().float())
         loss = torch.stack(losses).mean()
@@ -223,6 +224,44 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
         grad_norm = float(ds_norm)
     skipped = not engine.was_step_applied()
     return _data_parallel_mean(loss, engine), skipped, grad_norm, extras
+
+
+def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
+                         ) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """engine.train_batch, with the log_* values of the whole model taken where the sequential model takes
+    them: after the last backward and the gradient reduction, before clipping and the optimizer step.
+
+    The pipeline engine runs ReduceTiedGrads, ReduceGrads and OptimizerStep at the end of its schedule;
+    OptimizerStep calls engine._take_model_step, which clips (fp32 without ZeRO; ZeRO and bf16 clip inside
+    optimizer.step), steps the optimizer and frees the gradients. For this call only, the engine's
+    _take_model_step first records this stage's values (debug_sums, under the sequential model's names); after
+    train_batch the stages' values are combined on every rank (gather_debug_sums)."""
+    from megatron.logging import debug_sums, debug_values, gather_debug_sums, memory_stats
+
+    captured: List[Dict[str, List[float]]] = []
+    take_model_step = engine._take_model_step
+    overridden = "_take_model_step" in vars(engine)  # already replaced on this engine (by a caller)
+
+    def record_then_step(*args, **kwargs):
+        captured.append(debug_sums(neox_args, engine.module, optimizer, ctx.parallel_state,
+                                   names=engine.module.sequential_name))
+        return take_model_step(*args, **kwargs)
+
+    engine._take_model_step = record_then_step
+    try:
+        loss = engine.train_batch(data_iter=batches)
+    finally:
+        if overridden:
+            engine._take_model_step = take_model_step
+        else:
+            del engine._take_model_step  # the class's method again
+    if len(captured) != 1:
+        raise RuntimeError(f"DeepSpeed's pipeline engine took {len(captured)} optimizer steps in one train_batch "
+                           f"(expected 1 call of _take_model_step); cannot log log_* values")
+    extras = debug_values(neox_args, gather_debug_sums(captured[0], ctx.parallel_state))
+    if neox_args.memory_profiling:
+        extras.update(memory_stats())
+    return loss, extras
 
 
 def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> Optional[float]:

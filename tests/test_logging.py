@@ -234,6 +234,30 @@ def test_debug_metrics_follows_the_switches(tmp_path):
         debug_metrics(_args(log_optimizer_states=True), model)
 
 
+def test_debug_values_add_the_ranks_shares_of_each_parameter():
+    """Two tensor-parallel shards of one weight, a bias on two stages (a tied copy, counted on one stage only)."""
+    from megatron.logging import counted_here, debug_sums, debug_values
+
+    args = _args(log_grad_norm=True, log_grad_pct_zeros=True, log_param_norm=True)
+    shard0, shard1, tied_copy = _model_with_grads(), _model_with_grads(), _model_with_grads()
+    shard1.weight.grad = torch.tensor([[0.0, 12.0]])
+    for model in (shard0, shard1):
+        model.weight.model_parallel = True
+    tied_copy.weight.ds_pipe_replicated = True
+    tp_rank1 = type("TensorParallelRank1", (), {"get_model_parallel_rank": lambda self: 1})()
+    assert counted_here(shard1.weight, tp_rank1) and not counted_here(shard1.bias, tp_rank1)
+    assert not counted_here(tied_copy.weight)
+    shares = [debug_sums(args, shard0), debug_sums(args, shard1, parallel_state=tp_rank1),
+              debug_sums(args, tied_copy, names=lambda name: f"other.{name}")]
+    values = debug_values(args, shares)
+    assert values["gradient_norms/weight"] == 13.0  # sqrt(3^2 + 4^2 + 12^2)
+    assert values["gradient_pct_zeros/weight"] == 25.0 and values["gradient_pct_zeros/bias"] == 100.0
+    assert "gradient_norms/other.weight" not in values and values["gradient_norms/other.bias"] == 0.0
+    assert values["parameter_norms/weight"] == pytest.approx(math.sqrt(10.0))
+    assert values["grad_norm_total"] == 13.0
+    assert values["param_norm_total"] == pytest.approx(math.sqrt(10.0 + 4.0 + 4.0))
+
+
 def test_memory_stats_and_profiler_on_cpu(tmp_path):
     if torch.cuda.is_available():
         assert "memory/allocated_gb" in memory_stats()

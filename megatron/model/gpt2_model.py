@@ -255,6 +255,18 @@ class GPT2ModelPipe(PipelineModule):
         self.num_layers = config.num_layers
         self._checkpoint_every = self.activation_checkpoint_interval
 
+    @staticmethod
+    def sequential_name(name: str) -> str:
+        """The GPT2ModelSequential name of this module's parameter ``name``. Both use GPT-NeoX's layer slots:
+        ``'<slot>.<rest>'`` here is ``'sequential.<slot>.<rest>'`` there, and the tied word embedding
+        (``'tied_modules.embed.<rest>'``, on the first and the last stage) is slot 0's."""
+        tied = "tied_modules.embed."
+        if name.startswith(tied):
+            return "sequential.0." + name[len(tied):]
+        if not name.partition(".")[0].isdigit():
+            raise ValueError(f"{name!r} is not a parameter name of GPT2ModelPipe ('<slot>.<rest>' or '{tied}<rest>')")
+        return f"sequential.{name}"
+
     def to_sequential(self) -> GPT2ModelSequential:
         """The same layers (shared parameters) as a GPT2ModelSequential, e.g. for KV-cache decoding.
 

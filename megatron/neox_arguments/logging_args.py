@@ -100,25 +100,28 @@ class NeoXArgsLogging:
     log_grad_pct_zeros: bool = False
     """
     Log the percentage of zeros for the gradient of each parameter to wandb / tensorboard (useful for
-    debugging). Needs wandb_init_all_ranks set to True if using pipeline parallelism to log all ranks.
+    debugging). Values are of whole parameters under the sequential model's names, the same with tensor and
+    pipeline parallelism (every rank logs every stage's parameters).
     """
 
     log_param_norm: bool = False
     """
-    Log the frob norm of the parameters to wandb / tensorboard (useful for debugging). Needs
-    wandb_init_all_ranks set to True if using pipeline parallelism to log all ranks.
+    Log the frob norm of the parameters to wandb / tensorboard (useful for debugging), and their total
+    (param_norm_total), before the optimizer step; with tensor and pipeline parallelism as log_grad_pct_zeros.
     """
 
     log_grad_norm: bool = False
     """
-    Log the frob norm of the gradients to wandb / tensorboard (useful for debugging). (N.B - this will
-    only work with pp = 0 for now, as we don't have access to the gradients of the model because
-    deepspeed.)
+    Log the frob norm of the gradients to wandb / tensorboard (useful for debugging), and their total
+    (grad_norm_total), before clipping; with tensor and pipeline parallelism as log_grad_pct_zeros (under the
+    pipeline engine they are read inside train_batch, after the gradient reduction and before the optimizer
+    step).
     """
 
     log_optimizer_states: bool = False
     """
-    Log the frob norm of the optimizer states to wandb / tensorboard (useful for debugging).
+    Log the frob norm of the optimizer states to wandb / tensorboard (useful for debugging), as they are
+    before the optimizer step; with tensor and pipeline parallelism as log_grad_pct_zeros.
     """
 
     log_gradient_noise_scale: bool = False

@@ -265,11 +265,6 @@ def parallelism_problems(args: "NeoXArgs") -> List[str]:
     method = args.pipe_partition_method
     if method not in ("parameters", "uniform") and not method.startswith("type:"):
         problems.append(f"pipe_partition_method={method!r} must be 'parameters', 'uniform' or 'type:REGEX'")
-    if args.pipe_parallel_size >= 1:
-        for flag in ("log_grad_norm", "log_grad_pct_zeros", "log_optimizer_states"):
-            if getattr(args, flag):
-                problems.append(f"{flag}=true is not supported with pipe_parallel_size >= 1 yet (DeepSpeed's "
-                                f"pipeline engine frees the gradients inside train_batch)")
     if (args.comment or args.account) and args.launcher != "slurm":
         problems.append(f"comment / account are slurm options; launcher is {args.launcher!r}")
     return problems

@@ -1,6 +1,7 @@
 """Training end to end through deepy.py on CPU ranks: it learns, saves, resumes exactly, and tensor and
 pipeline parallelism reproduce the single-rank losses."""
 
+import math
 import os
 import signal
 import subprocess
@@ -159,6 +160,32 @@ def test_metrics_tensorboard_debug_values_and_epochs(data, tmp_path):
     acc = EventAccumulator(str(events[0].parent))
     acc.Reload()
     assert any("loss" in tag for tag in acc.Tags()["scalars"])
+
+
+def test_pipeline_logs_gradient_and_optimizer_values_of_every_stage(data, tmp_path):
+    """GPT-NeoX's Pythia 12B / 2.8B configs log gradient norms with a pipeline and ZeRO 1. metrics.jsonl (written by
+    rank 0, the first stage) holds both stages' parameters under the sequential model's names, the tied embedding
+    once, and totals that are the norm DeepSpeed clips with."""
+    run = TrainingRun(tmp_path, data, num_gpus=2, pipe_parallel_size=2, zero_optimization={"stage": 1},
+                      train_iters=3, save=None, load=None, log_grad_norm=True, log_grad_pct_zeros=True,
+                      log_optimizer_states=True)
+    run.launch()
+    run.assert_ok()
+    train = run.records("train")
+    assert [r["iteration"] for r in train] == [1, 2, 3]
+    for record in train:
+        norms = {k.split("/", 1)[1]: v for k, v in record.items() if k.startswith("gradient_norms/")}
+        # stage 0: the embedding (tied to the last stage's head) and layer slot 2; stage 1: slot 3 and the final norm
+        assert "sequential.0.word_embeddings.weight" in norms and "tied_modules.embed.word_embeddings.weight" not in norms
+        for slot in ("2", "3", "5"):
+            assert any(name.startswith(f"sequential.{slot}.") for name in norms), slot
+        assert record["grad_norm_total"] == pytest.approx(record["grad_norm"], rel=1e-5)
+        assert record["grad_norm_total"] == pytest.approx(math.sqrt(sum(v * v for v in norms.values())), rel=1e-9)
+        assert {k.split("/", 1)[1] for k in record if k.startswith("gradient_pct_zeros/")} == set(norms)
+        states = {k.split("/", 1)[1] for k in record if k.startswith("optimizer_state_norms/")}
+        # before the first optimizer step there are no states; after it, Adam's two for every parameter
+        assert states == (set() if record["iteration"] == 1 else
+                          {f"{name}/{key}" for name in norms for key in ("exp_avg", "exp_avg_sq")})
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(data, tmp_path):

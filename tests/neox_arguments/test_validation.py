@@ -136,6 +136,16 @@ def test_valid_tiny_config_passes():
     assert args.deepspeed_config is not None
 
 
+@pytest.mark.parametrize("flag", ["log_grad_norm", "log_grad_pct_zeros", "log_optimizer_states"])
+@pytest.mark.parametrize("zero_stage", [0, 1])
+def test_gradient_and_optimizer_logging_is_accepted_with_a_pipeline(flag, zero_stage):
+    """GPT-NeoX's Pythia 12B and 2.8B configs log gradient norms with pipe_parallel_size 1 and ZeRO 1."""
+    args = tiny(pipe_parallel_size=1, zero_optimization={"stage": zero_stage}, **{flag: True})
+    assert getattr(args, flag) and args.pipe_parallel_size == 1
+    args = tiny(pipe_parallel_size=2, num_gpus=2, bf16={"enabled": True}, **{flag: True})
+    assert getattr(args, flag) and args.is_pipe_parallel
+
+
 TE_AT_DEFAULTS = {"te_columnparallel": False, "te_rowparallel": False, "te_layernorm_mlp": False, "te_mha": False,
                   "te_fp8_format": "hybrid", "te_fp8_wgrad": True, "te_fp8_amax_history_len": 1,
                   "te_fp8_amax_compute_algo": "most_recent", "te_fp8_margin": 0, "te_fp8_mha": False}
