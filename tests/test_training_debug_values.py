@@ -47,13 +47,14 @@ def _logged(rank: int, world_size: int, layouts: dict, cases: list):
     """{(layout, precision, zero): [(loss, DeepSpeed's grad norm, logged extras) per step]} on this rank."""
     from megatron.initialize import initialize_megatron
     from megatron.training import setup_model_and_optimizer, train_step
+    from megatron.training_schedule import TrainingSchedule
 
     results = {}
     for layout_name, layout in layouts.items():
         for precision, zero in cases:
             args = _neox_args(world_size, layout, precision, zero)
             ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
-            engine, optimizer, _ = setup_model_and_optimizer(args, ctx)
+            engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
             batches = iter([random_batch(batch=MICRO, seq=16, vocab=VOCAB, seed=100 + i) for i in range(STEPS * GAS)])
             steps = []
             for _ in range(STEPS):
