@@ -7,8 +7,9 @@ Life cycle:
              config as one encoded argument.
   workers:   NeoXArgs.consume_neox_args() -> the identical NeoXArgs, plus this process's rank.
 
-NeoXArgs is the union of the group dataclasses (one per section of the argument reference), so
-`args.num_layers` works as GPT-NeoX code expects and `dataclasses.fields(NeoXArgs)` lists every argument."""
+NeoXArgs is NeoXArgsSchema (groups/: the union of the group dataclasses, one per section of the argument
+reference, so `args.num_layers` works as GPT-NeoX code expects and `dataclasses.fields(NeoXArgs)` lists
+every argument) plus this behaviour."""
 
 import argparse
 import base64
@@ -23,42 +24,22 @@ from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 from megatron.neox_arguments.aliases import apply_aliases
-from megatron.neox_arguments.deepspeed_config import NeoXArgsDeepspeedConfig
-from megatron.neox_arguments.deepspeed_runner import NeoXArgsDeepspeedRunner
 from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model,
                                                 derive_optimizer_and_zero, derive_precision, derive_scheduler,
                                                 derive_world)
-from megatron.neox_arguments.derived import NeoXArgsDerived
-from megatron.neox_arguments.ds_config import (build_deepspeed_config, fold_deepspeed_extra_args,
-                                               note_extra_args_origin)
+from megatron.neox_arguments.deepspeed_config import (build_deepspeed_config, fold_deepspeed_extra_args,
+                                                      note_extra_args_origin)
 from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
-from megatron.neox_arguments.logging_args import NeoXArgsLogging
+from megatron.neox_arguments.groups import ARGUMENT_GROUPS, NeoXArgsDeepspeedConfig, NeoXArgsSchema
+from megatron.neox_arguments.launcher import ENCODED_CONFIG_FLAG, deepspeed_runner_argv
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
-from megatron.neox_arguments.lr_scheduler import NeoXArgsLRScheduler
-from megatron.neox_arguments.model import NeoXArgsModel
-from megatron.neox_arguments.moe import NeoXArgsMoE
-from megatron.neox_arguments.optimizer import NeoXArgsOptimizer
-from megatron.neox_arguments.other import NeoXArgsOther
-from megatron.neox_arguments.parallelism import NeoXArgsParallelism
-from megatron.neox_arguments.text_generation import NeoXArgsTextgen
-from megatron.neox_arguments.tokenizer import NeoXArgsTokenizer
-from megatron.neox_arguments.training import NeoXArgsTraining
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, model_problems,
                                                 not_supported_problems, not_supported_setting_problems,
                                                 parallelism_problems, training_problems, unknown_key_problems)
 
-ARGUMENT_GROUPS = (NeoXArgsParallelism, NeoXArgsModel, NeoXArgsOptimizer, NeoXArgsLRScheduler, NeoXArgsLogging,
-                   NeoXArgsOther, NeoXArgsTokenizer, NeoXArgsTraining, NeoXArgsTextgen, NeoXArgsMoE,
-                   NeoXArgsDeepspeedConfig, NeoXArgsDeepspeedRunner, NeoXArgsDerived)
-"""The argument groups in documentation order."""
 
-ENCODED_CONFIG_FLAG = "--neox_config"
-"""The worker argument that carries the whole validated config."""
-
-
-@dataclasses.dataclass
-class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
+class NeoXArgs(NeoXArgsSchema):
     """All arguments; construct with from_ymls / from_dict (which validate), not directly. Once validated
     (and, in a worker, given its rank) they are frozen: run state lives elsewhere (ModelConfig in the run
     context, megatron.training_schedule.TrainingSchedule)."""
@@ -154,8 +135,6 @@ class NeoXArgs(*reversed(ARGUMENT_GROUPS)):  # type: ignore[misc]
     # ---- launching ----------------------------------------------------------------------------
     def get_deepspeed_main_args(self) -> List[str]:
         """argv for deepspeed.launcher.runner: launcher options, the user script, the encoded config."""
-        from megatron.neox_arguments.launcher import deepspeed_runner_argv
-
         return deepspeed_runner_argv(self)
 
     def encode(self) -> str:

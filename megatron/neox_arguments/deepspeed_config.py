@@ -1,226 +1,168 @@
-"""NeoXArgsDeepspeedConfig: Keys passed through to the DeepSpeed config JSON.
+"""Building the DeepSpeed config dict from NeoXArgs, and folding `deepspeed_extra_args` into it.
 
-Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
+The config holds exactly DeepSpeed's keys, so `deepspeed.runtime.config.DeepSpeedConfig` parses it unchanged;
+GPT-NeoX-only arguments stay on NeoXArgs. Settings that GPT-NeoX lets a user write in two places (clip_grad /
+gradient_clipping, the top-level fp16 loss-scaling arguments / the fp16 dict, zero_* / zero_optimization, the
+activation-checkpointing flags / the activation_checkpointing dict) are made one value by derivation.py; this
+module writes that value.
 
-from dataclasses import dataclass
-from typing import Literal, Optional
+`deepspeed_extra_args` may add keys but never contradict one the config sets:
+  * a key that is a NeoX argument of the DeepSpeed group (fp16, bf16 or DeepSpeed's older `bfloat16`,
+    zero_optimization, optimizer, scheduler, gradient_clipping, ...) is folded into that argument before
+    derivation and validation (dicts merged key by key), so it is checked like the argument itself: e.g.
+    {fp16: {enabled: true}} with precision: fp32 is refused;
+  * a NeoX argument that is not a DeepSpeed key (num_layers, seed, ...) is refused;
+  * any other key is added to the DeepSpeed config, merged into a dict the config already has, and refused
+    where it would change a value the config sets (the message names the key path and both values)."""
+
+import re
+from typing import Any, Dict, Iterable, List, Mapping, Set, Tuple
+
+from megatron.neox_arguments.groups import NeoXArgsSchema
 
 
-@dataclass
-class NeoXArgsDeepspeedConfig:
-    """Keys passed through to the DeepSpeed config JSON."""
+PASSTHROUGH_SECTIONS = ("optimizer", "scheduler", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+                        "comms_logger", "checkpoint", "data_types", "autotuning")
+"""NeoXArgs fields that are DeepSpeed config sections of the same name, copied when set."""
 
-    deepspeed: bool = True
-    """
-    boolean flag to enable DeepSpeed (Always True)
-    """
+NOT_DEEPSPEED_KEYS = ("deepspeed", "curriculum_seqlen", "deepspeed_extra_args")
+"""Fields of the DeepSpeed argument group that are not keys of DeepSpeed's config."""
 
-    train_batch_size: Optional[int] = None
-    """
-    The effective training batch size. This is the amount of data samples that leads to one step of
-    model update. train_batch_size is aggregated by the batch size that a single GPU processes in one
-    forward/backward pass (a.k.a., train_step_batch_size), the gradient accumulation steps (a.k.a.,
-    gradient_accumulation_steps), and the number of GPUs.
-    """
+DEEPSPEED_KEY_ALIASES = {"bfloat16": "bf16"}
+"""Older DeepSpeed key names that DeepSpeed still reads as the newer one."""
 
-    train_micro_batch_size_per_gpu: Optional[int] = None
-    """
-    Batch size to be processed by one GPU in one step (without gradient accumulation). When specified,
-    gradient_accumulation_steps is automatically calculated using train_batch_size and number of GPUs.
-    Should not be concurrently specified with gradient_accumulation_steps in the configuration JSON.
-    """
+REFUSED_EXTRA_KEYS = {
+    "torch_autocast": "precision is chosen by precision / fp16 / bf16; DeepSpeed's torch_autocast is not "
+                      "supported yet",
+}
+"""DeepSpeed keys that would change what a NeoX argument decides, refused in deepspeed_extra_args."""
 
-    gradient_accumulation_steps: int = 1
-    """
-    Number of training steps to accumulate gradients before averaging and applying them. This feature is
-    sometimes useful to improve scalability since it results in less frequent communication of gradients
-    between steps. Another impact of this feature is the ability to train with larger batch sizes per
-    GPU. When specified, train_step_batch_size is automatically calculated using train_batch_size and
-    number of GPUs. Should not be concurrently specified with train_step_batch_size in the configuration
-    JSON.
-    """
 
-    optimizer: Optional[dict] = None
-    """
-    dict containing the keys type and params type: The optimizer name. DeepSpeed natively supports Adam,
-    AdamW, OneBitAdam, Lamb, and OneBitLamb optimizers (See here for details) and will import other
-    optimizers from torch. params: Dictionary of parameters to instantiate optimizer. The parameter
-    names must match the optimizer constructor signature (e.g., for Adam).
-    """
+def merge_without_contradiction(base: Mapping[str, Any], extra: Mapping[str, Any], path: str = ""
+                                ) -> Tuple[Dict[str, Any], List[Tuple[str, Any, Any]]]:
+    """`base` with the keys of `extra` added (nested dicts merged); returns (merged, contradictions), each
+    contradiction (key path, base value, extra value) for a leaf that both set to different values."""
+    merged = dict(base)
+    contradictions: List[Tuple[str, Any, Any]] = []
+    for key, value in extra.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in merged:
+            merged[key] = value
+        elif isinstance(merged[key], dict) and isinstance(value, dict):
+            merged[key], inner = merge_without_contradiction(merged[key], value, where)
+            contradictions += inner
+        elif merged[key] != value:
+            contradictions.append((where, merged[key], value))
+    return merged, contradictions
 
-    scheduler: Optional[dict] = None
-    """
-    dict containing the keys type and params type: The scheduler name. See here
-    (https://deepspeed.readthedocs.io/en/latest/schedulers.html) for list of support schedulers. params:
-    Dictionary of parameters to instantiate scheduler. The parameter names should match scheduler
-    constructor signature. Here: WarmupLR, WarmupDecayLR or WarmupCosineLR; DeepSpeed builds it instead of
-    the built-in schedule (so lr_decay_style, warmup, min_lr, ... are refused beside it), warmup_max_lr is lr,
-    and its state is saved in and resumed from checkpoints.
-    """
 
-    fp32_allreduce: bool = False
-    """
-    During gradient averaging perform allreduce with 32 bit values
-    """
+def fold_deepspeed_extra_args(values: Dict[str, Any], origin: Dict[str, str], deepspeed_fields: Iterable[str],
+                              all_fields: Set[str]) -> Tuple[List[str], Set[str]]:
+    """Move the keys of deepspeed_extra_args that are NeoX arguments into those arguments (in place, before
+    type checks and derivation); return (problems, the arguments deepspeed_extra_args set or added to)."""
+    extra = values.get("deepspeed_extra_args")
+    if not isinstance(extra, dict):
+        return [], set()  # absent, or the type check reports it
+    deepspeed_fields = set(deepspeed_fields) - set(NOT_DEEPSPEED_KEYS)
+    problems: List[str] = []
+    folded: Set[str] = set()
+    remaining: Dict[str, Any] = {}
+    for key, value in extra.items():
+        name = DEEPSPEED_KEY_ALIASES.get(key, key)
+        if key in REFUSED_EXTRA_KEYS:
+            problems.append(f"deepspeed_extra_args['{key}']: {REFUSED_EXTRA_KEYS[key]}")
+        elif name in deepspeed_fields:
+            folded.add(name)
+            if name not in values or values[name] is None:
+                values[name] = value
+                origin[name] = "deepspeed_extra_args"
+                continue
+            where = origin.get(name, "the config")
+            if isinstance(values[name], dict) and isinstance(value, dict):
+                values[name], contradictions = merge_without_contradiction(values[name], value, name)
+                problems += [f"deepspeed_extra_args: {path}={theirs!r} contradicts {path}={ours!r} ({where})"
+                             for path, ours, theirs in contradictions]
+            elif values[name] != value:
+                problems.append(f"deepspeed_extra_args: {key}={value!r} contradicts {name}={values[name]!r} "
+                                f"({where}); set it once")
+        elif name in all_fields:
+            problems.append(f"deepspeed_extra_args['{key}']: '{key}' is a NeoX argument, not a DeepSpeed config key; "
+                            f"set it at the top level of the config")
+        else:
+            remaining[key] = value
+    values["deepspeed_extra_args"] = remaining or None
+    return problems, folded
 
-    prescale_gradients: bool = False
-    """
-    Scale gradients before doing allreduce
-    """
 
-    gradient_predivide_factor: float = 1.0
-    """
-    Before gradient averaging predivide gradients by a specified factor, can sometimes help with fp16
-    stability when scaling to large numbers of GPUs
-    """
+def note_extra_args_origin(problems: List[str], folded: Set[str]) -> List[str]:
+    """Say where a problem's dict came from when deepspeed_extra_args set (part of) it."""
+    noted = []
+    for problem in problems:
+        sources = [name for name in sorted(folded) if re.search(rf"(?<![\w.]){re.escape(name)}[.=]", problem)]
+        noted.append(problem + "".join(f" ({name} is set, at least in part, in deepspeed_extra_args)"
+                                       for name in sources if "deepspeed_extra_args" not in problem))
+    return noted
 
-    sparse_gradients: bool = False
-    """
-    Enable sparse compression of torch.nn.Embedding gradients.
-    """
 
-    fp16: Optional[dict] = None
-    """
-    Configuration for using mixed precision/FP16 training that leverages NVIDIA’s Apex package.
-    Dictionary options as described in Deepspeed documentation: https://www.deepspeed.ai/docs/config-
-    json/#fp16-training-options
-    """
+def _zero_section(args: NeoXArgsSchema) -> Dict[str, Any]:
+    zero = dict(args.zero_optimization or {})
+    zero["stage"] = args.zero_stage
+    for key, value in (("reduce_scatter", args.zero_reduce_scatter),
+                       ("contiguous_gradients", args.zero_contiguous_gradients),
+                       ("reduce_bucket_size", args.zero_reduce_bucket_size),
+                       ("allgather_bucket_size", args.zero_allgather_bucket_size)):
+        if value is not None:  # None: DeepSpeed's default
+            zero[key] = value
+    return zero
 
-    bf16: Optional[dict] = None
-    """
-    Configuration for using bfloat16 floating-point format as an alternative to FP16. BFLOAT16 requires
-    hardware support (e.g., NVIDIA A100). Dictionary options as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options
-    """
 
-    amp: Optional[dict] = None
-    """
-    Configuration for using automatic mixed precision (AMP) training that leverages NVIDIA’s Apex AMP
-    package. Dictionary as described in Deepspeed documentation: https://www.deepspeed.ai/docs/config-
-    json/#automatic-mixed-precision-amp-training-options
-    """
+def _fp16_section(args: NeoXArgsSchema) -> Dict[str, Any]:
+    if args.precision != "fp16":
+        return {**(args.fp16 or {}), "enabled": False}
+    return {**(args.fp16 or {}), "enabled": True,
+            "loss_scale": 0 if args.dynamic_loss_scale else args.loss_scale,
+            "loss_scale_window": int(args.loss_scale_window), "hysteresis": args.hysteresis,
+            "min_loss_scale": int(args.min_scale)}
 
-    gradient_clipping: float = 1.0
-    """
-    Enable gradient clipping with provided value
-    """
 
-    zero_optimization: Optional[dict] = None
-    """
-    Configuration for using ZeRO optimization. Multi-level dictionary as described in Deepspeed
-    documentation: https://www.deepspeed.ai/docs/config-json/#zero-optimization-options
-    """
+def _activation_checkpointing_section(args: NeoXArgsSchema) -> Dict[str, Any]:
+    """What megatron.model.activation_checkpointing hands to deepspeed.checkpointing.configure (DeepSpeed's engine
+    does not read this section itself; it is written so that the config states the truth)."""
+    section = {"partition_activations": args.partition_activations, "cpu_checkpointing": args.checkpoint_in_cpu,
+               "contiguous_memory_optimization": args.contiguous_checkpointing,
+               "synchronize_checkpoint_boundary": args.synchronize_each_layer, "profile": args.profile_backward}
+    number = (args.activation_checkpointing or {}).get("number_checkpoints")
+    if number is not None:
+        section["number_checkpoints"] = number
+    return section
 
-    curriculum_learning: Optional[dict] = None
-    """
-    """
 
-    curriculum_seqlen: int = 0
-    """
-    Internal var for tracking the current seqlen
-    """
-
-    steps_per_print: int = 10
-    """
-    Print train loss every N steps.
-    """
-
-    wall_clock_breakdown: bool = False
-    """
-    Enable timing of the latency of forward/backward/update training phases.
-    """
-
-    dump_state: bool = False
-    """
-    Print out state information of DeepSpeed object after initialization.
-    """
-
-    flops_profiler: Optional[dict] = None
-    """
-    Configuration for using FLOPS profiler. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#flops-profiler
-    """
-
-    communication_data_type: Optional[Literal['fp32', 'fp16', 'bf16']] = None
-    """
-    During gradient averaging, perform communication with selected data type. By default it will be
-    determined by selected regime
-    """
-
-    autotuning: Optional[dict] = None
-    """
-    Configuration for using autotuning. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#autotuning
-    """
-
-    activation_checkpointing: Optional[dict] = None
-    """
-    Configuration for using activation checkpointing. Dictionary as described in Deepspeed
-    documentation: https://www.deepspeed.ai/docs/config-json/#activation-checkpointing
-    """
-
-    sparse_attention: Optional[dict] = None
-    """
-    Configuration for using sparse attention. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#sparse-attention
-    """
-
-    data_efficiency: Optional[dict] = None
-    """
-    Configuration for using data efficiency. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#data-efficiency
-    """
-
-    tensorboard: Optional[dict] = None
-    """
-    Configuration for using tensorboard. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#monitoring-module-tensorboard-wandb-csv
-    """
-
-    wandb: Optional[dict] = None
-    """
-    Configuration for using wandb.
-    """
-
-    csv_monitor: Optional[dict] = None
-    """
-    Configuration for using csv_monitor.
-    """
-
-    elasticity: Optional[dict] = None
-    """
-    Configuration for using elastic training. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#elastic-training-config-v01-and-v02
-    """
-
-    comms_logger: Optional[dict] = None
-    """
-    Configuration for using communication logger. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#communication-logging
-    """
-
-    compression_training: Optional[dict] = None
-    """
-    Configuration for using compression training. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#compression
-    """
-
-    checkpoint: Optional[dict] = None
-    """
-    Configuration for using checkpointing. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#checkpoint-options
-    """
-
-    data_types: Optional[dict] = None
-    """
-    Configuration for using data types. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#data-type-options
-    """
-
-    deepspeed_extra_args: Optional[dict] = None
-    """
-    Dictionary of extra arguments to be included in the yaml config file. This can be used for any
-    argument not included in the above list. Keys may add to the DeepSpeed config but never contradict it:
-    a key that is an argument of this group (fp16, zero_optimization, ...) is merged into that argument and
-    validated with it; a contradicting value is an error naming the key path and both values.
-    """
+def build_deepspeed_config(args: NeoXArgsSchema) -> Tuple[Dict[str, Any], List[str]]:
+    """Return (config, problems); problems name deepspeed_extra_args keys that contradict the config."""
+    config: Dict[str, Any] = {
+        "train_batch_size": args.train_batch_size,
+        "train_micro_batch_size_per_gpu": args.train_micro_batch_size_per_gpu,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "gradient_clipping": args.clip_grad,  # one setting with gradient_clipping (derive_optimizer_and_zero)
+        "steps_per_print": args.steps_per_print,
+        "wall_clock_breakdown": args.wall_clock_breakdown,
+        "prescale_gradients": args.prescale_gradients,
+        "gradient_predivide_factor": args.gradient_predivide_factor,
+        "dump_state": args.dump_state,
+        "zero_optimization": _zero_section(args),
+        "fp16": _fp16_section(args),
+        "bf16": {**(args.bf16 or {}), "enabled": args.precision == "bfloat16"},
+        "activation_checkpointing": _activation_checkpointing_section(args),
+    }
+    for section in PASSTHROUGH_SECTIONS:
+        value = getattr(args, section)
+        if value is not None:
+            config[section] = value
+    if args.communication_data_type is not None:
+        config["communication_data_type"] = args.communication_data_type
+    elif args.fp32_allreduce:
+        config["communication_data_type"] = "fp32"
+    config, contradictions = merge_without_contradiction(config, args.deepspeed_extra_args or {})
+    problems = [f"deepspeed_extra_args: {path}={theirs!r} contradicts {path}={ours!r}, which the config sets "
+                f"from its own arguments; set it once, as a top-level argument" for path, ours, theirs in contradictions]
+    return config, problems

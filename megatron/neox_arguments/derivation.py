@@ -6,17 +6,16 @@ instead of raising so that every problem is reported at once."""
 
 import dataclasses
 import subprocess
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set
 
-from megatron.neox_arguments.errors import ConfigError
 from megatron.model_config import expand_attention_config
+from megatron.neox_arguments.errors import ConfigError
+from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import count_global_ranks
 
-if TYPE_CHECKING:
-    from megatron.neox_arguments.arguments import NeoXArgs
 
 
-def derive_world(args: "NeoXArgs") -> List[str]:
+def derive_world(args: NeoXArgsSchema) -> List[str]:
     """global_num_gpus and the data-parallel size."""
     problems: List[str] = []
     if args.global_num_gpus is None:
@@ -39,7 +38,7 @@ def derive_world(args: "NeoXArgs") -> List[str]:
     return problems
 
 
-def derive_batch(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+def derive_batch(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     """Solve train_batch_size = micro x grad_acc x dp from whichever two (or three) were given."""
     if args.batch_size is not None and "train_micro_batch_size_per_gpu" not in provided:
         args.train_micro_batch_size_per_gpu = args.batch_size
@@ -110,7 +109,7 @@ ACTIVATION_CHECKPOINTING_KEYS = tuple(key for _, key in ACTIVATION_CHECKPOINTING
 """Every key DeepSpeed's activation_checkpointing section has."""
 
 
-def _defaults(args: "NeoXArgs") -> Dict[str, Any]:
+def _defaults(args: NeoXArgsSchema) -> Dict[str, Any]:
     return {f.name: f.default for f in dataclasses.fields(args)}
 
 
@@ -118,7 +117,7 @@ def _whole_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer()
 
 
-def derive_precision(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+def derive_precision(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     """precision from the fp16 / bf16 dicts; the top-level fp16 loss-scaling arguments and the fp16 dict made
     one setting (either may be written; both written and different is a problem)."""
     problems: List[str] = []
@@ -167,7 +166,7 @@ def _same_loss_scale(name: str, ours: Any, theirs: Any) -> bool:
     return ours == theirs
 
 
-def _unify_fp16(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+def _unify_fp16(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     args.fp16 = {k: v for k, v in (args.fp16 or {}).items() if k != "type"}
     problems = _unify_section(args, provided, "fp16", FP16_MIRRORS, same=_same_loss_scale)
     if args.loss_scale is None:
@@ -191,7 +190,7 @@ def _unify_fp16(args: "NeoXArgs", provided: Set[str]) -> List[str]:
     return problems
 
 
-def _unify_section(args: "NeoXArgs", provided: Set[str], section: str, mirrors,
+def _unify_section(args: NeoXArgsSchema, provided: Set[str], section: str, mirrors,
                    same: Callable[[str, Any, Any], bool] = lambda _name, a, b: a == b) -> List[str]:
     """Make each (argument, key of the `section` dict) pair one value: whichever side was written fills the
     other; both written and different is a problem naming both. Afterwards the dict holds every pair whose
@@ -216,7 +215,7 @@ def _unify_section(args: "NeoXArgs", provided: Set[str], section: str, mirrors,
     return problems
 
 
-def derive_optimizer_and_zero(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+def derive_optimizer_and_zero(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     """optimizer_type and lr from the optimizer dict; zero_* and zero_optimization as one setting; clip_grad and
     gradient_clipping as one setting."""
     problems: List[str] = []
@@ -250,7 +249,7 @@ def derive_optimizer_and_zero(args: "NeoXArgs", provided: Set[str]) -> List[str]
     return problems
 
 
-def derive_activation_checkpointing(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+def derive_activation_checkpointing(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     """The top-level activation-checkpointing flags and DeepSpeed's activation_checkpointing dict as one setting;
     number_checkpoints (DeepSpeed's buffer count for contiguous checkpointing) defaults to the number of
     checkpointed chunks, ceil(num_layers / checkpoint_num_layers), as GPT-NeoX computes it."""
@@ -286,7 +285,7 @@ BUILT_IN_SCHEDULE_ARGUMENTS = ("lr_decay_style", "lr_decay_iters", "lr_decay_fra
 """Arguments of the built-in schedule (AnnealingLR), which a `scheduler` dict replaces."""
 
 
-def derive_scheduler(args: "NeoXArgs", provided: Set[str]) -> List[str]:
+def derive_scheduler(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     """Check a DeepSpeed `scheduler` dict against the scheduler's own signature; its peak learning rate is lr.
 
     With a scheduler dict, DeepSpeed builds that scheduler instead of the built-in AnnealingLR (as GPT-NeoX's
@@ -343,7 +342,7 @@ def derive_scheduler(args: "NeoXArgs", provided: Set[str]) -> List[str]:
     return problems
 
 
-def derive_model(args: "NeoXArgs") -> List[str]:
+def derive_model(args: NeoXArgsSchema) -> List[str]:
     """attention_config expansion, max_position_embeddings, text_gen_type, git_hash. (How long training runs,
     and what follows from it, is megatron.training_schedule.TrainingSchedule's.)"""
     problems: List[str] = []

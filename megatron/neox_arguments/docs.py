@@ -11,7 +11,7 @@ import re
 import textwrap
 from typing import Dict, List
 
-from megatron.neox_arguments.arguments import ARGUMENT_GROUPS
+from megatron.neox_arguments.groups import ARGUMENT_GROUPS
 
 DOC_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "neox_arguments.md")
 

@@ -5,17 +5,17 @@ slurm's comment and account go through --launcher_args because upstream DeepSpee
 options of its own for them."""
 
 import shlex
-from typing import TYPE_CHECKING, List
+from typing import List
 
-if TYPE_CHECKING:
-    from megatron.neox_arguments.arguments import NeoXArgs
+from megatron.neox_arguments.groups import NeoXArgsSchema
+from megatron.neox_arguments.hostfile import is_local_launch
+
+ENCODED_CONFIG_FLAG = "--neox_config"
+"""The worker argument that carries the whole validated config."""
 
 
-def deepspeed_runner_argv(args: "NeoXArgs") -> List[str]:
-    """Runner options, then the user script, then the encoded config for every worker."""
-    from megatron.neox_arguments.arguments import ENCODED_CONFIG_FLAG
-    from megatron.neox_arguments.hostfile import is_local_launch
-
+def deepspeed_runner_argv(args: NeoXArgsSchema) -> List[str]:
+    """Runner options, then the user script, then the encoded config (args.encode()) for every worker."""
     if not args.user_script:
         raise ValueError("user_script is not set; deepy.py sets it from its first argument")
     argv: List[str] = []

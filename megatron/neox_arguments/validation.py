@@ -5,13 +5,12 @@ GPUs, so device-dependent checks (fp16 needs CUDA) run where the workers start
 
 import dataclasses
 import difflib
-from typing import TYPE_CHECKING, Any, Callable, Iterable, List, Set, Tuple
+from typing import Any, Callable, Iterable, List, Set, Tuple
 
 from megatron.model_config import ModelConfig, softmax_fusion_warning
-from megatron.neox_arguments.model import NeoXArgsModel
+from megatron.neox_arguments.groups import NeoXArgsSchema
+from megatron.neox_arguments.groups.model import NeoXArgsModel
 
-if TYPE_CHECKING:
-    from megatron.neox_arguments.arguments import NeoXArgs
 
 TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha")
 TRANSFORMER_ENGINE_FP8_SETTINGS = ("te_fp8_format", "te_fp8_wgrad", "te_fp8_amax_history_len",
@@ -108,7 +107,7 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 anything but its default, since nothing would read it."""
 
 
-def fusion_flag_warnings(args: "NeoXArgs") -> List[str]:
+def fusion_flag_warnings(args: NeoXArgsSchema) -> List[str]:
     """What to tell the user about fusion flags that are accepted but cannot take effect (the model's rule,
     megatron.model_config.softmax_fusion_warning)."""
     if any(getattr(args, name) is None for name in REQUIRED_MODEL_FIELDS):
@@ -133,7 +132,7 @@ def derived_only_problems(provided: Set[str]) -> List[str]:
     return [f"'{key}' is computed from other arguments and cannot be set" for key in DERIVED_ONLY if key in provided]
 
 
-def not_supported_problems(args: "NeoXArgs") -> List[str]:
+def not_supported_problems(args: NeoXArgsSchema) -> List[str]:
     problems = []
     for key, switched_on, message in NOT_SUPPORTED_YET:
         value = getattr(args, key)
@@ -142,7 +141,7 @@ def not_supported_problems(args: "NeoXArgs") -> List[str]:
     return problems
 
 
-def not_supported_setting_problems(args: "NeoXArgs") -> List[str]:
+def not_supported_setting_problems(args: NeoXArgsSchema) -> List[str]:
     import dataclasses
 
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
@@ -156,7 +155,7 @@ def not_supported_setting_problems(args: "NeoXArgs") -> List[str]:
     return problems
 
 
-def model_problems(args: "NeoXArgs") -> List[str]:
+def model_problems(args: NeoXArgsSchema) -> List[str]:
     """The model's own rules (megatron.model_config.ModelConfig.problems) plus the GPT-NeoX keys around them."""
     problems = [f"'{name}' is required (the model shape); set it in a config file"
                 for name in REQUIRED_MODEL_FIELDS if getattr(args, name) is None]
@@ -175,7 +174,7 @@ def model_problems(args: "NeoXArgs") -> List[str]:
     return problems
 
 
-def training_problems(args: "NeoXArgs") -> List[str]:
+def training_problems(args: NeoXArgsSchema) -> List[str]:
     problems = []
     if args.train_iters is not None and args.train_epochs is not None:
         problems.append(f"train_iters={args.train_iters} and train_epochs={args.train_epochs} are both set; "
@@ -220,7 +219,7 @@ def _split_problems(split: str) -> List[str]:
     return []
 
 
-def _data_path_problems(args: "NeoXArgs") -> List[str]:
+def _data_path_problems(args: NeoXArgsSchema) -> List[str]:
     problems = []
     separate = {s: getattr(args, f"{s}_data_paths") for s in ("train", "valid", "test")}
     given = [s for s, paths in separate.items() if paths]
@@ -248,7 +247,7 @@ def _data_path_problems(args: "NeoXArgs") -> List[str]:
     return problems
 
 
-def parallelism_problems(args: "NeoXArgs") -> List[str]:
+def parallelism_problems(args: NeoXArgsSchema) -> List[str]:
     problems = []
     if args.pipe_parallel_size < 0 or args.model_parallel_size < 1:
         problems.append(f"pipe_parallel_size={args.pipe_parallel_size} must be >= 0 and model_parallel_size="

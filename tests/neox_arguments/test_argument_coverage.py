@@ -3,7 +3,7 @@
 "Changes behaviour" is approximated by name: the argument is read (an attribute access, a getattr / dict-key
 string, or an f-string pattern such as f"{split}_data_paths") somewhere in the code that acts on the config:
 megatron/ outside the schema package, the top-level scripts, tools/, and the modules of the schema package that
-turn arguments into DeepSpeed's inputs (ds_config.py: the DeepSpeed config; launcher.py and hostfile.py: the
+turn arguments into DeepSpeed's inputs (deepspeed_config.py: the DeepSpeed config; launcher.py and hostfile.py: the
 runner's argv) or act in the workers (arguments.py: consume_neox_args finds the ranks, check_device). Reads in
 the schema, its loading, derivation and validation do not count: an argument that only feeds another one is a
 mirror (derivation.py), and the argument it mirrors must be read."""
@@ -22,7 +22,7 @@ from megatron.neox_arguments.no_ops import NO_OP_ARGUMENTS
 from megatron.neox_arguments.validation import NOT_SUPPORTED_SETTINGS, NOT_SUPPORTED_YET
 
 REPO = Path(__file__).resolve().parents[2]
-CONSUMING_SCHEMA_MODULES = ("ds_config.py", "launcher.py", "hostfile.py", "arguments.py")
+CONSUMING_SCHEMA_MODULES = ("deepspeed_config.py", "launcher.py", "hostfile.py", "arguments.py")
 
 
 def consumer_files() -> List[Path]:

@@ -263,7 +263,7 @@ def test_extra_args_never_contradict_the_config(overrides, needle):
 
 
 def test_merge_reports_every_contradicting_leaf():
-    from megatron.neox_arguments.ds_config import merge_without_contradiction
+    from megatron.neox_arguments.deepspeed_config import merge_without_contradiction
 
     merged, contradictions = merge_without_contradiction({"a": {"b": 1, "c": 2}, "d": 3},
                                                          {"a": {"b": 1, "c": 5, "e": 6}, "f": 7})

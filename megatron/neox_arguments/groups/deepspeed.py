@@ -1,0 +1,226 @@
+"""NeoXArgsDeepspeedConfig: Keys passed through to the DeepSpeed config JSON.
+
+Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+
+@dataclass
+class NeoXArgsDeepspeedConfig:
+    """Keys passed through to the DeepSpeed config JSON."""
+
+    deepspeed: bool = True
+    """
+    boolean flag to enable DeepSpeed (Always True)
+    """
+
+    train_batch_size: Optional[int] = None
+    """
+    The effective training batch size. This is the amount of data samples that leads to one step of
+    model update. train_batch_size is aggregated by the batch size that a single GPU processes in one
+    forward/backward pass (a.k.a., train_step_batch_size), the gradient accumulation steps (a.k.a.,
+    gradient_accumulation_steps), and the number of GPUs.
+    """
+
+    train_micro_batch_size_per_gpu: Optional[int] = None
+    """
+    Batch size to be processed by one GPU in one step (without gradient accumulation). When specified,
+    gradient_accumulation_steps is automatically calculated using train_batch_size and number of GPUs.
+    Should not be concurrently specified with gradient_accumulation_steps in the configuration JSON.
+    """
+
+    gradient_accumulation_steps: int = 1
+    """
+    Number of training steps to accumulate gradients before averaging and applying them. This feature is
+    sometimes useful to improve scalability since it results in less frequent communication of gradients
+    between steps. Another impact of this feature is the ability to train with larger batch sizes per
+    GPU. When specified, train_step_batch_size is automatically calculated using train_batch_size and
+    number of GPUs. Should not be concurrently specified with train_step_batch_size in the configuration
+    JSON.
+    """
+
+    optimizer: Optional[dict] = None
+    """
+    dict containing the keys type and params type: The optimizer name. DeepSpeed natively supports Adam,
+    AdamW, OneBitAdam, Lamb, and OneBitLamb optimizers (See here for details) and will import other
+    optimizers from torch. params: Dictionary of parameters to instantiate optimizer. The parameter
+    names must match the optimizer constructor signature (e.g., for Adam).
+    """
+
+    scheduler: Optional[dict] = None
+    """
+    dict containing the keys type and params type: The scheduler name. See here
+    (https://deepspeed.readthedocs.io/en/latest/schedulers.html) for list of support schedulers. params:
+    Dictionary of parameters to instantiate scheduler. The parameter names should match scheduler
+    constructor signature. Here: WarmupLR, WarmupDecayLR or WarmupCosineLR; DeepSpeed builds it instead of
+    the built-in schedule (so lr_decay_style, warmup, min_lr, ... are refused beside it), warmup_max_lr is lr,
+    and its state is saved in and resumed from checkpoints.
+    """
+
+    fp32_allreduce: bool = False
+    """
+    During gradient averaging perform allreduce with 32 bit values
+    """
+
+    prescale_gradients: bool = False
+    """
+    Scale gradients before doing allreduce
+    """
+
+    gradient_predivide_factor: float = 1.0
+    """
+    Before gradient averaging predivide gradients by a specified factor, can sometimes help with fp16
+    stability when scaling to large numbers of GPUs
+    """
+
+    sparse_gradients: bool = False
+    """
+    Enable sparse compression of torch.nn.Embedding gradients.
+    """
+
+    fp16: Optional[dict] = None
+    """
+    Configuration for using mixed precision/FP16 training that leverages NVIDIA’s Apex package.
+    Dictionary options as described in Deepspeed documentation: https://www.deepspeed.ai/docs/config-
+    json/#fp16-training-options
+    """
+
+    bf16: Optional[dict] = None
+    """
+    Configuration for using bfloat16 floating-point format as an alternative to FP16. BFLOAT16 requires
+    hardware support (e.g., NVIDIA A100). Dictionary options as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#bfloat16-training-options
+    """
+
+    amp: Optional[dict] = None
+    """
+    Configuration for using automatic mixed precision (AMP) training that leverages NVIDIA’s Apex AMP
+    package. Dictionary as described in Deepspeed documentation: https://www.deepspeed.ai/docs/config-
+    json/#automatic-mixed-precision-amp-training-options
+    """
+
+    gradient_clipping: float = 1.0
+    """
+    Enable gradient clipping with provided value
+    """
+
+    zero_optimization: Optional[dict] = None
+    """
+    Configuration for using ZeRO optimization. Multi-level dictionary as described in Deepspeed
+    documentation: https://www.deepspeed.ai/docs/config-json/#zero-optimization-options
+    """
+
+    curriculum_learning: Optional[dict] = None
+    """
+    """
+
+    curriculum_seqlen: int = 0
+    """
+    Internal var for tracking the current seqlen
+    """
+
+    steps_per_print: int = 10
+    """
+    Print train loss every N steps.
+    """
+
+    wall_clock_breakdown: bool = False
+    """
+    Enable timing of the latency of forward/backward/update training phases.
+    """
+
+    dump_state: bool = False
+    """
+    Print out state information of DeepSpeed object after initialization.
+    """
+
+    flops_profiler: Optional[dict] = None
+    """
+    Configuration for using FLOPS profiler. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#flops-profiler
+    """
+
+    communication_data_type: Optional[Literal['fp32', 'fp16', 'bf16']] = None
+    """
+    During gradient averaging, perform communication with selected data type. By default it will be
+    determined by selected regime
+    """
+
+    autotuning: Optional[dict] = None
+    """
+    Configuration for using autotuning. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#autotuning
+    """
+
+    activation_checkpointing: Optional[dict] = None
+    """
+    Configuration for using activation checkpointing. Dictionary as described in Deepspeed
+    documentation: https://www.deepspeed.ai/docs/config-json/#activation-checkpointing
+    """
+
+    sparse_attention: Optional[dict] = None
+    """
+    Configuration for using sparse attention. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#sparse-attention
+    """
+
+    data_efficiency: Optional[dict] = None
+    """
+    Configuration for using data efficiency. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#data-efficiency
+    """
+
+    tensorboard: Optional[dict] = None
+    """
+    Configuration for using tensorboard. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#monitoring-module-tensorboard-wandb-csv
+    """
+
+    wandb: Optional[dict] = None
+    """
+    Configuration for using wandb.
+    """
+
+    csv_monitor: Optional[dict] = None
+    """
+    Configuration for using csv_monitor.
+    """
+
+    elasticity: Optional[dict] = None
+    """
+    Configuration for using elastic training. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#elastic-training-config-v01-and-v02
+    """
+
+    comms_logger: Optional[dict] = None
+    """
+    Configuration for using communication logger. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#communication-logging
+    """
+
+    compression_training: Optional[dict] = None
+    """
+    Configuration for using compression training. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#compression
+    """
+
+    checkpoint: Optional[dict] = None
+    """
+    Configuration for using checkpointing. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#checkpoint-options
+    """
+
+    data_types: Optional[dict] = None
+    """
+    Configuration for using data types. Dictionary as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#data-type-options
+    """
+
+    deepspeed_extra_args: Optional[dict] = None
+    """
+    Dictionary of extra arguments to be included in the yaml config file. This can be used for any
+    argument not included in the above list. Keys may add to the DeepSpeed config but never contradict it:
+    a key that is an argument of this group (fp16, zero_optimization, ...) is merged into that argument and
+    validated with it; a contradicting value is an error naming the key path and both values.
+    """
