@@ -163,10 +163,8 @@ class ParallelState:
 
 def build_parallel_state(neox_args) -> ParallelState:
     """Build the ParallelState from ``neox_args.pipe_parallel_size`` and ``model_parallel_size``."""
-    return ParallelState(
-        pipe_parallel_size=getattr(neox_args, "pipe_parallel_size", 0) or 0,
-        model_parallel_size=getattr(neox_args, "model_parallel_size", 1) or 1,
-    )
+    return ParallelState(pipe_parallel_size=neox_args.pipe_parallel_size,
+                         model_parallel_size=neox_args.model_parallel_size)
 
 
 class SingleProcessState:
