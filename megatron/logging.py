@@ -231,7 +231,7 @@ class TrainingLogger:
                 raise ValueError("TrainingLogger needs the model_config (or flops_per_token) for TFLOP/s and MFU")
             flops_per_token = training_flops_per_token(model_config)
         self.flops_per_token = flops_per_token
-        self.peak = peak if peak is not None else peak_tflops(neox_args.precision)
+        self.peak = peak if peak is not None else peak_tflops(neox_args.precision, neox_args.peak_theoretical_tflops)
         self.console = console if console is not None else sys.stdout
         self._clock = clock
         self._reset_interval(start_iteration)

@@ -17,6 +17,8 @@ NO_OP_ARGUMENTS: Dict[str, str] = {
                               "false (draw each shard on its GPU) would only draw other random numbers.",
     "short_seq_prob": "GPT-NeoX reads it nowhere (a leftover of Megatron's BERT data pipeline): GPT samples are "
                       "always seq_length tokens.",
+    "fused_kernels_build_path": "GPT-NeoX's build directory for its CUDA fused kernels: the fused kernels here are "
+                                "Triton kernels compiled just in time into Triton's own cache (TRITON_CACHE_DIR).",
     "git_hash": "informational: set from `git rev-parse` of this code at launch and recorded with the run "
                 "(neox_args.json in each checkpoint, the wandb / comet run config); nothing reads it back.",
 }

@@ -29,8 +29,11 @@ def _not_default(key: str) -> Callable[[Any], bool]:
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("train_impl", lambda v: v != "normal", "only train_impl 'normal' (language-model pretraining) is built; "
-                                             "dpo / rm / kto are not supported yet"),
-    ("dataset_impl", lambda v: v != "gpt2", "only dataset_impl 'gpt2' is built; 'pairwise' is not supported yet"),
+                                             "dpo / rm / kto / reinforce are not supported yet"),
+    ("dataset_impl", lambda v: v != "gpt2", "only dataset_impl 'gpt2' is built; 'pairwise' and 'online' are not "
+                                            "supported yet"),
+    ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
+                                                  "config key; use use_comet and the comet_* keys"),
     ("use_mup", bool, "muP (use_mup) is not supported yet"),
     ("coord_check", bool, "coord_check (muP coordinate check) is not supported yet"),
     ("save_base_shapes", bool, "save_base_shapes (muP) is not supported yet"),
@@ -82,7 +85,12 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
      ("expert_interval", "moe_top_k", "moe_loss_coeff", "moe_train_capacity_factor", "moe_eval_capacity_factor",
       "moe_min_capacity", "moe_token_dropping", "create_moe_param_group", "moe_use_residual",
       "moe_expert_parallel_size", "moe_type", "moe_glu", "moe_lbl_in_fp32", "moe_jitter_eps",
-      "enable_expert_tensor_parallelism")),
+      "enable_expert_tensor_parallelism", "moe_expert_interval", "moe_router_type")),
+    ("REINFORCE training (train_impl 'reinforce')",
+     ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
+    ("reward-model training (train_impl 'rm'), where GPT-NeoX implements z_loss", ("z_loss",)),
+    ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
+     ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
     ("Mamba layers (attention type 'mamba')",
      ("mamba_selective_scan_fusion", "mamba_causal_conv_fusion", "mamba_inner_func_fusion",
       "mamba_selective_fp32_params", "mamba_use_bias_in_conv", "mamba_use_bias_in_linears")),

@@ -89,7 +89,7 @@ def test_required_model_fields():
     ({"split": "1,2,3,4"}, "split='1,2,3,4'"),
     ({"pipe_partition_method": "balanced"}, "pipe_partition_method='balanced'"),
     ({"use_mup": True}, "use_mup=True: muP (use_mup) is not supported yet"),
-    ({"train_impl": "dpo"}, "dpo / rm / kto are not supported yet"),
+    ({"train_impl": "dpo"}, "dpo / rm / kto / reinforce are not supported yet"),
     ({"moe_num_experts": 4}, "mixture of experts"),
     ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts (moe_num_experts > 1), which is not "
                        "supported yet"),
@@ -195,3 +195,25 @@ def test_softmax_fusion_with_only_flash_layers_is_accepted_with_one_warning(flag
 def test_softmax_fusion_with_a_softmax_to_fuse_gives_no_warning(config):
     _, messages = _config_warnings(attention_config=config, scaled_upper_triang_masked_softmax_fusion=True)
     assert messages == []
+
+
+@pytest.mark.parametrize("key,value", [
+    ("z_loss", 0.1), ("kl_div_beta", 0.5), ("kl_impl", "abs"), ("fp32_reinforce", False),
+    ("reinforce_leave_one_out", True), ("moe_expert_interval", 2), ("moe_router_type", "topk"),
+    ("serve_model_weights", True), ("weight_server_port", [6000, 6001]), ("online_dataserver_ips", "10.0.0.1"),
+    ("online_dataserver_ports", 10001), ("train_impl", "reinforce"), ("dataset_impl", "online"),
+])
+def test_newer_gpt_neox_keys_are_known_and_refused_until_built(key, value):
+    text = problems_of(**{key: value})
+    assert "not supported yet" in text and "unknown argument" not in text
+
+
+def test_newer_gpt_neox_keys_that_act_or_do_nothing_here():
+    assert tiny(fused_kernels_build_path="/tmp/build").fused_kernels_build_path == "/tmp/build"  # documented no-op
+    from megatron.logging import TrainingLogger
+    from megatron.model_config import ModelConfig
+
+    args = tiny(peak_theoretical_tflops=312.0, train_iters=2, optimizer={"type": "Adam", "params": {"lr": 1e-3}})
+    logger = TrainingLogger(args, ModelConfig.from_neox_args(args, padded_vocab_size=128), rank=1)
+    assert logger.peak == 312.0
+    logger.close()

@@ -3,7 +3,7 @@
 Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass
@@ -165,4 +165,16 @@ class NeoXArgsLogging:
     profile_step_stop: int = 12
     """
     Step to stop profiling at.
+    """
+
+    peak_theoretical_tflops: Optional[float] = None
+    """
+    Peak dense TFLOP/s of one device, for MFU; overrides the device table of megatron/flops.py and the
+    NEOX_PEAK_TFLOPS environment variable.
+    """
+
+    comet_experiment: Optional[Any] = None
+    """
+    GPT-NeoX's run-time comet experiment object (set by its logger, not a config key): setting it is refused;
+    use_comet and the comet_* keys configure comet.
     """

@@ -3,7 +3,7 @@
 Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import List, Literal, Optional, Union
 
 
 @dataclass
@@ -250,6 +250,32 @@ class NeoXArgsModel:
     Used to control whether the `inv_freqs` buffer in rotary embeddings will be stored in checkpoints
     (persistent=True) or not. Defaults to false, but is left configurable to maintain backward-
     compatibility with GPT-NeoX checkpoints that were trained with this flag.
+    """
+
+    fused_kernels_build_path: Optional[str] = None
+    """
+    GPT-NeoX's build directory for its CUDA fused kernels. The fused kernels here are Triton kernels,
+    compiled just in time into Triton's own cache (TRITON_CACHE_DIR), so there is nothing to build.
+    """
+
+    serve_model_weights: bool = False
+    """
+    Serve model weight pointers over a socket connection (GPT-NeoX's online RL weight server).
+    """
+
+    weight_server_port: Union[int, List[int]] = 6000
+    """
+    Port(s) of the weight server: an integer means 6000 + global rank; a list gives one port per rank.
+    """
+
+    online_dataserver_ips: Union[str, List[str]] = 'localhost'
+    """
+    IP addresses of the online data servers (dataset_impl 'online').
+    """
+
+    online_dataserver_ports: Union[int, List[int]] = 10000
+    """
+    Port(s) of the online data servers (dataset_impl 'online').
     """
 
     init_method: Literal['normal', 'scaled_normal', 'orthogonal', 'scaled_orthogonal', 'xavier_uniform', 'xavier_normal', 'wang_init', 'small_init', 'single_residual_scaled_normal'] = 'normal'

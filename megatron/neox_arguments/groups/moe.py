@@ -3,7 +3,7 @@
 Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 
 @dataclass
@@ -73,6 +73,16 @@ class NeoXArgsMoE:
     moe_type: str = 'megablocks'
     """
     Either `deepspeed` or `megablocks`
+    """
+
+    moe_expert_interval: int = 1
+    """
+    GPT-NeoX's newer name for the spacing of MoE layers: one MoE layer every moe_expert_interval layers.
+    """
+
+    moe_router_type: Literal['sinkhorn', 'topk'] = 'sinkhorn'
+    """
+    Token routing: "sinkhorn" (GPT-NeoX trains with it) or "topk".
     """
 
     moe_glu: bool = False

@@ -170,14 +170,14 @@ class NeoXArgsTraining:
     pack_until_overflow is very naive and will likely have issues with pretraining scale datasets
     """
 
-    dataset_impl: Literal['gpt2', 'pairwise'] = 'gpt2'
+    dataset_impl: Literal['gpt2', 'pairwise', 'online'] = 'gpt2'
     """
-    Dataset implementation, can be one of "gpt2" or "pairwise"
+    Dataset implementation, can be one of "gpt2", "pairwise", or "online"
     """
 
-    train_impl: Literal['normal', 'dpo', 'rm', 'kto'] = 'normal'
+    train_impl: Literal['normal', 'dpo', 'rm', 'kto', 'reinforce'] = 'normal'
     """
-    Training implementation, can be one of "normal", "dpo", "kto", or "rm"
+    Training implementation, can be one of "normal", "dpo", "kto", "reinforce", or "rm"
     """
 
     dpo_fp32: bool = True
@@ -215,6 +215,31 @@ class NeoXArgsTraining:
     kto_beta: float = 0.1
     """
     Beta value for KTO
+    """
+
+    fp32_reinforce: bool = True
+    """
+    Whether to cast logits to fp32 for the REINFORCE loss (train_impl 'reinforce', GPT-NeoX).
+    """
+
+    kl_div_beta: float = 0.1
+    """
+    Beta of the KL-divergence term of the REINFORCE loss.
+    """
+
+    kl_impl: Literal['abs', 'mse', 'kl', 'full'] = 'mse'
+    """
+    KL-divergence estimate of the REINFORCE loss: "abs", "mse", "kl" or "full".
+    """
+
+    reinforce_leave_one_out: bool = False
+    """
+    Use the REINFORCE leave-one-out baseline (arXiv 2402.14740).
+    """
+
+    z_loss: float = 0.0
+    """
+    Z-loss coefficient (arXiv 2204.02311); GPT-NeoX implements it for reward-model training only.
     """
 
     allow_chopped: bool = True
