@@ -350,6 +350,10 @@ class ModelConfig:
         if self.partition_activations and self.sequence_parallel and self.checkpoint_activations:
             problems.append("partition_activations with sequence_parallel is not supported: the checkpointed "
                             "activations already differ across model-parallel ranks")
+        if self.pos_emb == "rpe" and self.pipe_parallel_size > 1:
+            problems.append(f"pos_emb='rpe' with pipe_parallel_size={self.pipe_parallel_size}: the relative position "
+                            f"table is one parameter shared by all layers (as in GPT-NeoX), which cannot span "
+                            f"pipeline stages; use pipe_parallel_size 0 or 1")
         if self.checkpoint_num_layers < 1:
             problems.append(f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
         return problems

@@ -5,6 +5,11 @@ position ids) or sinusoidal position embeddings, an optional soft prompt, then h
 sequence parallelism its output is this rank's chunk of the sequence. The output head is either a
 column-parallel linear over the (padded) vocabulary or, with tied weights, the word embedding matrix
 itself (``tied_logits``); both yield this rank's vocabulary shard of the logits.
+
+Checkpoint names are GPT-NeoX's: ``word_embeddings.weight``, ``position_embeddings.weight`` (learned),
+``norm.*`` (NormPipe), ``final_linear.weight`` (ParallelLinearPipe). With sinusoidal positions GPT-NeoX keeps
+its inverse frequencies as a buffer, ``position_embeddings.inv_freq``, which the slot writes and checks
+(megatron.model.checkpoint_layout). The soft prompt (``soft_prompt.weight``) has no GPT-NeoX counterpart that loads.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.model.checkpoint_layout import EMBEDDING, FINAL_NORM, install_hooks
 from megatron.model.norms import build_norm
 from megatron.model.positional import sinusoidal_embedding
 from megatron.model.transformer import sequence_parallel_on
@@ -71,6 +77,7 @@ class EmbeddingPipe(nn.Module):
         if config.soft_prompt_tokens is not None:
             self.soft_prompt = SoftPrompt(config.soft_prompt_tokens, config.soft_prompt_init_range, hidden,
                                           initializer.seed)
+        install_hooks(self, EMBEDDING, config, parallel_state)
 
     @property
     def word_embeddings_weight(self) -> torch.Tensor:
@@ -110,6 +117,7 @@ class NormPipe(nn.Module):
         super().__init__()
         group = parallel_state.get_model_parallel_group() if sequence_parallel_on(config, parallel_state) else None
         self.norm = build_norm(config, config.hidden_size, grad_reduce_group=group)
+        install_hooks(self, FINAL_NORM, config, parallel_state)
 
     def forward(self, args) -> torch.Tensor:
         hidden = args[0] if isinstance(args, tuple) else args
