@@ -367,6 +367,22 @@ def checkpoint_vocab_size(neox_args) -> Optional[int]:
     return int(weights[key].shape[0]) * tp
 
 
+def _check_gpt_neox_optimizer_state(path: str, model_config) -> None:
+    """GPT-NeoX's optimizer state covers the same parameters in the same order and groups as this model's
+    (megatron.model.checkpoint_layout), except where GPT-NeoX's model has other parameters."""
+    reasons = []
+    if model_config.gpt_j_residual and model_config.gpt_j_tied:
+        reasons.append("with gpt_j_tied GPT-NeoX also optimizes a post_attention_layernorm it never uses, which this "
+                       "model does not have")
+    if model_config.gpt_j_residual and model_config.model_parallel_size > 1:
+        reasons.append("with gpt_j_residual and model_parallel_size > 1 GPT-NeoX's row-parallel biases are one share "
+                       "per rank (its optimizer's master weights hold the share, not the bias)")
+    if reasons:
+        raise CheckpointError(f"the optimizer state of GPT-NeoX checkpoint {path} does not fit this model: "
+                              f"{'; '.join(reasons)}. Load its weights only: set finetune: true (or no_load_optim: "
+                              f"true to keep its iteration)")
+
+
 def _checkpoint_path(neox_args) -> Optional[str]:
     """The checkpoint directory ``load`` / ``iteration`` name, if it exists (no checks)."""
     if not neox_args.load:
@@ -384,6 +400,8 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     load_dir, tag = resolved
     finetune = neox_args.finetune
     load_optim = not (neox_args.no_load_optim or finetune)
+    if load_optim and checkpoint_kind(os.path.join(load_dir, tag)) == GPT_NEOX:
+        _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
     try:
         loaded_path, client_state = engine.load_checkpoint(
             load_dir, tag=tag, load_optimizer_states=load_optim, load_lr_scheduler_states=load_optim,

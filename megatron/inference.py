@@ -49,7 +49,7 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, mo
     from megatron.checkpoint_conversion.errors import ConversionError
     from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
     from megatron.checkpoint_conversion.tensor_parallel import split_full
-    from megatron.model.checkpoint_layout import from_neox, slot_kind
+    from megatron.model.checkpoint_layout import from_neox, slot_kind, to_neox
     from megatron.model.embedding import EmbeddingPipe
     from megatron.model.gpt2_model import slot_prefixes
 
@@ -63,8 +63,8 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, mo
     for slot, module in slot_modules(model).items():
         is_embedding = isinstance(module, EmbeddingPipe)  # a tied head is the embedding
         prefix = prefixes[0] if is_embedding else prefixes[slot]
-        wanted = from_neox(slot_kind(0 if is_embedding else slot, num_layers), module.state_dict(), model_config,
-                           rank, tp)
+        kind = slot_kind(0 if is_embedding else slot, num_layers)
+        wanted = from_neox(kind, module.state_dict(), model_config, rank, tp)  # the parameters (names, shapes)
         state = {}
         for name, target in wanted.items():
             full = checkpoint.state.get(prefix + name)
@@ -77,7 +77,8 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, mo
                                       f"{tuple(full.shape)}, which does not fit this model ({tuple(target.shape)} "
                                       f"on each of {tp} tensor-parallel ranks)")
             state[name] = piece.to(target.dtype)
-        module.load_state_dict(state, strict=True)
+        # the module loads GPT-NeoX's form of its slot (checkpoint_layout), as from DeepSpeed's files
+        module.load_state_dict(to_neox(kind, state, model_config, rank, tp), strict=True)
 
 
 def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[object, RunContext, int]:

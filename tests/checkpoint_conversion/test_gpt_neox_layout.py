@@ -56,11 +56,11 @@ def hf_reference(variant: str):
     return _randomise(LlamaForCausalLM(config).eval())
 
 
-def client_args(values: dict, tp: int) -> dict:
+def client_args(values: dict, tp: int, vocab: int = VOCAB) -> dict:
     return {"num_layers": values["num_layers"], "hidden_size": values["hidden_size"],
             "num_attention_heads": values["num_attention_heads"],
             "max_position_embeddings": values["max_position_embeddings"],
-            "make_vocab_size_divisible_by": values["make_vocab_size_divisible_by"], "padded_vocab_size": VOCAB,
+            "make_vocab_size_divisible_by": values["make_vocab_size_divisible_by"], "padded_vocab_size": vocab,
             "tokenizer_type": values["tokenizer_type"], "model_parallel_size": tp}
 
 
