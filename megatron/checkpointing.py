@@ -57,7 +57,6 @@ UPGRADE_TOOL = "tools/ckpts/upgrade_checkpoint.py"
 GPT_NEOX_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
                  "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type", "model_parallel_size")
 """The `args` GPT-NeoX writes into the client state and its loader asserts equal."""
-GPT_NEOX_RNG_KEYS = ("random_rng_state", "np_rng_state", "torch_rng_state", "cuda_rng_state")
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
 MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 
@@ -159,17 +158,23 @@ def model_files(path: str) -> List[str]:
     return sorted(glob.glob(os.path.join(path, "*model_states.pt")))
 
 
+def load_lazily(path: str) -> Any:
+    """torch.load, memory-mapped where the file allows it (the weights are read only when used)."""
+    try:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except RuntimeError:  # not a zip-format file: no memory map
+            return torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
+
+
 def read_client_state(path: str) -> Dict[str, Any]:
-    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file (memory-mapped:
-    the weights are not read)."""
+    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file."""
     files = sorted(f for f in model_files(path) if MP_FILE.search(os.path.basename(f)))
     if not files:
         raise CheckpointError(f"{path} holds no mp_rank_XX_model_states.pt file")
-    try:
-        state = torch.load(files[0], map_location="cpu", weights_only=False, mmap=True)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {files[0]}: {exc}") from None
-    return {key: value for key, value in state.items() if key != "module"}
+    return {key: value for key, value in load_lazily(files[0]).items() if key != "module"}
 
 
 def checkpoint_kind(path: str) -> str:
@@ -357,10 +362,7 @@ def checkpoint_vocab_size(neox_args) -> Optional[int]:
         name, key = os.path.join(path, "layer_00-model_00-model_states.pt"), "word_embeddings.weight"
     else:
         name, key = os.path.join(path, "mp_rank_00_model_states.pt"), "sequential.0.word_embeddings.weight"
-    try:
-        state = torch.load(name, map_location="cpu", weights_only=False, mmap=True)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {name}: {exc}") from None
+    state = load_lazily(name)
     weights = state if pp else (state.get("module") or {})
     if key not in weights:
         raise CheckpointError(f"{name} has no {key}: not a GPT-NeoX language model checkpoint")

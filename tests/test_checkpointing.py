@@ -218,3 +218,15 @@ def test_save_writes_gpt_neox_client_state(tmp_path):
                              "padded_vocab_size": 128, "tokenizer_type": "GPT2BPETokenizer", "model_parallel_size": 1}
     assert {"random_rng_state", "np_rng_state", "torch_rng_state"} <= set(state)
     assert json.load(open(os.path.join(path, "neox_args.json")))["checkpoint_layout"] == "gpt-neox"
+
+
+def test_the_padded_vocabulary_of_a_gpt_neox_checkpoint_comes_from_its_embedding(tmp_path):
+    from megatron.initialize import _checkpoint_vocabulary
+    from megatron.neox_arguments import ConfigError
+
+    args = args_for(tmp_path)
+    _gpt_neox_checkpoint(tmp_path, args)  # 128 rows
+    assert _checkpoint_vocabulary(args, tokenizer_vocab=100, vocab=104) == 128
+    assert _checkpoint_vocabulary(args_for(tmp_path, padded_vocab_size=104), 100, 104) == 104  # explicit: compared
+    with pytest.raises(ConfigError, match="embedding has 128 rows.*tokenizer's 200 tokens"):
+        _checkpoint_vocabulary(args, tokenizer_vocab=200, vocab=256)

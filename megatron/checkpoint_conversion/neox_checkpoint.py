@@ -56,6 +56,7 @@ from megatron.checkpointing import (
     checkpoint_kind,
     file_layout,
     gpt_neox_client_args,
+    load_lazily,
     model_files,
 )
 from megatron.model.checkpoint_layout import LAYER, LayoutError, from_neox, slot_kind, to_neox
@@ -145,7 +146,7 @@ def _old_layout(path: str, files: List[str], num_layers: int) -> str:
     mp = sorted(f for f in files if MP_FILE.search(os.path.basename(f)))
     if not mp:
         return SLOTS
-    module = torch.load(mp[0], map_location="cpu", weights_only=False, mmap=True).get("module") or {}
+    module = load_lazily(mp[0]).get("module") or {}
     return SLOTS if any(k.startswith("sequential.") for k in module) else FLAT
 
 
@@ -229,8 +230,8 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> Neox
     config = model_config_of(args, source, model_parallel_size=max(tp, 1), pipe_parallel_size=pp,
                              padded_vocab_size=None)
     num_layers = config.num_layers
-    old = _old_layout(path, files, num_layers) if kind == OURS_OLD else None
     try:
+        old = _old_layout(path, files, num_layers) if kind == OURS_OLD else None
         if any(os.path.basename(f).startswith("zero_pp_rank_") for f in files) and pp == 0:
             slots = _read_zero3(path, config, old)
         else:
@@ -241,7 +242,7 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> Neox
         prefixes = slot_prefixes(num_layers)
         for slot in sorted(slots):
             state.update({prefixes[slot] + name: value for name, value in slots[slot].items()})
-    except LayoutError as exc:
+    except (LayoutError, CheckpointError) as exc:
         raise ConversionError(str(exc)) from None
     _check_shared_rpe(state, config, path)
     vocab = state.get("embedding.word_embeddings.weight")

@@ -14,11 +14,9 @@ import glob
 import os
 import shutil
 
-import torch
-
 from megatron.checkpoint_conversion.errors import ConversionError
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint, write_checkpoint
-from megatron.checkpointing import MP_FILE, OURS_OLD, model_files
+from megatron.checkpointing import MP_FILE, OURS_OLD, load_lazily, model_files
 
 CARRIED = ("consumed_train_samples", "consumed_valid_samples", "lr_scheduler")
 """Client-state entries of the old mp_rank files that the upgraded checkpoint keeps."""
@@ -39,7 +37,7 @@ def upgrade_checkpoint(input_dir: str, output_dir: str) -> str:
                               f"upgraded checkpoint to a new directory")
     tp, pp = ckpt.layout
     first = sorted(f for f in model_files(ckpt.path) if MP_FILE.search(os.path.basename(f)))[0]
-    old_client = torch.load(first, map_location="cpu", weights_only=False, mmap=True)
+    old_client = load_lazily(first)
     client = {key: old_client[key] for key in CARRIED if old_client.get(key) is not None}
     config_files = {}
     for name in sorted(glob.glob(os.path.join(ckpt.path, "configs", "*"))):
