@@ -292,6 +292,10 @@ class ModelConfig:
         if self.positions < self.seq_length:
             problems.append(f"max_position_embeddings={self.max_position_embeddings} must be >= "
                             f"seq_length={self.seq_length}")
+        elif self.pos_emb == "learned" and self.positions < self.seq_length + self.opt_pos_emb_offset:
+            problems.append(f"max_position_embeddings={self.max_position_embeddings} must be >= seq_length + "
+                            f"opt_pos_emb_offset = {self.seq_length + self.opt_pos_emb_offset} (GPT-NeoX's learned "
+                            f"position table has max_position_embeddings rows, read at position + offset)")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             problems.append(f"intermediate_size={self.intermediate_size} must be >= 1")
         if self.mlp_multiple_of < 1:

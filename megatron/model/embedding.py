@@ -67,11 +67,12 @@ class EmbeddingPipe(nn.Module):
         self.pos_emb = config.pos_emb
         self.hidden = hidden
         if self.pos_emb == "learned":
+            # GPT-NeoX's table: max_position_embeddings rows, looked up at position + opt_pos_emb_offset
             self.position_offset = config.opt_pos_emb_offset
-            weight = torch.empty(config.positions + self.position_offset, hidden)
+            weight = torch.empty(config.positions, hidden)
             initializer.weight(EMBEDDING_LAYER_INDEX, "position_embeddings")(weight)
             # _weight skips nn.Embedding's own init, which would draw from (and advance) the global RNG.
-            self.position_embeddings = nn.Embedding(config.positions + self.position_offset, hidden, _weight=weight)
+            self.position_embeddings = nn.Embedding(config.positions, hidden, _weight=weight)
         self.dropout = config.hidden_dropout
         self.soft_prompt = None
         if config.soft_prompt_tokens is not None:

@@ -35,8 +35,8 @@ def test_pos_emb_families_train(pos_emb):
 
 
 def test_learned_position_embedding_offset_shifts_positions():
-    a = build_model(tiny_config(opt_pos_emb_offset=2, max_position_embeddings=16), SingleProcessState())
-    assert a.embedding.position_embeddings.weight.shape[0] == 18
+    a = build_model(tiny_config(opt_pos_emb_offset=2, max_position_embeddings=18), SingleProcessState())
+    assert a.embedding.position_embeddings.weight.shape[0] == 18  # GPT-NeoX's: max_position_embeddings rows
     inputs, _ = random_batch()
     h, _ = a.embedding(inputs)
     want = a.embedding.word_embeddings(inputs[0]) + a.embedding.position_embeddings.weight[2:18]
