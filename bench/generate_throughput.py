@@ -31,8 +31,6 @@ VOCAB = 50304
 
 def build_models(size: str, max_len: int):
     """(our sequential model, its ModelConfig, the transformers copy)."""
-    import dataclasses
-
     from megatron.checkpoint_conversion.hf_gptneox import to_hf
     from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict
     from megatron.model import build_model
@@ -44,7 +42,7 @@ def build_models(size: str, max_len: int):
     ours = build_model(config, SingleProcessState()).eval()
     from transformers import GPTNeoXForCausalLM
 
-    hf_config, state = to_hf(dataclasses.asdict(config), flat_state_dict(ours.state_dict(), config.num_layers))
+    hf_config, state = to_hf(config, flat_state_dict(ours.state_dict(), config))
     hf = GPTNeoXForCausalLM(hf_config).eval()
     expected = set(hf.state_dict())
     # transformers 5 names the output head lm_head (4.x: embed_out, which 5.x still reads from files)

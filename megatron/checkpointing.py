@@ -1,22 +1,45 @@
-"""Saving and loading training checkpoints through the DeepSpeed engine, atomically.
+"""Saving and loading training checkpoints through the DeepSpeed engine, atomically, in GPT-NeoX's layout.
 
-Layout of `save/`:
-    global_step{N}/            DeepSpeed's files (model / optimizer shards), written by every rank
-    global_step{N}/neox_args.json   the NeoXArgs of the run (architecture check on load)
-    global_step{N}/configs/*.yml    the user's YAML files, verbatim
+Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety and run records):
+    global_step{N}/            DeepSpeed's files, written by every rank, in GPT-NeoX's layout: without a
+                               pipeline mp_rank_{t:02d}_model_states.pt whose `module` keys are
+                               sequential.{slot}.{name}; with one layer_{slot:02d}-model_{t:02d}-model_states.pt
+                               per slot and tensor rank (megatron.model.gpt2_model, checkpoint_layout); ZeRO /
+                               optimizer files as DeepSpeed names them
+    mp_rank_*_model_states.pt  also hold GPT-NeoX's client state: `iteration`, `args` (the eight values
+                               GPT-NeoX's loader checks), `random_rng_state`, `np_rng_state`, `torch_rng_state`
+                               (and `cuda_rng_state` on CUDA), plus ours: the data position and
+                               `checkpoint_layout`
+    global_step{N}/neox_args.json   the NeoXArgs of the run (architecture check on load), with
+                               checkpoint_layout: gpt-neox
+    global_step{N}/configs/*.yml    the user's YAML files, verbatim (as GPT-NeoX)
     global_step{N}/rng_state_rank{R}.pt   each rank's RNG states (unless no_save_rng)
     global_step{N}/COMPLETE   written last, after every rank has finished
     latest                     the tag of the newest complete checkpoint
 
 DeepSpeed is told not to touch `latest`; we replace it (write to a temporary file, then os.replace)
 only after all ranks have saved and COMPLETE exists, so a crash mid-save leaves `latest` pointing at the
-previous, complete checkpoint."""
+previous, complete checkpoint.
+
+Which checkpoint a directory holds (``checkpoint_kind``):
+  * this project's (neox_args.json with checkpoint_layout gpt-neox): needs COMPLETE and the same architecture;
+  * this project's older layout (neox_args.json without checkpoint_layout: flat names, or GPT-NeoX's slots
+    with this project's earlier tensor names): generation, evaluation and conversion read it
+    (megatron.checkpoint_conversion translates it); training refuses it and names the upgrade command;
+  * GPT-NeoX's (no neox_args.json, and no checkpoint_layout in the client state): loaded as it is, its
+    architecture checked against the client state's `args`, the checkpoint's configs/*.yml and the files'
+    tensor/pipeline split; its padded vocabulary is taken from the embedding (megatron.initialize); its RNG
+    states come from the client state. Files of this project without COMPLETE are an interrupted save and
+    are refused.
+"""
 
 import json
 import os
 import random
 import shutil
-from typing import Any, Dict, List, Optional, Tuple
+import glob
+import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -24,6 +47,18 @@ import torch.distributed as dist
 
 COMPLETE_MARKER = "COMPLETE"
 LATEST_FILE = "latest"
+ARGS_FILE = "neox_args.json"
+LAYOUT_KEY = "checkpoint_layout"
+LAYOUT = "gpt-neox"
+"""neox_args.json and the client state record ``checkpoint_layout: gpt-neox``: the files are in GPT-NeoX's
+layout. This project's checkpoints without it are in an older layout."""
+OURS, OURS_OLD, GPT_NEOX = "this project's", "this project's older layout", "GPT-NeoX's"
+UPGRADE_TOOL = "tools/ckpts/upgrade_checkpoint.py"
+GPT_NEOX_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
+                 "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type", "model_parallel_size")
+"""The `args` GPT-NeoX writes into the client state and its loader asserts equal."""
+LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
+MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
 
 ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
                      "expansion_factor", "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct",
@@ -96,8 +131,74 @@ def complete_tags(save_dir: str) -> List[str]:
 
 def saved_args(neox_args, model_config) -> Dict[str, Any]:
     """What neox_args.json records: the run's arguments plus the values only known in the workers (the
-    padded vocabulary, from the tokenizer)."""
-    return {**neox_args.to_dict(), "padded_vocab_size": model_config.padded_vocab_size}
+    padded vocabulary, from the tokenizer) and the layout marker."""
+    return {**neox_args.to_dict(), "padded_vocab_size": model_config.padded_vocab_size, LAYOUT_KEY: LAYOUT}
+
+
+def gpt_neox_client_args(values: Mapping[str, Any], model_config) -> Dict[str, Any]:
+    """The `args` of GPT-NeoX's client state for a run with arguments ``values`` (a NeoXArgs dict)."""
+    args = {key: values.get(key) for key in GPT_NEOX_ARGS}
+    args.update(num_layers=model_config.num_layers, hidden_size=model_config.hidden_size,
+                num_attention_heads=model_config.num_attention_heads,
+                max_position_embeddings=model_config.positions, padded_vocab_size=model_config.padded_vocab_size,
+                model_parallel_size=model_config.model_parallel_size)
+    return args
+
+
+def gpt_neox_rng_state() -> Dict[str, Any]:
+    """The RNG entries of GPT-NeoX's client state (``cuda_rng_state`` only where CUDA is)."""
+    states = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+              "torch_rng_state": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda_rng_state"] = torch.cuda.get_rng_state()
+    return states
+
+
+def model_files(path: str) -> List[str]:
+    return sorted(glob.glob(os.path.join(path, "*model_states.pt")))
+
+
+def load_lazily(path: str) -> Any:
+    """torch.load, memory-mapped where the file allows it (the weights are read only when used)."""
+    try:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        except RuntimeError:  # not a zip-format file: no memory map
+            return torch.load(path, map_location="cpu", weights_only=False)
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
+
+
+def read_client_state(path: str) -> Dict[str, Any]:
+    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file."""
+    files = sorted(f for f in model_files(path) if MP_FILE.search(os.path.basename(f)))
+    if not files:
+        raise CheckpointError(f"{path} holds no mp_rank_XX_model_states.pt file")
+    return {key: value for key, value in load_lazily(files[0]).items() if key != "module"}
+
+
+def checkpoint_kind(path: str) -> str:
+    """OURS, OURS_OLD or GPT_NEOX (see the module docstring). A directory of this project's without its
+    neox_args.json (an interrupted save) counts as OURS, to be refused for its missing COMPLETE."""
+    args_file = os.path.join(path, ARGS_FILE)
+    if os.path.isfile(args_file):
+        with open(args_file, encoding="utf-8") as handle:
+            return OURS if json.load(handle).get(LAYOUT_KEY) == LAYOUT else OURS_OLD
+    if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
+        return OURS
+    return OURS if read_client_state(path).get(LAYOUT_KEY) else GPT_NEOX
+
+
+def file_layout(path: str) -> Tuple[int, int]:
+    """(model_parallel_size, pipe_parallel_size) the files of checkpoint ``path`` were written with
+    (pipe_parallel_size 0: mp_rank files hold the weights; >= 1: layer files)."""
+    files = [os.path.basename(f) for f in model_files(path)]
+    layer_ranks = {int(m.group(2)) for m in map(LAYER_FILE.search, files) if m}
+    mp_ranks = {int(m.group(1)) for m in map(MP_FILE.search, files) if m}
+    if layer_ranks:
+        tp = len(layer_ranks)
+        return tp, max(len(mp_ranks) // tp, 1)
+    return len(mp_ranks), 0
 
 
 def save_checkpoint(neox_args, model_config, iteration: int, engine,
@@ -112,13 +213,15 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
         if os.path.isdir(path):  # a leftover from a crashed save of the same iteration
             shutil.rmtree(path)
     _barrier()
-    client_state = {"iteration": iteration, **(extra_state or {})}
+    client_state = {"iteration": iteration, "args": gpt_neox_client_args(neox_args.to_dict(), model_config),
+                    LAYOUT_KEY: LAYOUT, **({} if neox_args.no_save_rng else gpt_neox_rng_state()),
+                    **(extra_state or {})}
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     os.makedirs(path, exist_ok=True)
     if not neox_args.no_save_rng:
         torch.save(_rng_states(), os.path.join(path, f"rng_state_rank{rank}.pt"))
     if rank == 0:
-        with open(os.path.join(path, "neox_args.json"), "w", encoding="utf-8") as handle:
+        with open(os.path.join(path, ARGS_FILE), "w", encoding="utf-8") as handle:
             json.dump(saved_args(neox_args, model_config), handle, indent=1, sort_keys=True, default=str)
         os.makedirs(os.path.join(path, "configs"), exist_ok=True)
         for name, text in (neox_args.config_files or {}).items():
@@ -162,11 +265,18 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
         if tag is None:
             return None
     path = os.path.join(load_dir, tag)
+    kind = checkpoint_kind(path)
+    if kind == GPT_NEOX:
+        mismatches = _gpt_neox_mismatches(path, neox_args, model_config, layout_must_match)
+        if mismatches:
+            raise CheckpointError(f"GPT-NeoX checkpoint {path} was saved by a model of another architecture or "
+                                  f"parallel layout:\n  " + "\n  ".join(mismatches))
+        return load_dir, tag
     if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
         raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: its save was "
                               f"interrupted); complete ones: {complete_tags(load_dir) or 'none'} — set iteration "
                               f"to one of them")
-    args_file = os.path.join(path, "neox_args.json")
+    args_file = os.path.join(path, ARGS_FILE)
     if os.path.isfile(args_file):
         with open(args_file, encoding="utf-8") as handle:
             saved = json.load(handle)
@@ -175,7 +285,113 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
         if mismatches:
             raise CheckpointError(f"checkpoint {path} was saved by a model of another architecture or parallel "
                                   f"layout:\n  " + "\n  ".join(mismatches))
+    if kind == OURS_OLD and layout_must_match:
+        raise CheckpointError(f"checkpoint {path} is in this project's older layout (before GPT-NeoX's tensor names "
+                              f"and slots), which DeepSpeed's engine cannot load for training; rewrite it with\n  "
+                              f"python {UPGRADE_TOOL} --input_dir {path} --output_dir NEW_SAVE_DIR\nand set load to "
+                              f"NEW_SAVE_DIR (generation, evaluation and conversion read the old layout as it is)")
     return load_dir, tag
+
+
+def _yaml_values(path: str) -> Dict[str, Any]:
+    """The merged values of checkpoint ``path``'s configs/*.yml (GPT-NeoX writes the run's YAML files there)."""
+    from megatron.neox_arguments import ConfigError
+    from megatron.neox_arguments.loading import parse_yaml_text
+
+    values: Dict[str, Any] = {}
+    for name in sorted(glob.glob(os.path.join(path, "configs", "*"))):
+        with open(name, encoding="utf-8") as handle:
+            try:
+                values.update(parse_yaml_text(handle.read(), name))
+            except ConfigError as exc:
+                raise CheckpointError(str(exc)) from None
+    return values
+
+
+def _comparable(key: str, value: Any, values: Mapping[str, Any]) -> Any:
+    """``value`` of ``key`` in a form where equal models compare equal."""
+    from megatron.model_config import expand_attention_config
+
+    if key == "num_kv_heads":
+        return value or values.get("num_attention_heads")
+    if key == "attention_config" and value is not None:
+        try:
+            return expand_attention_config(value, int(values.get("num_layers") or 0))
+        except (ValueError, TypeError):
+            return value
+    return value
+
+
+def _gpt_neox_mismatches(path: str, neox_args, model_config, layout_must_match: bool) -> List[str]:
+    """What differs between a GPT-NeoX checkpoint (its files, client `args` and configs/*.yml) and this run."""
+    problems = []
+    tp, pp = file_layout(path)
+    if layout_must_match:
+        if tp != model_config.model_parallel_size:
+            problems.append(f"model_parallel_size: checkpoint {tp} (its files), config "
+                            f"{model_config.model_parallel_size}")
+        if (pp >= 1) != model_config.is_pipe_parallel or (pp >= 1 and pp != model_config.pipe_parallel_size):
+            problems.append(f"pipe_parallel_size: checkpoint {pp} (its files: "
+                            f"{'layer_* files' if pp else 'weights in mp_rank_* files'}), config "
+                            f"{model_config.pipe_parallel_size}")
+    client = read_client_state(path).get("args") or {}
+    current = {"num_layers": model_config.num_layers, "hidden_size": model_config.hidden_size,
+               "num_attention_heads": model_config.num_attention_heads,
+               "max_position_embeddings": model_config.positions, "padded_vocab_size": model_config.padded_vocab_size}
+    problems += [f"{key}: checkpoint {client[key]!r} (args in its mp_rank files), config {value!r}"
+                 for key, value in current.items() if client.get(key) is not None and client[key] != value]
+    yaml_values = _yaml_values(path)
+    ours = saved_args(neox_args, model_config)
+    for key in ARCHITECTURE_KEYS:
+        if key in LAYOUT_KEYS or key == "padded_vocab_size" or key not in yaml_values:
+            continue
+        theirs, mine = _comparable(key, yaml_values[key], yaml_values), _comparable(key, ours.get(key), ours)
+        if theirs != mine:
+            problems.append(f"{key}: checkpoint {yaml_values[key]!r} (its configs/*.yml), config {ours.get(key)!r}")
+    return problems
+
+
+def checkpoint_vocab_size(neox_args) -> Optional[int]:
+    """The padded vocabulary of the GPT-NeoX checkpoint ``load`` names (rows of its word embedding, all tensor
+    ranks), or None when there is none to load or it is this project's (neox_args.json records it)."""
+    path = _checkpoint_path(neox_args)
+    if path is None or checkpoint_kind(path) != GPT_NEOX:
+        return None
+    tp, pp = file_layout(path)
+    if pp:
+        name, key = os.path.join(path, "layer_00-model_00-model_states.pt"), "word_embeddings.weight"
+    else:
+        name, key = os.path.join(path, "mp_rank_00_model_states.pt"), "sequential.0.word_embeddings.weight"
+    state = load_lazily(name)
+    weights = state if pp else (state.get("module") or {})
+    if key not in weights:
+        raise CheckpointError(f"{name} has no {key}: not a GPT-NeoX language model checkpoint")
+    return int(weights[key].shape[0]) * tp
+
+
+def _check_gpt_neox_optimizer_state(path: str, model_config) -> None:
+    """GPT-NeoX's optimizer state covers the same parameters in the same order and groups as this model's
+    (megatron.model.checkpoint_layout), except where GPT-NeoX's model has other parameters."""
+    reasons = []
+    if model_config.gpt_j_residual and model_config.gpt_j_tied:
+        reasons.append("with gpt_j_tied GPT-NeoX also optimizes a post_attention_layernorm it never uses, which this "
+                       "model does not have")
+    if model_config.gpt_j_residual and model_config.model_parallel_size > 1:
+        reasons.append("with gpt_j_residual and model_parallel_size > 1 GPT-NeoX's row-parallel biases are one share "
+                       "per rank (its optimizer's master weights hold the share, not the bias)")
+    if reasons:
+        raise CheckpointError(f"the optimizer state of GPT-NeoX checkpoint {path} does not fit this model: "
+                              f"{'; '.join(reasons)}. Load its weights only: set finetune: true (or no_load_optim: "
+                              f"true to keep its iteration)")
+
+
+def _checkpoint_path(neox_args) -> Optional[str]:
+    """The checkpoint directory ``load`` / ``iteration`` name, if it exists (no checks)."""
+    if not neox_args.load:
+        return None
+    tag = tag_for(neox_args.iteration) if neox_args.iteration is not None else read_latest(neox_args.load)
+    path = os.path.join(neox_args.load, tag) if tag else None
+    return path if path and os.path.isdir(path) else None
 
 
 def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any]]:
@@ -186,6 +402,8 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     load_dir, tag = resolved
     finetune = neox_args.finetune
     load_optim = not (neox_args.no_load_optim or finetune)
+    if load_optim and checkpoint_kind(os.path.join(load_dir, tag)) == GPT_NEOX:
+        _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
     try:
         loaded_path, client_state = engine.load_checkpoint(
             load_dir, tag=tag, load_optimizer_states=load_optim, load_lr_scheduler_states=load_optim,
@@ -196,7 +414,12 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
         raise CheckpointError(f"DeepSpeed found no checkpoint files in {os.path.join(load_dir, tag)}")
     client_state = client_state or {}
     rng_file = os.path.join(load_dir, tag, f"rng_state_rank{_rank()}.pt")
-    if not (finetune or neox_args.no_load_rng) and os.path.isfile(rng_file):
-        _set_rng_states(torch.load(rng_file, weights_only=False))
+    if not (finetune or neox_args.no_load_rng):
+        if os.path.isfile(rng_file):
+            _set_rng_states(torch.load(rng_file, weights_only=False))
+        elif "random_rng_state" in client_state:  # GPT-NeoX's: one state per tensor rank, in the client state
+            _set_rng_states({"python": client_state["random_rng_state"], "numpy": client_state["np_rng_state"],
+                             "torch": client_state["torch_rng_state"],
+                             **({"cuda": client_state["cuda_rng_state"]} if "cuda_rng_state" in client_state else {})})
     iteration = 0 if finetune else int(client_state.get("iteration", 0))
     return iteration, client_state

@@ -9,7 +9,11 @@ with) loads into any inference layout.
 
 With pipe_parallel_size > 1 the stages still need DeepSpeed's pipeline schedule to pass activations between
 them: the model is wrapped in a PipelineEngine with a fixed one-sample micro-batch (a schedule setting, not
-the user's batch size) and no optimizer."""
+the user's batch size) and no optimizer.
+
+Checkpoints load whatever their layout: this project's (GPT-NeoX's layout, or an older one, translated by
+megatron.checkpoint_conversion) and GPT-NeoX's own; a GPT-NeoX checkpoint's padded vocabulary comes from its
+embedding (megatron.initialize) and its architecture is checked by megatron.checkpointing.resolve_checkpoint."""
 
 import dataclasses
 from typing import Dict, Tuple
@@ -39,11 +43,13 @@ def slot_modules(model: nn.Module) -> Dict[int, nn.Module]:
     return {slot: module for slot, module in enumerate(model.sequential) if len(module.state_dict())}
 
 
-def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, num_layers: int) -> None:
-    """Copy this rank's slice of the checkpoint's weights into ``model`` (every parameter must be found)."""
+def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, model_config) -> None:
+    """Copy this rank's slice of the checkpoint's weights into ``model`` (every parameter must be found). The
+    checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's."""
     from megatron.checkpoint_conversion.errors import ConversionError
-    from megatron.checkpoint_conversion.neox_checkpoint import gated_mlp, read_checkpoint
+    from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
     from megatron.checkpoint_conversion.tensor_parallel import split_full
+    from megatron.model.checkpoint_layout import from_neox, slot_kind, to_neox
     from megatron.model.embedding import EmbeddingPipe
     from megatron.model.gpt2_model import slot_prefixes
 
@@ -51,25 +57,28 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, nu
         checkpoint = read_checkpoint(checkpoint_dir)
     except ConversionError as err:
         raise CheckpointError(str(err)) from None
-    gated = gated_mlp(checkpoint.args)
     tp, rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
+    num_layers = model_config.num_layers
     prefixes = slot_prefixes(num_layers)
     for slot, module in slot_modules(model).items():
-        prefix = prefixes[0] if isinstance(module, EmbeddingPipe) else prefixes[slot]  # a tied head: the embedding
-        wanted = module.state_dict()
+        is_embedding = isinstance(module, EmbeddingPipe)  # a tied head is the embedding
+        prefix = prefixes[0] if is_embedding else prefixes[slot]
+        kind = slot_kind(0 if is_embedding else slot, num_layers)
+        wanted = from_neox(kind, module.state_dict(), model_config, rank, tp)  # the parameters (names, shapes)
         state = {}
         for name, target in wanted.items():
             full = checkpoint.state.get(prefix + name)
             if full is None:
                 raise CheckpointError(f"checkpoint {checkpoint.path} has no {prefix + name} (the model of this "
                                       f"config has it): was it saved by a model of another architecture?")
-            piece = split_full(prefix + name, full, tp, gated)[rank]
+            piece = split_full(prefix + name, full, tp, model_config)[rank]
             if piece.shape != target.shape:
                 raise CheckpointError(f"{prefix + name} in checkpoint {checkpoint.path} has shape "
                                       f"{tuple(full.shape)}, which does not fit this model ({tuple(target.shape)} "
                                       f"on each of {tp} tensor-parallel ranks)")
             state[name] = piece.to(target.dtype)
-        module.load_state_dict(state, strict=False)  # computed buffers (rotary tables) stay as built
+        # the module loads GPT-NeoX's form of its slot (checkpoint_layout), as from DeepSpeed's files
+        module.load_state_dict(to_neox(kind, state, model_config, rank, tp), strict=True)
 
 
 def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[object, RunContext, int]:
@@ -87,7 +96,7 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
     iteration = 0
     if resolved is not None:
         load_dir, tag = resolved
-        load_model_weights(model, f"{load_dir}/{tag}", ctx.parallel_state, ctx.model_config.num_layers)
+        load_model_weights(model, f"{load_dir}/{tag}", ctx.parallel_state, ctx.model_config)
         iteration = int(tag[len("global_step"):]) if tag[len("global_step"):].isdigit() else 0
     model.eval()
     if ctx.model_config.is_pipe_parallel and ctx.parallel_state.get_pipe_parallel_world_size() > 1:

@@ -67,9 +67,26 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
                                   neox_args.model_parallel_size, neox_args.padded_vocab_size)
     except ValueError as err:
         raise ConfigError([str(err)]) from None
+    vocab = _checkpoint_vocabulary(neox_args, tokenizer.vocab_size, vocab)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return RunContext(parallel_state=parallel_state, rng_tracker=tracker, tokenizer=tokenizer, device=device,
                       model_config=ModelConfig.from_neox_args(neox_args, padded_vocab_size=vocab))
+
+
+def _checkpoint_vocabulary(neox_args, tokenizer_vocab: int, vocab: int) -> int:
+    """A GPT-NeoX checkpoint to load fixes the padded vocabulary (its embedding's rows; GPT-NeoX pads with its
+    own make_vocab_size_divisible_by), unless padded_vocab_size is set (then resolve_checkpoint compares)."""
+    from megatron.checkpointing import checkpoint_vocab_size
+    from megatron.neox_arguments import ConfigError
+
+    rows = checkpoint_vocab_size(neox_args)
+    if rows is None or rows == vocab or neox_args.padded_vocab_size is not None:
+        return vocab
+    if rows < tokenizer_vocab or rows % neox_args.model_parallel_size:
+        raise ConfigError([f"load={neox_args.load}: the GPT-NeoX checkpoint's embedding has {rows} rows, which do not "
+                           f"hold the tokenizer's {tokenizer_vocab} tokens split over model_parallel_size="
+                           f"{neox_args.model_parallel_size}; check tokenizer_type / vocab_file"])
+    return rows
 
 
 def set_seeds(seed: int, parallel_state, tracker: Optional[RNGStatesTracker] = None) -> None:

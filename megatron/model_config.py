@@ -301,6 +301,10 @@ class ModelConfig:
         if self.positions < self.seq_length:
             problems.append(f"max_position_embeddings={self.max_position_embeddings} must be >= "
                             f"seq_length={self.seq_length}")
+        elif self.pos_emb == "learned" and self.positions < self.seq_length + self.opt_pos_emb_offset:
+            problems.append(f"max_position_embeddings={self.max_position_embeddings} must be >= seq_length + "
+                            f"opt_pos_emb_offset = {self.seq_length + self.opt_pos_emb_offset} (GPT-NeoX's learned "
+                            f"position table has max_position_embeddings rows, read at position + offset)")
         if self.intermediate_size is not None and self.intermediate_size < 1:
             problems.append(f"intermediate_size={self.intermediate_size} must be >= 1")
         if self.mlp_multiple_of < 1:
@@ -359,6 +363,10 @@ class ModelConfig:
         if self.partition_activations and self.sequence_parallel and self.checkpoint_activations:
             problems.append("partition_activations with sequence_parallel is not supported: the checkpointed "
                             "activations already differ across model-parallel ranks")
+        if self.pos_emb == "rpe" and self.pipe_parallel_size > 1:
+            problems.append(f"pos_emb='rpe' with pipe_parallel_size={self.pipe_parallel_size}: the relative position "
+                            f"table is one parameter shared by all layers (as in GPT-NeoX), which cannot span "
+                            f"pipeline stages; use pipe_parallel_size 0 or 1")
         if self.checkpoint_num_layers < 1:
             problems.append(f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
         return problems

@@ -6,6 +6,7 @@ import os
 import random
 
 import pytest
+import torch
 
 from megatron.checkpointing import (CheckpointError, complete_tags, load_checkpoint, read_latest, resolve_checkpoint,
                                     save_checkpoint)
@@ -21,14 +22,13 @@ class FakeEngine:
     def save_checkpoint(self, save_dir, tag, client_state, save_latest):
         assert save_latest is False  # `latest` is ours to write
         os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
-        with open(os.path.join(save_dir, tag, "mp_rank_00_model_states.json"), "w") as handle:
-            json.dump(client_state, handle)
+        torch.save({"module": {}, **client_state}, os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
         self.saved.append(tag)
 
     def load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, load_module_only):
         self.loaded.append((tag, load_optimizer_states, load_module_only))
-        with open(os.path.join(load_dir, tag, "mp_rank_00_model_states.json")) as handle:
-            return os.path.join(load_dir, tag), json.load(handle)
+        state = torch.load(os.path.join(load_dir, tag, "mp_rank_00_model_states.pt"), weights_only=False)
+        return os.path.join(load_dir, tag), {k: v for k, v in state.items() if k != "module"}
 
 
 def _model(args) -> ModelConfig:
@@ -124,3 +124,109 @@ def test_another_architecture_is_refused_with_every_mismatch(tmp_path):
         resolve(other)
     text = str(err.value)
     assert "hidden_size: checkpoint 64, config 32" in text and "num_layers: checkpoint 2, config 3" in text
+
+
+# ---- GPT-NeoX's checkpoints and this project's older layout --------------------------------------------------
+
+def _gpt_neox_checkpoint(tmp_path, args, iteration=6, yaml_extra="", tp=1, client_extra=None):
+    """What GPT-NeoX writes (megatron/checkpointing.py save_ds_checkpoint): mp_rank files with `module` and the
+    client state, configs/*.yml, DeepSpeed's `latest`; no COMPLETE, no neox_args.json. Weights of this
+    project's model, whose state dict is GPT-NeoX's (tests/checkpoint_conversion checks that)."""
+    from megatron.model import build_model
+    from megatron.mpu import SingleProcessState
+
+    path = tmp_path / f"global_step{iteration}"
+    (path / "configs").mkdir(parents=True)
+    module = build_model(_model(args), SingleProcessState()).state_dict()
+    random.seed(11)
+    client = {"iteration": iteration, "random_rng_state": random.getstate(), "np_rng_state": None,
+              "args": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": 32,
+                       "make_vocab_size_divisible_by": 128, "padded_vocab_size": 128,
+                       "tokenizer_type": "GPT2BPETokenizer", "model_parallel_size": tp}, **(client_extra or {})}
+    import numpy as np
+
+    client["np_rng_state"], client["torch_rng_state"] = np.random.get_state(), torch.get_rng_state()
+    for rank in range(tp):
+        torch.save({"module": module, "optimizer": None, **client}, path / f"mp_rank_{rank:02d}_model_states.pt")
+    (path / "configs" / "model.yml").write_text('{"num-layers": 2, "hidden-size": 64,\n "num-attention-heads": 4,'
+                                                 f' "attention-config": [[["global"], "all"]],{yaml_extra}}}\n')
+    (tmp_path / "latest").write_text(f"global_step{iteration}")
+    return path
+
+
+def test_a_gpt_neox_checkpoint_is_recognised_and_loaded(tmp_path):
+    from megatron.checkpointing import GPT_NEOX, checkpoint_kind, checkpoint_vocab_size
+
+    args = args_for(tmp_path)
+    path = _gpt_neox_checkpoint(tmp_path, args)
+    expected = random.getstate()
+    assert checkpoint_kind(str(path)) == GPT_NEOX
+    assert resolve(args) == (str(tmp_path), "global_step6")
+    assert checkpoint_vocab_size(args) == 128  # from the embedding's rows
+    random.seed(0)
+    engine = FakeEngine()
+    iteration, state = load(args, engine)
+    assert iteration == 6 and engine.loaded == [("global_step6", True, False)]
+    assert random.getstate() == expected  # GPT-NeoX's RNG states are in its client state
+
+
+def test_a_gpt_neox_checkpoint_of_another_model_is_refused_naming_each_difference(tmp_path):
+    _gpt_neox_checkpoint(tmp_path, args_for(tmp_path), yaml_extra=' "activation": "swiglu", "norm": "rmsnorm"', tp=2)
+    with pytest.raises(CheckpointError) as err:
+        resolve(args_for(tmp_path, num_layers=3, attention_config=None))
+    text = str(err.value)
+    assert "GPT-NeoX checkpoint" in text
+    assert "num_layers: checkpoint 2 (args in its mp_rank files), config 3" in text
+    assert "activation: checkpoint 'swiglu' (its configs/*.yml), config 'gelu'" in text
+    assert "norm: checkpoint 'rmsnorm'" in text
+    assert "model_parallel_size: checkpoint 2 (its files), config 1" in text
+
+
+def test_an_interrupted_save_without_neox_args_is_not_taken_for_gpt_neox(tmp_path):
+    from megatron.checkpointing import LAYOUT, LAYOUT_KEY
+
+    args = args_for(tmp_path)
+    save(args, 2, FakeEngine())
+    _gpt_neox_checkpoint(tmp_path, args, iteration=4, client_extra={LAYOUT_KEY: LAYOUT})  # ours, died before COMPLETE
+    (tmp_path / "latest").write_text("global_step2")
+    with pytest.raises(CheckpointError, match="global_step4 is incomplete"):
+        resolve(args_for(tmp_path, iteration=4))
+
+
+def test_an_old_layout_checkpoint_is_refused_for_training_with_the_upgrade_command(tmp_path):
+    from megatron.checkpointing import OURS_OLD, checkpoint_kind
+
+    args = args_for(tmp_path)
+    path = save(args, 3, FakeEngine())
+    saved = json.load(open(os.path.join(path, "neox_args.json")))
+    del saved["checkpoint_layout"]  # written before GPT-NeoX's layout
+    json.dump(saved, open(os.path.join(path, "neox_args.json"), "w"))
+    assert checkpoint_kind(path) == OURS_OLD
+    with pytest.raises(CheckpointError, match=r"(?s)older layout.*tools/ckpts/upgrade_checkpoint.py --input_dir "
+                                              r".*global_step3 --output_dir NEW_SAVE_DIR"):
+        resolve(args)
+    assert resolve_checkpoint(args, _model(args), layout_must_match=False) == (str(tmp_path), "global_step3")
+
+
+def test_save_writes_gpt_neox_client_state(tmp_path):
+    args = args_for(tmp_path)
+    path = save(args, 5, FakeEngine(), {"consumed_train_samples": 10})
+    state = torch.load(os.path.join(path, "mp_rank_00_model_states.pt"), weights_only=False)
+    assert state["iteration"] == 5 and state["consumed_train_samples"] == 10
+    assert state["args"] == {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                             "max_position_embeddings": 32, "make_vocab_size_divisible_by": 128,
+                             "padded_vocab_size": 128, "tokenizer_type": "GPT2BPETokenizer", "model_parallel_size": 1}
+    assert {"random_rng_state", "np_rng_state", "torch_rng_state"} <= set(state)
+    assert json.load(open(os.path.join(path, "neox_args.json")))["checkpoint_layout"] == "gpt-neox"
+
+
+def test_the_padded_vocabulary_of_a_gpt_neox_checkpoint_comes_from_its_embedding(tmp_path):
+    from megatron.initialize import _checkpoint_vocabulary
+    from megatron.neox_arguments import ConfigError
+
+    args = args_for(tmp_path)
+    _gpt_neox_checkpoint(tmp_path, args)  # 128 rows
+    assert _checkpoint_vocabulary(args, tokenizer_vocab=100, vocab=104) == 128
+    assert _checkpoint_vocabulary(args_for(tmp_path, padded_vocab_size=104), 100, 104) == 104  # explicit: compared
+    with pytest.raises(ConfigError, match="embedding has 128 rows.*tokenizer's 200 tokens"):
+        _checkpoint_vocabulary(args, tokenizer_vocab=200, vocab=256)

@@ -1,5 +1,5 @@
-"""Small shared pieces of the Hugging Face mappings: refusing what a target cannot represent, reading the
-head/embedding of a state dict, and the rotary settings of a Hugging Face config."""
+"""Small shared pieces of the Hugging Face mappings: refusing what a target cannot represent (judged from the
+model's ModelConfig), reading tensors of a state dict, and the rotary settings of a Hugging Face config."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from megatron.checkpoint_conversion.errors import ConversionError
-
-WEIGHT_TYING_KEY = "no_weight_tying"
+from megatron.model_config import ModelConfig
 
 
 def transformers_module() -> Any:
@@ -26,26 +25,19 @@ def refuse_unrepresentable(target: str, problems: List[str]) -> None:
         raise ConversionError(f"this model cannot be written as {target}:\n  " + "\n  ".join(problems))
 
 
-def common_problems(args: Mapping[str, Any]) -> List[str]:
+def common_problems(config: ModelConfig) -> List[str]:
     """Options no Hugging Face target here represents."""
     problems = []
-    kinds = set(args.get("attention_config") or ["global"])
+    kinds = set(config.attention_types)
     if not kinds <= {"global", "flash"}:
         problems.append(f"attention_config {sorted(kinds)}: only global/flash attention converts")
-    if args.get("pos_emb", "learned") != "rotary":
-        problems.append(f"pos_emb={args.get('pos_emb')!r}: only rotary position embeddings convert")
-    if args.get("use_qk_layernorm"):
+    if config.pos_emb != "rotary":
+        problems.append(f"pos_emb={config.pos_emb!r}: only rotary position embeddings convert")
+    if config.use_qk_layernorm:
         problems.append("use_qk_layernorm=true has no Hugging Face equivalent here")
-    soft = args.get("soft_prompt_tuning")
-    if soft and soft.get("enabled", True):
+    if config.soft_prompt_tokens is not None:
         problems.append("soft_prompt_tuning is enabled (the soft prompt has no Hugging Face equivalent)")
-    if int(args.get("moe_num_experts") or 1) > 1:
-        problems.append("moe_num_experts > 1")
     return problems
-
-
-def head_dim(args: Mapping[str, Any]) -> int:
-    return int(args["hidden_size"]) // int(args["num_attention_heads"])
 
 
 def rope_settings(config: Any) -> Tuple[float, float]:

@@ -1,9 +1,10 @@
 """A Hugging Face folder -> our checkpoint and YAML config (the library side of
 tools/ckpts/convert_hf_to_neox.py).
 
-The checkpoint is written as ``output_dir/global_step0`` in the DeepSpeed layout of the chosen tensor /
-pipeline split, with ``latest``, COMPLETE, neox_args.json (a validated NeoXArgs, as checkpointing.py
-writes it) and the YAML config under configs/. The YAML holds the architecture, the parallel layout, the
+The Hugging Face mappings give the model's ModelConfig and its full tensors; the checkpoint is written as
+``output_dir/global_step0`` in GPT-NeoX's layout for the chosen tensor / pipeline split (neox_checkpoint), with
+``latest``, COMPLETE, neox_args.json (a validated NeoXArgs, as checkpointing.py writes it) and the YAML
+config under configs/. The YAML holds the architecture, the parallel layout, the
 tokenizer (when the folder has one) and ``load`` / ``finetune: true``: combine it with a data and
 training config (which must not set those keys again). The converted checkpoint carries no optimizer
 state, so train.py loads it with finetune (or no_load_optim); generate.py and eval.py load weights only.
@@ -15,6 +16,8 @@ from typing import Any, Dict
 
 import yaml
 
+from megatron.model_config import ModelConfig
+
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama
 from megatron.checkpoint_conversion.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import load_hf_folder
@@ -22,6 +25,21 @@ from megatron.checkpoint_conversion.neox_checkpoint import write_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
 
 MODEL_TYPES = {"gpt_neox": hf_gptneox.from_hf, "llama": hf_llama.from_hf, "mistral": hf_llama.from_hf}
+MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
+              "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct", "rotary_emb_base", "gpt_j_residual",
+              "gpt_j_tied", "no_weight_tying", "use_bias_in_norms", "use_bias_in_mlp", "use_bias_in_attn_linear",
+              "sliding_window_width", "max_position_embeddings", "seq_length")
+"""The GPT-NeoX config keys of a converted model's YAML (with its norm's epsilon; unset ones are left out)."""
+
+
+def model_yaml_values(config: ModelConfig) -> Dict[str, Any]:
+    """The GPT-NeoX config values describing ``config``'s architecture."""
+    values = {key: getattr(config, key) for key in MODEL_KEYS if getattr(config, key) is not None}
+    epsilon = {"rmsnorm": "rms_norm_epsilon", "scalenorm": "scalenorm_epsilon"}.get(config.norm, "layernorm_epsilon")
+    values[epsilon] = config.norm_epsilon
+    return values
+
+
 def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_parallel_size: int = 1,
                        pipe_parallel_size: int = 0) -> str:
     """Convert ``hf_dir``; returns the checkpoint directory written."""
@@ -34,17 +52,16 @@ def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_para
     if model_type not in MODEL_TYPES:
         raise ConversionError(f"{os.path.join(hf_dir, 'config.json')}: model_type {model_type!r} is not supported; "
                               f"this converter reads {', '.join(MODEL_TYPES)}")
-    model_args, state = MODEL_TYPES[model_type](config, hf_state)
+    model, state = MODEL_TYPES[model_type](config, hf_state)
     output_dir = os.path.abspath(output_dir)
-    vocab = int(state["embedding.word_embeddings.weight"].shape[0])
+    vocab = model.padded_vocab_size
     if vocab % model_parallel_size:
         # Padding rows would give the extra tokens logit 0, which can win a greedy step: not the same model.
         raise ConversionError(f"vocab_size {vocab} is not divisible by --model_parallel_size {model_parallel_size}; "
                               f"choose a model_parallel_size that divides it")
     values: Dict[str, Any] = {
         "pipe_parallel_size": pipe_parallel_size, "model_parallel_size": model_parallel_size,
-        **model_args, "seq_length": model_args["max_position_embeddings"], "padded_vocab_size": vocab,
-        "make_vocab_size_divisible_by": 1,
+        **model_yaml_values(model), "padded_vocab_size": vocab, "make_vocab_size_divisible_by": 1,
     }
     tokenizer = copy_hf_tokenizer(hf_dir, output_dir)
     if tokenizer is not None:
@@ -62,7 +79,8 @@ def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_para
     os.makedirs(os.path.dirname(os.path.abspath(config_out)), exist_ok=True)
     with open(config_out, "w", encoding="utf-8") as handle:
         handle.write(text)
-    return write_checkpoint(output_dir, state, args.to_dict(), args.config_files)
+    model = model.replace(model_parallel_size=model_parallel_size, pipe_parallel_size=pipe_parallel_size)
+    return write_checkpoint(output_dir, state, model, args.to_dict(), args.config_files)
 
 
 def _yaml_text(values: Dict[str, Any], hf_dir: str) -> str:

@@ -14,7 +14,6 @@ import torch
 
 from megatron.checkpoint_conversion.common import (
     common_problems,
-    head_dim,
     refuse_unrepresentable,
     rope_parameters,
     rope_settings,
@@ -22,6 +21,7 @@ from megatron.checkpoint_conversion.common import (
     transformers_module,
 )
 from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.model_config import ModelConfig
 
 ACTIVATIONS_TO_HF = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "mish": "mish"}
 ACTIVATIONS_FROM_HF = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "mish": "mish"}
@@ -33,34 +33,33 @@ _LAYER_RENAMES = (("input_layernorm.", "input_layernorm."),
                   ("mlp.linear1.", "mlp.dense_h_to_4h."), ("mlp.linear2.", "mlp.dense_4h_to_h."))
 
 
-def gptneox_problems(args: Mapping[str, Any]) -> list:
-    """What GPTNeoXForCausalLM cannot represent about a model with NeoXArgs ``args``."""
-    problems = common_problems(args)
-    if (args.get("norm") or "layernorm") != "layernorm":
-        problems.append(f"norm={args.get('norm')!r}: GPTNeoX uses LayerNorm (rmsnorm models: --architecture llama)")
-    if not args.get("use_bias_in_norms", True):
+def gptneox_problems(config: ModelConfig) -> list:
+    """What GPTNeoXForCausalLM cannot represent about the model ``config``."""
+    problems = common_problems(config)
+    if config.norm != "layernorm":
+        problems.append(f"norm={config.norm!r}: GPTNeoX uses LayerNorm (rmsnorm models: --architecture llama)")
+    if not config.use_bias_in_norms:
         problems.append("use_bias_in_norms=false: GPTNeoX's LayerNorms have biases")
-    if not args.get("use_bias_in_mlp", True):
+    if not config.use_bias_in_mlp:
         problems.append("use_bias_in_mlp=false: GPTNeoX's MLP has biases (bias-free models: --architecture llama)")
-    if (args.get("activation") or "gelu") not in ACTIVATIONS_TO_HF:
-        problems.append(f"activation={args.get('activation')!r}: GPTNeoX takes {sorted(ACTIVATIONS_TO_HF)} "
+    if config.activation not in ACTIVATIONS_TO_HF:
+        problems.append(f"activation={config.activation!r}: GPTNeoX takes {sorted(ACTIVATIONS_TO_HF)} "
                         f"(swiglu models: --architecture llama)")
-    kv = args.get("num_kv_heads")
-    if kv and int(kv) != int(args["num_attention_heads"]):
-        problems.append(f"num_kv_heads={kv}: GPTNeoX has no grouped-query attention (use --architecture llama)")
-    if args.get("sliding_window_width") is not None:
+    if config.kv_heads != config.num_attention_heads:
+        problems.append(f"num_kv_heads={config.num_kv_heads}: GPTNeoX has no grouped-query attention (use "
+                        f"--architecture llama)")
+    if config.sliding_window_width is not None:
         problems.append("sliding_window_width: GPTNeoX has no sliding-window attention")
     return problems
 
 
-def to_hf(args: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> Tuple[Any, Dict[str, torch.Tensor]]:
-    """(GPTNeoXConfig, GPTNeoX state dict) of our merged ``state``."""
+def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> Tuple[Any, Dict[str, torch.Tensor]]:
+    """(GPTNeoXConfig, GPTNeoX state dict) of the model ``config`` with merged ``state`` (flat names)."""
     GPTNeoXConfig = transformers_module().GPTNeoXConfig
 
-    refuse_unrepresentable("GPTNeoXForCausalLM", gptneox_problems(args))
-    layers = int(args["num_layers"])
-    tied = not args.get("no_weight_tying", False)
-    gpt_j_tied = bool(args.get("gpt_j_residual")) and bool(args.get("gpt_j_tied"))
+    refuse_unrepresentable("GPTNeoXForCausalLM", gptneox_problems(config))
+    layers = config.num_layers
+    gpt_j_tied = config.gpt_j_residual and config.gpt_j_tied
     src = "the checkpoint"
     hf: Dict[str, torch.Tensor] = {"gpt_neox.embed_in.weight": take(state, "embedding.word_embeddings.weight", src)}
     for i in range(layers):
@@ -73,35 +72,35 @@ def to_hf(args: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> Tuple[A
                     hf[f"gpt_neox.layers.{i}.{theirs}{kind}"] = state[name]
     hf["gpt_neox.final_layer_norm.weight"] = take(state, "final_norm.norm.weight", src)
     hf["gpt_neox.final_layer_norm.bias"] = take(state, "final_norm.norm.bias", src)
-    if not tied:
+    if not config.tied_embeddings:
         hf["embed_out.weight"] = take(state, "head.final_linear.weight", src)
     vocab, hidden = hf["gpt_neox.embed_in.weight"].shape
-    config = GPTNeoXConfig(
+    hf_config = GPTNeoXConfig(
         vocab_size=int(vocab), hidden_size=int(hidden), num_hidden_layers=layers,
-        num_attention_heads=int(args["num_attention_heads"]),
+        num_attention_heads=config.num_attention_heads,
         intermediate_size=int(take(state, "layers.0.mlp.linear1.weight", src).shape[0]),
-        hidden_act=ACTIVATIONS_TO_HF[args.get("activation") or "gelu"],
-        max_position_embeddings=int(args.get("max_position_embeddings") or args["seq_length"]),
-        layer_norm_eps=float(args.get("layernorm_epsilon", 1e-5)),
-        use_parallel_residual=bool(args.get("gpt_j_residual", False)),
-        rope_parameters=rope_parameters(float(args.get("rotary_emb_base", 10000)), float(args.get("rotary_pct", 1.0))),
-        rotary_pct=float(args.get("rotary_pct", 1.0)), rotary_emb_base=int(args.get("rotary_emb_base", 10000)),
-        attention_bias=bool(args.get("use_bias_in_attn_linear", True)),
-        tie_word_embeddings=tied, initializer_range=float(args.get("init_method_std", 0.02)),
-        attention_dropout=0.0, hidden_dropout=0.0, bos_token_id=None, eos_token_id=None)
-    return config, hf
+        hidden_act=ACTIVATIONS_TO_HF[config.activation], max_position_embeddings=config.positions,
+        layer_norm_eps=float(config.layernorm_epsilon), use_parallel_residual=config.gpt_j_residual,
+        rope_parameters=rope_parameters(float(config.rotary_emb_base), float(config.rotary_pct)),
+        rotary_pct=float(config.rotary_pct), rotary_emb_base=int(config.rotary_emb_base),
+        attention_bias=config.use_bias_in_attn_linear, tie_word_embeddings=config.tied_embeddings,
+        initializer_range=float(config.init_method_std), attention_dropout=0.0, hidden_dropout=0.0,
+        bos_token_id=None, eos_token_id=None)
+    return hf_config, hf
 
 
-def from_hf(config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
-    """(our model arguments, our merged state dict) of a GPTNeoXForCausalLM."""
-    act = getattr(config, "hidden_act", "gelu")
+def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig, Dict[str, torch.Tensor]]:
+    """(our ModelConfig, our merged state dict) of a GPTNeoXForCausalLM."""
+    act = getattr(hf_config, "hidden_act", "gelu")
     if act not in ACTIVATIONS_FROM_HF:
         raise ConversionError(f"config.json hidden_act={act!r} is not supported; this framework has "
                               f"{sorted(ACTIVATIONS_FROM_HF)} (its gelu is the exact erf form)")
-    theta, pct = rope_settings(config)
+    theta, pct = rope_settings(hf_config)
     if theta != int(theta):
         raise ConversionError(f"config.json rope_theta={theta} is not an integer (rotary_emb_base is an int here)")
-    layers = int(config.num_hidden_layers)
+    if int(hf_config.hidden_size) % int(hf_config.num_attention_heads):
+        raise ConversionError("config.json hidden_size is not divisible by num_attention_heads")
+    layers = int(hf_config.num_hidden_layers)
     src = "the Hugging Face weights"
     state: Dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": take(hf, "gpt_neox.embed_in.weight", src)}
     for i in range(layers):
@@ -112,24 +111,21 @@ def from_hf(config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[Dict[str, Any]
                     state[f"layers.{i}.{ours}{kind}"] = hf[name]
     state["final_norm.norm.weight"] = take(hf, "gpt_neox.final_layer_norm.weight", src)
     state["final_norm.norm.bias"] = take(hf, "gpt_neox.final_layer_norm.bias", src)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     if not tied:
         head = next((hf[n] for n in HEAD_NAMES if n in hf), None)
         if head is None:
             raise ConversionError(f"{src} have no output head ({' or '.join(HEAD_NAMES)}) and "
                                   f"tie_word_embeddings is false")
         state["head.final_linear.weight"] = head
-    args = {
-        "num_layers": layers, "hidden_size": int(config.hidden_size),
-        "num_attention_heads": int(config.num_attention_heads),
-        "intermediate_size": int(config.intermediate_size), "mlp_multiple_of": 1,
-        "activation": ACTIVATIONS_FROM_HF[act], "norm": "layernorm", "layernorm_epsilon": float(config.layer_norm_eps),
-        "pos_emb": "rotary", "rotary_pct": pct, "rotary_emb_base": int(theta),
-        "gpt_j_residual": bool(getattr(config, "use_parallel_residual", True)), "gpt_j_tied": False,
-        "no_weight_tying": not tied, "use_bias_in_norms": True, "use_bias_in_mlp": True,
-        "use_bias_in_attn_linear": bool(getattr(config, "attention_bias", True)),
-        "max_position_embeddings": int(config.max_position_embeddings),
-    }
-    if head_dim(args) * int(config.num_attention_heads) != int(config.hidden_size):
-        raise ConversionError("config.json hidden_size is not divisible by num_attention_heads")
-    return args, state
+    config = ModelConfig(
+        num_layers=layers, hidden_size=int(hf_config.hidden_size),
+        num_attention_heads=int(hf_config.num_attention_heads), seq_length=int(hf_config.max_position_embeddings),
+        max_position_embeddings=int(hf_config.max_position_embeddings),
+        padded_vocab_size=int(state["embedding.word_embeddings.weight"].shape[0]),
+        intermediate_size=int(hf_config.intermediate_size), mlp_multiple_of=1, activation=ACTIVATIONS_FROM_HF[act],
+        norm="layernorm", layernorm_epsilon=float(hf_config.layer_norm_eps), pos_emb="rotary", rotary_pct=pct,
+        rotary_emb_base=int(theta), gpt_j_residual=bool(getattr(hf_config, "use_parallel_residual", True)),
+        gpt_j_tied=False, no_weight_tying=not tied, use_bias_in_norms=True, use_bias_in_mlp=True,
+        use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", True)))
+    return config, state

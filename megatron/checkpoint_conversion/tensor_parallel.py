@@ -1,10 +1,12 @@
 """How each parameter of the GPT is split across tensor-parallel ranks, and merging / splitting shards.
 
-Names are GPT2ModelSequential's (``embedding.*``, ``layers.N.*``, ``final_norm.*``, ``head.*``). Splits
-follow megatron.mpu's layers: vocabulary-parallel embedding and output head (rows), column-parallel fused
-QKV and MLP up projection (rows; a gated MLP's [up | gate] halves are each split, see
-``megatron.mpu.utils.shard_of``), row-parallel attention output and MLP down projection (columns), rpe
-bias tables (heads, dim 1). Everything else (norms, row-parallel biases, learned positions) is replicated.
+Names end in the model's (GPT-NeoX's) parameter names, e.g. ``layers.0.attention.query_key_value.weight``.
+Splits follow megatron.mpu's layers, which are GPT-NeoX's: vocabulary-parallel embedding and output head
+(rows), column-parallel fused QKV (rows: consecutive heads with multi-head attention; each rank's share of
+the query, key and value blocks with grouped-query attention, see megatron.model.attention) and MLP up
+projection (rows; a gated MLP's [up | gate] halves are each split), row-parallel attention output and MLP
+down projection (columns), the rpe table and ALiBi slopes (heads). Everything else (norms, row-parallel
+biases, learned positions) is replicated.
 """
 from __future__ import annotations
 
@@ -13,27 +15,33 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from megatron.checkpoint_conversion.errors import ConversionError
-from megatron.mpu.utils import shard_of
+from megatron.model.attention import qkv_blocks
+from megatron.model_config import ModelConfig
+from megatron.mpu.utils import Chunks, join_shards, shard_of
 
-_COLUMN = ("attention.query_key_value.weight", "attention.query_key_value.bias", "mlp.linear1.weight",
-           "mlp.linear1.bias", "word_embeddings.weight", "final_linear.weight")
-_ROW = ("attention.dense.weight", "mlp.linear2.weight")
+_QKV = ("attention.query_key_value.weight", "attention.query_key_value.bias")
+_GATED = ("mlp.linear1.weight", "mlp.linear1.bias")
+_COLUMN = ("word_embeddings.weight", "final_linear.weight")
+_ROW = ("attention.dense.weight", "mlp.linear2.weight", "attention.rpe.weight")
+_HEADS = ("attention.alibi_embed.slopes",)
 
 
-def split_rule(name: str, gated_mlp: bool) -> Optional[Tuple[int, int]]:
-    """(dimension, chunks) along which ``name`` is split, or None when every rank holds all of it."""
-    if name.endswith(_COLUMN):
-        return 0, (2 if gated_mlp and ".mlp.linear1." in f".{name}" else 1)
+def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
+    """(dimension, blocks) along which ``name`` is split, or None when every rank holds all of it."""
+    if name.endswith(_QKV):
+        return 0, qkv_blocks(config)
+    if name.endswith(_GATED):
+        return 0, 2 if config.gated_mlp else 1
+    if name.endswith(_COLUMN + _HEADS):
+        return 0, 1
     if name.endswith(_ROW):
-        return 1, 1
-    if name.endswith("attention.rpe"):
         return 1, 1
     return None
 
 
-def merge_shards(name: str, shards: Sequence[torch.Tensor], gated_mlp: bool) -> torch.Tensor:
+def merge_shards(name: str, shards: Sequence[torch.Tensor], config: ModelConfig) -> torch.Tensor:
     """The full tensor from the tensor-parallel ranks' shards (rank order)."""
-    rule = split_rule(name, gated_mlp)
+    rule = split_rule(name, config)
     if rule is None or len(shards) == 1:
         first = shards[0]
         for rank, other in enumerate(shards[1:], start=1):
@@ -42,13 +50,16 @@ def merge_shards(name: str, shards: Sequence[torch.Tensor], gated_mlp: bool) -> 
                                       f"differs from rank 0; the checkpoint is inconsistent")
         return first
     dim, chunks = rule
-    pieces = [s.chunk(chunks, dim=dim) for s in shards]
-    return torch.cat([torch.cat([p[c] for p in pieces], dim=dim) for c in range(chunks)], dim=dim)
+    try:
+        return join_shards(list(shards), dim, chunks)
+    except ValueError as exc:
+        raise ConversionError(f"{name}: the shards of shape {tuple(shards[0].shape)} do not fit this model's "
+                              f"layout ({exc})") from None
 
 
-def split_full(name: str, full: torch.Tensor, world: int, gated_mlp: bool) -> List[torch.Tensor]:
+def split_full(name: str, full: torch.Tensor, world: int, config: ModelConfig) -> List[torch.Tensor]:
     """The shards of ``full`` for ``world`` tensor-parallel ranks (rank order)."""
-    rule = split_rule(name, gated_mlp)
+    rule = split_rule(name, config)
     if rule is None or world == 1:
         return [full] * world
     dim, chunks = rule

@@ -1,4 +1,5 @@
-"""Our checkpoint -> a Hugging Face folder (the library side of tools/ckpts/convert_neox_to_hf.py)."""
+"""A checkpoint in GPT-NeoX's layout (this project's or GPT-NeoX's; or this project's older layout) -> a Hugging
+Face folder (the library side of tools/ckpts/convert_neox_to_hf.py)."""
 from __future__ import annotations
 
 import os
@@ -34,9 +35,9 @@ def convert_neox_to_hf(input_dir: str, output_dir: str, config_files: Optional[S
     args = args_from_config_files(config_files) if config_files else None
     ckpt = read_checkpoint(input_dir, args)
     if architecture == "neox":
-        config, state = hf_gptneox.to_hf(ckpt.args, ckpt.state)
+        config, state = hf_gptneox.to_hf(ckpt.config, ckpt.state)
     else:
-        config, state = hf_llama.to_hf(ckpt.args, ckpt.state, architecture)
+        config, state = hf_llama.to_hf(ckpt.config, ckpt.state, architecture)
     config.architectures = [HF_CLASSES[architecture]]
     tokenizer = run_tokenizer(ckpt.args)
     os.makedirs(output_dir, exist_ok=True)

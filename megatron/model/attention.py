@@ -1,14 +1,24 @@
 """Tensor-parallel causal self-attention.
 
-Fused QKV layout (rows of the query_key_value weight, and its bias):
-  * multi-head attention (num_kv_heads == num_attention_heads): per head, [q | k | v] of head_dim each,
-    i.e. the weight viewed as [heads, 3, head_dim, hidden] — Hugging Face GPTNeoX's layout, so checkpoints
-    convert without reshuffling.
-  * grouped-query / multi-query attention (num_kv_heads = K < heads = H, G = H / K): per kv group,
-    the G query heads of the group, then its key head, then its value head: [K, (G + 2), head_dim, hidden].
-    With G = 1 this is exactly the MHA layout.
-Tensor parallelism splits the kv groups (hence K must be divisible by model_parallel_size); query head
-``g * G + j`` uses key/value head ``g``, and each rank holds consecutive groups.
+Fused QKV layout (rows of the query_key_value weight, and its bias) — GPT-NeoX's, so checkpoints hold the
+same tensors:
+  * multi-head attention (num_kv_heads unset or equal to num_attention_heads): per head, [q | k | v] of
+    head_dim each, i.e. the weight viewed as [heads, 3, head_dim, hidden] (also Hugging Face GPTNeoX's);
+    each tensor-parallel rank holds consecutive heads.
+  * grouped-query / multi-query attention (num_kv_heads = K < heads = H, G = H / K): on each
+    tensor-parallel rank, that rank's query heads, then its key heads, then its value heads:
+    [H/T * head_dim | K/T * head_dim | K/T * head_dim] rows. The full (TP=1) tensor is [Q | K | V]; ranks hold
+    their share of each of the three blocks (``shard_of`` with blocks). Query head ``g * G + j`` uses
+    key/value head ``g`` (each rank holds consecutive groups, hence K must be divisible by
+    model_parallel_size).
+
+GPT-NeoX's checkpoints also hold ``alibi_embed.slopes`` (this rank's ALiBi slopes) and, with
+rotary_save_freqs_buffer, ``rotary_emb.inv_freq``: the layer's slot writes and checks them
+(megatron.model.checkpoint_layout); here the slopes and frequencies stay fp32 and out of the module's state. The
+rpe table is one
+``RelativePositionBias`` shared by every layer (GPT-NeoX's ``rpe``), so each layer's state dict holds it as
+``rpe.weight``. Registration order (query_key_value, QK norms, rpe, dense) is GPT-NeoX's, which gives the
+optimizer the same parameter order.
 
 Attention is computed with F.scaled_dot_product_attention. A boolean mask is built from absolute
 positions (causal; ``sliding_window_width`` w: a query at i sees keys i - w .. i; ``local`` layers: with
@@ -45,16 +55,35 @@ from megatron.model.flash import FlashAttention
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
-from megatron.model.positional import RotaryEmbedding, alibi_bias, alibi_slopes, relative_position_bucket
+from megatron.model.positional import RelativePositionBias, RotaryEmbedding, alibi_bias, alibi_slopes
 from megatron.model_config import ModelConfig
-from megatron.mpu import ColumnParallelLinear, RowParallelLinear, shard_of
+from megatron.mpu import ColumnParallelLinear, RowParallelLinear
+
+
+def qkv_blocks(config: ModelConfig):
+    """How the fused QKV rows are split over tensor-parallel ranks (``shard_of``'s ``chunks``): consecutive
+    heads (1) for multi-head attention, each of the query / key / value blocks for grouped-query attention."""
+    if config.kv_heads == config.num_attention_heads:
+        return 1
+    d = config.head_dim
+    return (config.num_attention_heads * d, config.kv_heads * d, config.kv_heads * d)
+
+
+def build_relative_position_bias(config: ModelConfig, parallel_state, initializer) -> RelativePositionBias:
+    """The model's one rpe table (pos_emb rpe), shared by all its layers."""
+    return RelativePositionBias(config.rpe_num_buckets, config.rpe_max_distance, config.num_attention_heads,
+                                config.head_dim, parallel_state.get_model_parallel_rank(),
+                                parallel_state.get_model_parallel_world_size(),
+                                initializer.weight(0, "attention.rpe"))
+
 
 class ParallelSelfAttention(nn.Module):
     """Causal self-attention over this rank's heads: fused QKV (column-parallel), optional QK norm,
     positional encoding, SDPA, output projection (row-parallel). ``forward(x, attention_mask,
     kv_cache)``; ``x`` is [batch, seq, hidden] (sequence-sharded under sequence_parallel)."""
 
-    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker) -> None:
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker,
+                 rpe: Optional[RelativePositionBias] = None) -> None:
         super().__init__()
         self.layer_number = layer_number
         self.attention_type = config.attention_types[layer_number]
@@ -70,13 +99,10 @@ class ParallelSelfAttention(nn.Module):
         self.ops = model_fused_ops(config)
         self.fused_softmax = config.softmax_fusion and self.attention_type != "flash"
         sp, bias = config.sequence_parallel, config.use_bias_in_attn_linear
-        qkv_rows = kv_heads * (self.group_size + 2) * self.head_dim
+        qkv_rows = (heads + 2 * kv_heads) * self.head_dim
         self.query_key_value = ColumnParallelLinear(
             hidden, qkv_rows, parallel_state, initializer.weight(layer_number, "attention.query_key_value"),
-            bias=bias, sequence_parallel=sp)
-        self.dense = RowParallelLinear(
-            heads * self.head_dim, hidden, parallel_state,
-            initializer.output_weight(layer_number, "attention.dense"), bias=bias, sequence_parallel=sp)
+            bias=bias, chunks=qkv_blocks(config), sequence_parallel=sp)
 
         group = parallel_state.get_model_parallel_group() if tp > 1 else None
         self.qk_norm = config.use_qk_layernorm
@@ -86,21 +112,18 @@ class ParallelSelfAttention(nn.Module):
 
         self.pos_emb = config.pos_emb
         if self.pos_emb == "rotary":
-            self.rotary = RotaryEmbedding(config.rotary_dim, float(config.rotary_emb_base),
-                                          persistent=config.rotary_save_freqs_buffer, max_positions=config.positions)
+            self.rotary_emb = RotaryEmbedding(config.rotary_dim, float(config.rotary_emb_base),
+                                              max_positions=config.positions)
         elif self.pos_emb == "alibi":
             # fp32 outside the module's buffers, like the rotary tables: model.to(bfloat16) would round the
             # slopes (2^-0.5 and its powers with 16 heads), shifting the bias by whole units at long distances
             self._alibi_slopes = alibi_slopes(heads)[self.tp_rank * self.local_heads:
                                                      (self.tp_rank + 1) * self.local_heads]
         elif self.pos_emb == "rpe":
-            self.rpe_buckets, self.rpe_max_distance = config.rpe_num_buckets, config.rpe_max_distance
-            self.rpe = nn.Parameter(torch.empty(self.rpe_buckets, self.local_heads))
-            with torch.no_grad():
-                full = torch.empty(self.rpe_buckets, heads)
-                initializer.weight(layer_number, "attention.rpe")(full)
-                self.rpe.copy_(shard_of(full, 1, self.tp_rank, tp))
-            self.rpe.model_parallel = tp > 1
+            self.rpe = rpe if rpe is not None else build_relative_position_bias(config, parallel_state, initializer)
+        self.dense = RowParallelLinear(
+            heads * self.head_dim, hidden, parallel_state,
+            initializer.output_weight(layer_number, "attention.dense"), bias=bias, sequence_parallel=sp)
 
         self.window = config.sliding_window_width
         if self.attention_type == "local":
@@ -158,9 +181,7 @@ class ParallelSelfAttention(nn.Module):
         if self.pos_emb == "alibi":
             return alibi_bias(self.alibi_slopes(q_pos.device), q_pos, k_pos)
         if self.pos_emb == "rpe":
-            buckets = relative_position_bucket(k_pos.unsqueeze(0) - q_pos.unsqueeze(-1), self.rpe_buckets,
-                                               self.rpe_max_distance)
-            return self.rpe[buckets].permute(2, 0, 1)
+            return self.rpe(q_pos, k_pos)
         return None
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
@@ -178,17 +199,19 @@ class ParallelSelfAttention(nn.Module):
         qkv = self.query_key_value(x)
         b, s = qkv.shape[:2]
         d, g = self.head_dim, self.group_size
-        qkv = qkv.view(b, s, self.local_kv_heads, g + 2, d)
         # [batch, seq, heads, head_dim] until after the rotation (the rotary kernel's layout).
         # split (not indexing): its backward is one concatenation instead of a zero-filled copy per slice
-        q, k, v = qkv.split([g, 1, 1], dim=3)
-        q = q.reshape(b, s, self.local_heads, d)
-        k, v = k.squeeze(3), v.squeeze(3)
+        if g == 1:  # per head [q | k | v]
+            q, k, v = (t.squeeze(3) for t in qkv.view(b, s, self.local_heads, 3, d).split(1, dim=3))
+        else:  # [queries | keys | values] of this rank
+            q, k, v = qkv.split([self.local_heads * d, self.local_kv_heads * d, self.local_kv_heads * d], dim=-1)
+            q = q.view(b, s, self.local_heads, d)
+            k, v = k.view(b, s, self.local_kv_heads, d), v.view(b, s, self.local_kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         offset = kv_cache.length if kv_cache is not None else 0
         if self.pos_emb == "rotary":
-            cos, sin = self.rotary.tables(offset, s, x.device)
+            cos, sin = self.rotary_emb.tables(offset, s, x.device)
             q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
         if self._flash_applies(q, s, attention_mask, kv_cache):
             return self._flash_context(q, k, v, kv_cache).reshape(b, s, self.local_heads * d)

@@ -5,6 +5,11 @@ position ids) or sinusoidal position embeddings, an optional soft prompt, then h
 sequence parallelism its output is this rank's chunk of the sequence. The output head is either a
 column-parallel linear over the (padded) vocabulary or, with tied weights, the word embedding matrix
 itself (``tied_logits``); both yield this rank's vocabulary shard of the logits.
+
+Checkpoint names are GPT-NeoX's: ``word_embeddings.weight``, ``position_embeddings.weight`` (learned),
+``norm.*`` (NormPipe), ``final_linear.weight`` (ParallelLinearPipe). With sinusoidal positions GPT-NeoX keeps
+its inverse frequencies as a buffer, ``position_embeddings.inv_freq``, which the slot writes and checks
+(megatron.model.checkpoint_layout). The soft prompt (``soft_prompt.weight``) has no GPT-NeoX counterpart that loads.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.model.checkpoint_layout import EMBEDDING, FINAL_NORM, install_hooks
 from megatron.model.norms import build_norm
 from megatron.model.positional import sinusoidal_embedding
 from megatron.model.transformer import sequence_parallel_on
@@ -61,16 +67,18 @@ class EmbeddingPipe(nn.Module):
         self.pos_emb = config.pos_emb
         self.hidden = hidden
         if self.pos_emb == "learned":
+            # GPT-NeoX's table: max_position_embeddings rows, looked up at position + opt_pos_emb_offset
             self.position_offset = config.opt_pos_emb_offset
-            weight = torch.empty(config.positions + self.position_offset, hidden)
+            weight = torch.empty(config.positions, hidden)
             initializer.weight(EMBEDDING_LAYER_INDEX, "position_embeddings")(weight)
             # _weight skips nn.Embedding's own init, which would draw from (and advance) the global RNG.
-            self.position_embeddings = nn.Embedding(config.positions + self.position_offset, hidden, _weight=weight)
+            self.position_embeddings = nn.Embedding(config.positions, hidden, _weight=weight)
         self.dropout = config.hidden_dropout
         self.soft_prompt = None
         if config.soft_prompt_tokens is not None:
             self.soft_prompt = SoftPrompt(config.soft_prompt_tokens, config.soft_prompt_init_range, hidden,
                                           initializer.seed)
+        install_hooks(self, EMBEDDING, config, parallel_state)
 
     @property
     def word_embeddings_weight(self) -> torch.Tensor:
@@ -110,6 +118,7 @@ class NormPipe(nn.Module):
         super().__init__()
         group = parallel_state.get_model_parallel_group() if sequence_parallel_on(config, parallel_state) else None
         self.norm = build_norm(config, config.hidden_size, grad_reduce_group=group)
+        install_hooks(self, FINAL_NORM, config, parallel_state)
 
     def forward(self, args) -> torch.Tensor:
         hidden = args[0] if isinstance(args, tuple) else args

@@ -9,6 +9,10 @@ checkpoints move between GPT-NeoX and this project unchanged):
     L + 3         NormPipe, the final norm
     L + 4         the output head: ParallelLinearPipe, or the embedding again (TiedLayerSpec) unless
                   no_weight_tying
+Inside each slot the parameter names and layouts are GPT-NeoX's too (see megatron/model/attention.py,
+norms.py, embedding.py, transformer.py), so a model's state dict is the state dict GPT-NeoX's model of the
+same config has, entry for entry. With pos_emb rpe one relative-position table is shared by all layers (as
+GPT-NeoX's), which is why rpe needs pipe_parallel_size <= 1.
 Inputs are GPT-NeoX's batch format ((tokens, position_ids, attention_mask), (labels, loss_mask));
 the model returns this rank's vocabulary shard of the logits and ``cross_entropy_loss`` reduces them.
 
@@ -36,6 +40,7 @@ import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
+from megatron.model.attention import build_relative_position_bias
 from megatron.model.embedding import EmbeddingPipe, NormPipe, ParallelLinearPipe, tied_logits
 from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
@@ -120,7 +125,8 @@ class GPT2ModelSequential(nn.Module):
         check_model_config(config, parallel_state)
         rng_tracker = _model_tracker(config, parallel_state, rng_tracker)
         init = Initializer(config)
-        layers = [ParallelTransformerLayerPipe(config, parallel_state, init, i, rng_tracker)
+        rpe = _shared_rpe(config, parallel_state, init)
+        layers = [ParallelTransformerLayerPipe(config, parallel_state, init, i, rng_tracker, rpe)
                   for i in range(config.num_layers)]
         head = None if config.tied_embeddings else ParallelLinearPipe(config, parallel_state, init)
         self._assemble(EmbeddingPipe(config, parallel_state, init, rng_tracker), layers,
@@ -194,6 +200,11 @@ class GPT2ModelSequential(nn.Module):
         return hidden
 
 
+def _shared_rpe(config: ModelConfig, parallel_state, init: Initializer):
+    """The relative-position table all layers share (pos_emb rpe), or None."""
+    return build_relative_position_bias(config, parallel_state, init) if config.pos_emb == "rpe" else None
+
+
 def _model_tracker(config: ModelConfig, parallel_state, rng_tracker):
     """The RNG tracker the model's dropout uses.
 
@@ -222,7 +233,8 @@ def gpt2_layer_specs(config: ModelConfig, parallel_state, rng_tracker) -> List[o
     else:
         specs = [LayerSpec(EmbeddingPipe, config, parallel_state, init, rng_tracker)]
     specs.append(pass_through)
-    specs += [LayerSpec(ParallelTransformerLayerPipe, config, parallel_state, init, i, rng_tracker)
+    rpe = _shared_rpe(config, parallel_state, init)
+    specs += [LayerSpec(ParallelTransformerLayerPipe, config, parallel_state, init, i, rng_tracker, rpe)
               for i in range(config.num_layers)]
     specs += [pass_through, LayerSpec(NormPipe, config, parallel_state)]
     if config.tied_embeddings:

@@ -4,6 +4,11 @@ Triton kernels with layernorm_fusion / rmsnorm_fusion (``norm_fn``, chosen by :f
 ``grad_reduce_group``: when the norm runs on sequence-sharded activations (sequence parallelism) or on
 a rank's own heads (QK layernorm under tensor parallelism) each rank sees part of the data, so the
 replicated weights pass through ``copy_to_model_parallel_region`` and their gradients are summed.
+
+Parameter names are GPT-NeoX's, so checkpoints hold the same keys: LayerNorm ``weight`` / ``bias``
+(torch.nn.LayerNorm's), RMSNorm ``scale`` / ``offset`` (GPT-NeoX's RMSNorm), ScaleNorm ``g``. (GPT-NeoX's
+RMSNorm never has an offset and its LayerNorm always has a bias, whatever use_bias_in_norms says; how such
+checkpoints load is megatron.model.checkpoint_layout's.)
 """
 from __future__ import annotations
 
@@ -42,18 +47,18 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm plus an optional bias (use_bias_in_norms, as GPT-NeoX): F.rms_norm, or the fused kernel
-    passed as ``norm_fn``."""
+    """RMSNorm (``scale``) plus an optional bias (``offset``, use_bias_in_norms): F.rms_norm, or the fused
+    kernel passed as ``norm_fn``."""
 
     def __init__(self, dim: int, eps: float, bias: bool = True, grad_reduce_group=None,
                  norm_fn: NormFn = rms_norm_reference) -> None:
         super().__init__()
         self.eps, self.group, self.norm_fn = eps, grad_reduce_group, norm_fn
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.scale = nn.Parameter(torch.ones(dim))
+        self.offset = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm_fn(x, _shared(self.weight, self.group), _shared(self.bias, self.group), self.eps)
+        return self.norm_fn(x, _shared(self.scale, self.group), _shared(self.offset, self.group), self.eps)
 
 
 class ScaleNorm(nn.Module):

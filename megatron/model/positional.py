@@ -19,15 +19,16 @@ class RotaryEmbedding(nn.Module):
     The tables are computed once, in fp32, for positions 0 .. ``max_positions`` - 1 and kept outside the
     module's buffers: ``model.to(bfloat16)`` must not round the angles (at position 2000 a bf16 inverse
     frequency is off by whole radians), and slicing a table costs nothing per layer and decoded token.
-    ``inv_freq`` stays a buffer so that rotary_save_freqs_buffer can put it in checkpoints."""
+    ``inv_freq`` is a non-persistent buffer; with rotary_save_freqs_buffer the attention layer writes it
+    into checkpoints as GPT-NeoX does (``attention.rotary_emb.inv_freq``)."""
 
-    def __init__(self, rot_dim: int, base: float, persistent: bool = False, max_positions: int = 0) -> None:
+    def __init__(self, rot_dim: int, base: float, max_positions: int = 0) -> None:
         super().__init__()
         if rot_dim % 2 != 0 or rot_dim <= 0:
             raise ValueError(f"rotary dimension (head size x rotary_pct) must be even and > 0, got {rot_dim}")
         self.rot_dim = rot_dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=persistent)
+        inv_freq = rotary_inv_freq(rot_dim, base)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._inv_freq_fp32 = inv_freq.clone()
         self._cos, self._sin = self._angles(torch.arange(max_positions), inv_freq)
 
@@ -50,6 +51,16 @@ class RotaryEmbedding(nn.Module):
         return self._cos[offset:offset + length], self._sin[offset:offset + length]
 
 
+def rotary_inv_freq(rot_dim: int, base: float) -> torch.Tensor:
+    """The rotary inverse frequencies base^(-2i / rot_dim), fp32 (GPT-NeoX's RotaryEmbedding.inv_freq)."""
+    return 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
+
+
+def sinusoidal_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
+    """The sinusoidal embedding's inverse frequencies, fp32 (GPT-NeoX's SinusoidalPositionalEmbedding.inv_freq)."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     first, second = x.chunk(2, dim=-1)
     return torch.cat((-second, first), dim=-1)
@@ -65,8 +76,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def sinusoidal_embedding(positions: torch.Tensor, dim: int, base: float = 10000.0) -> torch.Tensor:
     """[..., dim] embedding: sin of the position frequencies, then cos (Vaswani et al.)."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
-    angles = positions.float().unsqueeze(-1) * inv_freq
+    angles = positions.float().unsqueeze(-1) * sinusoidal_inv_freq(dim, base).to(positions.device)
     return torch.cat((angles.sin(), angles.cos()), dim=-1)[..., :dim]
 
 
@@ -103,3 +113,30 @@ def relative_position_bucket(relative: torch.Tensor, num_buckets: int, max_dista
     ).long()
     large = large.clamp(max=num_buckets - 1)
     return torch.where(is_small, n, large)
+
+
+class RelativePositionBias(nn.Module):
+    """T5-style relative position bias as GPT-NeoX's ParallelRelativePositionBias: a learned table ``weight``
+    [num_buckets, this rank's heads] (the heads split over tensor-parallel ranks), looked up by the causal
+    bucket of each query-key distance and scaled by sqrt(head_dim). The model builds one and shares it
+    between all its layers, as GPT-NeoX does."""
+
+    def __init__(self, num_buckets: int, max_distance: int, heads: int, head_dim: int, tp_rank: int, tp: int,
+                 init_fn) -> None:
+        super().__init__()
+        from megatron.mpu import shard_of
+
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.scale = math.sqrt(head_dim)
+        self.weight = nn.Parameter(torch.empty(num_buckets, heads // tp))
+        with torch.no_grad():
+            full = torch.empty(num_buckets, heads)
+            init_fn(full)
+            self.weight.copy_(shard_of(full, 1, tp_rank, tp))
+        self.weight.model_parallel = tp > 1
+
+    def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """[this rank's heads, q, k] additive bias."""
+        buckets = relative_position_bucket(k_pos.unsqueeze(0) - q_pos.unsqueeze(-1), self.num_buckets,
+                                           self.max_distance)
+        return self.weight[buckets].permute(2, 0, 1) * self.scale

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.attention import ParallelSelfAttention
+from megatron.model.checkpoint_layout import LAYER, install_hooks
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.mlp import ParallelMLP
@@ -38,7 +39,8 @@ def sequence_parallel_on(config: ModelConfig, parallel_state) -> bool:
 class ParallelTransformerLayer(nn.Module):
     """Norms, attention, MLP and residuals of one layer (see module docstring)."""
 
-    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker) -> None:
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker,
+                 rpe=None) -> None:
         super().__init__()
         self.layer_number = layer_number
         self.rng_tracker = rng_tracker
@@ -46,12 +48,13 @@ class ParallelTransformerLayer(nn.Module):
         group = parallel_state.get_model_parallel_group() if self.sequence_parallel else None
         self.gpt_j_residual, self.gpt_j_tied = config.gpt_j_residual, config.gpt_j_tied
         self.input_layernorm = build_norm(config, config.hidden_size, grad_reduce_group=group)
+        self.attention = ParallelSelfAttention(config, parallel_state, initializer, layer_number, rng_tracker, rpe)
         if not (self.gpt_j_residual and self.gpt_j_tied):
             self.post_attention_layernorm = build_norm(config, config.hidden_size, grad_reduce_group=group)
-        self.attention = ParallelSelfAttention(config, parallel_state, initializer, layer_number, rng_tracker)
         self.mlp = ParallelMLP(config, parallel_state, initializer, layer_number)
         self.hidden_dropout = config.hidden_dropout
         self.bias_dropout_add = model_fused_ops(config).bias_dropout_add if config.bias_dropout_fusion else None
+        install_hooks(self, LAYER, config, parallel_state)
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.hidden_dropout == 0.0:

@@ -14,7 +14,7 @@ from megatron.mpu.data import broadcast_data
 from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from megatron.mpu.parallel_state import ParallelState, SingleProcessState, build_parallel_state
 from megatron.mpu.random import RNGStatesTracker, model_parallel_seed
-from megatron.mpu.utils import divide, shard_of
+from megatron.mpu.utils import block_sizes, divide, join_shards, shard_of
 
 __all__ = [
     "ParallelState", "SingleProcessState", "build_parallel_state",
@@ -24,5 +24,5 @@ __all__ = [
     "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
     "reduce_scatter_to_sequence_parallel_region",
     "vocab_parallel_cross_entropy", "broadcast_data", "RNGStatesTracker", "model_parallel_seed",
-    "divide", "shard_of",
+    "block_sizes", "divide", "join_shards", "shard_of",
 ]

@@ -20,13 +20,13 @@ from megatron.mpu.collectives import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_model_parallel_region,
 )
-from megatron.mpu.utils import divide, shard_of
+from megatron.mpu.utils import Chunks, divide, shard_of
 
 InitFn = Callable[[torch.Tensor], None]
 
 
 def _fill_shard(param: torch.Tensor, full_shape: Tuple[int, ...], init_fn: Optional[InitFn], dim: int,
-                rank: int, world: int, chunks: int = 1) -> None:
+                rank: int, world: int, chunks: Chunks = 1) -> None:
     """Initialise ``param`` with this rank's shard of a full tensor built by ``init_fn``."""
     with torch.no_grad():
         if init_fn is None:
@@ -74,19 +74,20 @@ class VocabParallelEmbedding(nn.Module):
 class ColumnParallelLinear(nn.Module):
     """Y = X A^T + b with A's output rows split across ranks; each rank yields its output columns.
 
-    ``chunks`` > 1: the output dimension is ``chunks`` concatenated blocks (e.g. GLU gate|up), each split
-    across ranks, so the local output is this rank's share of every block. With ``sequence_parallel``
+    ``chunks`` other than 1: the output dimension is concatenated blocks (``chunks`` equal ones, e.g. a GLU's
+    up|gate, or blocks of the given sizes, e.g. grouped-query attention's query|key|value), each split across
+    ranks, so the local output is this rank's share of every block. With ``sequence_parallel``
     the input arrives sequence-sharded and is all-gathered first.
     """
 
     def __init__(self, input_size: int, output_size: int, parallel_state, init_fn: Optional[InitFn],
-                 bias: bool = True, gather_output: bool = False, chunks: int = 1,
+                 bias: bool = True, gather_output: bool = False, chunks: Chunks = 1,
                  sequence_parallel: bool = False) -> None:
         super().__init__()
         self.group = parallel_state.get_model_parallel_group()
         world = parallel_state.get_model_parallel_world_size()
         rank = parallel_state.get_model_parallel_rank()
-        if gather_output and chunks > 1 and world > 1:
+        if gather_output and chunks != 1 and world > 1:
             raise ValueError("ColumnParallelLinear cannot gather the output of a chunked (GLU) projection")
         self.input_size, self.output_size = input_size, output_size
         self.output_per_rank = divide(output_size, world, "column-parallel output size")

@@ -3,7 +3,7 @@ converted checkpoint, greedy decoding with our KV cache, and fixed token batches
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
@@ -63,15 +63,14 @@ def _randomise(model):
     return model
 
 
-def our_model(args: Mapping[str, Any], state: Mapping[str, torch.Tensor]):
-    """GPT2ModelSequential of a checkpoint's arguments (a NeoXArgs dict), built for one process in fp32
-    without dropout, with the merged ``state`` (the converter's flat names) loaded strictly."""
+def our_model(config, state: Mapping[str, torch.Tensor]):
+    """GPT2ModelSequential of a checkpoint's ModelConfig, built for one process in fp32 without dropout, with
+    the merged ``state`` (the converter's flat names) loaded strictly."""
     from megatron.checkpoint_conversion.neox_checkpoint import sequential_state_dict
     from megatron.model import GPT2ModelSequential
-    from megatron.model_config import ModelConfig
     from megatron.mpu import SingleProcessState
 
-    config = ModelConfig.from_neox_args(args).replace(
+    config = config.replace(
         pipe_parallel_size=0, model_parallel_size=1, sequence_parallel=False, checkpoint_activations=False,
         hidden_dropout=0.0, attention_dropout=0.0, precision="fp32")
     model = GPT2ModelSequential(config, SingleProcessState())

@@ -1,7 +1,6 @@
 """Hugging Face -> our checkpoint, in process: tiny random GPTNeoX / Llama / Mistral models give the
 same logits (fp32, <= 1e-4) and the same greedy generation in our model, for every tensor / pipeline
 split written; and our checkpoint -> Hugging Face -> our checkpoint gives back the same tensors."""
-import dataclasses
 import json
 
 import pytest
@@ -46,7 +45,7 @@ def test_hf_to_neox_same_logits_and_greedy_generation(hf_model, tmp_path, tp, pp
     path = convert_hf_to_neox(str(hf_dir), str(tmp_path / "ckpt"), str(tmp_path / "model.yml"), tp, pp)
     ckpt = read_checkpoint(str(tmp_path / "ckpt"))
     assert ckpt.path == path
-    ours = our_model(ckpt.args, ckpt.state)
+    ours = our_model(ckpt.config, ckpt.state)
     tokens = random_tokens(seq=16)
     with torch.no_grad():
         want = hf(tokens).logits
@@ -129,9 +128,9 @@ def test_our_gptneox_layouts_to_hf(overrides, tmp_path):
     from megatron.checkpoint_conversion import hf_gptneox
     from tests.model.helpers import tiny_config
 
-    args = tiny_config(pos_emb="rotary", padded_vocab_size=96, **overrides)
-    ours = our_model(dataclasses.asdict(args), _randomised_state(args))
-    config, state = hf_gptneox.to_hf(dataclasses.asdict(args), flat_state_dict(ours.state_dict(), 2))
+    model = tiny_config(pos_emb="rotary", padded_vocab_size=96, **overrides)
+    ours = our_model(model, _randomised_state(model))
+    config, state = hf_gptneox.to_hf(model, flat_state_dict(ours.state_dict(), model))
     hf = _saved_and_loaded(config, state, tmp_path)
     assert isinstance(hf, GPTNeoXForCausalLM)
     tokens = random_tokens(seq=16)
@@ -154,9 +153,9 @@ def test_our_llama_layouts_to_hf(architecture, overrides, tmp_path):
 
     values = dict(pos_emb="rotary", padded_vocab_size=96, norm="rmsnorm", activation="swiglu", use_bias_in_norms=False,
                   use_bias_in_attn_linear=False, use_bias_in_mlp=False, rms_norm_epsilon=1e-6)
-    args = tiny_config(**{**values, **overrides})
-    ours = our_model(dataclasses.asdict(args), _randomised_state(args))
-    config, state = hf_llama.to_hf(dataclasses.asdict(args), flat_state_dict(ours.state_dict(), 2), architecture)
+    model = tiny_config(**{**values, **overrides})
+    ours = our_model(model, _randomised_state(model))
+    config, state = hf_llama.to_hf(model, flat_state_dict(ours.state_dict(), model), architecture)
     hf = _saved_and_loaded(config, state, tmp_path)
     assert isinstance(hf, MistralForCausalLM if architecture == "mistral" else LlamaForCausalLM)
     tokens = random_tokens(seq=16)
@@ -174,11 +173,11 @@ def _saved_and_loaded(config, state, directory):
     return AutoModelForCausalLM.from_pretrained(directory, local_files_only=True).eval()
 
 
-def _randomised_state(args):
+def _randomised_state(config):
     """Our model's weights (flat names) with every tensor random (norm weights and biases included)."""
     from megatron.model import GPT2ModelSequential
     from megatron.mpu import SingleProcessState
 
     torch.manual_seed(0)
-    state = flat_state_dict(GPT2ModelSequential(args, SingleProcessState()).state_dict(), args.num_layers)
+    state = flat_state_dict(GPT2ModelSequential(config, SingleProcessState()).state_dict(), config)
     return {name: torch.randn_like(t) * (0.3 if t.dim() > 1 else 1.0) for name, t in state.items()}

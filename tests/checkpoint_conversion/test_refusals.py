@@ -6,6 +6,7 @@ from megatron.checkpoint_conversion import ConversionError, hf_gptneox, hf_llama
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
+from megatron.model_config import ModelConfig
 from tests.checkpoint_conversion.helpers import tiny_gptneox, tiny_llama
 
 NEOX = dict(num_layers=1, hidden_size=8, num_attention_heads=2, seq_length=8, pos_emb="rotary", norm="layernorm",
@@ -25,7 +26,7 @@ LLAMA = dict(NEOX, norm="rmsnorm", activation="swiglu", use_bias_in_norms=False,
 ])
 def test_gptneox_refuses(overrides, message):
     with pytest.raises(ConversionError, match=message):
-        hf_gptneox.to_hf({**NEOX, **overrides}, {})
+        hf_gptneox.to_hf(ModelConfig(**{**NEOX, **overrides}), {})
 
 
 @pytest.mark.parametrize("architecture,overrides,message", [
@@ -37,7 +38,7 @@ def test_gptneox_refuses(overrides, message):
 ])
 def test_llama_refuses(architecture, overrides, message):
     with pytest.raises(ConversionError, match=message):
-        hf_llama.to_hf({**LLAMA, **overrides}, {}, architecture)
+        hf_llama.to_hf(ModelConfig(**{**LLAMA, **overrides}), {}, architecture)
 
 
 def test_missing_checkpoint_names_the_flag(tmp_path):

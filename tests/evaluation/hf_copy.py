@@ -1,7 +1,6 @@
 """A Hugging Face GPTNeoXForCausalLM folder (weights + tokenizer) holding the weights of our sequential
 model, so that lm-eval's own 'hf' model can score the same network. Written with the project's converter
 (megatron/checkpoint_conversion), so the eval comparison also exercises it."""
-import dataclasses
 from pathlib import Path
 from typing import Dict
 
@@ -17,11 +16,10 @@ from megatron.model_config import ModelConfig
 def write_hf_copy(state: Dict[str, torch.Tensor], model_config: ModelConfig, tokenizer_file: str, eos_token: str,
                   out_dir: Path) -> Path:
     """``state``: full weights under the converter's flat names (``flat_state_dict`` of a GPT2ModelSequential
-    state dict, or a merged checkpoint); the tokenizer (an HFTokenizer tokenizer.json whose end-of-document
-    token is ``eos_token``) goes along."""
-    args = {**dataclasses.asdict(model_config), "tokenizer_type": "HFTokenizer", "vocab_file": tokenizer_file,
-            "merge_file": None}
-    config, hf_state = hf_gptneox.to_hf(args, {k: v.float() for k, v in state.items()})
+    state dict, or a merged checkpoint) of the model ``model_config``; the tokenizer (an HFTokenizer
+    tokenizer.json whose end-of-document token is ``eos_token``) goes along."""
+    args = {"tokenizer_type": "HFTokenizer", "vocab_file": tokenizer_file, "merge_file": None}
+    config, hf_state = hf_gptneox.to_hf(model_config, {k: v.float() for k, v in state.items()})
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = run_tokenizer(args)
     assert write_hf_tokenizer(args, tokenizer, str(out_dir), config.max_position_embeddings), \

@@ -72,7 +72,7 @@ def hf_lm(tiny):
     """lm-eval's own Hugging Face model on a copy of the same weights."""
     from lm_eval.models.huggingface import HFLM
 
-    state = flat_state_dict(tiny.model.state_dict(), tiny.config.num_layers)
+    state = flat_state_dict(tiny.model.state_dict(), tiny.config)
     folder = write_hf_copy(state, tiny.config, str(tiny.vocab_file), "<|endoftext|>", tiny.base / "hf")
     return HFLM(pretrained=str(folder), backend="causal", device="cpu", batch_size=4, max_length=32, dtype="float32")
 

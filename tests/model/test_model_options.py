@@ -35,8 +35,8 @@ def test_pos_emb_families_train(pos_emb):
 
 
 def test_learned_position_embedding_offset_shifts_positions():
-    a = build_model(tiny_config(opt_pos_emb_offset=2, max_position_embeddings=16), SingleProcessState())
-    assert a.embedding.position_embeddings.weight.shape[0] == 18
+    a = build_model(tiny_config(opt_pos_emb_offset=2, max_position_embeddings=18), SingleProcessState())
+    assert a.embedding.position_embeddings.weight.shape[0] == 18  # GPT-NeoX's: max_position_embeddings rows
     inputs, _ = random_batch()
     h, _ = a.embedding(inputs)
     want = a.embedding.word_embeddings(inputs[0]) + a.embedding.position_embeddings.weight[2:18]
@@ -132,7 +132,8 @@ def test_gqa_with_kv_heads_equal_heads_is_mha():
 
 
 def test_gqa_equals_mha_with_shared_kv_heads():
-    """GQA (4 query heads, 2 kv heads) == MHA whose heads 2g, 2g+1 share kv head g (layout check)."""
+    """GQA (4 query heads, 2 kv heads) == MHA whose heads 2g, 2g+1 share kv head g (layout check: GQA rows
+    are GPT-NeoX's [queries | keys | values], MHA rows per head [q | k | v])."""
     inputs, _ = random_batch()
     gqa = build_model(tiny_config(pos_emb="rotary", num_kv_heads=2), SingleProcessState())
     mha = build_model(tiny_config(pos_emb="rotary"), SingleProcessState())
@@ -140,11 +141,11 @@ def test_gqa_equals_mha_with_shared_kv_heads():
     d = 8
     for lg, lm in zip(gqa.layers, mha.layers):
         for attr in ("weight", "bias"):
-            src = getattr(lg.attention.query_key_value, attr).detach().view(2, 4, d, -1)  # [K, G+2, d, ..]
+            src = getattr(lg.attention.query_key_value, attr).detach().view(8, d, -1)  # 4 q, 2 k, 2 v heads
             rows = []
             for h in range(4):
-                g, j = divmod(h, 2)
-                rows += [src[g, j], src[g, 2], src[g, 3]]  # per head: q | k | v (HF GPTNeoX layout)
+                g = h // 2
+                rows += [src[h], src[4 + g], src[6 + g]]  # per head: q | k | v (HF GPTNeoX layout)
             with torch.no_grad():
                 getattr(lm.attention.query_key_value, attr).copy_(
                     torch.cat(rows).view_as(getattr(lm.attention.query_key_value, attr))

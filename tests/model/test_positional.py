@@ -77,7 +77,7 @@ def test_rotary_tables_stay_fp32_in_a_bf16_model_and_equal_direct_angles():
 
     model = build_model(tiny_config(precision="bfloat16", pos_emb="rotary", seq_length=16,
                                        max_position_embeddings=4096), SingleProcessState())
-    rope = model.layers[0].attention.rotary
+    rope = model.layers[0].attention.rotary_emb
     assert rope.inv_freq.dtype == torch.bfloat16  # the module's buffer follows the model...
     cos, sin = rope.tables(2000, 3, torch.device("cpu"))
     assert cos.dtype == torch.float32  # ...the angles do not

@@ -5,7 +5,7 @@ from typing import Dict
 import torch
 from torch import nn
 
-from megatron.model.attention import ParallelSelfAttention
+from megatron.model.positional import RelativePositionBias
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, shard_of
 
 
@@ -21,8 +21,8 @@ def shard_specs(model: nn.Module) -> Dict[str, tuple]:
             specs[prefix + "bias"] = (0, module.chunks)
         elif isinstance(module, RowParallelLinear):
             specs[prefix + "weight"] = (1, 1)
-        elif isinstance(module, ParallelSelfAttention) and hasattr(module, "rpe"):
-            specs[prefix + "rpe"] = (1, 1)
+        elif isinstance(module, RelativePositionBias):
+            specs[prefix + "weight"] = (1, 1)
     return specs
 
 

@@ -4,7 +4,7 @@
     python tools/ckpts/convert_hf_to_neox.py --hf_dir hf/pythia-70m --output_dir checkpoints/pythia-70m \\
         --config_out configs/pythia-70m-converted.yml --model_parallel_size 2 --pipe_parallel_size 1
 
-Writes OUTPUT_DIR/global_step0 in the DeepSpeed layout of the chosen tensor / pipeline split, with
+Writes OUTPUT_DIR/global_step0 in GPT-NeoX's layout for the chosen tensor / pipeline split, with
 ``latest``, COMPLETE and neox_args.json, and a YAML config (architecture, parallel layout, tokenizer when
 the folder has tokenizer.json or tokenizer.model, ``load``, ``finetune: true``). The checkpoint has no
 optimizer state: train.py starts fine-tuning from it; generate.py and eval.py load it as is. Local folders

@@ -1,12 +1,14 @@
 #!/usr/bin/env python
-"""Convert a checkpoint of this framework (any tensor / pipeline split) to a Hugging Face folder.
+"""Convert a checkpoint in GPT-NeoX's layout (this framework's or GPT-NeoX's; or this framework's older layout),
+any tensor / pipeline split, to a Hugging Face folder.
 
     python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/global_step1000 \\
         --config_file configs/pythia/70M.yml configs/local_setup.yml --output_dir hf/pythia-70m
     python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints --output_dir hf/llama --architecture llama
 
 Writes config.json, model.safetensors and, when the config names a tokenizer.json, tokenizer.json and
-tokenizer_config.json. Without --config_file the checkpoint's own neox_args.json describes the model.
+tokenizer_config.json. Without --config_file the checkpoint's own neox_args.json (a GPT-NeoX checkpoint: its
+configs/*.yml) describes the model.
 --architecture neox gives GPTNeoXForCausalLM; llama / mistral give LlamaForCausalLM / MistralForCausalLM
 for rmsnorm + swiglu + rotary models. What a target cannot represent is refused with the reason.
 """
@@ -31,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input_dir", required=True, help="a global_stepN directory (or a save dir with 'latest')")
     p.add_argument("--config_file", nargs="+", default=None,
-                   help="the run's YAML file(s); default: the checkpoint's neox_args.json")
+                   help="the run's YAML file(s); default: the checkpoint's neox_args.json (GPT-NeoX's: configs/*.yml)")
     p.add_argument("--output_dir", required=True)
     p.add_argument("--architecture", choices=ARCHITECTURES, default="neox")
     p.add_argument("--precision", choices=tuple(DTYPES), default="fp32")
