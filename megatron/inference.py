@@ -50,7 +50,7 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, mo
     from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
     from megatron.checkpoint_conversion.tensor_parallel import split_full
     from megatron.model.checkpoint_layout import from_neox, slot_kind, to_neox
-    from megatron.model.embedding import EmbeddingPipe
+    from megatron.model.embedding import Embedding
     from megatron.model.gpt2_model import slot_prefixes
 
     try:
@@ -61,7 +61,7 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, mo
     num_layers = model_config.num_layers
     prefixes = slot_prefixes(num_layers)
     for slot, module in slot_modules(model).items():
-        is_embedding = isinstance(module, EmbeddingPipe)  # a tied head is the embedding
+        is_embedding = isinstance(module, Embedding)  # a tied head is the embedding
         prefix = prefixes[0] if is_embedding else prefixes[slot]
         kind = slot_kind(0 if is_embedding else slot, num_layers)
         wanted = from_neox(kind, module.state_dict(), model_config, rank, tp)  # the parameters (names, shapes)

@@ -1,13 +1,12 @@
-"""Input embedding stage, final norm and output head of the GPT pipeline.
+"""The input embedding, the model's first slot.
 
-EmbeddingPipe: vocabulary-parallel word embedding, plus learned (``opt_pos_emb_offset`` added to the
+Embedding: vocabulary-parallel word embedding, plus learned (``opt_pos_emb_offset`` added to the
 position ids) or sinusoidal position embeddings, an optional soft prompt, then hidden dropout; under
-sequence parallelism its output is this rank's chunk of the sequence. The output head is either a
-column-parallel linear over the (padded) vocabulary or, with tied weights, the word embedding matrix
-itself (``tied_logits``); both yield this rank's vocabulary shard of the logits.
+sequence parallelism its output is this rank's chunk of the sequence. (The final norm and the output head,
+tied to this embedding or not, are megatron.model.head.)
 
-Checkpoint names are GPT-NeoX's: ``word_embeddings.weight``, ``position_embeddings.weight`` (learned),
-``norm.*`` (NormPipe), ``final_linear.weight`` (ParallelLinearPipe). With sinusoidal positions GPT-NeoX keeps
+Checkpoint names are GPT-NeoX's: ``word_embeddings.weight``, ``position_embeddings.weight`` (learned).
+With sinusoidal positions GPT-NeoX keeps
 its inverse frequencies as a buffer, ``position_embeddings.inv_freq``, which the slot writes and checks
 (megatron.model.checkpoint_layout). The soft prompt (``soft_prompt.weight``) has no GPT-NeoX counterpart that loads.
 """
@@ -20,18 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.model.checkpoint_layout import EMBEDDING, FINAL_NORM, install_hooks
-from megatron.model.norms import build_norm
+from megatron.model.checkpoint_layout import EMBEDDING, install_hooks
 from megatron.model.positional import sinusoidal_embedding
 from megatron.model.transformer import sequence_parallel_on
 from megatron.model_config import ModelConfig
-from megatron.mpu import (
-    ColumnParallelLinear,
-    VocabParallelEmbedding,
-    copy_to_model_parallel_region,
-    gather_from_sequence_parallel_region,
-    scatter_to_sequence_parallel_region,
-)
+from megatron.mpu import VocabParallelEmbedding, scatter_to_sequence_parallel_region
 
 EMBEDDING_LAYER_INDEX = -1
 
@@ -52,7 +44,7 @@ class SoftPrompt(nn.Module):
         return torch.cat((prompt, embeddings), dim=1)[:, :s]
 
 
-class EmbeddingPipe(nn.Module):
+class Embedding(nn.Module):
     """(tokens, position_ids, attention_mask) -> (hidden_states, attention_mask)."""
 
     def __init__(self, config: ModelConfig, parallel_state, initializer, rng_tracker) -> None:
@@ -100,40 +92,3 @@ class EmbeddingPipe(nn.Module):
             with ctx:
                 hidden = F.dropout(hidden, p=self.dropout)
         return hidden, attention_mask
-
-
-def tied_logits(embedding: EmbeddingPipe, hidden: torch.Tensor) -> torch.Tensor:
-    """Output head that reuses the word embedding: this rank's vocabulary shard of the logits."""
-    if embedding.sequence_parallel:
-        hidden = gather_from_sequence_parallel_region(hidden, embedding.group)
-    else:
-        hidden = copy_to_model_parallel_region(hidden, embedding.group)
-    return F.linear(hidden, embedding.word_embeddings.weight)
-
-
-class NormPipe(nn.Module):
-    """Final norm: (hidden_states, attention_mask) -> hidden_states."""
-
-    def __init__(self, config: ModelConfig, parallel_state) -> None:
-        super().__init__()
-        group = parallel_state.get_model_parallel_group() if sequence_parallel_on(config, parallel_state) else None
-        self.norm = build_norm(config, config.hidden_size, grad_reduce_group=group)
-        install_hooks(self, FINAL_NORM, config, parallel_state)
-
-    def forward(self, args) -> torch.Tensor:
-        hidden = args[0] if isinstance(args, tuple) else args
-        return self.norm(hidden)
-
-
-class ParallelLinearPipe(nn.Module):
-    """Untied output head: column-parallel over the vocabulary, no bias, logits left sharded."""
-
-    def __init__(self, config: ModelConfig, parallel_state, initializer) -> None:
-        super().__init__()
-        self.final_linear = ColumnParallelLinear(
-            config.hidden_size, config.padded_vocab_size, parallel_state,
-            initializer.weight(config.num_layers, "final_linear"), bias=False,
-            sequence_parallel=sequence_parallel_on(config, parallel_state))
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.final_linear(hidden)

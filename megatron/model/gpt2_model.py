@@ -2,12 +2,12 @@
 
 Slots, with L = num_layers (GPT-NeoX's indices: they name the checkpoint files and the module keys, so
 checkpoints move between GPT-NeoX and this project unchanged):
-    0             EmbeddingPipe
+    0             Embedding
     1             a parameter-free slot (GPT-NeoX's pre-transformer function)
-    2 .. L + 1    ParallelTransformerLayerPipe (layer i in slot i + 2)
+    2 .. L + 1    ParallelTransformerLayer (layer i in slot i + 2)
     L + 2         a parameter-free slot (GPT-NeoX's post-transformer function)
-    L + 3         NormPipe, the final norm
-    L + 4         the output head: ParallelLinearPipe, or the embedding again (TiedLayerSpec) unless
+    L + 3         FinalNorm, the final norm
+    L + 4         the output head: OutputHead, or the embedding again (TiedLayerSpec) unless
                   no_weight_tying
 Inside each slot the parameter names and layouts are GPT-NeoX's too (see megatron/model/attention.py,
 norms.py, embedding.py, transformer.py), so a model's state dict is the state dict GPT-NeoX's model of the
@@ -41,11 +41,12 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
 from megatron.model.attention import build_relative_position_bias
-from megatron.model.embedding import EmbeddingPipe, NormPipe, ParallelLinearPipe, tied_logits
+from megatron.model.embedding import Embedding
+from megatron.model.head import FinalNorm, OutputHead, tied_logits
 from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
-from megatron.model.transformer import ParallelTransformerLayerPipe
+from megatron.model.transformer import ParallelTransformerLayer
 from megatron.model.activation_checkpointing import (
     checkpoint_function,
     checkpointing_rng_tracker,
@@ -126,15 +127,15 @@ class GPT2ModelSequential(nn.Module):
         rng_tracker = _model_tracker(config, parallel_state, rng_tracker)
         init = Initializer(config)
         rpe = _shared_rpe(config, parallel_state, init)
-        layers = [ParallelTransformerLayerPipe(config, parallel_state, init, i, rng_tracker, rpe)
+        layers = [ParallelTransformerLayer(config, parallel_state, init, i, rng_tracker, rpe)
                   for i in range(config.num_layers)]
-        head = None if config.tied_embeddings else ParallelLinearPipe(config, parallel_state, init)
-        self._assemble(EmbeddingPipe(config, parallel_state, init, rng_tracker), layers,
-                       NormPipe(config, parallel_state), head, loss_function(config, parallel_state),
+        head = None if config.tied_embeddings else OutputHead(config, parallel_state, init)
+        self._assemble(Embedding(config, parallel_state, init, rng_tracker), layers,
+                       FinalNorm(config, parallel_state), head, loss_function(config, parallel_state),
                        config.checkpoint_num_layers if config.checkpoint_activations else 0)
 
     @classmethod
-    def from_parts(cls, embedding: EmbeddingPipe, layers: List[nn.Module], final_norm: NormPipe,
+    def from_parts(cls, embedding: Embedding, layers: List[nn.Module], final_norm: FinalNorm,
                    head: Optional[nn.Module], loss_fn, checkpoint_every: int = 0) -> "GPT2ModelSequential":
         """A sequential model over existing (already initialised) layers; parameters are shared."""
         model = cls.__new__(cls)
@@ -142,7 +143,7 @@ class GPT2ModelSequential(nn.Module):
         model._assemble(embedding, layers, final_norm, head, loss_fn, checkpoint_every)
         return model
 
-    def _assemble(self, embedding: EmbeddingPipe, layers: List[nn.Module], final_norm: NormPipe,
+    def _assemble(self, embedding: Embedding, layers: List[nn.Module], final_norm: FinalNorm,
                   head: Optional[nn.Module], loss_fn, checkpoint_every: int) -> None:
         self.sequential = nn.ModuleList([embedding, LayerSlot(), *layers, LayerSlot(), final_norm,
                                          head if head is not None else LayerSlot()])
@@ -151,11 +152,11 @@ class GPT2ModelSequential(nn.Module):
         self.checkpoint_every, self.loss_fn = checkpoint_every, loss_fn
 
     @property
-    def embedding(self) -> EmbeddingPipe:
+    def embedding(self) -> Embedding:
         return self.sequential[0]
 
     @property
-    def final_norm(self) -> NormPipe:
+    def final_norm(self) -> FinalNorm:
         return self.sequential[len(self.layers) + 3]
 
     @property
@@ -228,20 +229,20 @@ def gpt2_layer_specs(config: ModelConfig, parallel_state, rng_tracker) -> List[o
     """DeepSpeed layer specs of the model, one per slot (built lazily, per pipeline stage)."""
     init = Initializer(config)
     if config.tied_embeddings:
-        specs = [TiedLayerSpec("embed", EmbeddingPipe, config, parallel_state, init, rng_tracker,
+        specs = [TiedLayerSpec("embed", Embedding, config, parallel_state, init, rng_tracker,
                                tied_weight_attr="word_embeddings.weight")]
     else:
-        specs = [LayerSpec(EmbeddingPipe, config, parallel_state, init, rng_tracker)]
+        specs = [LayerSpec(Embedding, config, parallel_state, init, rng_tracker)]
     specs.append(pass_through)
     rpe = _shared_rpe(config, parallel_state, init)
-    specs += [LayerSpec(ParallelTransformerLayerPipe, config, parallel_state, init, i, rng_tracker, rpe)
+    specs += [LayerSpec(ParallelTransformerLayer, config, parallel_state, init, i, rng_tracker, rpe)
               for i in range(config.num_layers)]
-    specs += [pass_through, LayerSpec(NormPipe, config, parallel_state)]
+    specs += [pass_through, LayerSpec(FinalNorm, config, parallel_state)]
     if config.tied_embeddings:
-        specs.append(TiedLayerSpec("embed", EmbeddingPipe, config, parallel_state, init, rng_tracker,
+        specs.append(TiedLayerSpec("embed", Embedding, config, parallel_state, init, rng_tracker,
                                    forward_fn=tied_logits, tied_weight_attr="word_embeddings.weight"))
     else:
-        specs.append(LayerSpec(ParallelLinearPipe, config, parallel_state, init))
+        specs.append(LayerSpec(OutputHead, config, parallel_state, init))
     return specs
 
 
@@ -261,7 +262,7 @@ class GPT2ModelPipe(PipelineModule):
             partition_method=config.pipe_partition_method,
             activation_checkpoint_interval=config.checkpoint_num_layers if config.checkpoint_activations else 0,
             activation_checkpoint_func=checkpoint_function(),
-            checkpointable_layers=["ParallelTransformerLayerPipe"],
+            checkpointable_layers=["ParallelTransformerLayer"],
         )
         self._tied_head = config.tied_embeddings
         self.num_layers = config.num_layers

@@ -1,4 +1,5 @@
-"""One transformer layer (pre-norm, or GPT-J parallel residual) and its pipeline wrapper.
+"""One transformer layer (pre-norm, or GPT-J parallel residual), called with (hidden, mask) as DeepSpeed's
+pipeline passes it between stages (the sequential model calls it the same way).
 
 Activations are [batch, seq, hidden] (seq sharded across tensor-parallel ranks under
 sequence_parallel). Residual forms:
@@ -63,8 +64,14 @@ class ParallelTransformerLayer(nn.Module):
         with ctx:
             return F.dropout(x, p=self.hidden_dropout, training=True)
 
-    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+    def forward(self, args: Tuple[torch.Tensor, Optional[torch.Tensor]], kv_cache: Optional[KVCache] = None):
+        """(hidden_states, attention_mask) -> (hidden_states, attention_mask): the form DeepSpeed's pipeline
+        passes between stages, used by the sequential model too."""
+        hidden, mask = args
+        return self._forward(hidden, mask, kv_cache), mask
+
+    def _forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                 kv_cache: Optional[KVCache] = None) -> torch.Tensor:
         if self.bias_dropout_add is not None:
             return self._fused_residual_forward(x, attention_mask, kv_cache)
         normed = self.input_layernorm(x)
@@ -93,10 +100,3 @@ class ParallelTransformerLayer(nn.Module):
         with ctx:
             return self.bias_dropout_add(out, bias, residual, self.hidden_dropout, self.training)
 
-
-class ParallelTransformerLayerPipe(ParallelTransformerLayer):
-    """Pipeline form: takes and returns (hidden_states, attention_mask)."""
-
-    def forward(self, args: Tuple[torch.Tensor, torch.Tensor], kv_cache: Optional[KVCache] = None):
-        hidden, mask = args
-        return super().forward(hidden, mask, kv_cache), mask

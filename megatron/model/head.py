@@ -1,0 +1,57 @@
+"""The model's last slots: the final norm and the output head.
+
+FinalNorm normalises the last layer's output; the output head is either OutputHead, a column-parallel
+linear over the (padded) vocabulary, or, with tied weights, the word embedding matrix itself
+(``tied_logits``); both give this rank's vocabulary shard of the logits.
+
+Checkpoint names are GPT-NeoX's: ``norm.*`` (its NormPipe), ``final_linear.weight`` (its ParallelLinearPipe).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.model.checkpoint_layout import FINAL_NORM, install_hooks
+from megatron.model.embedding import Embedding
+from megatron.model.norms import build_norm
+from megatron.model.transformer import sequence_parallel_on
+from megatron.model_config import ModelConfig
+from megatron.mpu import ColumnParallelLinear, copy_to_model_parallel_region, gather_from_sequence_parallel_region
+
+
+def tied_logits(embedding: Embedding, hidden: torch.Tensor) -> torch.Tensor:
+    """Output head that reuses the word embedding: this rank's vocabulary shard of the logits."""
+    if embedding.sequence_parallel:
+        hidden = gather_from_sequence_parallel_region(hidden, embedding.group)
+    else:
+        hidden = copy_to_model_parallel_region(hidden, embedding.group)
+    return F.linear(hidden, embedding.word_embeddings.weight)
+
+
+class FinalNorm(nn.Module):
+    """Final norm: (hidden_states, attention_mask) -> hidden_states."""
+
+    def __init__(self, config: ModelConfig, parallel_state) -> None:
+        super().__init__()
+        group = parallel_state.get_model_parallel_group() if sequence_parallel_on(config, parallel_state) else None
+        self.norm = build_norm(config, config.hidden_size, grad_reduce_group=group)
+        install_hooks(self, FINAL_NORM, config, parallel_state)
+
+    def forward(self, args) -> torch.Tensor:
+        hidden = args[0] if isinstance(args, tuple) else args
+        return self.norm(hidden)
+
+
+class OutputHead(nn.Module):
+    """Untied output head: column-parallel over the vocabulary, no bias, logits left sharded."""
+
+    def __init__(self, config: ModelConfig, parallel_state, initializer) -> None:
+        super().__init__()
+        self.final_linear = ColumnParallelLinear(
+            config.hidden_size, config.padded_vocab_size, parallel_state,
+            initializer.weight(config.num_layers, "final_linear"), bias=False,
+            sequence_parallel=sequence_parallel_on(config, parallel_state))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.final_linear(hidden)
