@@ -20,7 +20,7 @@ the model returns this rank's vocabulary shard of the logits and ``cross_entropy
   partitioned by ``pipe_partition_method``; DeepSpeed saves slot i of tensor rank t as
   ``layer_{i:02d}-model_{t:02d}-model_states.pt`` (parameter-free slots and the tied head write nothing).
   Activation checkpointing every ``checkpoint_num_layers`` transformer layers with DeepSpeed's checkpoint,
-  restricted to the transformer layers (``checkpointable_layers``: the first stage takes integer tokens,
+  restricted to the layer blocks (``checkpointable_layers``: the first stage takes integer tokens,
   which reentrant checkpointing rejects).
 * ``GPT2ModelSequential`` (pipe_parallel_size 0): the same slots in an nn.ModuleList named ``sequential``
   (module keys ``sequential.{i}.*``, as GPT-NeoX's SequentialWrapper), with the same forward and loss; it
@@ -106,6 +106,17 @@ def slot_prefixes(num_layers: int) -> Dict[int, str]:
     return prefixes
 
 
+BLOCK_CLASSES: Dict[str, type] = {"global": ParallelTransformerLayer, "local": ParallelTransformerLayer,
+                                  "flash": ParallelTransformerLayer}
+"""The module of each layer type of attention_config (GPT-NeoX's per-layer types): the layer specs as data.
+Every block class takes (config, parallel_state, initializer, layer_number, rng_tracker, rpe) and maps
+(hidden, attention_mask) [+ kv_cache] to (hidden, attention_mask), so it can sit in any slot 2..L+1."""
+
+
+def block_class(config: ModelConfig, layer_number: int) -> type:
+    return BLOCK_CLASSES[config.attention_types[layer_number]]
+
+
 def pass_through(args):
     """A parameter-free slot of the layer list (GPT-NeoX's pre/post-transformer functions)."""
     return args
@@ -127,7 +138,7 @@ class GPT2ModelSequential(nn.Module):
         rng_tracker = _model_tracker(config, parallel_state, rng_tracker)
         init = Initializer(config)
         rpe = _shared_rpe(config, parallel_state, init)
-        layers = [ParallelTransformerLayer(config, parallel_state, init, i, rng_tracker, rpe)
+        layers = [block_class(config, i)(config, parallel_state, init, i, rng_tracker, rpe)
                   for i in range(config.num_layers)]
         head = None if config.tied_embeddings else OutputHead(config, parallel_state, init)
         self._assemble(Embedding(config, parallel_state, init, rng_tracker), layers,
@@ -235,7 +246,7 @@ def gpt2_layer_specs(config: ModelConfig, parallel_state, rng_tracker) -> List[o
         specs = [LayerSpec(Embedding, config, parallel_state, init, rng_tracker)]
     specs.append(pass_through)
     rpe = _shared_rpe(config, parallel_state, init)
-    specs += [LayerSpec(ParallelTransformerLayer, config, parallel_state, init, i, rng_tracker, rpe)
+    specs += [LayerSpec(block_class(config, i), config, parallel_state, init, i, rng_tracker, rpe)
               for i in range(config.num_layers)]
     specs += [pass_through, LayerSpec(FinalNorm, config, parallel_state)]
     if config.tied_embeddings:
@@ -262,7 +273,7 @@ class GPT2ModelPipe(PipelineModule):
             partition_method=config.pipe_partition_method,
             activation_checkpoint_interval=config.checkpoint_num_layers if config.checkpoint_activations else 0,
             activation_checkpoint_func=checkpoint_function(),
-            checkpointable_layers=["ParallelTransformerLayer"],
+            checkpointable_layers=sorted({cls.__name__ for cls in BLOCK_CLASSES.values()}),
         )
         self._tied_head = config.tied_embeddings
         self.num_layers = config.num_layers
