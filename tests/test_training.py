@@ -4,7 +4,6 @@ in tests/e2e)."""
 import os
 import signal
 import time
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch
 from megatron.training import StopRequested, skip_single_rank_allreduce
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config
+from tests.neox_arguments.helpers import tiny
 
 
 def test_parent_records_the_signal_and_a_forked_child_dies_of_it():
@@ -54,7 +54,7 @@ def _engine_losses(rank: int, world_size: int, zero_stage: int, skip: bool):
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
                                            config=config, mpu=state)
     switched = skip and skip_single_rank_allreduce(
-        engine, SimpleNamespace(zero_stage=zero_stage, is_pipe_parallel=False), state)
+        engine, tiny(zero_optimization={"stage": zero_stage}, num_gpus=world_size), state)
     losses = []
     for step in range(3):
         inputs, labels = random_batch(seed=10 * step + rank)

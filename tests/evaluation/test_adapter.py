@@ -131,7 +131,7 @@ def test_requests_match_lm_eval_hf_model_one_by_one(tiny, hf_lm):
 def test_restores_training_mode_and_rng(tiny):
     tiny.model.train()
     state = torch.get_rng_state()
-    args = SimpleNamespace(**{**vars(tiny.args), "eval_tasks": [str(tiny.tasks["neox_mc_local"])]})
+    args = tiny_args(train_micro_batch_size_per_gpu=3, eval_tasks=[str(tiny.tasks["neox_mc_local"])])
     result = run_eval_tasks(args, tiny.model, tiny.ctx, iteration=1, limit=3)
     assert tiny.model.training and torch.equal(torch.get_rng_state(), state)
     tiny.model.eval()
@@ -165,16 +165,16 @@ def test_flat_metrics_and_results_path():
     results = {"results": {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.1, "em,strict": 1.0}}}
     assert flat_metrics(results) == {"t/acc": 0.5, "t/acc_stderr": 0.1, "t/em_strict": 1.0}
     when = datetime.datetime(2026, 1, 2, 3, 4)
-    path = results_path(SimpleNamespace(eval_results_prefix="out/run"), when)
+    path = results_path(tiny_args(eval_results_prefix="out/run"), when)
     assert path == "out/run_eval_results_26-01-02-03-04.json"
-    assert results_path(SimpleNamespace(eval_results_prefix=""), when) == "eval_results_26-01-02-03-04.json"
+    assert results_path(tiny_args(eval_results_prefix=""), when) == "eval_results_26-01-02-03-04.json"
 
 
 def test_results_are_written_and_logged(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    args = SimpleNamespace(eval_results_prefix=str(tmp_path / "out" / "run"), log_dir=str(tmp_path / "logs"),
-                           tensorboard_dir=str(tmp_path / "tb"), use_wandb=False, use_comet=False)
+    args = tiny_args(eval_results_prefix=str(tmp_path / "out" / "run"), log_dir=str(tmp_path / "logs"),
+                     tensorboard_dir=str(tmp_path / "tb"))
     results = {"results": {"t": {"acc,none": 0.25}}, "iteration": 12, "metrics": {"t/acc": 0.25}}
     path = write_results(args, results)
     assert path.startswith(str(tmp_path / "out" / "run_eval_results_"))
