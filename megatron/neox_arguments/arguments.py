@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import json
 import os
+import re
 import sys
 import typing
 import warnings
@@ -89,7 +90,7 @@ class NeoXArgs(NeoXArgsSchema):
                 where = f" (in {origin[key]})" if key in origin else ""
                 problems.append(f"{key}={values[key]!r}{where} must be {describe(argument_types()[key])}")
         if problems:
-            raise ConfigError(problems)
+            raise ConfigError(problems + _problems_besides(problems, clean, provided, folded))
         args = cls(**clean)
         problems = args._derive_and_validate(provided)
         if problems:
@@ -189,6 +190,21 @@ class NeoXArgs(NeoXArgsSchema):
     # ---- conversions --------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _problems_besides(first: List[str], clean: Dict[str, Any], provided: Set[str],
+                      folded: Mapping[str, Any]) -> List[str]:
+    """The derivation and validation problems of the values that are fine, reported with the type errors and
+    unknown keys `first` so that one round shows them all: those that mention a key named in `first` (its
+    value was dropped, so what validation says about it is noise) are left out."""
+    mentioned = {name for name in argument_types() for p in first if re.search(rf"\b{name}\b", p)}
+    try:
+        args = NeoXArgs(**clean)
+        later = args._derive_and_validate(provided & set(clean))
+    except Exception:  # a dropped value that derivation cannot do without: the first problems are the story
+        return []
+    later = note_extra_args_origin(later, folded)
+    return [p for p in later if not any(re.search(rf"\b{name}\b", p) for name in mentioned)]
 
 
 @lru_cache(maxsize=None)
