@@ -5,7 +5,8 @@
     python deepy.py generate.py -d configs 125M.yml text_generation.yml -i prompts.txt -o samples.jsonl
     python deepy.py eval.py configs/125M.yml --eval_tasks lambada_openai
 
-The YAML files are merged, validated and derived here, before any process starts; every problem is
+The YAML files are merged, validated and derived here, and the files, hosts and ports the workers will
+need are checked (megatron/neox_arguments/prelaunch.py), before any process starts; every problem is
 printed at once and the exit status is 2. The validated config travels to every worker encoded in one
 environment variable, which the worker turns back into NeoXArgs with NeoXArgs.consume_neox_args()."""
 
@@ -13,9 +14,9 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import ConfigError, NeoXArgs, prelaunch
 from megatron.neox_arguments.hostfile import is_local_launch
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variables_to_workers, multi_node_launch,
                                               worker_environment)
@@ -81,6 +82,29 @@ def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
     return args
 
 
+def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Optional[str]]:
+    """load_args, then everything prelaunch checks on this machine (files, hosts, master address and port),
+    all problems raised together. Returns (args ready to launch, notes to print, finished-run message)."""
+    ns = build_parser().parse_args(argv)
+    args = load_args(argv)
+    problems = prelaunch.file_problems(args) + prelaunch.host_problems(args)
+    master_addr, addr_problems = prelaunch.resolve_master_addr(args)
+    problems += addr_problems
+    if problems:
+        raise ConfigError(problems)
+    notes: List[str] = []
+    extra: Dict[str, Any] = {}
+    if master_addr and master_addr != args.master_addr:
+        extra["master_addr"] = master_addr
+    port, note = prelaunch.master_port_note(args, master_addr)
+    if port is not None:
+        extra["master_port"] = port
+        notes.append(note)
+    if extra:
+        args = _build_args(ns, extra)
+    return args, notes, prelaunch.finished_run_message(args)
+
+
 def _cap_cpu_threads(args: NeoXArgs) -> None:
     """CPU ranks on one machine share its cores; without a cap each rank starts one thread per core
     and they slow each other down (measured 10x on 2 cores). Several nodes: their cores are not known
@@ -112,10 +136,14 @@ class _AbbreviateEncodedConfig(logging.Filter):
 
 def launch(args: NeoXArgs) -> int:
     """Hand the validated args to DeepSpeed's runner (which starts the workers and waits for them)."""
+    import torch
     from deepspeed.launcher import runner
     from deepspeed.utils import logger as deepspeed_logger
 
     _cap_cpu_threads(args)
+    warning = prelaunch.cpu_oversubscription_warning(args, torch.cuda.is_available())
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     environment = worker_environment(args)
     os.environ.update(environment)
     forward_variables_to_workers()
@@ -130,10 +158,15 @@ def launch(args: NeoXArgs) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     try:
-        args = load_args(argv)
+        args, notes, finished = preflight(argv)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if finished:
+        print(finished, file=sys.stderr)
+        return 0
     return launch(args)
 
 
