@@ -76,7 +76,9 @@ def start_distributed(neox_args) -> None:
 def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config."""
     from megatron.neox_arguments import ConfigError
+    from megatron.rank_logs import tee_rank_output
 
+    tee_rank_output(neox_args.log_dir, neox_args.rank)
     problems = ModelConfig.from_neox_args(neox_args).device_problems(torch.cuda.is_available())
     if problems:
         raise ConfigError(problems)
