@@ -145,20 +145,21 @@ def rendezvous_environment(rank: Optional[int], local_rank: Optional[int], world
     DeepSpeed's launcher, or exported in an sbatch script) win over the config's master_addr / master_port.
     Raises ValueError naming what is missing."""
     out: Dict[str, str] = {}
-    missing = []
-    for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank), ("WORLD_SIZE", world_size)):
-        if value is None:
-            missing.append(name)
-        else:
-            out[name] = str(value)
-    addr = env.get("MASTER_ADDR") or master_addr
-    if not addr:
-        missing.append("MASTER_ADDR")
-    else:
-        out["MASTER_ADDR"] = addr
-    out["MASTER_PORT"] = env.get("MASTER_PORT") or str(master_port)
+    problems = []
+    missing = [name for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank), ("WORLD_SIZE", world_size))
+               if value is None]
     if missing:
-        raise ValueError(f"this worker cannot find {', '.join(missing)}: it was not started by deepy.py's launcher "
-                         f"(DeepSpeed's runner, srun or mpirun); set master_addr in the config for launchers that "
-                         f"do not export MASTER_ADDR")
+        problems.append(f"this worker finds no {', '.join(missing)} (nor srun's SLURM_PROCID / SLURM_LOCALID / "
+                        f"SLURM_NTASKS or mpirun's OMPI_COMM_WORLD_* variables): start it through deepy.py")
+    out.update({name: str(value) for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank),
+                                                      ("WORLD_SIZE", world_size)) if value is not None})
+    addr = env.get("MASTER_ADDR") or master_addr
+    if addr:
+        out["MASTER_ADDR"] = addr
+    else:
+        problems.append("this worker has no address of rank 0: MASTER_ADDR is not in its environment and "
+                        "master_addr is not set; set master_addr to the address of rank 0's host")
+    out["MASTER_PORT"] = env.get("MASTER_PORT") or str(master_port)
+    if problems:
+        raise ValueError("; ".join(problems))
     return out

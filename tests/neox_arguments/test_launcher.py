@@ -120,8 +120,11 @@ def test_rendezvous_variables_for_torch():
     assert env == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29600"}
     launched = rendezvous_environment(3, 1, 4, None, 29600, {"MASTER_ADDR": "node0", "MASTER_PORT": "1234"})
     assert (launched["MASTER_ADDR"], launched["MASTER_PORT"]) == ("node0", "1234")
-    with pytest.raises(ValueError, match="RANK, MASTER_ADDR.*set master_addr"):
+    with pytest.raises(ValueError, match=r"no RANK, LOCAL_RANK \(nor srun's .*deepy.py; .*set master_addr"):
         rendezvous_environment(None, None, 4, None, 29600, {})
+    with pytest.raises(ValueError) as err:
+        rendezvous_environment(None, 0, 4, None, 29600, {"MASTER_ADDR": "node0"})
+    assert "no RANK (" in str(err.value) and "master_addr" not in str(err.value)
 
 
 def test_world_size_mismatch_is_explained():
