@@ -239,9 +239,10 @@ def write_indexed_datasets(
     if stats.documents == 0 or stats.tokens == 0:
         for b in builders.values():
             b.discard()
-        found = "no documents" if stats.documents == 0 else f"{stats.documents} documents but no tokens (every text empty)"
-        raise DataError(f"{source}: {found}; nothing written to {output_prefix_for(output_prefix, first_name)}.bin/.idx "
-                        f"(check the input files and the keys that are read from them)")
+        found = ("no documents" if stats.documents == 0
+                 else f"{stats.documents} documents but no tokens (every text empty)")
+        raise DataError(f"{source}: {found}; nothing written to {output_prefix_for(output_prefix, first_name)}"
+                        f".bin/.idx (check the input files and the keys that are read from them)")
     for b in builders.values():
         b.finalize()
     log(f"processed {stats.summary()} with {workers} worker(s)")

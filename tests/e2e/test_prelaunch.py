@@ -94,7 +94,8 @@ def test_separate_data_path_lists_and_a_suffix_written_by_mistake(deepy_main, fi
 
 
 def test_load_directory_that_does_not_exist(deepy_main, files, tmp_path):
-    code, err, launched = deepy_main({**BASE, **files, "load": str(tmp_path / "old_run"), "save": str(tmp_path / "new")})
+    code, err, launched = deepy_main({**BASE, **files, "load": str(tmp_path / "old_run"),
+                                      "save": str(tmp_path / "new")})
     assert code == 2 and launched == []
     assert f"load directory '{tmp_path / 'old_run'}' does not exist: there is no checkpoint to resume from" in err
     # the first run of a config that saves and resumes in one directory starts from scratch

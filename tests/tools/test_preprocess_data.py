@@ -200,8 +200,10 @@ def test_failed_run_leaves_no_dataset(tmp_path: Path, tok_file: Path, preprocess
     assert list(tmp_path.glob("o_*")) == []
 
 
-@pytest.mark.parametrize("content,found", [(b"", "no documents"),
-                                           (b'{"text": ""}\n{"text": ""}\n', "2 documents but no tokens (every text empty)")])
+@pytest.mark.parametrize("content,found", [
+    (b"", "no documents"),
+    (b'{"text": ""}\n{"text": ""}\n', "2 documents but no tokens (every text empty)"),
+])
 def test_empty_input_is_an_error_naming_it(tmp_path: Path, tok_file: Path, content: bytes, found: str) -> None:
     """Exit 0 with '0 documents' would leave a dataset that only fails later, in training."""
     empty = tmp_path / "empty.jsonl"
