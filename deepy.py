@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="YAML config files, merged; a key may be set in one file only; NAME means NAME.yml")
     parser.add_argument("-d", "--conf_dir", help="directory the config file names are relative to")
     runner = parser.add_argument_group("launching (override the config)")
-    runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node")
+    runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node "
+                        "(default: the config's hostfile, DLTS_HOSTFILE, /job/hostfile)")
     runner.add_argument("--include", help="hosts/slots to use, e.g. 'worker-0@worker-1:0,2'")
     runner.add_argument("--exclude", help="hosts/slots to leave out, same format as --include")
     runner.add_argument("--num_nodes", type=int, help="use the first N hosts of the hostfile")
@@ -66,6 +67,8 @@ def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) 
     paths = resolve_config_paths(ns.conf_file, ns.conf_dir)
     overrides: Dict[str, Any] = {k: getattr(ns, k) for k in OVERRIDE_KEYS if getattr(ns, k) is not None}
     overrides["user_script"] = ns.user_script
+    if "hostfile" not in overrides and os.environ.get("DLTS_HOSTFILE"):  # GPT-NeoX's sbatch recipes export it
+        overrides["hostfile"] = os.environ["DLTS_HOSTFILE"]
     overrides.update(extra or {})
     return NeoXArgs.from_ymls(paths, overwrite_values=overrides)
 

@@ -197,3 +197,15 @@ def test_python_train_py_says_to_use_deepy(tmp_path):
     assert f"train.py is a worker script and received no config: start it through deepy.py" in result.stderr
     assert f"python deepy.py train.py {config}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_dlts_hostfile_from_the_environment_as_in_gpt_neox(files, tmp_path, monkeypatch):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({**BASE, **files, "num_gpus": None}))
+    monkeypatch.setenv("DLTS_HOSTFILE", str(hostfile))
+    args = deepy.load_args([str(Path(REPO) / "train.py"), str(config)])
+    assert args.hostfile == str(hostfile) and args.global_num_gpus == 4
+    with pytest.warns(UserWarning, match="hostfile '/none' does not exist"):  # -H wins
+        assert deepy.load_args([str(Path(REPO) / "train.py"), str(config), "-H", "/none"]).hostfile == "/none"
