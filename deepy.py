@@ -73,24 +73,29 @@ def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) 
     return NeoXArgs.from_ymls(paths, overwrite_values=overrides)
 
 
+def _script_problems(ns: argparse.Namespace, args: NeoXArgs) -> List[str]:
+    problems = [] if os.path.isfile(ns.user_script) else [f"user script not found: {ns.user_script}"]
+    if os.path.basename(ns.user_script) in TRAINING_SCRIPTS:
+        problems += args.training_problems()
+    return problems
+
+
 def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
     """Parse deepy.py's command line into validated NeoXArgs (raises ConfigError)."""
     ns = build_parser().parse_args(argv)
     args = _build_args(ns)
-    problems = [] if os.path.isfile(ns.user_script) else [f"user script not found: {ns.user_script}"]
-    if os.path.basename(ns.user_script) in TRAINING_SCRIPTS:
-        problems += args.training_problems()
+    problems = _script_problems(ns, args)
     if problems:
         raise ConfigError(problems)
     return args
 
 
 def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Optional[str]]:
-    """load_args, then everything prelaunch checks on this machine (files, hosts, master address and port),
-    all problems raised together. Returns (args ready to launch, notes to print, finished-run message)."""
+    """The validated args, then everything prelaunch checks on this machine (files, hosts, master address and
+    port), all problems raised together. Returns (args ready to launch, notes to print, finished-run message)."""
     ns = build_parser().parse_args(argv)
-    args = load_args(argv)
-    problems = prelaunch.file_problems(args) + prelaunch.host_problems(args)
+    args = _build_args(ns)
+    problems = _script_problems(ns, args) + prelaunch.file_problems(args) + prelaunch.host_problems(args)
     master_addr, addr_problems = prelaunch.resolve_master_addr(args)
     problems += addr_problems
     if problems:

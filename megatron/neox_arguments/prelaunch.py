@@ -159,10 +159,10 @@ def resolve_master_addr(args: NeoXArgsSchema) -> Tuple[Optional[str], List[str]]
     choice on to the workers, so deepy.py settles it here and puts it in the config."""
     if args.master_addr:
         return args.master_addr, []
-    if os.environ.get("MASTER_ADDR"):
-        return os.environ["MASTER_ADDR"], []
     if not multi_node_launch(args):
         return None, []
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"], []
     hosts = active_hosts(args)
     if not hosts:
         return None, []

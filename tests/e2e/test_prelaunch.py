@@ -209,3 +209,37 @@ def test_dlts_hostfile_from_the_environment_as_in_gpt_neox(files, tmp_path, monk
     assert args.hostfile == str(hostfile) and args.global_num_gpus == 4
     with pytest.warns(UserWarning, match="hostfile '/none' does not exist"):  # -H wins
         assert deepy.load_args([str(Path(REPO) / "train.py"), str(config), "-H", "/none"]).hostfile == "/none"
+
+
+def test_a_malformed_hostfile_is_named(deepy_main, files, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=2\nnode-b 4\n")
+    code, err, launched = deepy_main({**BASE, **files, "num_gpus": None, "hostfile": str(hostfile)})
+    assert code == 2 and launched == []
+    assert f"hostfile '{hostfile}'" in err and "each line must read 'HOSTNAME slots=N'" in err
+
+
+def test_a_port_taken_after_the_check_is_named_by_the_worker(tmp_path):
+    """Between deepy.py's check and rank 0's listen another process may take the port: the worker says so
+    in one line instead of torch's DistNetworkError traceback."""
+    config = {**BASE, "data_path": str(tmp_path / "corpus"), "vocab_file": str(tmp_path / "tokenizer.json")}
+    encoded = NeoXArgs.from_dict({**config, "user_script": "train.py"}).encode()
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": REPO, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+               ENCODED_CONFIG_ENV: encoded}
+        result = subprocess.run([sys.executable, "train.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"master_port: rank 0 cannot listen on 127.0.0.1:{port}, another process uses that port" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_training_settings_and_files_in_one_round(deepy_main, files, tmp_path):
+    config = {**BASE, **files, "optimizer": None, "vocab_file": str(tmp_path / "gone.json")}
+    code, err, launched = deepy_main(config)
+    assert code == 2 and launched == []
+    assert "an optimizer dict is required for training" in err and "vocab_file file not found" in err
