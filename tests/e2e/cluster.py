@@ -300,10 +300,34 @@ class Cluster:
         return subprocess.CompletedProcess([script, *args], code, text, "")
 
     # ---- teardown -------------------------------------------------------------------------------------------
+    def _namespace_processes(self) -> List[int]:
+        """Every process in the cluster's namespace but its holder (jobs' steps outlive slurmd, for one)."""
+        try:
+            ours = os.readlink(self.netns)
+        except OSError:
+            return []
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != self.holder.pid:
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/net") == ours:
+                        pids.append(int(entry))
+                except OSError:
+                    pass
+        return pids
+
     def close(self) -> None:
+        if self.slurm_running:
+            self.run(["scancel", "--full", "--partition=test"], timeout=20)
         for proc in reversed(self._daemons):
             _stop(proc)
         self._daemons.clear()
+        if getattr(self, "netns", None):
+            for pid in self._namespace_processes():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
         if self.holder.poll() is None:
             try:
                 self.holder.stdin.close()
