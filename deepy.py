@@ -5,17 +5,21 @@
     python deepy.py generate.py -d configs 125M.yml text_generation.yml -i prompts.txt -o samples.jsonl
     python deepy.py eval.py configs/125M.yml --eval_tasks lambada_openai
 
-The YAML files are merged, validated and derived here, before any process starts; every problem is
-printed at once and the exit status is 2. The validated config travels to every worker as one encoded
-argument, which the worker turns back into NeoXArgs with NeoXArgs.consume_neox_args()."""
+The YAML files are merged, validated and derived here, and the files, hosts and ports the workers will
+need are checked (megatron/neox_arguments/prelaunch.py), before any process starts; every problem is
+printed at once and the exit status is 2. The validated config travels to every worker encoded in one
+environment variable, which the worker turns back into NeoXArgs with NeoXArgs.consume_neox_args()."""
 
 import argparse
+import logging
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import ConfigError, NeoXArgs, prelaunch
 from megatron.neox_arguments.hostfile import is_local_launch
+from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variables_to_workers, multi_node_launch,
+                                              worker_environment)
 from megatron.neox_arguments.loading import resolve_config_paths
 
 TRAINING_SCRIPTS = ("train.py",)
@@ -29,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="YAML config files, merged; a key may be set in one file only; NAME means NAME.yml")
     parser.add_argument("-d", "--conf_dir", help="directory the config file names are relative to")
     runner = parser.add_argument_group("launching (override the config)")
-    runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node")
+    runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node "
+                        "(default: the config's hostfile, DLTS_HOSTFILE, /job/hostfile)")
     runner.add_argument("--include", help="hosts/slots to use, e.g. 'worker-0@worker-1:0,2'")
     runner.add_argument("--exclude", help="hosts/slots to leave out, same format as --include")
     runner.add_argument("--num_nodes", type=int, help="use the first N hosts of the hostfile")
@@ -58,47 +63,119 @@ OVERRIDE_KEYS = ("hostfile", "include", "exclude", "num_nodes", "num_gpus", "mas
                  "eval_tasks", "iteration", "eval_results_prefix")
 
 
-def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
-    """Parse deepy.py's command line into validated NeoXArgs (raises ConfigError)."""
-    ns = build_parser().parse_args(argv)
+def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> NeoXArgs:
     paths = resolve_config_paths(ns.conf_file, ns.conf_dir)
     overrides: Dict[str, Any] = {k: getattr(ns, k) for k in OVERRIDE_KEYS if getattr(ns, k) is not None}
     overrides["user_script"] = ns.user_script
-    args = NeoXArgs.from_ymls(paths, overwrite_values=overrides)
-    if not os.path.isfile(ns.user_script):
-        raise ConfigError([f"user script not found: {ns.user_script}"])
+    if "hostfile" not in overrides and os.environ.get("DLTS_HOSTFILE"):  # GPT-NeoX's sbatch recipes export it
+        overrides["hostfile"] = os.environ["DLTS_HOSTFILE"]
+    overrides.update(extra or {})
+    return NeoXArgs.from_ymls(paths, overwrite_values=overrides)
+
+
+def _script_problems(ns: argparse.Namespace, args: NeoXArgs) -> List[str]:
+    problems = [] if os.path.isfile(ns.user_script) else [f"user script not found: {ns.user_script}"]
     if os.path.basename(ns.user_script) in TRAINING_SCRIPTS:
-        problems = args.training_problems()
-        if problems:
-            raise ConfigError(problems)
+        problems += args.training_problems()
+    return problems
+
+
+def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
+    """Parse deepy.py's command line into validated NeoXArgs (raises ConfigError)."""
+    ns = build_parser().parse_args(argv)
+    args = _build_args(ns)
+    problems = _script_problems(ns, args)
+    if problems:
+        raise ConfigError(problems)
     return args
+
+
+def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Optional[str]]:
+    """The validated args, then everything prelaunch checks on this machine (files, hosts, master address and
+    port), all problems raised together. Returns (args ready to launch, notes to print, finished-run message)."""
+    ns = build_parser().parse_args(argv)
+    args = _build_args(ns)
+    problems = _script_problems(ns, args) + prelaunch.file_problems(args) + prelaunch.host_problems(args)
+    master_addr, addr_problems = prelaunch.resolve_master_addr(args)
+    problems += addr_problems
+    if problems:
+        raise ConfigError(problems)
+    notes: List[str] = []
+    extra: Dict[str, Any] = {}
+    if master_addr and master_addr != args.master_addr:
+        extra["master_addr"] = master_addr
+    port, note = prelaunch.master_port_note(args, master_addr)
+    if port is not None:
+        extra["master_port"] = port
+        notes.append(note)
+    if extra:
+        args = _build_args(ns, extra)
+    return args, notes, prelaunch.finished_run_message(args)
 
 
 def _cap_cpu_threads(args: NeoXArgs) -> None:
     """CPU ranks on one machine share its cores; without a cap each rank starts one thread per core
-    and they slow each other down (measured 10x on 2 cores)."""
+    and they slow each other down (measured 10x on 2 cores). Several nodes: their cores are not known
+    here; OMP_NUM_THREADS, when set, is forwarded to them."""
     if "OMP_NUM_THREADS" in os.environ:
         return
     import torch
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or not is_local_launch(args.hostfile) or multi_node_launch(args):
         return
-    ranks_here = args.global_num_gpus if is_local_launch(args.hostfile) else 1
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(ranks_here, 1)))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(args.global_num_gpus or 1, 1)))
+
+
+class _AbbreviateEncodedConfig(logging.Filter):
+    """DeepSpeed's runner logs the command it starts; for pdsh / MPI / slurm that command exports the encoded
+    config (~5 KB), which says nothing to a reader: shown as its size."""
+
+    def __init__(self, encoded: str) -> None:
+        super().__init__()
+        self.encoded = encoded
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self.encoded in message:
+            record.msg = message.replace(self.encoded, f"<config, {len(self.encoded)} bytes>")
+            record.args = ()
+        return True
+
+
+def launch(args: NeoXArgs) -> int:
+    """Hand the validated args to DeepSpeed's runner (which starts the workers and waits for them)."""
+    import torch
+    from deepspeed.launcher import runner
+    from deepspeed.utils import logger as deepspeed_logger
+
+    _cap_cpu_threads(args)
+    warning = prelaunch.cpu_oversubscription_warning(args, torch.cuda.is_available())
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    environment = worker_environment(args)
+    os.environ.update(environment)
+    forward_variables_to_workers()
+    deepspeed_logger.addFilter(_AbbreviateEncodedConfig(environment[ENCODED_CONFIG_ENV]))
+    try:
+        runner.main(args.get_deepspeed_main_args())
+    except (RuntimeError, ValueError) as exc:  # the runner's own refusals, before any worker starts
+        print(f"error: DeepSpeed's runner did not start the workers: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     try:
-        args = load_args(argv)
-        runner_argv = args.get_deepspeed_main_args()
+        args, notes, finished = preflight(argv)
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    _cap_cpu_threads(args)
-    from deepspeed.launcher.runner import main as deepspeed_runner_main
-
-    deepspeed_runner_main(runner_argv)
-    return 0
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if finished:
+        print(finished, file=sys.stderr)
+        return 0
+    return launch(args)
 
 
 if __name__ == "__main__":

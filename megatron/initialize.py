@@ -45,17 +45,46 @@ def distributed_backend(neox_args) -> str:
     return backend
 
 
+def start_distributed(neox_args) -> None:
+    """torch.distributed through DeepSpeed, whichever launcher started this worker: the rank comes from
+    DeepSpeed's launcher, srun or mpirun (their own variables, read without mpi4py or MPI_Init), the address
+    of rank 0 from MASTER_ADDR or master_addr. A master port that is taken is a ConfigError naming it."""
+    import torch.distributed as dist
+
+    from megatron.neox_arguments import ConfigError
+    from megatron.neox_arguments.launcher import rendezvous_environment
+
+    if not dist.is_initialized():
+        try:
+            os.environ.update(rendezvous_environment(neox_args.rank, neox_args.local_rank, neox_args.world_size,
+                                                     neox_args.master_addr, neox_args.master_port, os.environ))
+        except ValueError as err:
+            raise ConfigError([str(err)]) from None
+    try:
+        init_deepspeed_comm(distributed_backend(neox_args), auto_mpi_discovery=False,
+                            distributed_port=neox_args.master_port)
+    except dist.DistNetworkError as err:
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        if "EADDRINUSE" in str(err) or "address already in use" in str(err).lower():
+            raise ConfigError([f"master_port: rank 0 cannot listen on {where}, another process uses that port; "
+                               f"choose another master_port (deepy.py picks a free one when the default is "
+                               f"taken)"]) from None
+        raise ConfigError([f"rank {neox_args.rank} cannot reach rank 0 at {where} (master_addr / master_port): "
+                           f"{str(err).splitlines()[0]}"]) from None
+
+
 def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config."""
     from megatron.neox_arguments import ConfigError
+    from megatron.rank_logs import tee_rank_output
 
+    tee_rank_output(neox_args.log_dir, neox_args.rank)
     problems = ModelConfig.from_neox_args(neox_args).device_problems(torch.cuda.is_available())
     if problems:
         raise ConfigError(problems)
     if torch.cuda.is_available() and neox_args.local_rank is not None:
         torch.cuda.set_device(neox_args.local_rank)
-    init_deepspeed_comm(distributed_backend(neox_args), auto_mpi_discovery=bool(neox_args.deepspeed_mpi),
-                        distributed_port=neox_args.master_port)
+    start_distributed(neox_args)
     parallel_state = build_parallel_state(neox_args)
     tracker = RNGStatesTracker()
     set_seeds(neox_args.seed, parallel_state, tracker)

@@ -62,6 +62,19 @@ def dataset_exists(prefix: str | os.PathLike) -> bool:
     return os.path.isfile(index_file_path(prefix)) and os.path.isfile(data_file_path(prefix))
 
 
+def dataset_path_problem(prefix: str | os.PathLike, option: str) -> str | None:
+    """Why `prefix` (a data path, given without .bin/.idx) cannot be opened, naming `option`; None if it can."""
+    prefix = os.fspath(prefix)
+    missing = [p for p in (index_file_path(prefix), data_file_path(prefix)) if not os.path.isfile(p)]
+    if not missing:
+        return None
+    hint = "create the dataset with tools/datasets/preprocess_data.py"
+    stem, suffix = os.path.splitext(prefix)
+    if suffix in (".bin", ".idx") and dataset_exists(stem):
+        hint = f"data paths are prefixes without .bin/.idx: write '{stem}'"
+    return f"{option}: {' and '.join(repr(p) for p in missing)} not found ({hint})"
+
+
 def _read_index(idx_path: str) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray, np.memmap]:
     """Parse and validate an .idx file; returns dtype, sizes, pointers, doc_idx and the backing memmap."""
     if not os.path.isfile(idx_path):

@@ -200,10 +200,13 @@ def write_indexed_datasets(
     progress: bool = True,
     log_interval: int | None = None,
     log: Callable[[str], None] = print,
+    source: str = "the input",
 ) -> Throughput:
     """Encode `docs` and write one `{output_prefix}_{name}.bin/.idx` per encoder output; returns the counts.
 
-    Empty sequences are skipped; documents are never dropped, so outputs of one spec stay aligned.
+    Empty sequences are skipped; documents are never dropped, so outputs of one spec stay aligned. Input with
+    no document, or no token at all, is a DataError naming `source` (nothing is written): a dataset of zero
+    tokens would only fail later, in training.
     """
     dtypes = spec.output_dtypes()
     builders = {n: MMapIndexedDatasetBuilder(output_prefix_for(output_prefix, n), dt) for n, dt in dtypes.items()}
@@ -233,6 +236,13 @@ def write_indexed_datasets(
     finally:
         if bar is not None:
             bar.close()
+    if stats.documents == 0 or stats.tokens == 0:
+        for b in builders.values():
+            b.discard()
+        found = ("no documents" if stats.documents == 0
+                 else f"{stats.documents} documents but no tokens (every text empty)")
+        raise DataError(f"{source}: {found}; nothing written to {output_prefix_for(output_prefix, first_name)}"
+                        f".bin/.idx (check the input files and the keys that are read from them)")
     for b in builders.values():
         b.finalize()
     log(f"processed {stats.summary()} with {workers} worker(s)")
@@ -291,5 +301,8 @@ def run_cli(args, spec: EncoderSpec, docs: Iterable[Document]) -> Throughput:
     """The common tail of the preprocessing tools: write `docs` with `spec` as the command line asked
     (--output-prefix, --workers, --batch-size, --num-docs, --no-progress, --log-interval)."""
     Path(args.output_prefix).parent.mkdir(parents=True, exist_ok=True)
+    keys = getattr(args, "jsonl_keys", None)
+    source = f"--input {' '.join(args.input)}" + (f" (jsonl keys {', '.join(keys)})" if keys else "")
     return write_indexed_datasets(limit(docs, args.num_docs), spec, args.output_prefix, args.workers,
-                                  args.batch_size, progress=not args.no_progress, log_interval=args.log_interval)
+                                  args.batch_size, progress=not args.no_progress, log_interval=args.log_interval,
+                                  source=source)

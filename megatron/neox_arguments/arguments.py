@@ -3,8 +3,8 @@
 Life cycle:
   deepy.py:  NeoXArgs.from_ymls(paths)  -> read + merge YAML, map older names, check keys and types,
              derive (world size, batch triple, precision, ...), validate, build the DeepSpeed config;
-             args.get_deepspeed_main_args() -> argv for deepspeed.launcher.runner, carrying the whole
-             config as one encoded argument.
+             args.get_deepspeed_main_args() -> argv for deepspeed.launcher.runner; the whole config
+             travels to the workers encoded in one environment variable (launcher.worker_environment).
   workers:   NeoXArgs.consume_neox_args() -> the identical NeoXArgs, plus this process's rank.
 
 NeoXArgs is NeoXArgsSchema (groups/: the union of the group dataclasses, one per section of the argument
@@ -16,6 +16,7 @@ import base64
 import dataclasses
 import json
 import os
+import re
 import sys
 import typing
 import warnings
@@ -31,7 +32,8 @@ from megatron.neox_arguments.deepspeed_config import (build_deepspeed_config, fo
                                                       note_extra_args_origin)
 from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
 from megatron.neox_arguments.groups import ARGUMENT_GROUPS, NeoXArgsDeepspeedConfig, NeoXArgsSchema
-from megatron.neox_arguments.launcher import ENCODED_CONFIG_FLAG, deepspeed_runner_argv
+from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG_FLAG, deepspeed_runner_argv,
+                                              ranks_from_environment)
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, model_problems,
@@ -88,7 +90,7 @@ class NeoXArgs(NeoXArgsSchema):
                 where = f" (in {origin[key]})" if key in origin else ""
                 problems.append(f"{key}={values[key]!r}{where} must be {describe(argument_types()[key])}")
         if problems:
-            raise ConfigError(problems)
+            raise ConfigError(problems + _problems_besides(problems, clean, provided, folded))
         args = cls(**clean)
         problems = args._derive_and_validate(provided)
         if problems:
@@ -148,8 +150,8 @@ class NeoXArgs(NeoXArgsSchema):
         try:
             values = json.loads(zlib.decompress(base64.urlsafe_b64decode(encoded.encode("ascii"))))
         except (ValueError, zlib.error) as exc:
-            raise ConfigError([f"{ENCODED_CONFIG_FLAG} is not a config encoded by deepy.py ({exc}); launch "
-                               f"workers through deepy.py"]) from None
+            raise ConfigError([f"{ENCODED_CONFIG_FLAG} / {ENCODED_CONFIG_ENV} is not a config encoded by deepy.py "
+                               f"({exc}); launch workers through deepy.py"]) from None
         unknown = set(values) - set(argument_types())
         if unknown:
             raise ConfigError([f"the encoded config has arguments this version does not know: {sorted(unknown)}; "
@@ -159,14 +161,22 @@ class NeoXArgs(NeoXArgsSchema):
     @classmethod
     def consume_neox_args(cls, argv: Optional[Sequence[str]] = None,
                           environ: Optional[Mapping[str, str]] = None) -> "NeoXArgs":
-        """In a worker: rebuild the launcher's NeoXArgs and fill this process's rank from the environment."""
+        """In a worker: rebuild the launcher's NeoXArgs (from ENCODED_CONFIG_FLAG, else the ENCODED_CONFIG_ENV
+        variable deepy.py sets) and fill this process's rank from the environment."""
         parser = argparse.ArgumentParser(add_help=False)
-        parser.add_argument(ENCODED_CONFIG_FLAG, required=True)
+        parser.add_argument(ENCODED_CONFIG_FLAG, default=None)
         parser.add_argument("--local_rank", type=int, default=None)
-        known, _ = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
-        args = cls.decode(known.neox_config)
+        known, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         env = os.environ if environ is None else environ
-        rank, local_rank, world_size = _ranks_from_environment(args, env)
+        encoded = known.neox_config or env.get(ENCODED_CONFIG_ENV)
+        if not encoded:
+            script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
+            configs = " ".join(a for a in rest if not a.startswith("-")) or "CONFIG.yml"
+            raise ConfigError([f"{script} is a worker script and received no config: start it through deepy.py, "
+                               f"which validates the config and launches the workers: "
+                               f"python deepy.py {script} {configs}"])
+        args = cls.decode(encoded)
+        rank, local_rank, world_size = ranks_from_environment(env, args.deepspeed_slurm, args.deepspeed_mpi)
         args.rank = rank
         args.local_rank = local_rank if local_rank is not None else known.local_rank
         if world_size is not None:
@@ -182,19 +192,19 @@ class NeoXArgs(NeoXArgsSchema):
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _ranks_from_environment(args: NeoXArgs, env: Mapping[str, str]):
-    """(rank, local_rank, world_size) from the variables of whichever launcher started us."""
-    if args.deepspeed_slurm:
-        names = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
-    elif args.deepspeed_mpi:
-        names = next(((r, lr, w) for r, lr, w in (
-            ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
-            ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_SIZE"),
-            ("PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE")) if r in env), ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
-    else:
-        names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-    values = [int(env[n]) if n in env else None for n in names]
-    return values[0], values[1], values[2]
+def _problems_besides(first: List[str], clean: Dict[str, Any], provided: Set[str],
+                      folded: Mapping[str, Any]) -> List[str]:
+    """The derivation and validation problems of the values that are fine, reported with the type errors and
+    unknown keys `first` so that one round shows them all: those that mention a key named in `first` (its
+    value was dropped, so what validation says about it is noise) are left out."""
+    mentioned = {name for name in argument_types() for p in first if re.search(rf"\b{name}\b", p)}
+    try:
+        args = NeoXArgs(**clean)
+        later = args._derive_and_validate(provided & set(clean))
+    except Exception:  # a dropped value that derivation cannot do without: the first problems are the story
+        return []
+    later = note_extra_args_origin(later, folded)
+    return [p for p in later if not any(re.search(rf"\b{name}\b", p) for name in mentioned)]
 
 
 @lru_cache(maxsize=None)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, List
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.tokenizer.errors import TokenizerError
@@ -15,6 +16,26 @@ TOKENIZER_TYPES = (
     "CharLevelTokenizer",
     "TiktokenTokenizer",
 )
+
+
+def tokenizer_file_problems(tokenizer_type: str, vocab_file: str | None, merge_file: str | None) -> List[str]:
+    """The files `tokenizer_type` will open that are missing, each naming its option (deepy.py checks this
+    before any worker starts; the tokenizers raise the same TokenizerError when they are built)."""
+    tokenizer_type = {t.lower(): t for t in TOKENIZER_TYPES}.get(str(tokenizer_type).lower(), tokenizer_type)
+    if tokenizer_type not in TOKENIZER_TYPES or tokenizer_type == "CharLevelTokenizer":
+        return []
+    needed = {"vocab_file": vocab_file}
+    if tokenizer_type == "GPT2BPETokenizer" or (tokenizer_type == "HFGPT2Tokenizer" and merge_file):
+        needed["merge_file"] = merge_file
+    problems = []
+    for option, path in needed.items():
+        if not path:
+            problems.append(f"tokenizer_type={tokenizer_type} needs {option}: set it to the path of the tokenizer "
+                            f"file")
+        elif "://" not in path and not os.path.isfile(path):
+            problems.append(f"{option} file not found: '{path}' (tokenizer_type={tokenizer_type}); check the path, "
+                            f"or create it with tools/datasets/prepare_data.py or tools/tokenizers/train_tokenizer.py")
+    return problems
 
 
 def build_tokenizer(neox_args: Any) -> AbstractTokenizer:

@@ -3,7 +3,7 @@
 import itertools
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
@@ -54,12 +54,14 @@ class TrainingRun:
         self.result = None
 
     def launch(self, timeout: int = 600, extra_env: Optional[Dict[str, str]] = None, script: str = "train.py",
-               **overrides: Any):
+               runner: Optional[Callable[..., Any]] = None, **overrides: Any):
+        """Write the config and run `deepy.py script config --master_port N` through `runner` (default
+        run_deepy: a subprocess on this machine; the multi-node tests pass their cluster's)."""
         config = {**self.config, **overrides}
         path = self.directory / f"config{len(list(self.directory.glob('config*.yml')))}.yml"
         path.write_text(yaml.safe_dump(config))
-        self.result = run_deepy([script, str(path), "--master_port", str(free_port())], extra_env=extra_env,
-                                timeout=timeout)
+        self.result = (runner or run_deepy)([script, str(path), "--master_port", str(free_port())],
+                                            extra_env=extra_env, timeout=timeout)
         return self.result
 
     def assert_ok(self) -> None:

@@ -16,6 +16,15 @@ def test_all_problems_are_reported_at_once():
     assert "3 problems" in text
 
 
+def test_type_errors_do_not_hide_the_other_problems():
+    text = problems_of(num_attention_heads=5, hidden_dropout="x", num_layer=3)
+    assert "hidden_dropout='x'" in text and "unknown argument 'num_layer'" in text
+    assert "hidden_size=64 must be divisible by num_attention_heads=5" in text
+    assert "3 problems" in text
+    # what validation would say about a dropped value is noise, left out
+    assert problems_of(hidden_size="big").count("hidden_size") == 1
+
+
 def test_unknown_key_suggests_the_closest_name():
     text = problems_of(num_layer=3)
     assert "unknown argument 'num_layer'" in text and "did you mean 'num_layers'" in text

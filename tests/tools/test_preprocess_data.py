@@ -198,3 +198,20 @@ def test_failed_run_leaves_no_dataset(tmp_path: Path, tok_file: Path, preprocess
         == 2
     )
     assert list(tmp_path.glob("o_*")) == []
+
+
+@pytest.mark.parametrize("content,found", [
+    (b"", "no documents"),
+    (b'{"text": ""}\n{"text": ""}\n', "2 documents but no tokens (every text empty)"),
+])
+def test_empty_input_is_an_error_naming_it(tmp_path: Path, tok_file: Path, content: bytes, found: str) -> None:
+    """Exit 0 with '0 documents' would leave a dataset that only fails later, in training."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(content)
+    proc = run_tool("tools/datasets/preprocess_data.py", "--input", str(empty), "--output-prefix",
+                    str(tmp_path / "out"), "--tokenizer-type", "HFTokenizer", "--vocab-file", str(tok_file))
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: --input {empty} (jsonl keys text): {found}; nothing written to {tmp_path / 'out'}_text_document" \
+           in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.glob("out_*")) == []

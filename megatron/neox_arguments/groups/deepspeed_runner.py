@@ -12,8 +12,12 @@ class NeoXArgsDeepspeedRunner:
 
     hostfile: Optional[str] = None
     """
-    list of hostnames / ssh aliases and the number of GPUs per host example file contents: worker-1
-    slots=4 worker-2 slots=4 127.0.0 slots=4 127.0.1 slots=4
+    MPI-style hostfile: one line per node, `HOSTNAME slots=N` (N GPUs, or CPU ranks on machines without
+    GPUs), e.g. `worker-0 slots=8` and `worker-1 slots=8`. Hostnames are ssh names (pdsh, Open MPI) or
+    slurm node names. `-H/--hostfile` on deepy.py's command line, else the DLTS_HOSTFILE environment
+    variable (as in GPT-NeoX), overrides it. When none is given, DeepSpeed's runner reads /job/hostfile if
+    it exists, and otherwise runs on the local node only; a hostfile that does not exist also means the
+    local node, with a warning.
     """
 
     include: Optional[str] = None
@@ -32,13 +36,14 @@ class NeoXArgsDeepspeedRunner:
     num_nodes: int = -1
     """
     Total number of worker nodes to run on, this will use the top N hosts from the given hostfile. -1
-    will use all.
+    will use all. Cannot be combined with include / exclude.
     """
 
     num_gpus: Optional[int] = None
     """
     Max number of GPUs to use on each node, will use [0:N) GPU ids on each node. None / not specifying a
-    value will use all.
+    value will use all. On a machine without GPUs and without a hostfile, the number of CPU ranks to
+    start. Cannot be combined with include / exclude.
     """
 
     master_port: int = 29500
@@ -48,17 +53,24 @@ class NeoXArgsDeepspeedRunner:
 
     master_addr: Optional[str] = None
     """
-    IP address of node 0, will be inferred via 'hostname -I' if not specified.
+    Address of the node running rank 0, as the other nodes reach it. Several nodes: when not set,
+    MASTER_ADDR from deepy.py's environment, else the first address `hostname -I` prints on the first host
+    (asked over ssh before launch); workers started by srun or mpirun receive it in their config.
     """
 
     launcher: Literal['pdsh', 'openmpi', 'mvapich', 'slurm'] = 'pdsh'
     """
-    Launcher backend for multi-node training. Options currently include PDSH, OpenMPI, MVAPICH.
+    Launcher backend for multi-node training: 'pdsh' (ssh to every host, DeepSpeed's launcher starts the
+    host's ranks), 'openmpi' or 'mvapich' (mpirun over ssh starts every rank; workers read the MPI
+    launcher's rank variables), 'slurm' (srun inside an allocation starts every rank; use with
+    deepspeed_slurm, see configs/slurm_local.yml). Only used with several hosts, or with force_multi /
+    deepspeed_slurm / deepspeed_mpi; a single node is launched directly.
     """
 
     force_multi: bool = False
     """
-    Force multi-node training even if only one node is specified.
+    Force multi-node training even if only one node is specified: start the workers through the launcher.
+    Implied by deepspeed_slurm and deepspeed_mpi.
     """
 
     autotuning_run: Optional[str] = None
@@ -68,18 +80,17 @@ class NeoXArgsDeepspeedRunner:
 
     no_ssh_check: bool = False
     """
-    If true, overrides the default check where DeepSpeed confirms that the headnode is accessible via
-    ssh.
+    If true, skip the checks that every host answers passwordless ssh before launch (deepy.py checks
+    every host of a pdsh / openmpi / mvapich launch, DeepSpeed's runner the first). For slurm clusters
+    without ssh to the compute nodes (srun needs none).
     """
 
     comment: Optional[str] = None
     """
-    Adds a `--comment` to the DeepSpeed launch command. In DeeperSpeed this is passed on to the
-    SlurmLauncher as well. Sometimes necessary for cluster rules, or so I've heard.
+    slurm only: passed to srun as `--comment` (some clusters require one).
     """
 
     account: Optional[str] = None
     """
-    Adds a `--account` to the DeepSpeed launch command. In DeeperSpeed this is passed on to the
-    SlurmLauncher as well. Sometimes necessary for cluster rules, or so I've heard.
+    slurm only: passed to srun as `--account` (the account the job step is charged to).
     """

@@ -74,13 +74,16 @@ class NeoXArgsOther:
     deepspeed_mpi: bool = False
     """
     Run via MPI, this will attempt to discover the necessary variables to initialize torch distributed
-    from the MPI environment
+    from the MPI environment: each worker reads its rank, local rank and world size from OMPI_COMM_WORLD_*
+    (Open MPI), MV2_COMM_WORLD_* (MVAPICH) or PMI_* (MPICH, Intel MPI) first; no mpi4py is needed. Workers
+    started by mpirun read them without it too. Implies force_multi.
     """
 
     deepspeed_slurm: bool = False
     """
     Run via SLURM, this will attempt to discover the necessary variables to initialize torch distributed
-    from the SLURM environment
+    from the SLURM environment: each worker reads SLURM_PROCID, SLURM_LOCALID and SLURM_NTASKS first.
+    Implies force_multi, so that srun starts the workers even on one node. Use with launcher: slurm.
     """
 
     user_script: Optional[str] = None

@@ -1,0 +1,231 @@
+"""What deepy.py checks on the launching machine before any worker starts, so that a wrong path or an
+unreachable host is reported in a second instead of by every worker half a minute later.
+
+- files the workers will open: the data (train.py), the tokenizer files and the `load` directory
+  (train.py, generate.py, eval.py); on several nodes the same paths must exist on every node, and this
+  checks the launching one;
+- hosts: every host of a pdsh / Open MPI / MVAPICH launch answers passwordless ssh; the address of rank 0
+  is known (master_addr, MASTER_ADDR, or `hostname -I` on the first host, as DeepSpeed's runner finds it);
+- the master port, where rank 0 runs on this machine: one that is taken is replaced by a free one;
+- a run whose checkpoint is already at train_iters (nothing to train);
+- more CPU ranks than this machine has cores (a warning).
+
+Each check returns messages naming the key and the file or host, so that deepy.py reports them all at once."""
+
+import errno
+import os
+import re
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional, Tuple
+
+from megatron.neox_arguments.groups import NeoXArgsSchema
+from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
+from megatron.neox_arguments.launcher import active_hosts, multi_node_launch
+
+TRAINING_SCRIPTS = ("train.py",)
+MODEL_SCRIPTS = ("train.py", "generate.py", "eval.py")
+"""Worker scripts that build the tokenizer and load checkpoints (others, e.g. a user's own, are not checked)."""
+SSH_TIMEOUT_S = 30
+SSH_LAUNCHERS = ("pdsh", "openmpi", "mvapich")
+"""Launchers that reach the nodes over ssh (srun does not)."""
+
+
+def script_name(args: NeoXArgsSchema) -> str:
+    return os.path.basename(args.user_script or "")
+
+
+# ---- files ---------------------------------------------------------------------------------------------------
+def data_problems(args: NeoXArgsSchema) -> List[str]:
+    """Every data path (data_path, {train,valid,test}_data_paths, *_label_data_paths) whose .bin/.idx is missing."""
+    from megatron.data.indexed_dataset import dataset_path_problem
+
+    paths: List[Tuple[str, str]] = []
+    if args.data_path:
+        paths.append(("data_path", args.data_path))
+    for split in ("train", "valid", "test"):
+        for kind in ("data_paths", "label_data_paths"):
+            key = f"{split}_{kind}"
+            value = getattr(args, key)
+            for path in ([value] if isinstance(value, str) else value or []):
+                paths.append((key, path))
+    problems = [dataset_path_problem(path, key) for key, path in paths]
+    return [p for p in problems if p]
+
+
+def tokenizer_problems(args: NeoXArgsSchema) -> List[str]:
+    from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
+
+    return tokenizer_file_problems(args.tokenizer_type, args.vocab_file, args.merge_file)
+
+
+def load_problems(args: NeoXArgsSchema) -> List[str]:
+    """`load` must be a directory; one that does not exist is a fresh start only where the run saves there."""
+    load = args.load
+    if not load:
+        return []
+    if os.path.exists(load) and not os.path.isdir(load):
+        return [f"load='{load}' is a file; it must be the checkpoint directory (the one holding 'latest')"]
+    if not os.path.exists(load):
+        if script_name(args) in TRAINING_SCRIPTS and args.save and os.path.abspath(args.save) == os.path.abspath(load):
+            return []  # the first run of a config that saves and resumes in one directory
+        what = "there is no checkpoint to resume from" if script_name(args) in TRAINING_SCRIPTS else \
+            "there is no checkpoint to load"
+        return [f"load directory '{load}' does not exist: {what}; fix the path, or remove load"
+                + (" to train from scratch" if script_name(args) in TRAINING_SCRIPTS else "")]
+    if args.iteration is not None and not os.path.isdir(os.path.join(load, f"global_step{args.iteration}")):
+        steps = sorted(d for d in os.listdir(load) if d.startswith("global_step"))
+        return [f"iteration={args.iteration}: no checkpoint '{os.path.join(load, f'global_step{args.iteration}')}' "
+                f"(load='{load}' holds {', '.join(steps) or 'none'})"]
+    return []
+
+
+def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
+    """The iteration of the checkpoint `load/latest` names, or None."""
+    if not load:
+        return None
+    from megatron.checkpointing import read_latest
+
+    tag = read_latest(load)
+    match = re.fullmatch(r"global_step(\d+)", tag or "")
+    return int(match.group(1)) if match else None
+
+
+def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
+    """For train.py: a message when the checkpoint it would resume from is already at train_iters."""
+    if script_name(args) not in TRAINING_SCRIPTS or args.do_train is False or args.finetune:
+        return None
+    if args.train_iters is None or args.iteration is not None:
+        return None
+    done = checkpoint_iteration(args.load)
+    if done is None or done < args.train_iters:
+        return None
+    return (f"nothing to train: the checkpoint in load='{args.load}' is at iteration {done} and train_iters="
+            f"{args.train_iters}; raise train_iters to train further (with override_lr_scheduler: true to "
+            f"stretch the learning-rate schedule), or point save / load at a new directory to start again")
+
+
+def file_problems(args: NeoXArgsSchema) -> List[str]:
+    script = script_name(args)
+    problems: List[str] = []
+    if script in TRAINING_SCRIPTS:
+        problems += data_problems(args)
+    if script in MODEL_SCRIPTS:
+        problems += tokenizer_problems(args) + load_problems(args)
+    return problems
+
+
+# ---- hosts -----------------------------------------------------------------------------------------------------
+def _ssh(host: str, command: str, ssh_port: Optional[int] = None) -> subprocess.CompletedProcess:
+    argv = ["ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}"]
+    if ssh_port:
+        argv += ["-p", str(ssh_port)]
+    try:
+        return subprocess.run(argv + [host, command], capture_output=True, text=True, timeout=SSH_TIMEOUT_S + 5,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(argv, 127, "", "ssh is not installed on this machine")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"no answer within {SSH_TIMEOUT_S + 5} s")
+
+
+def _hostfile_name(args: NeoXArgsSchema) -> str:
+    return args.hostfile or DEFAULT_HOSTFILE
+
+
+def host_problems(args: NeoXArgsSchema) -> List[str]:
+    """Every host of a launch over ssh must answer `ssh HOST true` without a password (DeepSpeed's runner
+    checks the first only, with a raw traceback)."""
+    if args.launcher not in SSH_LAUNCHERS or args.no_ssh_check or not multi_node_launch(args):
+        return []
+    hosts = active_hosts(args)
+    with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
+        results = list(pool.map(lambda h: _ssh(h, "true"), hosts))
+    problems = []
+    for host, result in zip(hosts, results):
+        if result.returncode != 0:
+            why = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
+            problems.append(f"hostfile '{_hostfile_name(args)}': host '{host}' does not answer passwordless ssh "
+                            f"({why}); launcher={args.launcher} starts the workers over ssh: set up keys (README, "
+                            f"'Multi-node'), fix the host name, or leave it out with exclude")
+    return problems
+
+
+def resolve_master_addr(args: NeoXArgsSchema) -> Tuple[Optional[str], List[str]]:
+    """(master_addr to use, problems). Local launches use 127.0.0.1 (the runner's choice); several nodes use
+    master_addr, else MASTER_ADDR from the environment (as GPT-NeoX), else the first address `hostname -I`
+    prints on the first host, the way DeepSpeed's runner finds it. srun and mpirun do not pass the runner's
+    choice on to the workers, so deepy.py settles it here and puts it in the config."""
+    if args.master_addr:
+        return args.master_addr, []
+    if not multi_node_launch(args):
+        return None, []
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"], []
+    hosts = active_hosts(args)
+    if not hosts:
+        return None, []
+    fix = (f"set master_addr to the address of '{hosts[0]}' (rank 0's host) that the other nodes reach, or export "
+           f"MASTER_ADDR")
+    if args.no_ssh_check or args.launcher not in SSH_LAUNCHERS:
+        return None, [f"master_addr is not set and launcher={args.launcher} gives the workers no address of rank 0 "
+                      f"(no ssh to look it up with no_ssh_check / srun); {fix}"]
+    result = _ssh(hosts[0], "hostname -I")
+    addresses = result.stdout.split() if result.returncode == 0 else []
+    if not addresses:
+        why = (result.stderr.strip().splitlines() or ["it printed no address"])[-1]
+        return None, [f"master_addr is not set and `ssh {hosts[0]} hostname -I` did not give rank 0's address "
+                      f"({why}); {fix}"]
+    return addresses[0], []
+
+
+# ---- master port ------------------------------------------------------------------------------------------------
+def _is_local_address(addr: str) -> bool:
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((addr, 0))
+        return True
+    except OSError:
+        return False
+
+
+def port_in_use(port: int) -> bool:
+    """Whether rank 0 could not listen on `port` here (torch's TCPStore listens on every address)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def master_port_note(args: NeoXArgsSchema, master_addr: Optional[str]) -> Tuple[Optional[int], Optional[str]]:
+    """(replacement port, note) when rank 0 runs on this machine and master_port is taken; (None, None) else."""
+    local = is_local_launch(args.hostfile) and not multi_node_launch(args)
+    if not local and not (master_addr and _is_local_address(master_addr)):
+        return None, None
+    if not port_in_use(args.master_port):
+        return None, None
+    port = free_port()
+    return port, (f"master_port {args.master_port} is in use on this machine (another run?); rank 0 listens on "
+                  f"free port {port} instead (set master_port to choose one)")
+
+
+# ---- CPU ----------------------------------------------------------------------------------------------------------
+def cpu_oversubscription_warning(args: NeoXArgsSchema, has_cuda: bool) -> Optional[str]:
+    if has_cuda or not is_local_launch(args.hostfile) or multi_node_launch(args):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks = args.global_num_gpus or 1
+    if ranks <= cores:
+        return None
+    return (f"num_gpus={ranks}: {ranks} CPU ranks on this machine's {cores} cores; they will compete for the "
+            f"cores and run many times slower than {cores} ranks would (lower num_gpus to {cores} or fewer)")

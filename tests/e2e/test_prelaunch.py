@@ -1,0 +1,245 @@
+"""Errors before launch: deepy.py reports wrong paths, unreachable hosts, a missing rank-0 address, a taken
+master port, a finished run and config problems at once, in a second, and starts no worker.
+
+Most tests run deepy.main in this process with DeepSpeed's runner replaced by a recorder, so "no worker
+started" is checked exactly (the recorder was not called); a few run `python deepy.py` / `python train.py`
+as a user would. ssh is a stand-in script on PATH: no test reaches any host."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+import deepy
+from megatron.neox_arguments import NeoXArgs
+from megatron.neox_arguments.launcher import ENCODED_CONFIG_ENV
+from tests.e2e.launch import REPO, run_deepy
+
+BASE = {
+    "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+    "max_position_embeddings": 32, "train_micro_batch_size_per_gpu": 2, "num_gpus": 1, "train_iters": 8,
+    "optimizer": {"type": "Adam", "params": {"lr": 1.0e-3}}, "tokenizer_type": "HFTokenizer",
+}
+
+FAKE_SSH = """#!/bin/sh
+# a stand-in for ssh: hosts named node-down* refuse, `hostname -I` prints an address
+for last; do :; done
+case "$*" in *node-down*) echo "ssh: connect to host node-down port 22: Connection refused" >&2; exit 255;; esac
+[ "$last" = "hostname -I" ] && echo "10.9.8.7 fe80::1"
+exit 0
+"""
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A dataset and a tokenizer file that exist (prelaunch checks existence only)."""
+    for suffix in (".bin", ".idx"):
+        (tmp_path / f"corpus_text_document{suffix}").write_bytes(b"")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    return {"data_path": str(tmp_path / "corpus_text_document"), "vocab_file": str(tmp_path / "tokenizer.json")}
+
+
+@pytest.fixture
+def deepy_main(tmp_path, monkeypatch, capsys):
+    """Run deepy.main(argv) with a recording runner; returns (exit status, stderr, runner argvs)."""
+    calls = []
+    monkeypatch.setattr("deepspeed.launcher.runner.main", lambda argv=None: calls.append(list(argv)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for name in (ENCODED_CONFIG_ENV, "MASTER_ADDR"):  # set, then deleted: monkeypatch removes deepy's value after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def run(config, *extra):
+        path = tmp_path / f"config{time.time_ns()}.yml"
+        path.write_text(yaml.safe_dump(config))
+        capsys.readouterr()
+        code = deepy.main([str(Path(REPO) / "train.py"), str(path), *extra])
+        return code, capsys.readouterr().err, calls
+
+    return run
+
+
+def test_missing_data_and_tokenizer_files_are_reported_together(deepy_main, tmp_path):
+    config = {**BASE, "data_path": str(tmp_path / "nowhere" / "corpus"), "tokenizer_type": "GPT2BPETokenizer",
+              "vocab_file": str(tmp_path / "vocab.json")}
+    code, err, launched = deepy_main(config)
+    assert code == 2 and launched == []
+    assert f"data_path: '{tmp_path / 'nowhere' / 'corpus.idx'}' and '{tmp_path / 'nowhere' / 'corpus.bin'}' not " \
+           f"found" in err
+    assert f"vocab_file file not found: '{tmp_path / 'vocab.json'}'" in err
+    assert "tokenizer_type=GPT2BPETokenizer needs merge_file" in err
+    assert "(3 problems)" in err
+
+
+def test_separate_data_path_lists_and_a_suffix_written_by_mistake(deepy_main, files):
+    prefix = files["data_path"]
+    config = {**BASE, **files, "data_path": None, "train_data_paths": [prefix + ".bin"],
+              "valid_data_paths": [prefix], "test_data_paths": [prefix + "_missing"]}
+    code, err, launched = deepy_main(config)
+    assert code == 2 and launched == []
+    assert f"train_data_paths: '{prefix}.bin.idx' and '{prefix}.bin.bin' not found (data paths are prefixes " \
+           f"without .bin/.idx: write '{prefix}')" in err
+    assert f"test_data_paths: '{prefix}_missing.idx'" in err
+    assert "valid_data_paths" not in err
+
+
+def test_load_directory_that_does_not_exist(deepy_main, files, tmp_path):
+    code, err, launched = deepy_main({**BASE, **files, "load": str(tmp_path / "old_run"),
+                                      "save": str(tmp_path / "new")})
+    assert code == 2 and launched == []
+    assert f"load directory '{tmp_path / 'old_run'}' does not exist: there is no checkpoint to resume from" in err
+    # the first run of a config that saves and resumes in one directory starts from scratch
+    code, _, launched = deepy_main({**BASE, **files, "load": str(tmp_path / "ckpt"), "save": str(tmp_path / "ckpt")})
+    assert code == 0 and len(launched) == 1
+
+
+def test_re_running_a_finished_run_says_it_is_at_train_iters(deepy_main, files, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "global_step8").mkdir(parents=True)
+    (ckpt / "latest").write_text("global_step8\n")
+    code, err, launched = deepy_main({**BASE, **files, "load": str(ckpt), "save": str(ckpt)})
+    assert code == 0 and launched == []
+    assert f"nothing to train: the checkpoint in load='{ckpt}' is at iteration 8 and train_iters=8" in err
+    code, _, launched = deepy_main({**BASE, **files, "load": str(ckpt), "save": str(ckpt), "train_iters": 12})
+    assert code == 0 and len(launched) == 1
+
+
+def test_a_host_that_does_not_answer_ssh_is_named(deepy_main, files, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-down slots=1\n")
+    code, err, launched = deepy_main({**BASE, **files, "num_gpus": None, "hostfile": str(hostfile),
+                                      "master_addr": "10.0.0.1"})
+    assert code == 2 and launched == []
+    assert f"hostfile '{hostfile}': host 'node-down' does not answer passwordless ssh (ssh: connect to host " \
+           f"node-down port 22: Connection refused)" in err
+    assert "'node-a'" not in err
+
+
+def test_rank_zero_address_is_found_or_asked_for(deepy_main, files, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    config = {**BASE, **files, "num_gpus": None, "hostfile": str(hostfile), "launcher": "openmpi"}
+    code, err, launched = deepy_main({**config, "no_ssh_check": True})
+    assert code == 2 and launched == []
+    assert "master_addr is not set and launcher=openmpi gives the workers no address of rank 0" in err
+    assert "set master_addr to the address of 'node-a'" in err
+    # with ssh, as DeepSpeed's runner does: the first address `hostname -I` prints on the first host, which the
+    # workers of mpirun (that the runner does not tell) receive in the config
+    code, err, launched = deepy_main(config)
+    assert code == 0, err
+    argv = launched[-1]
+    assert argv[argv.index("--master_addr") + 1] == "10.9.8.7"
+    assert NeoXArgs.decode(os.environ[ENCODED_CONFIG_ENV]).master_addr == "10.9.8.7"
+
+
+def test_a_taken_master_port_is_replaced_by_a_free_one(deepy_main, files):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code, err, launched = deepy_main({**BASE, **files, "master_port": port})
+    assert code == 0 and len(launched) == 1
+    argv = launched[0]
+    chosen = int(argv[argv.index("--master_port") + 1])
+    assert chosen != port
+    assert f"master_port {port} is in use on this machine (another run?); rank 0 listens on free port {chosen}" in err
+    assert NeoXArgs.decode(os.environ[ENCODED_CONFIG_ENV]).master_port == chosen
+
+
+def test_more_cpu_ranks_than_cores_warns(deepy_main, files):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU ranks only")
+    cores = len(os.sched_getaffinity(0))
+    code, err, launched = deepy_main({**BASE, **files, "num_gpus": cores + 1})
+    assert code == 0 and len(launched) == 1
+    assert f"warning: num_gpus={cores + 1}: {cores + 1} CPU ranks on this machine's {cores} cores" in err
+
+
+def test_a_type_error_does_not_hide_a_bad_head_count(deepy_main, files):
+    code, err, launched = deepy_main({**BASE, **files, "num_attention_heads": 5, "lr_decay_style": 3,
+                                      "train_micro_batch_size_per_gpu": "two"})
+    assert code == 2 and launched == []
+    assert "train_micro_batch_size_per_gpu='two'" in err and "lr_decay_style=3" in err
+    assert "hidden_size=64 must be divisible by num_attention_heads=5" in err
+
+
+def test_the_real_command_fails_in_seconds_without_starting_a_worker(tmp_path):
+    config = tmp_path / "bad.yml"
+    config.write_text(yaml.safe_dump({**BASE, "data_path": str(tmp_path / "missing"),
+                                      "vocab_file": str(tmp_path / "tokenizer.json")}))
+    started = time.time()
+    result = run_deepy(["train.py", str(config)], timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert time.time() - started < 30
+    assert f"data_path: '{tmp_path / 'missing.idx'}'" in result.stderr
+    assert f"vocab_file file not found: '{tmp_path / 'tokenizer.json'}'" in result.stderr
+    assert "Traceback" not in result.stderr and "cmd = " not in result.stdout + result.stderr
+
+
+def test_python_train_py_says_to_use_deepy(tmp_path):
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(BASE))
+    result = subprocess.run([sys.executable, "train.py", str(config)], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert result.returncode == 2
+    assert f"train.py is a worker script and received no config: start it through deepy.py" in result.stderr
+    assert f"python deepy.py train.py {config}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_dlts_hostfile_from_the_environment_as_in_gpt_neox(files, tmp_path, monkeypatch):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump({**BASE, **files, "num_gpus": None}))
+    monkeypatch.setenv("DLTS_HOSTFILE", str(hostfile))
+    args = deepy.load_args([str(Path(REPO) / "train.py"), str(config)])
+    assert args.hostfile == str(hostfile) and args.global_num_gpus == 4
+    with pytest.warns(UserWarning, match="hostfile '/none' does not exist"):  # -H wins
+        assert deepy.load_args([str(Path(REPO) / "train.py"), str(config), "-H", "/none"]).hostfile == "/none"
+
+
+def test_a_malformed_hostfile_is_named(deepy_main, files, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=2\nnode-b 4\n")
+    code, err, launched = deepy_main({**BASE, **files, "num_gpus": None, "hostfile": str(hostfile)})
+    assert code == 2 and launched == []
+    assert f"hostfile '{hostfile}'" in err and "each line must read 'HOSTNAME slots=N'" in err
+
+
+def test_a_port_taken_after_the_check_is_named_by_the_worker(tmp_path):
+    """Between deepy.py's check and rank 0's listen another process may take the port: the worker says so
+    in one line instead of torch's DistNetworkError traceback."""
+    config = {**BASE, "data_path": str(tmp_path / "corpus"), "vocab_file": str(tmp_path / "tokenizer.json")}
+    encoded = NeoXArgs.from_dict({**config, "user_script": "train.py"}).encode()
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": REPO, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+               ENCODED_CONFIG_ENV: encoded}
+        result = subprocess.run([sys.executable, "train.py"], cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"master_port: rank 0 cannot listen on 127.0.0.1:{port}, another process uses that port" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_training_settings_and_files_in_one_round(deepy_main, files, tmp_path):
+    config = {**BASE, **files, "optimizer": None, "vocab_file": str(tmp_path / "gone.json")}
+    code, err, launched = deepy_main(config)
+    assert code == 2 and launched == []
+    assert "an optimizer dict is required for training" in err and "vocab_file file not found" in err
