@@ -7,7 +7,7 @@ unreachable host is reported in a second instead of by every worker half a minut
 - hosts: every host of a pdsh / Open MPI / MVAPICH launch answers passwordless ssh; the address of rank 0
   is known (master_addr, MASTER_ADDR, or `hostname -I` on the first host, as DeepSpeed's runner finds it);
 - the master port, where rank 0 runs on this machine: one that is taken is replaced by a free one;
-- a run whose checkpoint is already at train_iters (nothing to train);
+- a run whose checkpoint is already at train_iters, or at the end of train_epochs (nothing to train);
 - more CPU ranks than this machine has cores (a warning).
 
 Each check returns messages naming the key and the file or host, so that deepy.py reports them all at once."""
@@ -93,17 +93,30 @@ def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
 
 
 def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
-    """For train.py: a message when the checkpoint it would resume from is already at train_iters."""
+    """For train.py: a message when the checkpoint it would resume from is already at train_iters (with
+    train_epochs, the iterations those epochs take, counted from the training data's index as the worker will)."""
     if script_name(args) not in TRAINING_SCRIPTS or args.do_train is False or args.finetune:
         return None
-    if args.train_iters is None or args.iteration is not None:
+    if args.iteration is not None:
         return None
     done = checkpoint_iteration(args.load)
-    if done is None or done < args.train_iters:
+    if done is None:
         return None
-    return (f"nothing to train: the checkpoint in load='{args.load}' is at iteration {done} and train_iters="
-            f"{args.train_iters}; raise train_iters to train further (with override_lr_scheduler: true to "
-            f"stretch the learning-rate schedule), or point save / load at a new directory to start again")
+    train_iters, limit = args.train_iters, f"train_iters={args.train_iters}"
+    if train_iters is None and args.train_epochs is not None:
+        from megatron.training_schedule import iterations_for_epochs
+
+        try:
+            train_iters = iterations_for_epochs(args)
+        except (OSError, ValueError):  # an unreadable index: the worker reports it with its own message
+            return None
+        limit = f"train_epochs={args.train_epochs} ({train_iters} iterations)"
+    if train_iters is None or done < train_iters:
+        return None
+    further = "train_iters" if args.train_iters is not None else "train_epochs"
+    return (f"nothing to train: the checkpoint in load='{args.load}' is at iteration {done} and {limit}; "
+            f"raise {further} to train further (with override_lr_scheduler: true to stretch the learning-rate "
+            f"schedule), or point save / load at a new directory to start again")
 
 
 def file_problems(args: NeoXArgsSchema) -> List[str]:

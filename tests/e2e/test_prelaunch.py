@@ -114,6 +114,30 @@ def test_re_running_a_finished_run_says_it_is_at_train_iters(deepy_main, files, 
     assert code == 0 and len(launched) == 1
 
 
+def test_re_running_a_finished_epoch_run_says_so(deepy_main, tmp_path):
+    """With train_epochs the run's length comes from the data: 10 documents of 64 tokens = 20 samples of 32,
+    batch 2 -> 10 iterations an epoch, counted before launch as the worker counts them."""
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
+
+    builder = MMapIndexedDatasetBuilder(tmp_path / "corpus_text_document")
+    for doc in range(10):
+        builder.add_document([list(range(doc, doc + 64))])
+    builder.finalize()
+    (tmp_path / "tokenizer.json").write_text("{}")
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "global_step20").mkdir(parents=True)
+    (ckpt / "latest").write_text("global_step20\n")
+    config = {**BASE, "train_iters": None, "train_epochs": 2, "split": "100,0,0",
+              "data_path": str(tmp_path / "corpus_text_document"), "vocab_file": str(tmp_path / "tokenizer.json"),
+              "load": str(ckpt), "save": str(ckpt)}
+    code, err, launched = deepy_main(config)
+    assert code == 0 and launched == []
+    assert f"nothing to train: the checkpoint in load='{ckpt}' is at iteration 20 and train_epochs=2 " \
+           f"(20 iterations); raise train_epochs" in err
+    code, _, launched = deepy_main({**config, "train_epochs": 3})
+    assert code == 0 and len(launched) == 1
+
+
 def test_a_host_that_does_not_answer_ssh_is_named(deepy_main, files, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-a slots=1\nnode-down slots=1\n")
