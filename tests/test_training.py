@@ -66,13 +66,17 @@ def _engine_losses(rank: int, world_size: int, zero_stage: int, skip: bool):
     return switched, losses
 
 
+def _engine_losses_per_case(rank: int, world_size: int, cases):
+    """Several engines one after another in one process (each spawn costs seconds of imports)."""
+    return [_engine_losses(rank, world_size, zero_stage, skip) for zero_stage, skip in cases]
+
+
 @pytest.mark.slow
 def test_single_rank_allreduce_is_skipped_without_changing_training():
-    (switched, losses), = run_distributed(_engine_losses, world_size=1, args=(0, True))
-    (_, reference), = run_distributed(_engine_losses, world_size=1, args=(0, False))
+    (results,) = run_distributed(_engine_losses_per_case, world_size=1, args=([(0, False), (0, True), (1, True)],))
+    (_, reference), (switched, losses), (zero_switched, _) = results
     assert switched and losses[0] != losses[-1]
     assert losses == reference
-    (zero_switched, _), = run_distributed(_engine_losses, world_size=1, args=(1, True))
     assert not zero_switched  # ZeRO keeps its own reduction
     assert not any(s for s, _ in run_distributed(_engine_losses, world_size=2, args=(0, True)))  # dp = 2
 
