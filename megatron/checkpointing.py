@@ -120,13 +120,43 @@ def read_latest(save_dir: str) -> Optional[str]:
         return handle.read().strip() or None
 
 
+def _tag_iteration(tag: str) -> int:
+    suffix = tag[len("global_step"):]
+    return int(suffix) if tag.startswith("global_step") and suffix.isdigit() else -1
+
+
 def complete_tags(save_dir: str) -> List[str]:
-    """Complete checkpoints, oldest first."""
+    """Complete checkpoints, oldest first (by iteration: global_step10 after global_step9)."""
     if not os.path.isdir(save_dir):
         return []
-    tags = [t for t in os.listdir(save_dir) if t.startswith("global_step")
+    tags = [t for t in os.listdir(save_dir) if _tag_iteration(t) >= 0
             and os.path.isfile(os.path.join(save_dir, t, COMPLETE_MARKER))]
-    return sorted(tags, key=lambda t: int(t[len("global_step"):]) if t[len("global_step"):].isdigit() else -1)
+    return sorted(tags, key=_tag_iteration)
+
+
+def resume_tag(load_dir: str) -> Tuple[Optional[str], Optional[str]]:
+    """(tag to resume from, note), the note saying why it is not the one `latest` names.
+
+    `latest` moves only after a checkpoint is COMPLETE, so it normally names the newest complete one. After
+    a crash between those two writes, or with `latest` deleted, emptied or damaged, trusting it would
+    resume from an older checkpoint or start over, and the run would overwrite complete checkpoints: the
+    newest complete checkpoint wins instead. GPT-NeoX's checkpoints have no COMPLETE marker: for them
+    `latest` decides. To resume from an older checkpoint on purpose, set `iteration`."""
+    named = read_latest(load_dir)
+    complete = complete_tags(load_dir)
+    if not complete or named == complete[-1]:
+        return named, None
+    newest = complete[-1]
+    if named is None:
+        reason = f"'{LATEST_FILE}' is missing or empty"
+    elif not os.path.isdir(os.path.join(load_dir, named)):
+        reason = f"'{LATEST_FILE}' names {named[:40]!r}, which is not a checkpoint directory"
+    elif named in complete:
+        reason = f"'{LATEST_FILE}' names the older {named} (a save ended before '{LATEST_FILE}' moved)"
+    else:  # an incomplete directory, or a checkpoint without marker: resolve_checkpoint decides
+        return named, None
+    return newest, (f"resuming from {os.path.join(load_dir, newest)}, the newest complete checkpoint: {reason}; "
+                    f"set iteration to resume from another one")
 
 
 def saved_args(neox_args, model_config) -> Dict[str, Any]:
@@ -231,9 +261,20 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     if rank == 0:
         _write_atomically(os.path.join(path, COMPLETE_MARKER), f"{iteration}\n")
         _write_atomically(os.path.join(save_dir, LATEST_FILE), tag)
+        _remove_stray_temporaries(save_dir)
         _prune(save_dir, neox_args.keep_last_n_checkpoints)
     _barrier()
     return path
+
+
+def _remove_stray_temporaries(save_dir: str) -> None:
+    """`latest.tmp<pid>` files that a process killed inside _write_atomically left behind."""
+    for name in os.listdir(save_dir):
+        if name.startswith(f"{LATEST_FILE}.tmp"):
+            try:
+                os.remove(os.path.join(save_dir, name))
+            except OSError:
+                pass
 
 
 def _prune(save_dir: str, keep: Optional[int]) -> None:
@@ -261,9 +302,11 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
             raise CheckpointError(f"iteration={neox_args.iteration}: no checkpoint {os.path.join(load_dir, tag)}; "
                                   f"complete ones: {complete_tags(load_dir) or 'none'}")
     else:
-        tag = read_latest(load_dir)
+        tag, note = resume_tag(load_dir)
         if tag is None:
             return None
+        if note and _rank() == 0:
+            print(f"note: {note}", flush=True)
     path = os.path.join(load_dir, tag)
     kind = checkpoint_kind(path)
     if kind == GPT_NEOX:
@@ -389,7 +432,7 @@ def _checkpoint_path(neox_args) -> Optional[str]:
     """The checkpoint directory ``load`` / ``iteration`` name, if it exists (no checks)."""
     if not neox_args.load:
         return None
-    tag = tag_for(neox_args.iteration) if neox_args.iteration is not None else read_latest(neox_args.load)
+    tag = tag_for(neox_args.iteration) if neox_args.iteration is not None else resume_tag(neox_args.load)[0]
     path = os.path.join(neox_args.load, tag) if tag else None
     return path if path and os.path.isdir(path) else None
 

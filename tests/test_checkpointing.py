@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+import megatron.checkpointing
 from megatron.checkpointing import (CheckpointError, complete_tags, load_checkpoint, read_latest, resolve_checkpoint,
                                     save_checkpoint)
 from megatron.model_config import ModelConfig
@@ -115,6 +116,78 @@ def test_an_interrupted_save_is_never_latest_and_is_refused_by_name(tmp_path):
         resolve(args_for(tmp_path, iteration=4))
     with pytest.raises(CheckpointError, match="no checkpoint"):
         resolve(args_for(tmp_path, iteration=9))
+
+
+def test_pruning_orders_tags_by_iteration_and_keeps_the_one_latest_names(tmp_path):
+    args = args_for(tmp_path, keep_last_n_checkpoints=2)
+    for it in (8, 9, 10):
+        save(args, it, FakeEngine())
+    assert sorted(os.listdir(tmp_path)) == ["global_step10", "global_step9", "latest"]
+    assert read_latest(str(tmp_path)) == "global_step10"
+
+
+def test_latest_naming_an_incomplete_directory_is_refused(tmp_path):
+    args = args_for(tmp_path)
+    save(args, 2, FakeEngine())
+    os.makedirs(tmp_path / "global_step4")
+    (tmp_path / "latest").write_text("global_step4")
+    with pytest.raises(CheckpointError, match="global_step4 is incomplete"):
+        resolve(args)
+
+
+def _failing_write(monkeypatch, name):
+    """_write_atomically dies (as a killed process would) when it writes `name`."""
+    write = megatron.checkpointing._write_atomically
+
+    def dies_on(path, text):
+        if os.path.basename(path) == name:
+            open(f"{path}.tmp999", "w").close()  # what a kill inside it leaves behind
+            raise KeyboardInterrupt(f"killed while writing {name}")
+        write(path, text)
+
+    monkeypatch.setattr(megatron.checkpointing, "_write_atomically", dies_on)
+
+
+def test_a_crash_before_complete_leaves_latest_on_the_previous_checkpoint(tmp_path, monkeypatch):
+    args = args_for(tmp_path)
+    save(args, 4, FakeEngine())
+    _failing_write(monkeypatch, "COMPLETE")
+    with pytest.raises(KeyboardInterrupt):
+        save(args, 8, FakeEngine())
+    assert read_latest(str(tmp_path)) == "global_step4" and complete_tags(str(tmp_path)) == ["global_step4"]
+    assert resolve(args) == (str(tmp_path), "global_step4")
+
+
+def test_a_crash_between_complete_and_latest_resumes_from_the_newest_complete(tmp_path, monkeypatch, capsys):
+    args = args_for(tmp_path)
+    save(args, 4, FakeEngine())
+    with monkeypatch.context() as patch:
+        _failing_write(patch, "latest")
+        with pytest.raises(KeyboardInterrupt):
+            save(args, 8, FakeEngine())
+    assert read_latest(str(tmp_path)) == "global_step4" and (tmp_path / "latest.tmp999").exists()
+    engine = FakeEngine()
+    assert load(args, engine)[0] == 8 and engine.loaded[-1][0] == "global_step8"
+    assert "resuming from" in capsys.readouterr().out
+    assert resolve(args_for(tmp_path, iteration=4)) == (str(tmp_path), "global_step4")  # on purpose: iteration
+    save(args, 12, FakeEngine())
+    assert not any(name.startswith("latest.tmp") for name in os.listdir(tmp_path))  # the stray one is removed
+
+
+@pytest.mark.parametrize("latest", [None, "", "\x00\x8fgarbage", "global_step99"],
+                         ids=["deleted", "empty", "garbage", "a-missing-directory"])
+def test_a_damaged_latest_resumes_from_the_newest_complete_checkpoint(tmp_path, capsys, latest):
+    args = args_for(tmp_path)
+    for it in (4, 8):
+        save(args, it, FakeEngine())
+    if latest is None:
+        os.remove(tmp_path / "latest")
+    else:
+        (tmp_path / "latest").write_text(latest)
+    assert resolve(args) == (str(tmp_path), "global_step8")
+    out = capsys.readouterr().out
+    assert f"resuming from {tmp_path / 'global_step8'}, the newest complete checkpoint" in out
+    assert "set iteration to resume from another one" in out
 
 
 def test_another_architecture_is_refused_with_every_mismatch(tmp_path):

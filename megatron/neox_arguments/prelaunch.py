@@ -85,9 +85,9 @@ def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
     """The iteration of the checkpoint `load/latest` names, or None."""
     if not load:
         return None
-    from megatron.checkpointing import read_latest
+    from megatron.checkpointing import resume_tag
 
-    tag = read_latest(load)
+    tag = resume_tag(load)[0]
     match = re.fullmatch(r"global_step(\d+)", tag or "")
     return int(match.group(1)) if match else None
 
