@@ -191,6 +191,10 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         value = getattr(args, name)
         if value is not None and value < 1:
             problems.append(f"{name}={value} must be >= 1")
+    if args.lr is not None and args.lr < 0:
+        problems.append(f"lr={args.lr} must be >= 0 (the optimizer's learning rate)")
+    if args.min_lr < 0:
+        problems.append(f"min_lr={args.min_lr} must be >= 0")
     if args.lr is not None and args.min_lr > args.lr:
         problems.append(f"min_lr={args.min_lr} must be <= lr={args.lr}")
     if not 0 <= args.warmup <= 1:

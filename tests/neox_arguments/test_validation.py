@@ -74,6 +74,8 @@ def test_required_model_fields():
     ({"num_kv_heads": 1, "model_parallel_size": 2, "num_gpus": 2}, "num_kv_heads=1 must be divisible by model_parallel_size=2"),
     ({"max_position_embeddings": 16}, "max_position_embeddings=16 must be >= seq_length=32"),
     ({"min_lr": 0.1, "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}, "min_lr=0.1 must be <= lr=0.01"),
+    ({"min_lr": -0.1, "optimizer": {"type": "Adam", "params": {"lr": -0.01}}}, "lr=-0.01 must be >= 0"),
+    ({"min_lr": -0.1, "optimizer": {"type": "Adam", "params": {"lr": -0.01}}}, "min_lr=-0.1 must be >= 0"),
     ({"train_iters": 10, "train_epochs": 1}, "train_iters=10 and train_epochs=1 are both set"),
     ({"data_path": "a", "train_data_paths": ["b"], "valid_data_paths": ["c"], "test_data_paths": ["d"]},
      "data_path and train_data_paths"),
