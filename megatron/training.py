@@ -150,14 +150,20 @@ def _batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consu
     datasets = build_train_valid_test_datasets(neox_args, schedule.split_samples())
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     streams = []
-    for dataset, consumed in zip(datasets, (consumed_train, consumed_valid, 0)):
+    for dataset, consumed, split in zip(datasets, (consumed_train, consumed_valid, 0), ("train", "valid", "test")):
         if dataset is None:
             streams.append(None)
             continue
         samples = repeating_iterator(make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed)) \
             if reads_data else None
-        streams.append(_ModelBatches(neox_args, ctx, samples))
+        streams.append(_ModelBatches(neox_args, ctx, samples, source=_data_source(neox_args, split)))
     return streams
+
+
+def _data_source(neox_args, split: str) -> str:
+    """Names the files of one split, for messages about their contents."""
+    paths = getattr(neox_args, f"{split}_data_paths") or ([neox_args.data_path] if neox_args.data_path else [])
+    return f"the {split} data ({', '.join(map(str, paths))})"
 
 
 def batch_options(neox_args):
@@ -172,16 +178,33 @@ def batch_options(neox_args):
 class _ModelBatches:
     """Turns {'text': ...} samples into the model's batch format (shared inside the TP group)."""
 
-    def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator]) -> None:
-        self.options, self.ctx, self.samples = batch_options(neox_args), ctx, samples
+    def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator], source: str = "the data") -> None:
+        self.options, self.ctx, self.samples, self.source = batch_options(neox_args), ctx, samples, source
+        self.tokenizer_file = neox_args.vocab_file
 
     def __iter__(self):
         return self
+
+    def _check_token_ids(self, tokens: torch.Tensor) -> None:
+        """Data tokenized with another tokenizer holds ids past the embedding table, which would end in an
+        IndexError deep inside the model (one max over CPU token ids per batch: no device sync)."""
+        vocab = self.ctx.model_config.padded_vocab_size
+        largest = int(tokens.max()) if tokens.numel() else 0
+        if largest >= vocab:
+            from megatron.data.errors import DataError
+
+            raise DataError(f"token id {largest} in {self.source} is beyond the model's vocabulary of {vocab} "
+                            f"ids (the tokenizer {self.tokenizer_file or ''} padded to "
+                            f"make_vocab_size_divisible_by): the data was tokenized with another tokenizer; "
+                            f"preprocess it again with this one (tools/datasets/preprocess_data.py) or set the "
+                            f"tokenizer it was made with")
 
     def __next__(self):
         from megatron.model import get_batch
 
         data = next(self.samples) if self.samples is not None else None
+        if data is not None:
+            self._check_token_ids(data["text"])
         inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
         move = lambda t: t.to(self.ctx.device, non_blocking=True)
         return tuple(map(move, inputs)), tuple(map(move, labels))

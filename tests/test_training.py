@@ -97,3 +97,24 @@ def test_char_counter_counts_the_predicted_tokens_and_their_characters():
     assert (counter.tokens, counter.chars) == (9, 4 + 3 + 5)  # 'bc<>', 'bbb', '<><>e'
     assert tokens_per_char(counter.tokens, counter.chars) == pytest.approx(9 / 12)
     assert tokens_per_char(0, 0) is None
+
+
+def test_token_ids_beyond_the_vocabulary_are_a_data_error_naming_the_files():
+    from megatron.data.errors import DataError
+    from megatron.initialize import RunContext
+    from megatron.model_config import ModelConfig
+    from megatron.mpu import SingleProcessState
+    from megatron.training import _data_source, _ModelBatches
+
+    args = tiny(data_path="/data/other_tokenizer_text_document", vocab_file="/tok/tokenizer.json")
+    ctx = RunContext(parallel_state=SingleProcessState(), rng_tracker=None, tokenizer=type("T", (), {"eod": 0})(),
+                     device=torch.device("cpu"), model_config=ModelConfig.from_neox_args(args, padded_vocab_size=128))
+    good, bad = torch.randint(0, 128, (2, 9)), torch.randint(0, 128, (2, 9))
+    bad[1, 4] = 130
+    batches = _ModelBatches(args, ctx, iter([{"text": good}, {"text": bad}]), source=_data_source(args, "train"))
+    (tokens, _, _), _ = next(batches)
+    assert torch.equal(tokens, good[:, :-1])
+    with pytest.raises(DataError, match=r"token id 130 in the train data \(/data/other_tokenizer_text_document\) "
+                                        r"is beyond the model's vocabulary of 128 ids \(the tokenizer "
+                                        r"/tok/tokenizer.json"):
+        next(batches)
