@@ -2,7 +2,7 @@
 unreachable host is reported in a second instead of by every worker half a minute later.
 
 - files the workers will open: the data (train.py), the tokenizer files and the `load` directory
-  (train.py, generate.py, eval.py); on several nodes the same paths must exist on every node, and this
+  (train.py, generate.py, eval.py), and that train.py can write in `save`; on several nodes the same paths must exist on every node, and this
   checks the launching one;
 - hosts: every host of a pdsh / Open MPI / MVAPICH launch answers passwordless ssh; the address of rank 0
   is known (master_addr, MASTER_ADDR, or `hostname -I` on the first host, as DeepSpeed's runner finds it);
@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import subprocess
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
@@ -81,6 +82,29 @@ def load_problems(args: NeoXArgsSchema) -> List[str]:
     return []
 
 
+def save_problems(args: NeoXArgsSchema) -> List[str]:
+    """Training must be able to write in `save` (a read-only or unwritable one failed only at the first
+    save, after the whole startup, as "Parent directory ... does not exist"). Probed by creating a file."""
+    save = args.save
+    if not save or script_name(args) not in TRAINING_SCRIPTS:
+        return []
+    if os.path.exists(save) and not os.path.isdir(save):
+        return [f"save='{save}' is a file; it must be a directory (each checkpoint is written inside it)"]
+    existing = os.path.abspath(save)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return [f"save='{save}' cannot be created: '{existing}' is a file"]
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".neox_write_probe", dir=existing)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as exc:
+        return [f"save='{save}' is not writable: creating a file in '{existing}' failed ({exc.strerror or exc}); "
+                f"choose a directory this user can write, on a writable filesystem"]
+    return []
+
+
 def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
     """The iteration of the checkpoint `load/latest` names, or None."""
     if not load:
@@ -126,6 +150,7 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
         problems += data_problems(args)
     if script in MODEL_SCRIPTS:
         problems += tokenizer_problems(args) + load_problems(args)
+    problems += save_problems(args)
     return problems
 
 

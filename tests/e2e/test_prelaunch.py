@@ -103,6 +103,23 @@ def test_load_directory_that_does_not_exist(deepy_main, files, tmp_path):
     assert code == 0 and len(launched) == 1
 
 
+def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code, err, launched = deepy_main({**BASE, **files, "save": str(blocker / "ckpt")})
+    assert code == 2 and launched == []
+    assert f"save='{blocker / 'ckpt'}' cannot be created: '{blocker}' is a file" in err
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)  # root writes through permission bits: a ro mount
+    code, err, launched = deepy_main({**BASE, **files, "save": str(tmp_path / "runs" / "ckpt")})
+    assert code == 2 and launched == []
+    assert f"save='{tmp_path / 'runs' / 'ckpt'}' is not writable: creating a file in '{tmp_path}' failed " \
+           f"(Read-only file system)" in err
+
+
 def test_re_running_a_finished_run_says_it_is_at_train_iters(deepy_main, files, tmp_path):
     ckpt = tmp_path / "ckpt"
     (ckpt / "global_step8").mkdir(parents=True)
