@@ -45,6 +45,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from megatron.checkpoint_files import CheckpointError, load_checkpoint_file  # noqa: F401 (CheckpointError: re-exported)
+
 COMPLETE_MARKER = "COMPLETE"
 LATEST_FILE = "latest"
 ARGS_FILE = "neox_args.json"
@@ -68,10 +70,6 @@ ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv
                      "pipe_parallel_size")
 """Arguments that must match between a checkpoint and the model loading it."""
 LAYOUT_KEYS = ("model_parallel_size", "pipe_parallel_size")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded into this run; the message says which and why."""
 
 
 def tag_for(iteration: int) -> str:
@@ -189,14 +187,9 @@ def model_files(path: str) -> List[str]:
 
 
 def load_lazily(path: str) -> Any:
-    """torch.load, memory-mapped where the file allows it (the weights are read only when used)."""
-    try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        except RuntimeError:  # not a zip-format file: no memory map
-            return torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError, ValueError) as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from None
+    """A checkpoint file, memory-mapped where the file allows it (the weights are read only when used);
+    nothing but tensors and plain data is unpickled (megatron.checkpoint_files)."""
+    return load_checkpoint_file(path, mmap=True)
 
 
 def read_client_state(path: str) -> Dict[str, Any]:
@@ -459,7 +452,7 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     rng_file = os.path.join(load_dir, tag, f"rng_state_rank{_rank()}.pt")
     if not (finetune or neox_args.no_load_rng):
         if os.path.isfile(rng_file):
-            _set_rng_states(torch.load(rng_file, weights_only=False))
+            _set_rng_states(load_checkpoint_file(rng_file))
         elif "random_rng_state" in client_state:  # GPT-NeoX's: one state per tensor rank, in the client state
             _set_rng_states({"python": client_state["random_rng_state"], "numpy": client_state["np_rng_state"],
                              "torch": client_state["torch_rng_state"],

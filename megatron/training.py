@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from megatron.checkpoint_files import use_safe_loading
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
@@ -113,6 +114,7 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
         model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
         mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)
     _record_clipping_grad_norm(engine)
+    use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
     return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
 

@@ -132,10 +132,12 @@ def model_config_of(args: Mapping[str, Any], source: str, **layout: Any) -> Mode
 
 
 def _load(path: str) -> Any:
+    from megatron.checkpoint_files import CheckpointError, load_checkpoint_file
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise ConversionError(f"cannot read {path}: {exc}") from None
+        return load_checkpoint_file(path)
+    except CheckpointError as exc:
+        raise ConversionError(str(exc)) from None
 
 
 def _old_layout(path: str, files: List[str], num_layers: int) -> str:

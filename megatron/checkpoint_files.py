@@ -1,0 +1,71 @@
+"""Reading checkpoint files without running code from them.
+
+`torch.load(weights_only=False)` unpickles anything: a checkpoint holding `os.system(...)` runs it on resume
+or conversion. Every checkpoint file of this project, GPT-NeoX's and DeepSpeed's is read here with
+`weights_only=True`, which rebuilds tensors, numbers, strings and containers and, besides those, only the
+classes listed in `checkpoint_globals()`: numpy's arrays (the numpy RNG state), DeepSpeed's loss scaler, ZeRO
+stage enum and fragment addresses (its optimizer files). A file that needs anything else is refused with a
+CheckpointError naming the file and the object, and nothing of it runs.
+
+DeepSpeed reads its own files through the engine's checkpoint engine: `use_safe_loading(engine)` swaps in
+one that reads them here."""
+
+import pickle
+from typing import Any, List
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded into this run; the message says which and why."""
+
+
+def checkpoint_globals() -> List[Any]:
+    """The classes and functions (besides torch's own) a checkpoint may name."""
+    import numpy as np
+
+    allowed: List[Any] = [np.ndarray, np.dtype]
+    core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
+    allowed.append(core.multiarray._reconstruct)
+    allowed += [type(np.dtype(name)) for name in ("uint32", "int64", "float64", "float32", "int32")]
+    allowed.append(core.multiarray.scalar)
+    try:
+        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+        from deepspeed.runtime.zero.config import ZeroStageEnum
+        from deepspeed.utils.tensor_fragment import fragment_address
+    except ImportError:  # conversion tools without DeepSpeed: its optimizer files are not read there
+        return allowed
+    return allowed + [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def load_checkpoint_file(path: str, mmap: bool = False, map_location: Any = "cpu") -> Any:
+    """torch.load with weights_only=True and checkpoint_globals(); mmap where the file allows it (zip format)."""
+    try:
+        with torch.serialization.safe_globals(checkpoint_globals()):
+            if mmap:
+                try:
+                    return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+                except RuntimeError as exc:  # not a zip-format file: no memory map
+                    if "mmap" not in str(exc) and "zip" not in str(exc):
+                        raise
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        # torch's message: a paragraph about weights_only, then the object it met ("... GLOBAL posix.system ...")
+        named = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "global" in line]
+        detail = named[0] if named else str(exc).splitlines()[0]
+        raise CheckpointError(
+            f"{path} holds a Python object that checkpoints do not contain ({detail}); it was not loaded, "
+            f"since unpickling it could run code. Only tensors, numbers, strings, containers, numpy arrays and "
+            f"DeepSpeed's optimizer bookkeeping are read from checkpoint files") from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
+
+
+def use_safe_loading(engine) -> None:
+    """Make DeepSpeed's engine read its checkpoint files (model, optimizer, pipeline layers, experts) through
+    load_checkpoint_file; its default reader unpickles anything."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    reader = getattr(engine, "checkpoint_engine", None)
+    if type(reader) is TorchCheckpointEngine:  # other engines (e.g. asynchronous saving) are left as they are
+        reader.load = lambda path, map_location=None: load_checkpoint_file(path, map_location=map_location)
