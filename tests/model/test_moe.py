@@ -1,0 +1,258 @@
+"""The dropless mixture of experts (megatron.model.moe): the layer equals a plain per-token loop over experts
+(outputs and gradients), the load-balancing loss equals its hand computation and reaches the gradients with
+moe_loss_coeff, expert_interval picks the MoE layers, parameters carry GPT-NeoX's names, and the expert load is
+counted."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron.model import build_model
+from megatron.model.init_functions import Initializer
+from megatron.model.moe import DroplessMoE, moe_layers, moe_metrics, set_aux_loss_scale
+from megatron.model.moe.router import load_balancing_loss, sinkhorn
+from megatron.model_config import ModelConfig
+from megatron.mpu import SingleProcessState
+from tests.distributed_helpers import run_distributed
+from tests.model.helpers import random_batch, tiny_config
+
+ACTS = {"gelu": F.gelu, "silu": F.silu, "relu": F.relu}
+
+
+def moe_config(**overrides) -> ModelConfig:
+    base = dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", expert_interval=1, intermediate_size=24)
+    return tiny_config(**{**base, **overrides})
+
+
+def _layer(config: ModelConfig) -> DroplessMoE:
+    torch.manual_seed(0)
+    layer = DroplessMoE(config, SingleProcessState(), Initializer(config), 0)
+    with torch.no_grad():  # a sharper router than the init's, so that the top-k choices are well separated
+        layer.router.layer.weight.mul_(20.0)
+    return layer
+
+
+def loop_reference(layer: DroplessMoE, x: torch.Tensor, act, gated: bool, top_k: int) -> torch.Tensor:
+    """Token by token: softmax router, top-k, weights (renormalised for k >= 2), each chosen expert's MLP."""
+    mlp, width = layer.experts.mlp, layer.experts.mlp.width
+    out = []
+    for token in x.reshape(-1, x.shape[-1]):
+        probs = torch.softmax(token @ layer.router.layer.weight.t(), dim=-1)
+        chosen = sorted(range(probs.numel()), key=lambda e: -float(probs[e].detach()))[:top_k]
+        total = sum(probs[e] for e in chosen) if top_k > 1 else 1.0
+        y = torch.zeros_like(token)
+        for e in chosen:
+            rows = slice(e * width, (e + 1) * width)
+            h = act(mlp.w1[rows] @ token)
+            if gated:
+                h = h * (mlp.w3[rows] @ token)
+            y = y + probs[e] / total * (h @ mlp.w2[rows])
+        out.append(y)
+    return torch.stack(out).view_as(x)
+
+
+@pytest.mark.parametrize("top_k,activation,moe_glu", [(1, "gelu", False), (2, "gelu", False), (2, "silu", True),
+                                                      (3, "relu", False), (2, "swiglu", False)])
+def test_dropless_equals_per_token_loop(top_k, activation, moe_glu):
+    config = moe_config(moe_top_k=top_k, activation=activation, moe_glu=moe_glu, moe_loss_coeff=0.0)
+    gated = moe_glu or activation == "swiglu"
+    act = ACTS.get(activation, F.silu)
+    assert config.expert_activation == ("swiglu" if gated else activation)
+    layer = _layer(config).train()
+    assert hasattr(layer.experts.mlp, "w3") == gated
+    x = torch.randn(3, 5, config.hidden_size, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    got = layer(x)
+    params = [x] + list(layer.parameters())
+    grad_out = torch.randn_like(got)
+    got_grads = torch.autograd.grad((got * grad_out).sum(), params)
+    want = loop_reference(layer, x, act, gated, top_k)
+    want_grads = torch.autograd.grad((want * grad_out).sum(), params)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for name, g, w in zip(["x"] + [n for n, _ in layer.named_parameters()], got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=name)
+    # every expert got tokens (so the test covers the grouping), and the router gets a gradient
+    assert (layer.load.routed > 0).all() and got_grads[1 + [n for n, _ in layer.named_parameters()].index(
+        "router.layer.weight")].abs().sum() > 0
+
+
+def test_load_balancing_loss_by_hand():
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6]])
+    experts = torch.tensor([[0, 1], [1, 2], [0, 1], [2, 0]])
+    # f = slots per expert / 8 = [3, 3, 2] / 8; P = mean probs = [1.5, 1.25, 1.25] / 4; loss = 3 * sum(f * P)
+    want = 3 * (3 / 8 * 1.5 / 4 + 3 / 8 * 1.25 / 4 + 2 / 8 * 1.25 / 4)
+    got = load_balancing_loss(probs, experts, 3, torch.float32)
+    assert math.isclose(float(got), want, rel_tol=1e-6)
+    uniform = torch.full((4, 3), 1 / 3)
+    assert math.isclose(float(load_balancing_loss(uniform, torch.tensor([[0], [1], [2], [0]]), 3, torch.float32)),
+                        1.0, rel_tol=1e-6)
+
+
+def test_layer_aux_loss_is_the_routers_and_fp32_switch():
+    layer = _layer(moe_config())
+    x = torch.randn(2, 4, 32)
+    routing, aux = layer.router(x.reshape(-1, 32))
+    probs = torch.softmax(x.reshape(-1, 32) @ layer.router.layer.weight.t(), -1)
+    assert torch.equal(routing.experts, probs.topk(2, -1).indices)
+    assert math.isclose(float(aux), float(load_balancing_loss(probs, routing.experts, 4, torch.float32)),
+                        rel_tol=1e-5)
+    half = _layer(moe_config(moe_lbl_in_fp32=False)).to(torch.bfloat16)
+    fp32 = _layer(moe_config(moe_lbl_in_fp32=True)).to(torch.bfloat16)
+    assert half.router(x.reshape(-1, 32).bfloat16())[1].dtype == torch.bfloat16
+    assert fp32.router(x.reshape(-1, 32).bfloat16())[1].dtype == torch.float32
+
+
+def _captured_aux(model):
+    captured = []
+    for layer in moe_layers(model):
+        layer.router.register_forward_hook(lambda _m, _i, out: captured.append(out[1]))
+    return captured
+
+
+def _aux_grad_check(rank=0, world_size=1, checkpoint=False):
+    """The model's gradients are those of lm_loss + moe_loss_coeff x sum(layer losses) x scale, computed here
+    with the layer losses carried out explicitly from a model that does not attach them (coeff 0)."""
+    from megatron.mpu import ParallelState
+
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=1) if checkpoint else SingleProcessState()
+    coeff, scale = 0.5, 0.25
+    config = moe_config(num_layers=3, moe_loss_coeff=coeff, checkpoint_activations=checkpoint)
+    model = build_model(config, state).train()
+    set_aux_loss_scale(model, scale)
+    plain = build_model(moe_config(num_layers=3, moe_loss_coeff=0.0), state).train()
+    plain.load_state_dict(model.state_dict())
+    inputs, labels = random_batch()
+    (model.loss_fn(model(inputs), labels) * scale).backward()
+    captured = _captured_aux(plain)
+    lm = plain.loss_fn(plain(inputs), labels)
+    assert len(captured) == 3  # expert_interval 1: every layer is MoE
+    ((lm + coeff * sum(captured)) * scale).backward()
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+    router = [p for n, p in model.named_parameters() if n.endswith("router.layer.weight")][0]
+    without = build_model(moe_config(num_layers=3, moe_loss_coeff=0.0), state).train()
+    without.load_state_dict(model.state_dict())
+    without.loss_fn(without(inputs), labels).mul(scale).backward()
+    wrouter = [p for n, p in without.named_parameters() if n.endswith("router.layer.weight")][0]
+    assert not torch.allclose(router.grad, wrouter.grad)  # the aux loss changed the router's gradient
+    # the recomputation inside the backward (activation checkpointing) is not counted twice
+    assert all(layer.load.forwards == 1 for layer in moe_layers(model))
+    if checkpoint:
+        state.destroy()
+
+
+def test_aux_loss_gradient_is_coeff_times_layer_losses():
+    _aux_grad_check()
+
+
+def test_aux_loss_gradient_under_activation_checkpointing():
+    run_distributed(_aux_grad_check, world_size=1, args=(True,))
+
+
+@pytest.mark.parametrize("interval,layers", [(1, (0, 1, 2, 3)), (2, (0, 2)), (3, (0, 3))])
+def test_expert_interval_selects_layers_and_gpt_neox_names(interval, layers):
+    config = moe_config(num_layers=4, expert_interval=interval, activation="swiglu")
+    assert config.moe_layers == layers
+    model = build_model(config, SingleProcessState())
+    names = dict(model.named_parameters())
+    for i in range(4):
+        prefix = f"sequential.{i + 2}.mlp."
+        if i in layers:
+            assert names[prefix + "router.layer.weight"].shape == (4, 32)
+            for w in ("w1", "w2", "w3"):
+                assert names[prefix + f"experts.mlp.{w}"].shape == (4 * 24, 32)
+            assert prefix + "linear1.weight" not in names
+        else:
+            assert prefix + "linear1.weight" in names and prefix + "router.layer.weight" not in names
+    assert tiny_config().moe_layers == ()
+
+
+def test_expert_width_follows_gpt_neox():
+    assert moe_config(intermediate_size=None).expert_ffn_width == 256  # 4 x 32 = 128 -> multiple of 256
+    assert moe_config(intermediate_size=None, hidden_size=128, num_attention_heads=4).expert_ffn_width == 512
+    assert moe_config(intermediate_size=None, hidden_size=192, num_attention_heads=4,
+                      activation="swiglu").expert_ffn_width == 512  # int(8/3 x 192) = 512
+    assert moe_config(intermediate_size=40).expert_ffn_width == 40
+
+
+def test_sinkhorn_router_balances_in_training_and_is_topk_in_eval():
+    config = moe_config(moe_router_type="sinkhorn", moe_top_k=1)
+    layer = _layer(config)
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        layer.router.layer.weight[0] += 0.5 * x.mean(0)  # a router that favours expert 0
+    layer.eval()
+    eval_routing, _ = layer.router(x)
+    logits = x @ layer.router.layer.weight.t()
+    assert torch.equal(eval_routing.experts[:, 0], logits.argmax(-1))
+    torch.testing.assert_close(eval_routing.weights[:, 0], torch.sigmoid(logits.max(-1).values))
+    layer.train()
+    train_routing, _ = layer.router(x)
+    assert torch.equal(train_routing.experts[:, 0], sinkhorn(logits).argmax(-1))
+    eval_counts = torch.bincount(eval_routing.experts[:, 0], minlength=4)
+    train_counts = torch.bincount(train_routing.experts[:, 0], minlength=4)
+    assert train_counts.max() < eval_counts.max()  # Sinkhorn spreads the tokens
+
+
+def test_jitter_only_in_training():
+    layer = _layer(moe_config(moe_jitter_eps=0.1))
+    x = torch.randn(16, 32)
+    layer.eval()
+    a, b = layer.router(x)[0].probs, layer.router(x)[0].probs
+    assert torch.equal(a, b)
+    layer.train()
+    c = layer.router(x)[0].probs
+    assert not torch.equal(a, c)
+    assert (c - a).abs().max() < 0.5
+
+
+def test_expert_load_metrics():
+    config = moe_config(num_layers=2, moe_top_k=2)
+    model = build_model(config, SingleProcessState()).train()
+    inputs, labels = random_batch(batch=2, seq=16)
+    for _ in range(3):
+        model.loss_fn(model(inputs), labels).backward()
+    routed = [layer.load.routed.clone() for layer in moe_layers(model)]
+    metrics = moe_metrics(model, config.num_layers, 4, config.moe_loss_coeff, iterations=3)
+    for i, counts in enumerate(routed):
+        assert float(counts.sum()) == 3 * 2 * 16 * 2  # 3 forwards x 32 tokens x top-2
+        for e in range(4):
+            assert metrics[f"moe_tokens/layer_{i:02d}/expert_{e:02d}"] == float(counts[e]) / 3
+        assert metrics[f"moe_dropped/layer_{i:02d}"] == 0.0
+    assert metrics["moe_aux_loss"] > 0
+    model.eval()
+    with torch.no_grad():
+        model(inputs)  # evaluation forwards are not counted
+    assert moe_metrics(model, config.num_layers, 4, 0.1, iterations=1) == {}
+
+
+def test_moe_model_trains_on_cpu():
+    config = moe_config(num_layers=2, moe_top_k=2, moe_router_type="sinkhorn", moe_jitter_eps=0.01)
+    model = build_model(config, SingleProcessState()).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    inputs, labels = random_batch(batch=4, seq=16)
+    losses = []
+    for _ in range(15):
+        opt.zero_grad()
+        loss = model.loss_fn(model(inputs), labels)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5
+
+
+@pytest.mark.parametrize("own_group", [True, False])
+def test_create_moe_param_group_puts_the_experts_in_their_own_group(own_group):
+    from megatron.optimizers import MOE_GROUP_NAME, get_param_groups
+
+    model = build_model(moe_config(num_layers=2, expert_interval=2), SingleProcessState())
+    groups = get_param_groups(model, 0.1, moe_param_group=own_group)
+    experts = {id(p) for n, p in model.named_parameters() if ".experts.mlp." in n}
+    assert len(experts) == 2  # layer 0's w1 and w2; layer 1 is dense
+    named = [g for g in groups if g.get("name") == MOE_GROUP_NAME]
+    if own_group:
+        assert len(named) == 1 and {id(p) for p in named[0]["params"]} == experts and named[0]["weight_decay"] == 0.1
+        assert all(not ({id(p) for p in g["params"]} & experts) for g in groups if g is not named[0])
+    else:
+        assert not named and experts <= {id(p) for p in groups[0]["params"]}  # decayed with the other weights
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
