@@ -87,14 +87,21 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _rng_states() -> Dict[str, Any]:
+def rng_states() -> Dict[str, Any]:
+    """This process's RNG states (python, numpy, torch [, cuda]), as the checkpoint saves them."""
     states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state()
     return states
 
 
-def _set_rng_states(states: Dict[str, Any]) -> None:
+def _rng_states() -> Dict[str, Any]:
+    """What a checkpoint saves (a seam tests replace to interrupt a save)."""
+    return rng_states()
+
+
+def set_rng_states(states: Dict[str, Any]) -> None:
+    """Restore the states ``rng_states`` returned."""
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
@@ -416,9 +423,9 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     rng_file = os.path.join(load_dir, tag, f"rng_state_rank{_rank()}.pt")
     if not (finetune or neox_args.no_load_rng):
         if os.path.isfile(rng_file):
-            _set_rng_states(torch.load(rng_file, weights_only=False))
+            set_rng_states(torch.load(rng_file, weights_only=False))
         elif "random_rng_state" in client_state:  # GPT-NeoX's: one state per tensor rank, in the client state
-            _set_rng_states({"python": client_state["random_rng_state"], "numpy": client_state["np_rng_state"],
+            set_rng_states({"python": client_state["random_rng_state"], "numpy": client_state["np_rng_state"],
                              "torch": client_state["torch_rng_state"],
                              **({"cuda": client_state["cuda_rng_state"]} if "cuda_rng_state" in client_state else {})})
     iteration = 0 if finetune else int(client_state.get("iteration", 0))
