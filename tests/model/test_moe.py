@@ -256,3 +256,51 @@ def test_create_moe_param_group_puts_the_experts_in_their_own_group(own_group):
     else:
         assert not named and experts <= {id(p) for p in groups[0]["params"]}  # decayed with the other weights
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+def _pipeline_vs_sequential(rank, world_size, overrides):
+    import deepspeed
+
+    from megatron.mpu import ParallelState
+
+    steps, micro, gas = 3, 2, 2
+    batches = [random_batch(batch=micro, seed=200 + i) for i in range(steps * gas)]
+    config = moe_config(num_layers=4, expert_interval=2, moe_loss_coeff=0.5, **overrides)
+    ref = build_model(moe_config(num_layers=4, expert_interval=2, moe_loss_coeff=0.5, **overrides),
+                      SingleProcessState()).train()
+    set_aux_loss_scale(ref, 1.0 / gas)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    ref_losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for inputs, labels in batches[step * gas:(step + 1) * gas]:
+            loss = ref.loss_fn(ref(inputs), labels)
+            (loss / gas).backward()
+            total += loss.item() / gas
+        opt.step()
+        ref_losses.append(total)
+    state = ParallelState(pipe_parallel_size=world_size, model_parallel_size=1)
+    model = build_model(config.replace(pipe_parallel_size=world_size), state)
+    set_aux_loss_scale(model, 1.0 / gas)
+    ds_config = {"train_batch_size": micro * gas, "train_micro_batch_size_per_gpu": micro,
+                 "gradient_accumulation_steps": gas, "steps_per_print": 10 ** 6, "gradient_clipping": 0.0}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                           config=ds_config)
+    data = iter(batches)
+    losses = [engine.train_batch(data).item() for _ in range(steps)]
+    metrics = moe_metrics(model, 4, 4, 0.5, iterations=steps)
+    state.destroy()
+    return losses, ref_losses, metrics
+
+
+@pytest.mark.slow
+def test_pipeline_model_with_experts_matches_the_sequential_model():
+    """Two pipeline stages (a MoE layer on each) train as the sequential model does, the auxiliary loss's gradient
+    included (moe_loss_coeff 0.5 changes the updates); the expert load is gathered from both stages."""
+    results = run_distributed(_pipeline_vs_sequential, world_size=2, args=({},))
+    losses, ref, metrics = results[-1]
+    assert ref[0] != ref[-1]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=1e-5)
+    assert {k for k in metrics if k.startswith("moe_dropped")} == {"moe_dropped/layer_00", "moe_dropped/layer_02"}
+    assert metrics == results[0][2]
