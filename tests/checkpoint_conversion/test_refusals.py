@@ -23,6 +23,7 @@ LLAMA = dict(NEOX, norm="rmsnorm", activation="swiglu", use_bias_in_norms=False,
     (dict(use_bias_in_mlp=False), "use_bias_in_mlp=false"),
     (dict(use_qk_layernorm=True), "use_qk_layernorm"),
     (dict(attention_config=["local"]), "attention_config"),
+    (dict(moe_num_experts=2), r"mixture of experts \(moe_num_experts=2\): conversion to Hugging Face \(Mixtral"),
 ])
 def test_gptneox_refuses(overrides, message):
     with pytest.raises(ConversionError, match=message):
@@ -35,6 +36,7 @@ def test_gptneox_refuses(overrides, message):
     ("llama", dict(gpt_j_residual=True), "parallel residual"),
     ("llama", dict(sliding_window_width=4), "--architecture mistral"),
     ("mistral", dict(use_bias_in_mlp=True), "Mistral has no linear biases"),
+    ("llama", dict(moe_num_experts=4, moe_top_k=2), "MixtralForCausalLM\\) is not supported yet"),
 ])
 def test_llama_refuses(architecture, overrides, message):
     with pytest.raises(ConversionError, match=message):

@@ -53,5 +53,5 @@ def test_quickstart_is_a_complete_cpu_training_config():
 def test_every_config_is_found():
     names = model_configs()
     for expected in ("125M.yml", "20B.yml", "pythia/70M.yml", "llama/7B.yml", "llama2/70B.yml", "mistral/7B.yml",
-                     "quickstart.yml", "cpu_tiny.yml"):
+                     "quickstart.yml", "cpu_tiny.yml", "cpu_tiny_moe.yml"):
         assert expected in names
