@@ -398,10 +398,6 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
         args.moe_expert_interval = args.expert_interval
     if args.moe_type == "deepspeed" and "moe_router_type" not in provided:
         args.moe_router_type = "topk"
-    if args.model_parallel_size > 1:
-        problems.append(f"mixture of experts (moe_num_experts={args.moe_num_experts}) with model_parallel_size="
-                        f"{args.model_parallel_size} is not supported yet: the dropless layer runs with "
-                        f"model_parallel_size 1 (pipeline and data parallelism are fine)")
     if args.moe_type == "megablocks" and "moe_use_residual" in provided and args.moe_use_residual:
         problems.append("moe_use_residual=true with moe_type='megablocks': residual MoE (a dense MLP beside the "
                         "experts) is DeepSpeed's layer (moe_type deepspeed), not built; remove it or set it false")

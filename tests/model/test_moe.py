@@ -304,3 +304,59 @@ def test_pipeline_model_with_experts_matches_the_sequential_model():
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=1e-5)
     assert {k for k in metrics if k.startswith("moe_dropped")} == {"moe_dropped/layer_00", "moe_dropped/layer_02"}
     assert metrics == results[0][2]
+
+
+TP_CONFIGS = [
+    dict(moe_top_k=2, activation="swiglu", moe_loss_coeff=0.5, moe_router_type="topk"),
+    dict(moe_top_k=1, moe_router_type="sinkhorn", moe_jitter_eps=0.1, gpt_j_residual=True, bias_dropout_fusion=False),
+]
+
+
+def _tp_vs_single(rank, world_size):
+    from megatron.mpu import ParallelState
+    from tests.model.kv_helpers import incremental_logits
+    from tests.model.tp_helpers import expected_local, gather_vocab
+
+    inputs, labels = random_batch()
+    for overrides in TP_CONFIGS:
+        config = moe_config(num_layers=2, model_parallel_size=2, **overrides)
+        ref = build_model(config, SingleProcessState()).train()
+        torch.manual_seed(5)  # the jitter draws from the default RNG, the same on every rank
+        ref_logits = ref(inputs)
+        ref_loss = ref.loss_fn(ref_logits, labels)
+        ref_loss.backward()
+        state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
+        model = build_model(config, state).train()
+        layer = moe_layers(model)[0]
+        assert layer.experts.mlp.w1.shape[0] == 2 * config.expert_ffn_width  # 2 of the 4 experts
+        from megatron.checkpoint_conversion.tensor_parallel import split_rule
+
+        for name, param in model.named_parameters():  # checkpoint conversion merges the shards the model splits
+            assert (split_rule(name, config) == (0, 1)) == (".experts.mlp." in name) or ".experts." not in name
+            assert getattr(param, "model_parallel", False) == (".experts.mlp." in name) or ".experts." not in name
+        for name, (want, got) in expected_local(ref, model, rank, 2, grads=False).items():
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{overrides} init {name}")
+        torch.manual_seed(5)
+        logits = model(inputs)
+        loss = model.loss_fn(logits, labels)
+        loss.backward()
+        torch.testing.assert_close(gather_vocab(logits, state.get_model_parallel_group()), ref_logits, rtol=1e-5,
+                                   atol=1e-5, msg=str(overrides))
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        for name, (want, got) in expected_local(ref, model, rank, 2, grads=True).items():
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6, msg=f"{overrides} grad {name}")
+        assert torch.equal(layer.load.routed, moe_layers(ref)[0].load.routed)
+        model.eval()
+        ref.eval()
+        with torch.no_grad():
+            step = incremental_logits(model, inputs[0], prompt=5)
+            torch.testing.assert_close(gather_vocab(step, state.get_model_parallel_group()), ref(inputs), rtol=1e-5,
+                                       atol=1e-5, msg=f"{overrides} kv cache")
+        state.destroy()
+
+
+@pytest.mark.slow
+def test_experts_split_over_two_tensor_parallel_ranks_match_one_rank():
+    """TP=2 holds half of the experts on each rank and gives the TP=1 logits, loss (aux loss included) and
+    gradients, and the same KV-cache decoding."""
+    run_distributed(_tp_vs_single, world_size=2)

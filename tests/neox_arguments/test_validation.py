@@ -96,8 +96,10 @@ def test_required_model_fields():
     ({"moe_num_experts": 4, "moe_token_dropping": True}, "moe_token_dropping) is not supported yet"),
     ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 2},
      "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
-    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2},
-     "with model_parallel_size=2 is not supported yet"),
+    ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
+     "moe_num_experts=3 must be divisible by moe_expert_parallel_size x model_parallel_size = 1 x 2"),
+    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True},
+     "sequence_parallel=true with a mixture of experts"),
     ({"moe_num_experts": 4, "moe_use_residual": True}, "moe_use_residual=true with moe_type='megablocks'"),
     ({"moe_num_experts": 4, "moe_train_capacity_factor": 2.0}, "only applies with moe_token_dropping: true"),
     ({"moe_num_experts": 4, "use_tutel": True}, "tutel MoE (use_tutel) is not supported yet"),
@@ -238,3 +240,4 @@ def test_moe_settings_reach_the_model_config():
     assert (config.moe_top_k, config.moe_router_type, config.moe_jitter_eps, config.expert_activation,
             config.moe_loss_coeff) == (2, "topk", 0.01, "geglu", 0.02)
     assert tiny(moe_num_experts=4, num_layers=4).expert_interval == 2  # neither name written: 2
+    assert tiny(moe_num_experts=4, model_parallel_size=2, num_gpus=2).model_parallel_size == 2  # experts split

@@ -3,8 +3,9 @@
 * ``layer``: the dropless layer (``moe_type: megablocks``), plain PyTorch;
 * ``router``: top-k and Sinkhorn routing, jitter, the load-balancing loss;
 * ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs.
-Expert parallelism (moe_expert_parallel_size > 1), tensor parallelism of the experts and DeepSpeed's
-token-dropping layer (moe_type deepspeed) are not built yet: megatron.neox_arguments refuses them.
+With tensor parallelism the experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE). Expert
+parallelism (moe_expert_parallel_size > 1), DeepSpeed's expert tensor parallelism and its token-dropping layer
+(moe_type deepspeed) are not built yet: megatron.neox_arguments refuses them.
 """
 from __future__ import annotations
 
@@ -25,9 +26,7 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
         unbuilt.append(f"moe_expert_parallel_size={config.moe_expert_parallel_size}")
     if config.moe_token_dropping:
         unbuilt.append("moe_token_dropping=true")
-    if parallel_state.get_model_parallel_world_size() != 1:
-        unbuilt.append(f"model_parallel_size={parallel_state.get_model_parallel_world_size()}")
     if unbuilt:
         raise ValueError(f"mixture of experts with {', '.join(unbuilt)} is not supported yet (the dropless layer, "
-                         f"moe_type megablocks, runs with model_parallel_size 1 and moe_expert_parallel_size 1)")
+                         f"moe_type megablocks, is built, with moe_expert_parallel_size 1)")
     return DroplessMoE(config, parallel_state, initializer, layer_number)

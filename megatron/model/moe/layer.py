@@ -12,7 +12,8 @@ Every token reaches its ``moe_top_k`` experts; nothing is dropped and there is n
 
 Parameters carry GPT-NeoX's names and layouts (its ParallelDroplessMoE), so checkpoints cross unchanged:
 ``router.layer.weight`` [E, hidden]; ``experts.mlp.w1`` [E * F, hidden] (expert e's rows e*F .. (e+1)*F);
-``experts.mlp.w2`` [E * F, hidden] (the down projection, used as x @ w2_e); with a GLU expert activation
+``experts.mlp.w2`` [E * F, hidden] (the down projection, used as x @ w2_e), each split by rows (by expert) over
+the tensor-parallel ranks; with a GLU expert activation
 (moe_glu, or a gated ``activation``) also ``experts.mlp.w3`` [E * F, hidden]: expert e computes
 ``(act(x @ w1_e^T) * (x @ w3_e^T)) @ w2_e`` (GPT-NeoX's grouped LLaMA MLP, Mixtral's w1 / w3 / w2). No biases.
 F is ``config.expert_ffn_width``.
@@ -31,6 +32,7 @@ from megatron.model.activations import _GATED, _PLAIN
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
+from megatron.mpu import copy_to_model_parallel_region, reduce_from_model_parallel_region
 from megatron.optimizers import MOE_EXPERT_FLAG
 
 
@@ -42,23 +44,27 @@ def expert_activation(name: str):
 
 
 class GroupedExperts(nn.Module):
-    """E expert MLPs stored as GPT-NeoX's stacked w1 / [w3] / w2; ``forward`` runs each expert on its block."""
+    """This rank's experts (all E, or E / T of them on T tensor-parallel ranks: rank r holds experts
+    r * E / T .. (r + 1) * E / T - 1) stored as GPT-NeoX's stacked w1 / [w3] / w2; ``forward`` runs each local
+    expert on its block of rows. The full tensors are initialised and this rank keeps its rows, so a seed gives
+    the same experts for any tensor-parallel size."""
 
-    def __init__(self, config: ModelConfig, initializer, layer_number: int) -> None:
+    def __init__(self, config: ModelConfig, initializer, layer_number: int, tp_rank: int = 0, tp: int = 1) -> None:
         super().__init__()
-        self.num_experts, self.width, self.hidden = config.moe_num_experts, config.expert_ffn_width, \
+        self.num_experts, self.width, self.hidden = config.moe_num_experts // tp, config.expert_ffn_width, \
             config.hidden_size
         self.act, self.gated = expert_activation(config.expert_activation)
         rows = self.num_experts * self.width
-        self.w1 = nn.Parameter(torch.empty(rows, self.hidden))
-        initializer.weight(layer_number, "mlp.experts.mlp.w1")(self.w1.data)
-        if self.gated:
-            self.w3 = nn.Parameter(torch.empty(rows, self.hidden))
-            initializer.weight(layer_number, "mlp.experts.mlp.w3")(self.w3.data)
-        self.w2 = nn.Parameter(torch.empty(rows, self.hidden))
-        initializer.output_weight(layer_number, "mlp.experts.mlp.w2")(self.w2.data)
-        for weight in self.parameters():
+        local = slice(tp_rank * rows, (tp_rank + 1) * rows)
+        names = ["w1", "w3", "w2"] if self.gated else ["w1", "w2"]
+        for name in names:
+            full = torch.empty(rows * tp, self.hidden)
+            init = initializer.output_weight if name == "w2" else initializer.weight
+            init(layer_number, f"mlp.experts.mlp.{name}")(full)
+            weight = nn.Parameter(full[local].clone())
             setattr(weight, MOE_EXPERT_FLAG, True)  # create_moe_param_group: their own optimizer group
+            weight.model_parallel = tp > 1  # a tensor-parallel shard (gradient norm, checkpoint conversion)
+            self.register_parameter(name, weight)
 
     def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Expert e's MLP on rows x [n, hidden]."""
@@ -89,14 +95,24 @@ def permutation(experts: torch.Tensor, num_experts: int) -> Tuple[torch.Tensor, 
 
 
 class DroplessMoE(MoELayerBase):
-    """GPT-NeoX's ParallelDroplessMoE function (module docstring): ``router`` and ``experts.mlp``."""
+    """GPT-NeoX's ParallelDroplessMoE function (module docstring): ``router`` and ``experts.mlp``.
+
+    On T tensor-parallel ranks (GPT-NeoX's dMoE layout) every rank holds all tokens and the whole router, and
+    E / T of the experts: it routes all tokens (identically on every rank), runs its experts on their slots, and
+    one all-reduce of the [T x k, hidden] slot outputs gives every rank all of them; the combine step is then
+    the same on every rank, so the router's gradients are equal on all ranks without a reduction. The input's
+    gradient through the experts is summed over the ranks (copy_to_model_parallel_region)."""
 
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
         super().__init__(config.moe_num_experts, layer_number, config.moe_loss_coeff)
         self.num_experts, self.top_k = config.moe_num_experts, config.moe_top_k
+        self.group = parallel_state.get_model_parallel_group()
+        tp, tp_rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
+        self.tp = tp
+        self.local_experts = range(tp_rank * self.num_experts // tp, (tp_rank + 1) * self.num_experts // tp)
         self.router = Router(config, initializer, layer_number)
         self.experts = nn.Module()
-        self.experts.mlp = GroupedExperts(config, initializer, layer_number)
+        self.experts.mlp = GroupedExperts(config, initializer, layer_number, tp_rank, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -105,7 +121,16 @@ class DroplessMoE(MoELayerBase):
         order, counts = permutation(routing.experts, self.num_experts)
         token_of_slot = order // self.top_k
         counts_list = counts.tolist()
-        out_sorted = self.experts.mlp(tokens[token_of_slot], counts_list)
+        if self.tp == 1:
+            out_sorted = self.experts.mlp(tokens[token_of_slot], counts_list)
+        else:
+            first, last = self.local_experts.start, self.local_experts.stop
+            start, stop = sum(counts_list[:first]), sum(counts_list[:last])
+            expert_in = copy_to_model_parallel_region(tokens, self.group)[token_of_slot[start:stop]]
+            local_out = self.experts.mlp(expert_in, counts_list[first:last])
+            out_sorted = torch.cat([local_out.new_zeros(start, shape[-1]), local_out,
+                                    local_out.new_zeros(order.numel() - stop, shape[-1])])
+            out_sorted = reduce_from_model_parallel_region(out_sorted, self.group)
         weights = routing.weights.reshape(-1)[order].to(out_sorted.dtype)
         out = torch.zeros_like(tokens).index_add_(0, token_of_slot, out_sorted * weights.unsqueeze(-1))
         out = self._finish(out, aux, counts, float(order.numel()))

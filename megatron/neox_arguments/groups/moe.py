@@ -10,7 +10,8 @@ from typing import Literal, Optional
 @dataclass
 class NeoXArgsMoE:
     """Mixture-of-experts settings. Built: the dropless layer (moe_type megablocks, GPT-NeoX's dMoE) in plain
-    PyTorch, with pipeline and data parallelism (model_parallel_size 1). Not built yet, and refused with a message:
+    PyTorch, with pipeline, data and tensor parallelism (the experts split over the tensor-parallel ranks, as
+    GPT-NeoX's dMoE; not with sequence_parallel). Not built yet, and refused with a message:
     moe_type deepspeed (token dropping, capacity, residual MoE), expert parallelism, expert tensor parallelism,
     tutel, and conversion of MoE checkpoints to Hugging Face (Mixtral). Every MoE setting written while
     moe_num_experts is 1 is refused (nothing would read it)."""
