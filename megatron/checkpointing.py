@@ -58,7 +58,9 @@ GPT_NEOX_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "max_positi
                  "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type", "model_parallel_size")
 """The `args` GPT-NeoX writes into the client state and its loader asserts equal."""
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
-MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
+MP_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+EXPERT_FILE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+"""DeepSpeed's files of MoE experts (moe_type deepspeed): MoE layer, expert, tensor-parallel rank."""
 
 ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
                      "expansion_factor", "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct",
