@@ -33,7 +33,9 @@ Choices, stated so the numbers can be compared:
 
 Mixture of experts: the layers of ``config.moe_layers`` count, instead of the dense MLP, the router (2 h E) and
 the MLPs of the moe_top_k experts each token reaches (active parameters, not all E experts):
-k x 2 h F x 3 (GLU experts) or x 2 (plain), F = expert_ffn_width (moe_mlp_flops_per_token).
+k x 2 h F x 3 (GLU experts) or x 2 (plain), F = expert_ffn_width (moe_mlp_flops_per_token); DeepSpeed's residual
+MoE (moe_type deepspeed, moe_use_residual) adds its dense MLP and the 2-way mixing coefficient (2 h 2). Tokens
+dropped by a capacity limit are still counted (the model's FLOPs, not the work done).
 
 MFU = achieved FLOP/s per device / peak dense FLOP/s of the device for the training dtype. Peaks come from
 DEVICE_PEAK_TFLOPS (vendor datasheets, dense figures, never the 2:4 sparsity ones), overridden by the
@@ -86,7 +88,9 @@ def moe_mlp_flops_per_token(config: ModelConfig) -> int:
     parameters only), each 2 h F x 3 (GLU experts) or x 2 (plain), F = expert_ffn_width."""
     h, experts, k = config.hidden_size, config.moe_num_experts, config.moe_top_k
     glu = config.expert_activation in GATED_ACTIVATIONS
-    return 2 * h * experts + k * 2 * h * config.expert_ffn_width * (3 if glu else 2)
+    expert = 2 * h * config.expert_ffn_width * (3 if glu else 2)
+    residual = expert + 2 * h * 2 if config.moe_type == "deepspeed" and config.moe_use_residual else 0
+    return 2 * h * experts + k * expert + residual
 
 
 def training_flops_per_token(config: ModelConfig) -> int:

@@ -240,7 +240,8 @@ class ModelConfig:
     expert_activation: str = field(init=False)
     """The experts' activation: ``activation``, or its GLU form with moe_glu (GLU_FORMS)."""
     expert_ffn_width: int = field(init=False)
-    """Width of each expert's activation: GPT-NeoX's rule for its grouped experts (``expert_width``)."""
+    """Width of each expert's activation: GPT-NeoX's rule for its grouped experts (``expert_width``), or with
+    moe_type deepspeed (whose experts are copies of the dense MLP) the dense MLP's rule (``mlp_width``)."""
 
     def __post_init__(self) -> None:
         def derive(name: str, value: Any) -> None:
@@ -268,8 +269,10 @@ class ModelConfig:
                                    and self.expert_interval > 0 and i % self.expert_interval == 0))
         derive("expert_activation", GLU_FORMS.get(self.activation, self.activation) if self.moe_glu
                else self.activation)
-        derive("expert_ffn_width", expert_width(self.hidden_size, self.intermediate_size,
-                                                self.expert_activation in GATED_ACTIVATIONS))
+        expert_gated = self.expert_activation in GATED_ACTIVATIONS
+        derive("expert_ffn_width", mlp_width(self.hidden_size, self.intermediate_size, self.expansion_factor,
+                                             self.mlp_multiple_of, expert_gated) if self.moe_type == "deepspeed"
+               else expert_width(self.hidden_size, self.intermediate_size, expert_gated))
 
     # ---- the adapter ------------------------------------------------------------------------------
     @classmethod

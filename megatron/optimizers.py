@@ -79,6 +79,19 @@ def get_param_groups(model: nn.Module, weight_decay: float, moe_param_group: boo
     return [group for group in groups if group["params"]]
 
 
+def deepspeed_moe_param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+    """create_moe_param_group with DeepSpeed's MoE layer (moe_type deepspeed): ``get_param_groups``' decay and
+    no-decay groups, each with its experts moved to a group of their own marked ``moe`` (DeepSpeed's
+    split_params_into_different_moe_groups_for_optimizer, which its engine and ZeRO expect: expert gradients
+    are reduced over the expert-data-parallel group)."""
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    groups = get_param_groups(model, weight_decay)
+    for group, name in zip(groups, ("decay", "no_decay") if len(groups) == 2 else ("params",)):
+        group["name"] = name
+    return [group for group in split_params_into_different_moe_groups_for_optimizer(groups) if group["params"]]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Optimizers not in PyTorch
 # ---------------------------------------------------------------------------------------------------
@@ -288,8 +301,11 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
         raise ValueError(f"optimizer type {kind!r} is not one of {', '.join(ACCEPTED_PARAMS)}, onebitadam")
     params = _optimizer_params(neox_args, kind)
     weight_decay = float(params.pop("weight_decay", neox_args.weight_decay))
-    groups = get_param_groups(model, weight_decay, moe_param_group=bool(getattr(neox_args, "create_moe_param_group", False)
-                              and getattr(neox_args, "moe_num_experts", 1) > 1))
+    moe_group = bool(getattr(neox_args, "create_moe_param_group", False) and getattr(neox_args, "moe_num_experts", 1) > 1)
+    if moe_group and getattr(neox_args, "moe_type", None) == "deepspeed":
+        groups = deepspeed_moe_param_groups(model, weight_decay)
+    else:
+        groups = get_param_groups(model, weight_decay, moe_param_group=moe_group)
     if not groups:
         raise ValueError("the model has no trainable parameters to optimize")
     if kind == "adam":

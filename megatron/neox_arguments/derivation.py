@@ -398,9 +398,17 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
         args.moe_expert_interval = args.expert_interval
     if args.moe_type == "deepspeed" and "moe_router_type" not in provided:
         args.moe_router_type = "topk"
+    if args.moe_type == "megablocks" and args.moe_token_dropping:
+        problems.append("moe_token_dropping=true with moe_type='megablocks': the dropless layer never drops tokens; "
+                        "token dropping with a capacity is DeepSpeed's layer (moe_type: deepspeed)")
+    if args.moe_type == "deepspeed" and (args.model_parallel_size > 1 or args.pipe_parallel_size >= 1):
+        problems.append(f"moe_type='deepspeed' with model_parallel_size={args.model_parallel_size} and "
+                        f"pipe_parallel_size={args.pipe_parallel_size} is not supported yet: DeepSpeed's MoE layer "
+                        f"runs here with pipe_parallel_size 0 and model_parallel_size 1 (moe_type megablocks "
+                        f"supports both)")
     if args.moe_type == "megablocks" and "moe_use_residual" in provided and args.moe_use_residual:
         problems.append("moe_use_residual=true with moe_type='megablocks': residual MoE (a dense MLP beside the "
-                        "experts) is DeepSpeed's layer (moe_type deepspeed), not built; remove it or set it false")
+                        "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
     ep = args.moe_expert_parallel_size
     dp = args.data_parallel_size
     if ep > 1 and dp is not None and dp % ep:

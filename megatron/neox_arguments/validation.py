@@ -37,10 +37,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("use_mup", bool, "muP (use_mup) is not supported yet"),
     ("coord_check", bool, "coord_check (muP coordinate check) is not supported yet"),
     ("save_base_shapes", bool, "save_base_shapes (muP) is not supported yet"),
-    ("moe_type", lambda v: v == "deepspeed", "DeepSpeed's token-dropping MoE layer (moe_type 'deepspeed') is not "
-                                             "supported yet; moe_type 'megablocks' (dropless, plain PyTorch) is built"),
-    ("moe_token_dropping", bool, "token dropping with a capacity (moe_token_dropping) is not supported yet; the "
-                                 "dropless layer (moe_type megablocks) routes every token"),
     ("moe_expert_parallel_size", lambda v: v > 1, "expert parallelism (moe_expert_parallel_size > 1) is not supported "
                                                   "yet; every rank holds all experts"),
     ("enable_expert_tensor_parallelism", bool, "expert tensor parallelism (enable_expert_tensor_parallelism) is not "

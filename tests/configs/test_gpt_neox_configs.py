@@ -288,8 +288,9 @@ def test_transformer_engine_switched_on_is_refused_as_not_supported_yet(tmp_path
 
 # What other open issues build: each refused with a message naming it as not supported yet.
 NOT_BUILT = {
-    "moe_deepspeed": ('"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "deepspeed",',
-                      "DeepSpeed's token-dropping MoE layer (moe_type 'deepspeed') is not supported yet"),
+    "moe_deepspeed_pipeline": ('"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "deepspeed",',
+                               "moe_type='deepspeed' with model_parallel_size=1 and pipe_parallel_size=1 is not "
+                               "supported yet"),
     "moe_expert_parallel": ('"moe_num_experts": 8, "moe_expert_parallel_size": 2, "num_gpus": 2,',
                             "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
     "mamba": ('"attention_config": [[["mamba"], 4]], "mamba_inner_func_fusion": true,', "'mamba' is not supported yet"),

@@ -1,5 +1,7 @@
-"""A mixture-of-experts model trains end to end through deepy.py on CPU: its loss falls, the auxiliary loss and
-the expert load are logged, the checkpoint holds GPT-NeoX's expert tensors, and a stopped run resumes exactly."""
+"""Mixture-of-experts models train end to end through deepy.py on CPU: the dropless layer (pipeline engine) and
+DeepSpeed's token-dropping layer (two data-parallel ranks, ZeRO 1). Losses fall, the auxiliary loss and the
+expert load are logged, the checkpoints hold GPT-NeoX's expert tensors (DeepSpeed's expert files for its layer),
+and stopped runs resume exactly."""
 
 import pytest
 import torch
@@ -9,10 +11,14 @@ from tests.e2e.training_run import TrainingRun, build_tiny_corpus, falls
 MOE = {"num_layers": 4, "moe_num_experts": 4, "moe_top_k": 2, "moe_expert_interval": 2, "moe_jitter_eps": 0.01,
        "moe_loss_coeff": 0.01, "train_batch_size": 8, "gradient_accumulation_steps": 2, "train_iters": 16,
        "log_interval": 1, "pipe_parallel_size": 1}
+DEEPSPEED = {"num_layers": 2, "moe_num_experts": 4, "moe_top_k": 2, "moe_type": "deepspeed", "moe_token_dropping": True,
+             "moe_expert_interval": 2, "moe_jitter_eps": 0.01, "moe_loss_coeff": 0.01, "num_gpus": 2,
+             "pipe_parallel_size": 0, "train_batch_size": 16, "gradient_accumulation_steps": 2, "train_iters": 6,
+             "log_interval": 1, "zero_optimization": {"stage": 1}}
 
 
 @pytest.mark.slow
-def test_moe_trains_logs_the_aux_loss_and_resumes_exactly(tmp_path):
+def test_moe_layers_train_log_the_aux_loss_and_resume_exactly(tmp_path):
     data = build_tiny_corpus(tmp_path / "corpus")
     straight = TrainingRun(tmp_path / "straight", data, **MOE, save=None, load=None)
     straight.launch()
@@ -39,3 +45,19 @@ def test_moe_trains_logs_the_aux_loss_and_resumes_exactly(tmp_path):
     stopped.launch()
     stopped.assert_ok()
     assert stopped.losses() == losses
+
+    # DeepSpeed's layer: tokens over capacity (factor 1) are dropped, the experts are in DeepSpeed's files
+    straight = TrainingRun(tmp_path / "ds_straight", data, **DEEPSPEED, save=None, load=None)
+    straight.launch()
+    straight.assert_ok()
+    records = straight.records("train")
+    assert all(0 < r["moe_dropped/layer_00"] < 0.5 for r in records)
+    assert all(sum(r[f"moe_tokens/layer_00/expert_{e:02d}"] for e in range(4)) == 16 * 32 * 2 for r in records)
+    stopped = TrainingRun(tmp_path / "ds_stopped", data, **DEEPSPEED, exit_interval=3)
+    stopped.launch()
+    stopped.assert_ok()
+    files = sorted(p.name for p in (tmp_path / "ds_stopped" / "ckpt" / "global_step3").iterdir())
+    assert [f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)] == [f for f in files if "expert" in f]
+    stopped.launch()
+    stopped.assert_ok()
+    assert stopped.losses() == straight.losses() and straight.losses()[6] < straight.losses()[1]

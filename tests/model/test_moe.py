@@ -360,3 +360,107 @@ def test_experts_split_over_two_tensor_parallel_ranks_match_one_rank():
     """TP=2 holds half of the experts on each rank and gives the TP=1 logits, loss (aux loss included) and
     gradients, and the same KV-cache decoding."""
     run_distributed(_tp_vs_single, world_size=2)
+
+
+# ---- moe_type deepspeed: DeepSpeed's token-dropping layer ------------------------------------------------------
+
+def ds_config(**overrides) -> ModelConfig:
+    base = dict(moe_type="deepspeed", moe_use_residual=False, use_bias_in_mlp=False, moe_loss_coeff=0.0,
+                moe_token_dropping=True)
+    return moe_config(**{**base, **overrides})
+
+
+def _ds_and_dropless(config: ModelConfig):
+    """DeepSpeed's layer and the dropless layer with the same router and experts."""
+    from megatron.model.moe.deepspeed_layer import DeepSpeedMoE
+
+    ds = DeepSpeedMoE(config, SingleProcessState(), Initializer(config), 0).train()
+    dropless = _layer(config.replace(moe_type="megablocks", moe_token_dropping=False,
+                                     moe_train_capacity_factor=1.0, moe_eval_capacity_factor=1.0)).train()
+    mlp, width = dropless.experts.mlp, dropless.experts.mlp.width
+    with torch.no_grad():
+        ds.deepspeed_moe.gate.wg.weight.copy_(dropless.router.layer.weight)
+        for e, expert in enumerate(ds.deepspeed_moe.experts.deepspeed_experts):
+            assert expert.linear1.weight.shape == (width, config.hidden_size)  # the same expert width
+            expert.linear1.weight.copy_(mlp.w1[e * width:(e + 1) * width])
+            expert.linear2.weight.copy_(mlp.w2[e * width:(e + 1) * width].t())
+    return ds, dropless
+
+
+@pytest.mark.parametrize("top_k,dropping", [(1, True), (2, True), (2, False)])
+def test_deepspeed_layer_with_room_for_every_token_equals_dropless(top_k, dropping):
+    config = ds_config(moe_top_k=top_k, moe_token_dropping=dropping,
+                       **({"moe_train_capacity_factor": 4.0} if dropping else {}))
+    ds, dropless = _ds_and_dropless(config)
+    x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(4), requires_grad=True)
+    got, want = ds(x), dropless(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert ds.load.kept == float(ds.load.routed.sum()) == 16 * top_k  # nothing dropped
+    g = torch.randn_like(got)
+    gx_ds, g_gate = torch.autograd.grad((got * g).sum(), [x, ds.deepspeed_moe.gate.wg.weight])
+    gx_dl, g_router = torch.autograd.grad((want * g).sum(), [x, dropless.router.layer.weight])
+    torch.testing.assert_close(gx_ds, gx_dl, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g_gate, g_router, rtol=1e-4, atol=1e-6)
+
+
+def test_deepspeed_top2_drops_over_capacity_first_choices_first():
+    """capacity = max(ceil(2 x 16 / 4 x 0.25), min_capacity 2) = 2 slots per expert: per expert, first choices in
+    token order, then second choices, up to 2; a token's kept weights renormalised over its kept choices."""
+    config = ds_config(moe_top_k=2, moe_train_capacity_factor=0.25, moe_min_capacity=2)
+    ds, dropless = _ds_and_dropless(config)
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        got = ds(x)
+        probs = torch.softmax(x @ dropless.router.layer.weight.t(), -1)
+        top = probs.topk(2, -1)
+        used = [0] * 4
+        kept = torch.zeros(16, 2, dtype=torch.bool)
+        for choice in range(2):
+            for t in range(16):
+                e = int(top.indices[t, choice])
+                if used[e] < 2:
+                    used[e] += 1
+                    kept[t, choice] = True
+        want = torch.zeros_like(x)
+        for t in range(16):
+            weights = top.values[t] * kept[t]
+            total = weights.sum()
+            for choice in range(2):
+                if kept[t, choice]:
+                    e = int(top.indices[t, choice])
+                    want[t] += weights[choice] / total * dropless.experts.mlp.expert(e, x[t:t + 1])[0]
+    assert 0 < int(kept.sum()) < 32 and ds.load.kept == float(kept.sum())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_deepspeed_gate_loss_and_residual():
+    config = ds_config(moe_top_k=2, moe_use_residual=True, moe_loss_coeff=0.1, moe_token_dropping=False)
+    from megatron.model.moe.deepspeed_layer import DeepSpeedMoE
+
+    ds = DeepSpeedMoE(config, SingleProcessState(), Initializer(config), 0).train()
+    x = torch.randn(12, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = ds(x)
+        probs = torch.softmax(x @ ds.deepspeed_moe.gate.wg.weight.t(), -1)
+        first = torch.nn.functional.one_hot(probs.argmax(-1), 4).float()
+        # DeepSpeed's top-2 gate loss: E^2 x mean_e(mean prob_e x fraction of first choices_e)
+        assert math.isclose(ds.load.aux_sum, float(16 * (probs.mean(0) * first.mean(0)).mean()), rel_tol=1e-5)
+        moe_only = ds.deepspeed_moe(x, None)
+        coef = torch.softmax(ds.coefficient(x), -1)
+        torch.testing.assert_close(out, moe_only * coef[:, :1] + ds.mlp(x) * coef[:, 1:])
+    # every expert and the residual MLP start from their own weights (DeepSpeed copies one expert)
+    experts = ds.deepspeed_moe.experts.deepspeed_experts
+    assert not torch.equal(experts[0].linear1.weight, experts[1].linear1.weight)
+    assert not torch.equal(experts[0].linear1.weight, ds.mlp.linear1.weight)
+
+
+def test_deepspeed_param_groups_mark_the_experts_for_deepspeed():
+    from megatron.optimizers import deepspeed_moe_param_groups
+
+    model = build_model(ds_config(num_layers=2, expert_interval=2, use_bias_in_mlp=True), SingleProcessState())
+    groups = deepspeed_moe_param_groups(model, 0.1)
+    experts = {id(p) for n, p in model.named_parameters() if ".deepspeed_experts." in n}
+    moe = [g for g in groups if g.get("moe")]
+    assert {id(p) for g in moe for p in g["params"]} == experts
+    assert sorted(g["weight_decay"] for g in moe) == [0.0, 0.1]  # biases stay undecayed
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))

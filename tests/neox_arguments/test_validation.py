@@ -90,10 +90,14 @@ def test_required_model_fields():
     ({"pipe_partition_method": "balanced"}, "pipe_partition_method='balanced'"),
     ({"use_mup": True}, "use_mup=True: muP (use_mup) is not supported yet"),
     ({"train_impl": "dpo"}, "dpo / rm / kto / reinforce are not supported yet"),
-    ({"moe_num_experts": 4, "moe_type": "deepspeed"}, "moe_type 'deepspeed') is not supported yet"),
+    ({"moe_num_experts": 4, "moe_type": "deepspeed", "pipe_parallel_size": 1},
+     "moe_type='deepspeed' with model_parallel_size=1 and pipe_parallel_size=1 is not supported yet"),
+    ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_router_type": "sinkhorn"},
+     "DeepSpeed's MoE layer routes with its own top-k gate"),
+    ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_jitter_eps": 0.1}, "fixed eps of 0.01"),
     ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts, which is off (moe_num_experts=1)"),
     ({"moe_num_experts": 4, "moe_top_k": 5}, "moe_top_k=5 must be between 1 and moe_num_experts=4"),
-    ({"moe_num_experts": 4, "moe_token_dropping": True}, "moe_token_dropping) is not supported yet"),
+    ({"moe_num_experts": 4, "moe_token_dropping": True}, "moe_token_dropping=true with moe_type='megablocks'"),
     ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 2},
      "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
     ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
@@ -241,3 +245,7 @@ def test_moe_settings_reach_the_model_config():
             config.moe_loss_coeff) == (2, "topk", 0.01, "geglu", 0.02)
     assert tiny(moe_num_experts=4, num_layers=4).expert_interval == 2  # neither name written: 2
     assert tiny(moe_num_experts=4, model_parallel_size=2, num_gpus=2).model_parallel_size == 2  # experts split
+    ds = tiny(moe_num_experts=4, moe_type="deepspeed", moe_token_dropping=True, moe_train_capacity_factor=1.5,
+              moe_min_capacity=2, pipe_parallel_size=0)
+    config = ModelConfig.from_neox_args(ds, padded_vocab_size=128)
+    assert (ds.moe_router_type, config.moe_train_capacity_factor, config.moe_min_capacity) == ("topk", 1.5, 2)

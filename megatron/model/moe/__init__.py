@@ -1,11 +1,12 @@
 """Mixture of experts: the MoE MLP of the layers in ``config.moe_layers``.
 
 * ``layer``: the dropless layer (``moe_type: megablocks``), plain PyTorch;
+* ``deepspeed_layer``: DeepSpeed's token-dropping layer (``moe_type: deepspeed``);
 * ``router``: top-k and Sinkhorn routing, jitter, the load-balancing loss;
 * ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs.
 With tensor parallelism the experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE). Expert
-parallelism (moe_expert_parallel_size > 1), DeepSpeed's expert tensor parallelism and its token-dropping layer
-(moe_type deepspeed) are not built yet: megatron.neox_arguments refuses them.
+parallelism (moe_expert_parallel_size > 1), DeepSpeed's expert tensor parallelism, and DeepSpeed's layer with
+tensor or pipeline parallelism are not built yet: megatron.neox_arguments refuses them.
 """
 from __future__ import annotations
 
@@ -20,13 +21,18 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
     """The MoE MLP of layer ``layer_number``; ValueError for a configuration not built here (validation refuses
     those first, naming the key)."""
     unbuilt = []
-    if config.moe_type != "megablocks":
-        unbuilt.append(f"moe_type={config.moe_type!r}")
+    tp = parallel_state.get_model_parallel_world_size()
     if config.moe_expert_parallel_size != 1:
         unbuilt.append(f"moe_expert_parallel_size={config.moe_expert_parallel_size}")
-    if config.moe_token_dropping:
-        unbuilt.append("moe_token_dropping=true")
+    if config.moe_type == "megablocks" and config.moe_token_dropping:
+        unbuilt.append("moe_token_dropping=true with moe_type 'megablocks' (dropless)")
+    if config.moe_type == "deepspeed" and (tp > 1 or config.is_pipe_parallel):
+        unbuilt.append(f"moe_type 'deepspeed' with model_parallel_size={tp}, pipe_parallel_size="
+                       f"{config.pipe_parallel_size}")
     if unbuilt:
-        raise ValueError(f"mixture of experts with {', '.join(unbuilt)} is not supported yet (the dropless layer, "
-                         f"moe_type megablocks, is built, with moe_expert_parallel_size 1)")
+        raise ValueError(f"mixture of experts with {', '.join(unbuilt)} is not supported yet")
+    if config.moe_type == "deepspeed":
+        from megatron.model.moe.deepspeed_layer import DeepSpeedMoE
+
+        return DeepSpeedMoE(config, parallel_state, initializer, layer_number)
     return DroplessMoE(config, parallel_state, initializer, layer_number)

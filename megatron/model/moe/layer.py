@@ -104,7 +104,8 @@ class DroplessMoE(MoELayerBase):
     gradient through the experts is summed over the ranks (copy_to_model_parallel_region)."""
 
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
-        super().__init__(config.moe_num_experts, layer_number, config.moe_loss_coeff)
+        super().__init__()
+        self.setup_stats(config.moe_num_experts, layer_number, config.moe_loss_coeff)
         self.num_experts, self.top_k = config.moe_num_experts, config.moe_top_k
         self.group = parallel_state.get_model_parallel_group()
         tp, tp_rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()

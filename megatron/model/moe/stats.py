@@ -63,10 +63,10 @@ class ExpertLoad:
 
 
 class MoELayerBase(nn.Module):
-    """What both MoE layers share: the auxiliary-loss attachment and the load counters."""
+    """What both MoE layers share: the auxiliary-loss attachment and the load counters (``setup_stats`` after
+    nn.Module's __init__, so that it also mixes into DeepSpeed's MoE class)."""
 
-    def __init__(self, num_experts: int, layer_number: int, loss_coeff: float) -> None:
-        super().__init__()
+    def setup_stats(self, num_experts: int, layer_number: int, loss_coeff: float) -> None:
         self.layer_number = layer_number
         self.loss_coeff = float(loss_coeff)
         self.aux_loss_scale = 1.0

@@ -11,10 +11,10 @@ from typing import Literal, Optional
 class NeoXArgsMoE:
     """Mixture-of-experts settings. Built: the dropless layer (moe_type megablocks, GPT-NeoX's dMoE) in plain
     PyTorch, with pipeline, data and tensor parallelism (the experts split over the tensor-parallel ranks, as
-    GPT-NeoX's dMoE; not with sequence_parallel). Not built yet, and refused with a message:
-    moe_type deepspeed (token dropping, capacity, residual MoE), expert parallelism, expert tensor parallelism,
-    tutel, and conversion of MoE checkpoints to Hugging Face (Mixtral). Every MoE setting written while
-    moe_num_experts is 1 is refused (nothing would read it)."""
+    GPT-NeoX's dMoE; not with sequence_parallel); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
+    parallelism and ZeRO 0-2 (pipe_parallel_size 0, model_parallel_size 1). Not built yet, and refused with a
+    message: expert parallelism, expert tensor parallelism, tutel, and conversion of MoE checkpoints to Hugging
+    Face (Mixtral). Every MoE setting written while moe_num_experts is 1 is refused (nothing would read it)."""
 
     expert_interval: int = 2
     """
@@ -50,25 +50,28 @@ class NeoXArgsMoE:
 
     moe_train_capacity_factor: float = 1.0
     """
-    The capacity of the expert at train time (token dropping only: setting it without moe_token_dropping is
-    refused, and token dropping is not supported yet).
+    The capacity of the expert at train time (moe_type deepspeed with moe_token_dropping; setting it without
+    is refused): each expert takes at most max(ceil(moe_top_k x tokens / moe_num_experts x this),
+    moe_min_capacity) routes of a micro-batch.
     """
 
     moe_eval_capacity_factor: float = 1.0
     """
-    The capacity of the expert at eval time (token dropping only, as moe_train_capacity_factor).
+    The capacity of the expert at eval time (as moe_train_capacity_factor, in evaluation and generation).
     """
 
     moe_min_capacity: int = 4
     """
-    The minimum capacity per expert regardless of the capacity_factor (token dropping only, as
-    moe_train_capacity_factor).
+    The minimum capacity per expert regardless of the capacity_factor (moe_type deepspeed with
+    moe_token_dropping).
     """
 
     moe_token_dropping: bool = False
     """
-    Whether to drop tokens when exceeding capacity. Not supported yet: true is refused; the dropless layer routes
-    every token to its moe_top_k experts.
+    Whether to drop tokens when exceeding capacity (moe_type deepspeed; the dropless megablocks layer refuses
+    it). Dropped routes lose their weight (a token whose routes are all dropped passes through the residual
+    connection only); the logs report the dropped fraction per layer. False: the capacity grows to the busiest
+    expert.
     """
 
     create_moe_param_group: bool = True
@@ -79,8 +82,9 @@ class NeoXArgsMoE:
 
     moe_use_residual: bool = True
     """
-    Whether to use residual in MoE (DeepSpeed's residual MoE: a dense MLP beside the experts, moe_type deepspeed
-    only, not supported yet). With moe_type megablocks the layer has no residual MLP: writing true is refused.
+    Whether to use residual in MoE (moe_type deepspeed: DeepSpeed's residual MoE, a dense MLP beside the experts
+    mixed by a learned 2-way softmax; on by default, as in GPT-NeoX). With moe_type megablocks the layer has no
+    residual MLP: writing true is refused.
     """
 
     moe_expert_parallel_size: int = 1
@@ -93,7 +97,9 @@ class NeoXArgsMoE:
     """
     Either `deepspeed` or `megablocks`. megablocks: the dropless layer (GPT-NeoX's dMoE: every token reaches its
     top-k experts, no capacity), plain PyTorch on CPU and GPU, GPT-NeoX's parameter names (mlp.router.layer,
-    mlp.experts.mlp.w1 / w3 / w2). deepspeed (DeepSpeed's token-dropping layer) is not supported yet.
+    mlp.experts.mlp.w1 / w3 / w2). deepspeed: DeepSpeed's MoE layer (deepspeed.moe.layer.MoE; experts are copies
+    of the dense MLP, each initialised on its own; its top-k gate and gate loss, capacity, random token selection
+    for top-1, no sampling of the second expert), its experts saved in DeepSpeed's expert files.
     """
 
     moe_expert_interval: int = 1
@@ -118,13 +124,14 @@ class NeoXArgsMoE:
     moe_lbl_in_fp32: bool = False
     """
     Whether to compute the load balancing loss in fp32 (else in the model's dtype; the router's softmax is fp32
-    either way).
+    either way). DeepSpeed's gate (moe_type deepspeed) computes its loss in fp32 always.
     """
 
     moe_jitter_eps: Optional[float] = None
     """
     Coefficient for MoE routing jitter: while training, the router's input is multiplied by noise uniform in
-    [1 - eps, 1 + eps] (from the global RNG, which checkpoints save). Jitter is not used if set to None.
+    [1 - eps, 1 + eps] (from the global RNG, which checkpoints save). Jitter is not used if set to None. With
+    moe_type deepspeed only 0.01 (DeepSpeed's 'Jitter' gate policy).
     """
 
     enable_expert_tensor_parallelism: bool = False
