@@ -35,12 +35,17 @@ def common_problems(config: ModelConfig) -> List[str]:
         problems.append(f"pos_emb={config.pos_emb!r}: only rotary position embeddings convert")
     if config.use_qk_layernorm:
         problems.append("use_qk_layernorm=true has no Hugging Face equivalent here")
-    if config.moe_num_experts > 1:
-        problems.append(f"mixture of experts (moe_num_experts={config.moe_num_experts}): conversion to Hugging Face "
-                        f"(MixtralForCausalLM) is not supported yet")
     if config.soft_prompt_tokens is not None:
         problems.append("soft_prompt_tuning is enabled (the soft prompt has no Hugging Face equivalent)")
     return problems
+
+
+def moe_refusal(config: ModelConfig) -> List[str]:
+    """A mixture of experts has no place in a dense Hugging Face architecture."""
+    if config.moe_num_experts > 1:
+        return [f"mixture of experts (moe_num_experts={config.moe_num_experts}): only --architecture mixtral "
+                f"(MixtralForCausalLM) holds experts"]
+    return []
 
 
 def rope_settings(config: Any) -> Tuple[float, float]:
