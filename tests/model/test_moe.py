@@ -465,3 +465,16 @@ def test_deepspeed_param_groups_mark_the_experts_for_deepspeed():
     assert {id(p) for g in moe for p in g["params"]} == experts
     assert sorted(g["weight_decay"] for g in moe) == [0.0, 0.1]  # biases stay undecayed
     assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_deepspeed_layer_decodes_with_the_kv_cache(top_k):
+    """One token per step (fewer than moe_min_capacity): KV-cache decoding gives the full forward's logits."""
+    from tests.model.kv_helpers import incremental_logits
+
+    config = ds_config(num_layers=2, moe_top_k=top_k, moe_eval_capacity_factor=4.0, moe_use_residual=True)
+    model = build_model(config, SingleProcessState()).eval()
+    inputs, _ = random_batch(batch=1)
+    with torch.no_grad():
+        torch.testing.assert_close(incremental_logits(model, inputs[0], prompt=3), model(inputs), rtol=1e-5,
+                                   atol=1e-5)

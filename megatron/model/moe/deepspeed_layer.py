@@ -84,5 +84,15 @@ class DeepSpeedMoE(MoE, MoELayerBase):
             self._kept = float(output[2].sum())
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        output, aux, counts = MoE.forward(self, hidden_states)
+        gate = self.deepspeed_moe.gate
+        tokens = hidden_states.numel() // hidden_states.shape[-1]
+        floor = gate.min_capacity
+        if gate.k == 1 and tokens < floor:
+            # DeepSpeed's top-1 gate asserts tokens >= min_capacity (KV-cache decoding has one token per sequence);
+            # a capacity of all the tokens drops nothing either, so lowering the floor to them is the same function
+            gate.min_capacity = tokens
+        try:
+            output, aux, counts = MoE.forward(self, hidden_states)
+        finally:
+            gate.min_capacity = floor
         return self._finish(output, aux, counts, self._kept)
