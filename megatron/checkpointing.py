@@ -60,7 +60,9 @@ GPT_NEOX_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "max_positi
                  "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type", "model_parallel_size")
 """The `args` GPT-NeoX writes into the client state and its loader asserts equal."""
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
-MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
+MP_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+EXPERT_FILE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+"""DeepSpeed's files of MoE experts (moe_type deepspeed): MoE layer, expert, tensor-parallel rank."""
 
 ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
                      "expansion_factor", "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct",
@@ -85,14 +87,21 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _rng_states() -> Dict[str, Any]:
+def rng_states() -> Dict[str, Any]:
+    """This process's RNG states (python, numpy, torch [, cuda]), as the checkpoint saves them."""
     states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state()
     return states
 
 
-def _set_rng_states(states: Dict[str, Any]) -> None:
+def _rng_states() -> Dict[str, Any]:
+    """What a checkpoint saves (a seam tests replace to interrupt a save)."""
+    return rng_states()
+
+
+def set_rng_states(states: Dict[str, Any]) -> None:
+    """Restore the states ``rng_states`` returned."""
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
@@ -452,9 +461,9 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     rng_file = os.path.join(load_dir, tag, f"rng_state_rank{_rank()}.pt")
     if not (finetune or neox_args.no_load_rng):
         if os.path.isfile(rng_file):
-            _set_rng_states(load_checkpoint_file(rng_file))
+            set_rng_states(load_checkpoint_file(rng_file))
         elif "random_rng_state" in client_state:  # GPT-NeoX's: one state per tensor rank, in the client state
-            _set_rng_states({"python": client_state["random_rng_state"], "numpy": client_state["np_rng_state"],
+            set_rng_states({"python": client_state["random_rng_state"], "numpy": client_state["np_rng_state"],
                              "torch": client_state["torch_rng_state"],
                              **({"cuda": client_state["cuda_rng_state"]} if "cuda_rng_state" in client_state else {})})
     iteration = 0 if finetune else int(client_state.get("iteration", 0))

@@ -31,6 +31,12 @@ Choices, stated so the numbers can be compared:
   mlp_multiple_of, with 3 matrices' worth of work (gate h->f, up h->f, down f->h), so a gated MLP with the
   same `inner` costs about as much as the plain one.
 
+Mixture of experts: the layers of ``config.moe_layers`` count, instead of the dense MLP, the router (2 h E) and
+the MLPs of the moe_top_k experts each token reaches (active parameters, not all E experts):
+k x 2 h F x 3 (GLU experts) or x 2 (plain), F = expert_ffn_width (moe_mlp_flops_per_token); DeepSpeed's residual
+MoE (moe_type deepspeed, moe_use_residual) adds its dense MLP and the 2-way mixing coefficient (2 h 2). Tokens
+dropped by a capacity limit are still counted (the model's FLOPs, not the work done).
+
 MFU = achieved FLOP/s per device / peak dense FLOP/s of the device for the training dtype. Peaks come from
 DEVICE_PEAK_TFLOPS (vendor datasheets, dense figures, never the 2:4 sparsity ones), overridden by the
 argument `override` or the environment variable NEOX_PEAK_TFLOPS. On CPU there is no meaningful peak:
@@ -40,7 +46,7 @@ import os
 import re
 from typing import Dict, Optional, Tuple
 
-from megatron.model_config import ModelConfig
+from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
 
 PEAK_ENV_VAR = "NEOX_PEAK_TFLOPS"
 
@@ -71,7 +77,20 @@ def forward_flops_per_token(config: ModelConfig) -> int:
     attention = 2 * s * h + 2 * s * h
     dense = 2 * h * h
     mlp = 2 * h * config.ffn_width * (3 if config.gated_mlp else 2)
-    return config.num_layers * (qkv + attention + dense + mlp) + 2 * h * config.padded_vocab_size
+    moe = len(config.moe_layers) * moe_mlp_flops_per_token(config)
+    dense_layers = config.num_layers - len(config.moe_layers)
+    return (config.num_layers * (qkv + attention + dense) + dense_layers * mlp + moe
+            + 2 * h * config.padded_vocab_size)
+
+
+def moe_mlp_flops_per_token(config: ModelConfig) -> int:
+    """Forward FLOPs per token of one MoE MLP: the router (2 h E) and the k experts the token reaches (active
+    parameters only), each 2 h F x 3 (GLU experts) or x 2 (plain), F = expert_ffn_width."""
+    h, experts, k = config.hidden_size, config.moe_num_experts, config.moe_top_k
+    glu = config.expert_activation in GATED_ACTIVATIONS
+    expert = 2 * h * config.expert_ffn_width * (3 if glu else 2)
+    residual = expert + 2 * h * 2 if config.moe_type == "deepspeed" and config.moe_use_residual else 0
+    return 2 * h * experts + k * expert + residual
 
 
 def training_flops_per_token(config: ModelConfig) -> int:

@@ -337,6 +337,8 @@ class TrainingLogger:
         parts = [f"iteration {record['iteration']:>8d}{total}", f"lr {record['lr']:.4E}"]
         if record["lm_loss"] is not None:
             parts.append(f"lm_loss {record['lm_loss']:.6E}")
+        if record.get("moe_aux_loss") is not None:
+            parts.append(f"moe_aux_loss {record['moe_aux_loss']:.6E}")
         if record["grad_norm"] is not None:
             parts.append(f"grad_norm {record['grad_norm']:.4f}")
         parts += [f"tokens/s {record['tokens_per_sec']:.1f}", f"samples/s {record['samples_per_sec']:.2f}",

@@ -32,6 +32,8 @@ BUILT_ATTENTION_TYPES = ("global", "local", "flash")
 PLAIN_ACTIVATIONS = ("gelu", "relu", "softsign", "swish", "mish", "silu")
 GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
 """GLU-family activations: the MLP's first projection is a fused [up | gate] pair."""
+GLU_FORMS = {"gelu": "geglu", "relu": "reglu", "silu": "swiglu", "swish": "swiglu"}
+"""moe_glu: the GLU form of a plain activation (the experts' activation); gated activations are GLUs already."""
 NORMS = ("layernorm", "rmsnorm", "scalenorm")
 POSITION_EMBEDDINGS = ("learned", "rotary", "sinusoidal", "rpe", "alibi", "none")
 INIT_METHODS = ("normal", "scaled_normal", "orthogonal", "scaled_orthogonal", "xavier_uniform", "xavier_normal",
@@ -82,6 +84,19 @@ def mlp_width(hidden_size: int, intermediate_size: Optional[int], expansion_fact
     width = int(inner * 2 / 3) // 2 if gated else inner
     multiple = max(int(mlp_multiple_of), 1)
     return multiple * -(-width // multiple)
+
+
+EXPERT_WIDTH_MULTIPLE = 256
+"""GPT-NeoX's grouped experts round their default width up to a multiple of 256 (not mlp_multiple_of)."""
+
+
+def expert_width(hidden_size: int, intermediate_size: Optional[int], gated: bool) -> int:
+    """Width of one expert's activation, GPT-NeoX's rule (its ParallelGroupedMLP / ParallelGroupedLLaMAMLP):
+    intermediate_size when set, else 4 x hidden (plain) or int(8/3 x hidden) (GLU), rounded up to 256."""
+    if intermediate_size:
+        return int(intermediate_size)
+    inner = int(2 * hidden_size * 4 / 3) if gated else 4 * hidden_size
+    return EXPERT_WIDTH_MULTIPLE * -(-inner // EXPERT_WIDTH_MULTIPLE)
 
 
 def padded_vocab_size(tokenizer_vocab_size: int, make_vocab_size_divisible_by: int, model_parallel_size: int,
@@ -159,6 +174,24 @@ class ModelConfig:
     init_method: str = "normal"
     output_layer_init_method: str = "scaled_normal"
     init_method_std: float = 0.02
+    # mixture of experts (megatron.model.moe): which layers, routing, capacity, the experts' parallel layout
+    moe_num_experts: int = 1
+    expert_interval: int = 2
+    moe_top_k: int = 1
+    moe_type: str = "megablocks"
+    moe_router_type: str = "sinkhorn"
+    moe_loss_coeff: float = 0.1
+    moe_train_capacity_factor: float = 1.0
+    moe_eval_capacity_factor: float = 1.0
+    moe_min_capacity: int = 4
+    moe_token_dropping: bool = False
+    moe_use_residual: bool = True
+    moe_expert_parallel_size: int = 1
+    enable_expert_tensor_parallelism: bool = False
+    moe_glu: bool = False
+    moe_lbl_in_fp32: bool = False
+    moe_jitter_eps: Optional[float] = None
+    use_tutel: bool = False
     # fused kernels (megatron.fused_kernels)
     layernorm_fusion: bool = False
     rmsnorm_fusion: bool = False
@@ -201,6 +234,14 @@ class ModelConfig:
     """max_position_embeddings, or seq_length when unset."""
     activation_checkpoints: int = field(init=False)
     """Checkpoints DeepSpeed keeps buffers for: number_checkpoints, else ceil(num_layers / checkpoint_num_layers)."""
+    moe_layers: Tuple[int, ...] = field(init=False)
+    """The layers (0-based) whose MLP is a mixture of experts: every expert_interval-th from layer 0 when
+    moe_num_experts > 1 (GPT-NeoX's ``layer_number % expert_interval == 0``), else none."""
+    expert_activation: str = field(init=False)
+    """The experts' activation: ``activation``, or its GLU form with moe_glu (GLU_FORMS)."""
+    expert_ffn_width: int = field(init=False)
+    """Width of each expert's activation: GPT-NeoX's rule for its grouped experts (``expert_width``), or with
+    moe_type deepspeed (whose experts are copies of the dense MLP) the dense MLP's rule (``mlp_width``)."""
 
     def __post_init__(self) -> None:
         def derive(name: str, value: Any) -> None:
@@ -224,6 +265,14 @@ class ModelConfig:
         derive("positions", int(self.max_position_embeddings or self.seq_length))
         derive("activation_checkpoints", int(self.number_checkpoints or
                                              -(-self.num_layers // max(self.checkpoint_num_layers, 1))))
+        derive("moe_layers", tuple(i for i in range(int(self.num_layers)) if self.moe_num_experts > 1
+                                   and self.expert_interval > 0 and i % self.expert_interval == 0))
+        derive("expert_activation", GLU_FORMS.get(self.activation, self.activation) if self.moe_glu
+               else self.activation)
+        expert_gated = self.expert_activation in GATED_ACTIVATIONS
+        derive("expert_ffn_width", mlp_width(self.hidden_size, self.intermediate_size, self.expansion_factor,
+                                             self.mlp_multiple_of, expert_gated) if self.moe_type == "deepspeed"
+               else expert_width(self.hidden_size, self.intermediate_size, expert_gated))
 
     # ---- the adapter ------------------------------------------------------------------------------
     @classmethod
@@ -278,6 +327,7 @@ class ModelConfig:
         problems += self._attention_problems()
         problems += self._component_problems()
         problems += fusion_flag_problems(self)
+        problems += moe_problems(self)
         return problems
 
     def _shape_problems(self) -> List[str]:
@@ -400,6 +450,89 @@ def fusion_flag_problems(config: ModelConfig) -> List[str]:
     if config.use_flashattn_swiglu and config.activation != "swiglu":
         problems.append(f"use_flashattn_swiglu=true replaces activation='swiglu', but activation="
                         f"{config.activation!r}; set use_flashattn_swiglu to false")
+    return problems
+
+
+MOE_TYPES = ("deepspeed", "megablocks")
+MOE_ROUTER_TYPES = ("topk", "sinkhorn")
+DEEPSPEED_JITTER_EPS = 0.01
+"""The jitter DeepSpeed's gate applies (noisy_gate_policy 'Jitter', multiplicative noise in [1 - eps, 1 + eps])."""
+CAPACITY_SETTINGS = ("moe_train_capacity_factor", "moe_eval_capacity_factor", "moe_min_capacity")
+
+
+def moe_problems(config: ModelConfig) -> List[str]:
+    """The rules of the mixture-of-experts settings: each problem names the setting, the value and what is allowed
+    (megatron.model.moe builds the layers)."""
+    experts, k = config.moe_num_experts, config.moe_top_k
+    if experts < 1:
+        return [f"moe_num_experts={experts} must be >= 1 (1 means no mixture of experts)"]
+    if experts == 1:
+        return []
+    problems: List[str] = []
+    kind, ep, tp = config.moe_type, config.moe_expert_parallel_size, config.model_parallel_size
+    if kind not in MOE_TYPES:
+        return [f"moe_type={kind!r} is not supported; choose from {', '.join(MOE_TYPES)}"]
+    if config.moe_router_type not in MOE_ROUTER_TYPES:
+        problems.append(f"moe_router_type={config.moe_router_type!r} is not supported; choose from "
+                        f"{', '.join(MOE_ROUTER_TYPES)}")
+    elif kind == "deepspeed" and config.moe_router_type != "topk":
+        problems.append(f"moe_router_type={config.moe_router_type!r} with moe_type='deepspeed': DeepSpeed's MoE layer "
+                        f"routes with its own top-k gate; set moe_router_type: topk or use moe_type: megablocks")
+    if config.expert_interval < 1:
+        problems.append(f"expert_interval={config.expert_interval} must be >= 1")
+    if not 1 <= k <= experts:
+        problems.append(f"moe_top_k={k} must be between 1 and moe_num_experts={experts}: each token goes to moe_top_k "
+                        f"different experts")
+    if ep < 1:
+        problems.append(f"moe_expert_parallel_size={ep} must be >= 1")
+    elif kind == "megablocks" and experts % (ep * tp):
+        problems.append(f"moe_num_experts={experts} must be divisible by moe_expert_parallel_size x model_parallel_size "
+                        f"= {ep} x {tp}: the dropless layer (moe_type megablocks) splits its experts over both")
+    elif experts % ep:
+        problems.append(f"moe_num_experts={experts} must be divisible by moe_expert_parallel_size={ep}")
+    if config.moe_loss_coeff < 0:
+        problems.append(f"moe_loss_coeff={config.moe_loss_coeff} must be >= 0")
+    problems += _capacity_problems(config)
+    eps = config.moe_jitter_eps
+    if eps is not None and not 0 < eps < 1:
+        problems.append(f"moe_jitter_eps={eps} must be in (0, 1) (or unset for no jitter)")
+    elif eps is not None and kind == "deepspeed" and eps != DEEPSPEED_JITTER_EPS:
+        problems.append(f"moe_jitter_eps={eps} with moe_type='deepspeed': DeepSpeed's gate jitters with a fixed eps of "
+                        f"{DEEPSPEED_JITTER_EPS} only; set moe_jitter_eps: {DEEPSPEED_JITTER_EPS} or use moe_type: "
+                        f"megablocks")
+    if config.moe_glu and config.activation not in GATED_ACTIVATIONS and config.activation not in GLU_FORMS:
+        problems.append(f"moe_glu=true with activation={config.activation!r}: it has no GLU form; GLU forms exist for "
+                        f"{', '.join(GLU_FORMS)} (and the gated activations are GLUs already)")
+    if config.enable_expert_tensor_parallelism and kind == "megablocks":
+        problems.append("enable_expert_tensor_parallelism=true with moe_type='megablocks': the dropless layer always "
+                        "splits its experts over the tensor-parallel ranks by expert (as GPT-NeoX's dMoE); expert "
+                        "tensor parallelism is DeepSpeed's (moe_type: deepspeed)")
+    elif config.enable_expert_tensor_parallelism and tp == 1:
+        problems.append("enable_expert_tensor_parallelism=true needs model_parallel_size > 1 (the experts are split "
+                        "over the tensor-parallel ranks)")
+    if config.use_tutel and kind == "megablocks":
+        problems.append("use_tutel=true with moe_type='megablocks': tutel only accelerates DeepSpeed's layer "
+                        "(moe_type: deepspeed)")
+    if config.sequence_parallel:
+        problems.append("sequence_parallel=true with a mixture of experts (moe_num_experts > 1) is not supported: the "
+                        "experts need every token of the sequence on each tensor-parallel rank")
+    return problems
+
+
+def _capacity_problems(config: ModelConfig) -> List[str]:
+    problems = []
+    for name in ("moe_train_capacity_factor", "moe_eval_capacity_factor"):
+        if getattr(config, name) <= 0:
+            problems.append(f"{name}={getattr(config, name)} must be > 0")
+    if config.moe_min_capacity < 0:
+        problems.append(f"moe_min_capacity={config.moe_min_capacity} must be >= 0")
+    if not config.moe_token_dropping:
+        defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name in CAPACITY_SETTINGS}
+        for name in CAPACITY_SETTINGS:
+            if getattr(config, name) != defaults[name]:
+                problems.append(f"{name}={getattr(config, name)} only applies with moe_token_dropping: true (without "
+                                f"dropping every token reaches its experts, whatever the capacity); remove it or "
+                                f"set moe_token_dropping: true")
     return problems
 
 

@@ -44,26 +44,52 @@ def _excluded_from_decay(module: nn.Module, name: str, param: nn.Parameter) -> b
             or bool(getattr(param, NO_DECAY_FLAG, False)))
 
 
-def get_param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+MOE_EXPERT_FLAG = "_moe_expert"
+"""Set on the expert weights of the MoE layers (megatron.model.moe): ``create_moe_param_group`` gives them their
+own optimizer group."""
+MOE_GROUP_NAME = "moe_experts"
+
+
+def get_param_groups(model: nn.Module, weight_decay: float, moe_param_group: bool = False) -> List[Dict[str, Any]]:
     """[{params to decay, weight_decay}, {params not to decay, weight_decay: 0}], empty groups dropped.
 
     Not decayed: every parameter of a module whose class name contains "Norm" (LayerNorm, RMSNorm, ...),
     biases, and parameters flagged `_no_weight_decay`. Parameters that do not require grad are left out;
-    a parameter shared by several modules (tied embeddings) appears once."""
+    a parameter shared by several modules (tied embeddings) appears once.
+    With ``moe_param_group`` (create_moe_param_group) the experts' weights (flagged ``_moe_expert``) form a third
+    group of their own, named ``moe_experts``, decayed with ``weight_decay`` (they are weight matrices; they never
+    share a group with the norms and biases)."""
     decay: List[nn.Parameter] = []
     no_decay: List[nn.Parameter] = []
+    experts: List[nn.Parameter] = []
     seen = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
             if id(param) in seen or not param.requires_grad:
                 continue
             seen.add(id(param))
-            if weight_decay != 0.0 and not _excluded_from_decay(module, name, param):
+            if moe_param_group and getattr(param, MOE_EXPERT_FLAG, False):
+                experts.append(param)
+            elif weight_decay != 0.0 and not _excluded_from_decay(module, name, param):
                 decay.append(param)
             else:
                 no_decay.append(param)
-    groups = [{"params": decay, "weight_decay": float(weight_decay)}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": float(weight_decay)}, {"params": no_decay, "weight_decay": 0.0},
+              {"params": experts, "weight_decay": float(weight_decay), "name": MOE_GROUP_NAME}]
     return [group for group in groups if group["params"]]
+
+
+def deepspeed_moe_param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+    """create_moe_param_group with DeepSpeed's MoE layer (moe_type deepspeed): ``get_param_groups``' decay and
+    no-decay groups, each with its experts moved to a group of their own marked ``moe`` (DeepSpeed's
+    split_params_into_different_moe_groups_for_optimizer, which its engine and ZeRO expect: expert gradients
+    are reduced over the expert-data-parallel group)."""
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    groups = get_param_groups(model, weight_decay)
+    for group, name in zip(groups, ("decay", "no_decay") if len(groups) == 2 else ("params",)):
+        group["name"] = name
+    return [group for group in split_params_into_different_moe_groups_for_optimizer(groups) if group["params"]]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -275,7 +301,11 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
         raise ValueError(f"optimizer type {kind!r} is not one of {', '.join(ACCEPTED_PARAMS)}, onebitadam")
     params = _optimizer_params(neox_args, kind)
     weight_decay = float(params.pop("weight_decay", neox_args.weight_decay))
-    groups = get_param_groups(model, weight_decay)
+    moe_group = bool(getattr(neox_args, "create_moe_param_group", False) and getattr(neox_args, "moe_num_experts", 1) > 1)
+    if moe_group and getattr(neox_args, "moe_type", None) == "deepspeed":
+        groups = deepspeed_moe_param_groups(model, weight_decay)
+    else:
+        groups = get_param_groups(model, weight_decay, moe_param_group=moe_group)
     if not groups:
         raise ValueError("the model has no trainable parameters to optimize")
     if kind == "adam":

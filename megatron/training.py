@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint_files import use_safe_loading
-from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.checkpointing import load_checkpoint, rng_states, save_checkpoint, set_rng_states
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
 
@@ -218,6 +218,16 @@ def _loss_of(engine, batch) -> torch.Tensor:
     return engine.module.loss_fn(engine(inputs), labels)
 
 
+def aux_loss_scale(engine, neox_args) -> float:
+    """What the engine multiplies the LM loss by before its backward, for the MoE auxiliary loss's gradient
+    (megatron.model.moe.stats): 1 / gradient_accumulation_steps, times the current loss scale under fp16."""
+    scale = 1.0 / neox_args.gradient_accumulation_steps
+    if engine.fp16_enabled():
+        optimizer = engine.optimizer
+        scale *= float(getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", 1.0))
+    return scale
+
+
 def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optimizer, debug: bool = False
                ) -> Tuple[float, bool, Optional[float], Dict[str, float]]:
     """One optimizer step; returns (mean loss over the global batch, whether the step was skipped, the
@@ -226,6 +236,10 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
 
     grad_norm = None
     extras: Dict[str, float] = {}
+    if neox_args.moe_num_experts > 1:
+        from megatron.model.moe import set_aux_loss_scale
+
+        set_aux_loss_scale(engine.module, aux_loss_scale(engine, neox_args))
     if neox_args.is_pipe_parallel:
         if debug:
             loss, extras = _pipeline_debug_step(neox_args, engine, batches, ctx, optimizer)
@@ -249,6 +263,14 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
         grad_norm = float(ds_norm)
     skipped = not engine.was_step_applied()
     return _data_parallel_mean(loss, engine), skipped, grad_norm, extras
+
+
+def _moe_metrics(neox_args, ctx: RunContext, engine, iterations: int) -> Dict[str, float]:
+    """moe_aux_loss and the per-layer expert load since the last report (every rank calls it: one all-reduce)."""
+    from megatron.model.moe import moe_metrics
+
+    return moe_metrics(engine.module, neox_args.num_layers, neox_args.moe_num_experts, neox_args.moe_loss_coeff,
+                       iterations, tensor_parallel_size=ctx.parallel_state.get_model_parallel_world_size())
 
 
 def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
@@ -399,11 +421,16 @@ def pretrain(neox_args) -> Dict[str, Any]:
     stop.install()
     engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx, schedule)
     iteration, client_state = load_checkpoint(neox_args, ctx.model_config, engine)
+    loaded_rng = rng_states() if iteration else None
     position = {"consumed_train_samples": client_state.get("consumed_train_samples",
                                                            iteration * neox_args.train_batch_size),
                 "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
     train_batches, valid_batches, test_batches = _batch_streams(
         neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"])
+    if loaded_rng is not None:
+        # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
+        # router jitter and dropout draw the same noise), whatever building the batch streams drew
+        set_rng_states(loaded_rng)
     timers = Timers(enabled=neox_args.wall_clock_breakdown)
     logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0,
                             train_iters=schedule.train_iters)
@@ -417,7 +444,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
         from megatron.logging import MemoryProfiler
 
         memory_profiler = MemoryProfiler(neox_args)
-    last_saved = iteration
+    last_saved = last_moe_report = iteration
 
     def save(at: int) -> None:
         nonlocal last_saved
@@ -455,6 +482,10 @@ def pretrain(neox_args) -> Dict[str, Any]:
             if iteration % neox_args.log_interval == 0:
                 extras.update({f"time_ms/{k}": v for k, v in
                                timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
+            if neox_args.moe_num_experts > 1 and (iteration % neox_args.log_interval == 0
+                                                  or iteration == schedule.train_iters):
+                extras.update(_moe_metrics(neox_args, ctx, engine, iteration - last_moe_report))
+                last_moe_report = iteration
             logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
             if iteration in schedule.save_iters:

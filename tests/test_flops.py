@@ -122,3 +122,32 @@ def test_cpu_has_no_peak(monkeypatch):
     monkeypatch.delenv("NEOX_PEAK_TFLOPS", raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert peak_tflops("bfloat16") is None
+
+
+def test_moe_layers_count_the_router_and_the_top_k_experts_only():
+    from megatron.flops import forward_flops_per_token
+    from megatron.model_config import ModelConfig
+
+    base = dict(num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, padded_vocab_size=100,
+                intermediate_size=128)
+    dense = forward_flops_per_token(ModelConfig(**base))
+    for k in (1, 2):
+        moe = forward_flops_per_token(ModelConfig(**base, moe_num_experts=8, moe_top_k=k, expert_interval=2))
+        # layers 0 and 2 are MoE: each swaps one dense MLP (2 x 64 x 128 x 2) for the router and k experts
+        per_layer = 2 * 64 * 8 + k * 2 * 64 * 128 * 2 - 2 * 64 * 128 * 2
+        assert moe - dense == 2 * per_layer
+    glu = ModelConfig(**base, moe_num_experts=4, moe_top_k=2, expert_interval=4, moe_glu=True, activation="silu")
+    plain = ModelConfig(**base, moe_num_experts=4, moe_top_k=2, expert_interval=4, activation="silu")
+    assert forward_flops_per_token(glu) - forward_flops_per_token(plain) == 2 * 2 * 64 * 128
+
+
+def test_deepspeed_residual_moe_counts_its_dense_mlp():
+    from megatron.flops import moe_mlp_flops_per_token
+    from megatron.model_config import ModelConfig
+
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32, padded_vocab_size=100,
+                intermediate_size=128, moe_num_experts=4, moe_top_k=2, moe_type="deepspeed", moe_router_type="topk")
+    plain = moe_mlp_flops_per_token(ModelConfig(**base, moe_use_residual=False))
+    residual = moe_mlp_flops_per_token(ModelConfig(**base, moe_use_residual=True))
+    assert plain == 2 * 64 * 4 + 2 * (2 * 64 * 128 * 2)
+    assert residual - plain == 2 * 64 * 128 * 2 + 2 * 64 * 2

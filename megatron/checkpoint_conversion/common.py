@@ -40,6 +40,14 @@ def common_problems(config: ModelConfig) -> List[str]:
     return problems
 
 
+def moe_refusal(config: ModelConfig) -> List[str]:
+    """A mixture of experts has no place in a dense Hugging Face architecture."""
+    if config.moe_num_experts > 1:
+        return [f"mixture of experts (moe_num_experts={config.moe_num_experts}): only --architecture mixtral "
+                f"(MixtralForCausalLM) holds experts"]
+    return []
+
+
 def rope_settings(config: Any) -> Tuple[float, float]:
     """(rope_theta, partial_rotary_factor) of a Hugging Face config (transformers 4.x and 5.x spellings);
     refuses rope scaling, which this framework does not implement."""

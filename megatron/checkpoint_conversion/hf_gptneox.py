@@ -14,6 +14,7 @@ import torch
 
 from megatron.checkpoint_conversion.common import (
     common_problems,
+    moe_refusal,
     refuse_unrepresentable,
     rope_parameters,
     rope_settings,
@@ -35,7 +36,7 @@ _LAYER_RENAMES = (("input_layernorm.", "input_layernorm."),
 
 def gptneox_problems(config: ModelConfig) -> list:
     """What GPTNeoXForCausalLM cannot represent about the model ``config``."""
-    problems = common_problems(config)
+    problems = common_problems(config) + moe_refusal(config)
     if config.norm != "layernorm":
         problems.append(f"norm={config.norm!r}: GPTNeoX uses LayerNorm (rmsnorm models: --architecture llama)")
     if not config.use_bias_in_norms:

@@ -1,5 +1,5 @@
-"""Our GPT <-> Hugging Face LlamaForCausalLM / MistralForCausalLM (RMSNorm, SwiGLU, rotary, no parallel
-residual).
+"""Our GPT <-> Hugging Face LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM (RMSNorm, SwiGLU, rotary,
+no parallel residual).
 
 Attention: our fused QKV rows (GPT-NeoX's, megatron/model/attention.py) are [Q | K | V] with grouped-query
 attention and per head [q | k | v] with multi-head attention; Llama keeps separate q/k/v projections whose
@@ -9,6 +9,15 @@ has gate_proj, up_proj and down_proj. RMSNorm weights are GPT-NeoX's ``scale``. 
 width rule of gated MLPs (megatron/model/mlp.py) gives Llama's intermediate_size I back from
 intermediate_size = 3 * I with mlp_multiple_of = 1. Mistral's sliding_window W lets a query see W keys
 (itself included); our sliding_window_width w lets it see w + 1, so W = w + 1.
+
+Mixtral: a dropless mixture of experts (moe_type megablocks) in every layer, routed by softmax, top-k and the
+k weights renormalised (our topk router with moe_top_k >= 2; top-1 Mixtral weights a token's expert by 1, ours
+by its probability, so top-1 is refused). ``block_sparse_moe.gate`` is our ``mlp.router.layer``; expert e's
+``w1`` / ``w3`` are rows e*F .. (e+1)*F of our stacked ``experts.mlp.w1`` / ``w3`` and its ``w2`` the transpose
+of those rows of ``w2`` (the names save_pretrained writes; transformers 5 fuses them when loading). Training
+differs in two details the weights do not carry: Mixtral's jitter also scales the experts' input (ours the
+router's only) and its auxiliary loss sums over the k choices; router_aux_loss_coef and router_jitter_noise are
+carried as moe_loss_coeff and moe_jitter_eps as they are.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ import torch
 
 from megatron.checkpoint_conversion.common import (
     common_problems,
+    moe_refusal,
     refuse_unrepresentable,
     rope_parameters,
     rope_settings,
@@ -27,29 +37,51 @@ from megatron.checkpoint_conversion.common import (
 from megatron.checkpoint_conversion.errors import ConversionError
 from megatron.model_config import ModelConfig
 
-ARCHITECTURES = ("llama", "mistral")
+ARCHITECTURES = ("llama", "mistral", "mixtral")
 
 
 def llama_problems(config: ModelConfig, architecture: str) -> list:
-    """What Llama/Mistral cannot represent about the model ``config``."""
+    """What Llama/Mistral/Mixtral cannot represent about the model ``config``."""
     problems = common_problems(config)
+    if architecture == "mixtral":
+        problems += mixtral_problems(config)
+    else:
+        problems += moe_refusal(config)
     if config.norm != "rmsnorm":
         problems.append(f"norm={config.norm!r}: {architecture} needs rmsnorm (layernorm models: "
                         f"--architecture neox)")
     if config.use_bias_in_norms:
         problems.append("use_bias_in_norms=true: Llama's RMSNorm has no bias")
-    if config.activation != "swiglu":
+    if config.activation != "swiglu" and not (architecture == "mixtral" and config.expert_activation == "swiglu"):
         problems.append(f"activation={config.activation!r}: {architecture} needs swiglu")
     if config.gpt_j_residual:
         problems.append(f"gpt_j_residual=true: {architecture} has no parallel residual")
     if float(config.rotary_pct) != 1.0:
         problems.append(f"rotary_pct={config.rotary_pct}: {architecture} rotates whole heads (rotary_pct 1)")
-    if architecture == "mistral":
+    if architecture in ("mistral", "mixtral"):
         for flag in ("use_bias_in_attn_linear", "use_bias_in_mlp"):
             if getattr(config, flag):
-                problems.append(f"{flag}=true: Mistral has no linear biases (use --architecture llama)")
+                problems.append(f"{flag}=true: {architecture.capitalize()} has no linear biases")
     elif config.sliding_window_width is not None:
         problems.append("sliding_window_width: Llama has no sliding window (use --architecture mistral)")
+    return problems
+
+
+def mixtral_problems(config: ModelConfig) -> list:
+    """What MixtralForCausalLM cannot represent about the model's experts."""
+    if config.moe_num_experts <= 1:
+        return ["moe_num_experts=1: Mixtral is a mixture of experts (dense models: --architecture llama / mistral)"]
+    problems = []
+    if config.moe_layers != tuple(range(config.num_layers)):
+        problems.append(f"expert_interval={config.expert_interval}: every Mixtral layer is a mixture of experts "
+                        f"(expert_interval 1)")
+    if config.moe_type != "megablocks":
+        problems.append(f"moe_type={config.moe_type!r}: Mixtral's experts are dropless (moe_type megablocks)")
+    if config.moe_router_type != "topk":
+        problems.append(f"moe_router_type={config.moe_router_type!r}: Mixtral routes by softmax top-k (topk)")
+    if config.moe_top_k < 2:
+        problems.append("moe_top_k=1: Mixtral renormalises the top-k weights (a top-1 token gets weight 1), this "
+                        "model weights it by its probability")
     return problems
 
 
@@ -74,7 +106,8 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
           architecture: str = "llama") -> Tuple[Any, Dict[str, torch.Tensor]]:
     """(LlamaConfig or MistralConfig, its state dict) of the model ``config`` with merged ``state``."""
     transformers = transformers_module()
-    LlamaConfig, MistralConfig = transformers.LlamaConfig, transformers.MistralConfig
+    LlamaConfig, MistralConfig, MixtralConfig = (transformers.LlamaConfig, transformers.MistralConfig,
+                                                 transformers.MixtralConfig)
 
     refuse_unrepresentable(f"{architecture.capitalize()}ForCausalLM", llama_problems(config, architecture))
     src = "the checkpoint"
@@ -95,6 +128,8 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
                 hf[f"{theirs}mlp.up_proj.{kind}"], hf[f"{theirs}mlp.gate_proj.{kind}"] = up, gate
             if f"{ours}mlp.linear2.{kind}" in state:
                 hf[f"{theirs}mlp.down_proj.{kind}"] = state[f"{ours}mlp.linear2.{kind}"]
+        if architecture == "mixtral":
+            hf.update(_experts_to_hf(state, ours, theirs, config, src))
         hf[f"{theirs}input_layernorm.weight"] = take(state, f"{ours}input_layernorm.scale", src)
         hf[f"{theirs}post_attention_layernorm.weight"] = take(state, f"{ours}post_attention_layernorm.scale", src)
     hf["model.norm.weight"] = take(state, "final_norm.norm.scale", src)
@@ -105,14 +140,20 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
         vocab_size=int(vocab), hidden_size=int(hidden), num_hidden_layers=layers,
         num_attention_heads=config.num_attention_heads, num_key_value_heads=config.kv_heads,
         head_dim=config.head_dim, hidden_act="silu",
-        intermediate_size=int(take(state, "layers.0.mlp.linear2.weight", src).shape[1]),
+        intermediate_size=int(config.expert_ffn_width if architecture == "mixtral"
+                              else take(state, "layers.0.mlp.linear2.weight", src).shape[1]),
         max_position_embeddings=config.positions, rms_norm_eps=float(config.rms_norm_epsilon),
         rope_parameters=rope_parameters(float(config.rotary_emb_base)), rope_theta=float(config.rotary_emb_base),
         tie_word_embeddings=config.tied_embeddings, initializer_range=float(config.init_method_std),
         attention_dropout=0.0, bos_token_id=None, eos_token_id=None)
+    window = config.sliding_window_width
     if architecture == "mistral":
-        window = config.sliding_window_width
         return MistralConfig(**common, sliding_window=None if window is None else int(window) + 1), hf
+    if architecture == "mixtral":
+        return MixtralConfig(**common, sliding_window=None if window is None else int(window) + 1,
+                             num_local_experts=config.moe_num_experts, num_experts_per_tok=config.moe_top_k,
+                             router_aux_loss_coef=float(config.moe_loss_coeff),
+                             router_jitter_noise=float(config.moe_jitter_eps or 0.0)), hf
     return LlamaConfig(**common, attention_bias=config.use_bias_in_attn_linear, mlp_bias=config.use_bias_in_mlp), hf
 
 
@@ -131,7 +172,18 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
         raise ConversionError(f"config.json partial_rotary_factor={pct}: Llama conversion needs 1.0")
     if theta != int(theta):
         raise ConversionError(f"config.json rope_theta={theta} is not an integer (rotary_emb_base is an int here)")
-    window = getattr(hf_config, "sliding_window", None) if getattr(hf_config, "model_type", "") == "mistral" else None
+    mixtral = getattr(hf_config, "model_type", "") == "mixtral"
+    window = getattr(hf_config, "sliding_window", None) if getattr(hf_config, "model_type", "") in (
+        "mistral", "mixtral") else None
+    moe = {}
+    if mixtral:
+        moe = dict(moe_num_experts=int(hf_config.num_local_experts), moe_top_k=int(hf_config.num_experts_per_tok),
+                   moe_type="megablocks", moe_router_type="topk", expert_interval=1,
+                   moe_loss_coeff=float(getattr(hf_config, "router_aux_loss_coef", 0.0)),
+                   moe_jitter_eps=float(getattr(hf_config, "router_jitter_noise", 0.0) or 0.0) or None)
+        if moe["moe_top_k"] < 2:
+            raise ConversionError("config.json num_experts_per_tok=1: Mixtral renormalises the top-k weights (weight "
+                                  "1 for top-1); this framework's top-1 router weights by the probability")
     positions = int(hf_config.max_position_embeddings)
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     layers = int(hf_config.num_hidden_layers)
@@ -140,12 +192,13 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
     config = ModelConfig(
         num_layers=layers, hidden_size=hidden, num_attention_heads=heads, seq_length=positions,
         max_position_embeddings=positions, padded_vocab_size=int(vocab.shape[0]),
-        num_kv_heads=kv_heads if kv_heads != heads else None, intermediate_size=3 * int(hf_config.intermediate_size),
+        num_kv_heads=kv_heads if kv_heads != heads else None,
+        intermediate_size=int(hf_config.intermediate_size) * (1 if mixtral else 3),
         mlp_multiple_of=1, activation="swiglu", norm="rmsnorm", rms_norm_epsilon=float(hf_config.rms_norm_eps),
         pos_emb="rotary", rotary_pct=1.0, rotary_emb_base=int(theta), gpt_j_residual=False, no_weight_tying=not tied,
         use_bias_in_norms=False, use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", False)),
         use_bias_in_mlp=bool(getattr(hf_config, "mlp_bias", False)),
-        sliding_window_width=int(window) - 1 if window is not None and int(window) < positions else None)
+        sliding_window_width=int(window) - 1 if window is not None and int(window) < positions else None, **moe)
     state: Dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": vocab}
     for i in range(layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}.self_attn."
@@ -161,6 +214,8 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
                     (hf[f"{mlp}up_proj.{kind}"], take(hf, f"{mlp}gate_proj.{kind}", src)), dim=0)
             if f"{mlp}down_proj.{kind}" in hf:
                 state[f"{ours}mlp.linear2.{kind}"] = hf[f"{mlp}down_proj.{kind}"]
+        if mixtral:
+            state.update(_experts_from_hf(hf, ours, f"model.layers.{i}.", config, src))
         state[f"{ours}input_layernorm.scale"] = take(hf, f"model.layers.{i}.input_layernorm.weight", src)
         state[f"{ours}post_attention_layernorm.scale"] = take(hf, f"model.layers.{i}.post_attention_layernorm.weight",
                                                               src)
@@ -168,3 +223,29 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
     if not tied:
         state["head.final_linear.weight"] = take(hf, "lm_head.weight", src)
     return config, state
+
+
+def _experts_to_hf(state: Mapping[str, torch.Tensor], ours: str, theirs: str, config: ModelConfig, src: str
+                   ) -> Dict[str, torch.Tensor]:
+    """One layer's router and experts under Mixtral's names (module docstring)."""
+    width, moe = config.expert_ffn_width, f"{theirs}block_sparse_moe."
+    out = {f"{moe}gate.weight": take(state, f"{ours}mlp.router.layer.weight", src)}
+    stacked = {name: take(state, f"{ours}mlp.experts.mlp.{name}", src) for name in ("w1", "w2", "w3")}
+    for e in range(config.moe_num_experts):
+        rows = slice(e * width, (e + 1) * width)
+        out[f"{moe}experts.{e}.w1.weight"] = stacked["w1"][rows]
+        out[f"{moe}experts.{e}.w3.weight"] = stacked["w3"][rows]
+        out[f"{moe}experts.{e}.w2.weight"] = stacked["w2"][rows].t().contiguous()
+    return out
+
+
+def _experts_from_hf(hf: Mapping[str, torch.Tensor], ours: str, theirs: str, config: ModelConfig, src: str
+                     ) -> Dict[str, torch.Tensor]:
+    """One Mixtral layer's gate and experts as our router and stacked experts."""
+    moe = f"{theirs}block_sparse_moe."
+    experts = range(config.moe_num_experts)
+    return {f"{ours}mlp.router.layer.weight": take(hf, f"{moe}gate.weight", src),
+            f"{ours}mlp.experts.mlp.w1": torch.cat([take(hf, f"{moe}experts.{e}.w1.weight", src) for e in experts]),
+            f"{ours}mlp.experts.mlp.w3": torch.cat([take(hf, f"{moe}experts.{e}.w3.weight", src) for e in experts]),
+            f"{ours}mlp.experts.mlp.w2": torch.cat([take(hf, f"{moe}experts.{e}.w2.weight", src).t()
+                                                    for e in experts])}

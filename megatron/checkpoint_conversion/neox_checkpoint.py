@@ -45,6 +45,7 @@ from megatron.checkpoint_conversion.tensor_parallel import merge_shards, split_f
 from megatron.checkpointing import (
     ARGS_FILE,
     COMPLETE_MARKER,
+    EXPERT_FILE,
     GPT_NEOX,
     LATEST_FILE,
     LAYER_FILE,
@@ -271,6 +272,11 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
                 raise ConversionError(f"{f}: layer file index {index} does not fit num_layers={num_layers}")
             per_slot.setdefault(slot, {})[rank] = (f, _load(f))
     else:
+        experts: Dict[int, Dict[str, torch.Tensor]] = {}  # DeepSpeed's MoE experts, saved in files of their own
+        for f in files:
+            match = EXPERT_FILE.search(os.path.basename(f))
+            if match:
+                experts.setdefault(int(match.group(3)), {}).update(_load(f))
         for f in files:
             match = MP_FILE.search(os.path.basename(f))
             if not match:
@@ -279,6 +285,7 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
             if module is None:
                 raise ConversionError(f"{f} holds no model weights ('module' is empty) and there are no "
                                       f"layer_*-model_*-model_states.pt files")
+            module = {**module, **experts.get(int(match.group(1)), {})}
             for slot, state in _split_by_slot(module, num_layers, old == FLAT, f).items():
                 per_slot.setdefault(slot, {})[int(match.group(1))] = (f, state)
     slots = {}

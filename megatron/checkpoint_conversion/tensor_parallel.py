@@ -5,7 +5,8 @@ Splits follow megatron.mpu's layers, which are GPT-NeoX's: vocabulary-parallel e
 (rows), column-parallel fused QKV (rows: consecutive heads with multi-head attention; each rank's share of
 the query, key and value blocks with grouped-query attention, see megatron.model.attention) and MLP up
 projection (rows; a gated MLP's [up | gate] halves are each split), row-parallel attention output and MLP
-down projection (columns), the rpe table and ALiBi slopes (heads). Everything else (norms, row-parallel
+down projection (columns), the rpe table and ALiBi slopes (heads), the MoE experts' stacked w1 / w2 / w3 (rows:
+whole experts). Everything else (norms, row-parallel
 biases, learned positions) is replicated.
 """
 from __future__ import annotations
@@ -24,6 +25,8 @@ _GATED = ("mlp.linear1.weight", "mlp.linear1.bias")
 _COLUMN = ("word_embeddings.weight", "final_linear.weight")
 _ROW = ("attention.dense.weight", "mlp.linear2.weight", "attention.rpe.weight")
 _HEADS = ("attention.alibi_embed.slopes",)
+_EXPERTS = ("mlp.experts.mlp.w1", "mlp.experts.mlp.w2", "mlp.experts.mlp.w3")
+"""The dropless MoE's stacked expert weights: split by rows, i.e. by expert (megatron.model.moe.layer)."""
 
 
 def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
@@ -32,7 +35,7 @@ def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
         return 0, qkv_blocks(config)
     if name.endswith(_GATED):
         return 0, 2 if config.gated_mlp else 1
-    if name.endswith(_COLUMN + _HEADS):
+    if name.endswith(_COLUMN + _HEADS + _EXPERTS):
         return 0, 1
     if name.endswith(_ROW):
         return 1, 1

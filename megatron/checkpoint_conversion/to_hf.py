@@ -11,8 +11,9 @@ from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
 
-ARCHITECTURES = ("neox", "llama", "mistral")
-HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+ARCHITECTURES = ("neox", "llama", "mistral", "mixtral")
+HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+              "mixtral": "MixtralForCausalLM"}
 
 
 def args_from_config_files(paths: Sequence[str]) -> Dict[str, Any]:

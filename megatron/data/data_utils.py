@@ -198,6 +198,9 @@ def build_data_loader(
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=False,
+        # its own generator: starting an iterator draws the workers' base seed from it, not from the global RNG
+        # (which the model's dropout and MoE router jitter use, and which a checkpoint restores)
+        generator=torch.Generator().manual_seed(0),
     )
 
 

@@ -5,6 +5,7 @@ Activations are [batch, seq, hidden] (seq sharded across tensor-parallel ranks u
 sequence_parallel). Residual forms:
   default         x = x + drop(attn(ln1(x)));  x = x + drop(mlp(ln2(x)))
   gpt_j_residual  x = x + drop(attn(ln1(x))) + drop(mlp(ln2(x)))   (ln2 = ln1 with gpt_j_tied)
+In the layers of ``config.moe_layers`` the MLP is a mixture of experts (megatron.model.moe).
 Hidden dropout draws from the default stream (identical across TP ranks, where the tensor is
 replicated) or, under sequence parallelism, from the model-parallel stream (each rank holds a
 different chunk of the sequence).
@@ -52,7 +53,12 @@ class ParallelTransformerLayer(nn.Module):
         self.attention = ParallelSelfAttention(config, parallel_state, initializer, layer_number, rng_tracker, rpe)
         if not (self.gpt_j_residual and self.gpt_j_tied):
             self.post_attention_layernorm = build_norm(config, config.hidden_size, grad_reduce_group=group)
-        self.mlp = ParallelMLP(config, parallel_state, initializer, layer_number)
+        if layer_number in config.moe_layers:
+            from megatron.model.moe import build_moe_mlp
+
+            self.mlp = build_moe_mlp(config, parallel_state, initializer, layer_number)
+        else:
+            self.mlp = ParallelMLP(config, parallel_state, initializer, layer_number)
         self.hidden_dropout = config.hidden_dropout
         self.bias_dropout_add = model_fused_ops(config).bias_dropout_add if config.bias_dropout_fusion else None
         install_hooks(self, LAYER, config, parallel_state)

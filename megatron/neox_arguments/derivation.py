@@ -366,3 +366,67 @@ def _git_hash() -> Optional[str]:
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+MOE_SETTINGS = ("expert_interval", "moe_expert_interval", "moe_top_k", "moe_loss_coeff", "moe_train_capacity_factor",
+                "moe_eval_capacity_factor", "moe_min_capacity", "moe_token_dropping", "create_moe_param_group",
+                "moe_use_residual", "moe_expert_parallel_size", "moe_type", "moe_glu", "moe_lbl_in_fp32",
+                "moe_jitter_eps", "enable_expert_tensor_parallelism", "moe_router_type", "use_tutel")
+"""The arguments only a mixture of experts (moe_num_experts > 1) reads."""
+
+
+def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
+    """The mixture-of-experts settings GPT-NeoX spells twice become one value, and what depends on the run's layout
+    is checked (the layer's own rules are megatron.model_config.moe_problems).
+
+    * expert_interval (GPT-NeoX until 2025, default 2) and moe_expert_interval (its current name, default 1) are one
+      setting: the one written wins; both written with different values is an error; neither gives 2.
+    * moe_type deepspeed routes with DeepSpeed's top-k gate: moe_router_type becomes 'topk' unless written (then
+      ModelConfig refuses 'sinkhorn' for it).
+    * Without experts (moe_num_experts 1) every other MoE setting is refused when written: nothing would read it."""
+    if args.moe_num_experts <= 1:
+        return [f"{name}={getattr(args, name)!r} is a setting of mixture of experts, which is off "
+                f"(moe_num_experts={args.moe_num_experts}); remove it or set moe_num_experts > 1"
+                for name in MOE_SETTINGS if name in provided and getattr(args, name) != _defaults(args)[name]]
+    problems: List[str] = []
+    if "moe_expert_interval" in provided:
+        if "expert_interval" in provided and args.expert_interval != args.moe_expert_interval:
+            problems.append(f"expert_interval={args.expert_interval} and moe_expert_interval="
+                            f"{args.moe_expert_interval} are one setting (GPT-NeoX's older and newer name); set one")
+        args.expert_interval = args.moe_expert_interval
+    else:
+        args.moe_expert_interval = args.expert_interval
+    if args.moe_type == "deepspeed" and "moe_router_type" not in provided:
+        args.moe_router_type = "topk"
+    if args.moe_type == "megablocks" and args.moe_token_dropping:
+        problems.append("moe_token_dropping=true with moe_type='megablocks': the dropless layer never drops tokens; "
+                        "token dropping with a capacity is DeepSpeed's layer (moe_type: deepspeed)")
+    if args.moe_type == "deepspeed" and (args.model_parallel_size > 1 or args.pipe_parallel_size >= 1):
+        problems.append(f"moe_type='deepspeed' with model_parallel_size={args.model_parallel_size} and "
+                        f"pipe_parallel_size={args.pipe_parallel_size} is not supported yet: DeepSpeed's MoE layer "
+                        f"runs here with pipe_parallel_size 0 and model_parallel_size 1 (moe_type megablocks "
+                        f"supports both)")
+    if args.moe_type == "megablocks" and "moe_use_residual" in provided and args.moe_use_residual:
+        problems.append("moe_use_residual=true with moe_type='megablocks': residual MoE (a dense MLP beside the "
+                        "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
+    ep = args.moe_expert_parallel_size
+    dp = args.data_parallel_size
+    if ep > 1 and dp is not None and dp % ep:
+        problems.append(f"moe_expert_parallel_size={ep} must divide the data-parallel size {dp} (the experts are split "
+                        f"over groups of data-parallel ranks)")
+    problems += _moe_engine_problems(args)
+    return problems
+
+
+def _moe_engine_problems(args: NeoXArgsSchema) -> List[str]:
+    """What DeepSpeed's engine cannot combine with the experts."""
+    problems = []
+    zero = args.zero_stage if isinstance(args.zero_stage, int) else 0
+    if zero == 3:
+        problems.append("zero_optimization.stage=3 with a mixture of experts (moe_num_experts > 1): DeepSpeed supports "
+                        "its MoE experts with ZeRO stages 0, 1 and 2 only")
+    expert_groups = args.moe_type == "deepspeed" or args.moe_expert_parallel_size > 1
+    if zero in (1, 2) and expert_groups and not args.create_moe_param_group:
+        problems.append(f"create_moe_param_group=false with ZeRO stage {zero}: DeepSpeed's ZeRO needs the experts in "
+                        f"their own parameter groups (moe_type deepspeed, or moe_expert_parallel_size > 1)")
+    return problems

@@ -37,13 +37,16 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("use_mup", bool, "muP (use_mup) is not supported yet"),
     ("coord_check", bool, "coord_check (muP coordinate check) is not supported yet"),
     ("save_base_shapes", bool, "save_base_shapes (muP) is not supported yet"),
-    ("moe_num_experts", lambda v: v > 1, "mixture of experts (moe_num_experts > 1) is not supported yet"),
+    ("moe_expert_parallel_size", lambda v: v > 1, "expert parallelism (moe_expert_parallel_size > 1) is not supported "
+                                                  "yet; every rank holds all experts"),
+    ("enable_expert_tensor_parallelism", bool, "expert tensor parallelism (enable_expert_tensor_parallelism) is not "
+                                               "supported yet"),
+    ("use_tutel", bool, "tutel MoE (use_tutel) is not supported yet"),
     ("norm", lambda v: v.startswith("te_"), "Transformer-Engine norms (te_rmsnorm, te_layernorm) are not "
                                             "supported yet; use rmsnorm or layernorm"),
     ("s3_path", lambda v: v is not None, "uploading checkpoints to S3 (s3_path) is not supported yet"),
     ("adlr_autoresume", bool, "adlr_autoresume is not supported yet"),
     ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    ("use_tutel", bool, "tutel MoE (use_tutel) is not supported yet"),
     ("onnx_safe", bool, "onnx_safe is not supported yet"),
     ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
     ("log_gradient_noise_scale", bool, "log_gradient_noise_scale is not supported yet"),
@@ -81,11 +84,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
 NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("muP (use_mup)", ("base_shapes_file", "mup_init_scale", "mup_attn_temp", "mup_output_temp",
                        "mup_embedding_mult", "mup_rp_embedding_mult", "mup_width_scale")),
-    ("mixture of experts (moe_num_experts > 1)",
-     ("expert_interval", "moe_top_k", "moe_loss_coeff", "moe_train_capacity_factor", "moe_eval_capacity_factor",
-      "moe_min_capacity", "moe_token_dropping", "create_moe_param_group", "moe_use_residual",
-      "moe_expert_parallel_size", "moe_type", "moe_glu", "moe_lbl_in_fp32", "moe_jitter_eps",
-      "enable_expert_tensor_parallelism", "moe_expert_interval", "moe_router_type")),
     ("REINFORCE training (train_impl 'reinforce')",
      ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
     ("reward-model training (train_impl 'rm'), where GPT-NeoX implements z_loss", ("z_loss",)),

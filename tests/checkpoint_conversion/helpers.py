@@ -42,6 +42,25 @@ def tiny_llama(kv_heads: int = 2, tied: bool = False, seed: int = 0, mistral_win
     return _randomise(LlamaForCausalLM(LlamaConfig(**common, attention_bias=bias, mlp_bias=bias)).eval())
 
 
+def tiny_mixtral(kv_heads: int = 2, seed: int = 0, top_k: int = 2):
+    """A random 2-layer MixtralForCausalLM: 4 experts of width 24, top-k routing, GQA; a sharp router (its
+    top-k choices well apart, so float rounding cannot change them)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    config = MixtralConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=kv_heads, intermediate_size=24, max_position_embeddings=SEQ,
+                           rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                           num_local_experts=4, num_experts_per_tok=top_k, router_aux_loss_coef=0.02,
+                           tie_word_embeddings=False, bos_token_id=None, eos_token_id=None)
+    model = _randomise(MixtralForCausalLM(config).eval())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.mul_(30.0)
+    return model
+
+
 def save_tiny_tokenizer(directory) -> None:
     """A word-level tokenizer.json of VOCAB tokens (id 0 is <|endoftext|>) and its tokenizer_config.json."""
     from tokenizers import Tokenizer, pre_tokenizers

@@ -1,4 +1,4 @@
-"""Hugging Face -> our checkpoint, in process: tiny random GPTNeoX / Llama / Mistral models give the
+"""Hugging Face -> our checkpoint, in process: tiny random GPTNeoX / Llama / Mistral / Mixtral models give the
 same logits (fp32, <= 1e-4) and the same greedy generation in our model, for every tensor / pipeline
 split written; and our checkpoint -> Hugging Face -> our checkpoint gives back the same tensors."""
 import json
@@ -18,6 +18,7 @@ from tests.checkpoint_conversion.helpers import (
     save_tiny_tokenizer,
     tiny_gptneox,
     tiny_llama,
+    tiny_mixtral,
 )
 
 MODELS = {
@@ -27,8 +28,9 @@ MODELS = {
     "llama-gqa": lambda: tiny_llama(kv_heads=2),
     "llama-tied-bias": lambda: tiny_llama(kv_heads=2, tied=True, bias=True),
     "mistral-window": lambda: tiny_llama(kv_heads=2, mistral_window=5),
+    "mixtral-top2": lambda: tiny_mixtral(kv_heads=2),
 }
-ARCHITECTURE = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral"}
+ARCHITECTURE = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral"}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

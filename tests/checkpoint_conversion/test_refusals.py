@@ -13,6 +13,7 @@ NEOX = dict(num_layers=1, hidden_size=8, num_attention_heads=2, seq_length=8, po
             activation="gelu", rotary_pct=1.0, attention_config=["global"])
 LLAMA = dict(NEOX, norm="rmsnorm", activation="swiglu", use_bias_in_norms=False, use_bias_in_attn_linear=False,
              use_bias_in_mlp=False)
+MIXTRAL = dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", expert_interval=1)
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -23,6 +24,7 @@ LLAMA = dict(NEOX, norm="rmsnorm", activation="swiglu", use_bias_in_norms=False,
     (dict(use_bias_in_mlp=False), "use_bias_in_mlp=false"),
     (dict(use_qk_layernorm=True), "use_qk_layernorm"),
     (dict(attention_config=["local"]), "attention_config"),
+    (dict(moe_num_experts=2), r"mixture of experts \(moe_num_experts=2\): only --architecture mixtral"),
 ])
 def test_gptneox_refuses(overrides, message):
     with pytest.raises(ConversionError, match=message):
@@ -35,6 +37,13 @@ def test_gptneox_refuses(overrides, message):
     ("llama", dict(gpt_j_residual=True), "parallel residual"),
     ("llama", dict(sliding_window_width=4), "--architecture mistral"),
     ("mistral", dict(use_bias_in_mlp=True), "Mistral has no linear biases"),
+    ("llama", dict(moe_num_experts=4, moe_top_k=2), "only --architecture mixtral"),
+    ("mixtral", dict(), "moe_num_experts=1: Mixtral is a mixture of experts"),
+    ("mixtral", dict(MIXTRAL, moe_top_k=1), "moe_top_k=1: Mixtral renormalises"),
+    ("mixtral", dict(MIXTRAL, expert_interval=2, num_layers=2), "every Mixtral layer is a mixture of experts"),
+    ("mixtral", dict(MIXTRAL, moe_router_type="sinkhorn"), "moe_router_type='sinkhorn'"),
+    ("mixtral", dict(MIXTRAL, moe_type="deepspeed"), "Mixtral's experts are dropless"),
+    ("mixtral", dict(MIXTRAL, use_bias_in_mlp=True), "Mixtral has no linear biases"),
 ])
 def test_llama_refuses(architecture, overrides, message):
     with pytest.raises(ConversionError, match=message):

@@ -53,5 +53,17 @@ def test_quickstart_is_a_complete_cpu_training_config():
 def test_every_config_is_found():
     names = model_configs()
     for expected in ("125M.yml", "20B.yml", "pythia/70M.yml", "llama/7B.yml", "llama2/70B.yml", "mistral/7B.yml",
-                     "quickstart.yml", "cpu_tiny.yml"):
+                     "quickstart.yml", "cpu_tiny.yml", "cpu_tiny_moe.yml", "125M-dmoe.yml", "1-3B-moe.yml"):
         assert expected in names
+
+
+@pytest.mark.parametrize("name,kind,layers,capacity", [("125M-dmoe.yml", "megablocks", 6, 1.0),
+                                                       ("1-3B-moe.yml", "deepspeed", 12, 1.25)])
+def test_moe_examples_build_their_experts(name, kind, layers, capacity):
+    from megatron.model_config import ModelConfig
+
+    files = [os.path.join(CONFIGS, name), os.path.join(CONFIGS, "local_setup.yml")]
+    args = NeoXArgs.from_ymls(files, overwrite_values={"num_gpus": 1})
+    config = ModelConfig.from_neox_args(args, padded_vocab_size=50304)
+    assert config.moe_type == kind and len(config.moe_layers) == layers and config.moe_num_experts == 8
+    assert config.moe_train_capacity_factor == capacity and config.moe_token_dropping == (kind == "deepspeed")

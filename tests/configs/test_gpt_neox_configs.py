@@ -252,6 +252,17 @@ def test_pythia_style_flash_with_softmax_fusion_loads_with_one_warning(tmp_path,
     assert "scaled_upper_triang_masked_softmax_fusion=true has no effect" in message and "'flash'" in message
 
 
+def test_dmoe_style_model_loads_ready_to_train(tmp_path):
+    """As GPT-NeoX's 125M-dmoe.yml: the 125M layout with moe_num_experts 8 (dropless, megablocks)."""
+    args, messages = load([write(tmp_path, "small.yml", SMALL % ""),
+                           write(tmp_path, "moe.yml", '{"moe_num_experts": 8}'), write(tmp_path, "setup.yml", SETUP)])
+    assert messages == [] and args.training_problems() == []
+    from megatron.model_config import ModelConfig
+
+    config = ModelConfig.from_neox_args(args, padded_vocab_size=50304)
+    assert config.moe_type == "megablocks" and config.moe_layers == (0, 2) and config.moe_top_k == 1
+
+
 def test_llama_style_model_training_and_setup_files_combine(tmp_path):
     """As GPT-NeoX's llama/README: `llama/7B.yml llama/train_config.yml local_setup.yml`."""
     files = [write(tmp_path, "llama/model.yml", LLAMA_STYLE_MODEL),
@@ -277,7 +288,11 @@ def test_transformer_engine_switched_on_is_refused_as_not_supported_yet(tmp_path
 
 # What other open issues build: each refused with a message naming it as not supported yet.
 NOT_BUILT = {
-    "moe": ('"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "megablocks",', "mixture of experts"),
+    "moe_deepspeed_pipeline": ('"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "deepspeed",',
+                               "moe_type='deepspeed' with model_parallel_size=1 and pipe_parallel_size=1 is not "
+                               "supported yet"),
+    "moe_expert_parallel": ('"moe_num_experts": 8, "moe_expert_parallel_size": 2, "num_gpus": 2,',
+                            "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
     "mamba": ('"attention_config": [[["mamba"], 4]], "mamba_inner_func_fusion": true,', "'mamba' is not supported yet"),
     "rwkv": ('"attention_config": [[["rwkv"], 4]],', "'rwkv' is not supported yet"),
     "gmlp": ('"attention_config": [[["gmlp"], 4]], "gmlp_attn_dim": 64,', "'gmlp' is not supported yet"),

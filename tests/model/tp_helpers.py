@@ -5,6 +5,7 @@ from typing import Dict
 import torch
 from torch import nn
 
+from megatron.model.moe.layer import GroupedExperts
 from megatron.model.positional import RelativePositionBias
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, shard_of
 
@@ -23,6 +24,9 @@ def shard_specs(model: nn.Module) -> Dict[str, tuple]:
             specs[prefix + "weight"] = (1, 1)
         elif isinstance(module, RelativePositionBias):
             specs[prefix + "weight"] = (1, 1)
+        elif isinstance(module, GroupedExperts):  # the MoE experts: rows, whole experts per rank
+            for name, _ in module.named_parameters(recurse=False):
+                specs[prefix + name] = (0, 1)
     return specs
 
 

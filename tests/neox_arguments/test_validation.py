@@ -101,9 +101,26 @@ def test_required_model_fields():
     ({"pipe_partition_method": "balanced"}, "pipe_partition_method='balanced'"),
     ({"use_mup": True}, "use_mup=True: muP (use_mup) is not supported yet"),
     ({"train_impl": "dpo"}, "dpo / rm / kto / reinforce are not supported yet"),
-    ({"moe_num_experts": 4}, "mixture of experts"),
-    ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts (moe_num_experts > 1), which is not "
-                       "supported yet"),
+    ({"moe_num_experts": 4, "moe_type": "deepspeed", "pipe_parallel_size": 1},
+     "moe_type='deepspeed' with model_parallel_size=1 and pipe_parallel_size=1 is not supported yet"),
+    ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_router_type": "sinkhorn"},
+     "DeepSpeed's MoE layer routes with its own top-k gate"),
+    ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_jitter_eps": 0.1}, "fixed eps of 0.01"),
+    ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts, which is off (moe_num_experts=1)"),
+    ({"moe_num_experts": 4, "moe_top_k": 5}, "moe_top_k=5 must be between 1 and moe_num_experts=4"),
+    ({"moe_num_experts": 4, "moe_token_dropping": True}, "moe_token_dropping=true with moe_type='megablocks'"),
+    ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 2},
+     "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
+    ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
+     "moe_num_experts=3 must be divisible by moe_expert_parallel_size x model_parallel_size = 1 x 2"),
+    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True},
+     "sequence_parallel=true with a mixture of experts"),
+    ({"moe_num_experts": 4, "moe_use_residual": True}, "moe_use_residual=true with moe_type='megablocks'"),
+    ({"moe_num_experts": 4, "moe_train_capacity_factor": 2.0}, "only applies with moe_token_dropping: true"),
+    ({"moe_num_experts": 4, "use_tutel": True}, "tutel MoE (use_tutel) is not supported yet"),
+    ({"moe_num_experts": 4, "expert_interval": 2, "moe_expert_interval": 3}, "are one setting"),
+    ({"moe_num_experts": 4, "moe_glu": True, "activation": "softsign"}, "moe_glu=true with activation='softsign'"),
+    ({"moe_num_experts": 4, "zero_optimization": {"stage": 3}}, "zero_optimization.stage=3 with a mixture of experts"),
     ({"mup_width_scale": 4}, "mup_width_scale=4 is a setting of muP (use_mup)"),
     ({"dpo_beta": 0.5}, "dpo_beta=0.5 is a setting of DPO / KTO training"),
     ({"deepspeed": False}, "deepspeed=False: DeepSpeed is the engine here"),
@@ -210,7 +227,7 @@ def test_softmax_fusion_with_a_softmax_to_fuse_gives_no_warning(config):
 
 @pytest.mark.parametrize("key,value", [
     ("z_loss", 0.1), ("kl_div_beta", 0.5), ("kl_impl", "abs"), ("fp32_reinforce", False),
-    ("reinforce_leave_one_out", True), ("moe_expert_interval", 2), ("moe_router_type", "topk"),
+    ("reinforce_leave_one_out", True),
     ("serve_model_weights", True), ("weight_server_port", [6000, 6001]), ("online_dataserver_ips", "10.0.0.1"),
     ("online_dataserver_ports", 10001), ("train_impl", "reinforce"), ("dataset_impl", "online"),
 ])
@@ -228,3 +245,18 @@ def test_newer_gpt_neox_keys_that_act_or_do_nothing_here():
     logger = TrainingLogger(args, ModelConfig.from_neox_args(args, padded_vocab_size=128), rank=1)
     assert logger.peak == 312.0
     logger.close()
+
+
+def test_moe_settings_reach_the_model_config():
+    args = tiny(moe_num_experts=4, moe_expert_interval=3, moe_top_k=2, moe_router_type="topk", num_layers=6,
+                moe_jitter_eps=0.01, moe_glu=True, activation="gelu", moe_loss_coeff=0.02)
+    config = ModelConfig.from_neox_args(args, padded_vocab_size=128)
+    assert args.expert_interval == 3 and config.moe_layers == (0, 3)
+    assert (config.moe_top_k, config.moe_router_type, config.moe_jitter_eps, config.expert_activation,
+            config.moe_loss_coeff) == (2, "topk", 0.01, "geglu", 0.02)
+    assert tiny(moe_num_experts=4, num_layers=4).expert_interval == 2  # neither name written: 2
+    assert tiny(moe_num_experts=4, model_parallel_size=2, num_gpus=2).model_parallel_size == 2  # experts split
+    ds = tiny(moe_num_experts=4, moe_type="deepspeed", moe_token_dropping=True, moe_train_capacity_factor=1.5,
+              moe_min_capacity=2, pipe_parallel_size=0)
+    config = ModelConfig.from_neox_args(ds, padded_vocab_size=128)
+    assert (ds.moe_router_type, config.moe_train_capacity_factor, config.moe_min_capacity) == ("topk", 1.5, 2)

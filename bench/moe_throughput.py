@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""Mixture-of-experts training throughput, side by side (all through deepy.py, same data, batch and precision):
+
+  (a) the dense model with the same active parameters per token: MLP width k x F;
+  (b) the dropless MoE (moe_type megablocks): E experts of width F in every layer, top-k routing;
+  (c) DeepSpeed's MoE layer (moe_type deepspeed) with the same experts, router and top-k, capacity factor 1
+      with token dropping, no residual MLP.
+
+    python bench/moe_throughput.py                          # small: 6 layers, hidden 512, 8 experts, top-2
+    python bench/moe_throughput.py --steps 4 --warmup 2 --repeats 3
+
+(b) and (c) hold E / k times the MLP parameters of (a) but compute about as much per token (plus the router and
+the sorting / dispatch). Each contender runs --repeats times in its own process, the order turning every repeat;
+the table gives medians of the median step time after --warmup steps, tokens/s from it and the peak resident
+memory of the process tree."""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import machine_description, measure_command, median, print_table  # noqa: E402
+from bench.train_throughput import SIZES, ours_config, write_data  # noqa: E402
+
+LABELS = {"dense": "(a) dense, same active parameters", "megablocks": "(b) dropless MoE (megablocks)",
+          "deepspeed": "(c) DeepSpeed MoE layer (token dropping)"}
+
+
+def contender_config(name: str, args, data: Dict[str, str], directory: str) -> Dict:
+    """The deepy.py config of one contender (module docstring)."""
+    base = ours_config(args, data, directory)
+    base.update({"pipe_parallel_size": 0, "gpt_j_residual": False, "use_bias_in_mlp": False})
+    if name == "dense":
+        base["intermediate_size"] = args.top_k * args.expert_width
+        return base
+    base.update({"intermediate_size": args.expert_width, "moe_num_experts": args.experts, "moe_top_k": args.top_k,
+                 "moe_expert_interval": 1, "moe_type": name, "moe_router_type": "topk", "moe_loss_coeff": 0.01})
+    if name == "deepspeed":
+        base.update({"moe_token_dropping": True, "moe_train_capacity_factor": 1.0, "moe_use_residual": False})
+    return base
+
+
+def measure(name: str, args, data: Dict[str, str], directory: str) -> Dict:
+    import yaml
+
+    path = os.path.join(directory, f"{name}.yml")
+    with open(path, "w") as handle:
+        yaml.safe_dump(contender_config(name, args, data, directory), handle)
+    result = measure_command([sys.executable, "deepy.py", "train.py", path, "--master_port", str(args.port)])
+    if result["returncode"] != 0:
+        raise RuntimeError(f"{name} failed:\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}")
+    metrics = os.path.join(directory, "logs", "metrics.jsonl")
+    with open(metrics) as handle:
+        records = [json.loads(line) for line in handle if '"train"' in line]
+    os.remove(metrics)
+    times = [r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]
+    dropped = [v for r in records for k, v in r.items() if k.startswith("moe_dropped/")]
+    return {"step_time": median(times), "peak_rss_mb": result["peak_rss_mb"],
+            "dropped": sum(dropped) / len(dropped) if dropped else 0.0}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--top_k", type=int, default=2)
+    parser.add_argument("--expert_width", type=int, default=None,
+                        help="each expert's MLP width (default 2 x hidden: the dense MLP (a) is then 4 x hidden)")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--fused", action="store_true")
+    parser.add_argument("--port", type=int, default=29751)
+    parser.add_argument("--only", default="dense,megablocks,deepspeed", help="comma list of contenders to run")
+    args = parser.parse_args(argv)
+    if args.expert_width is None:
+        args.expert_width = 2 * SIZES[args.size]["hidden_size"]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    tokens_per_step = args.batch * args.seq
+    contenders = [c for c in LABELS if c in args.only.split(",")]
+    runs: Dict[str, List[Dict]] = {c: [] for c in contenders}
+    with tempfile.TemporaryDirectory() as directory:
+        data = write_data(directory, tokens_per_step * (args.warmup + args.steps + 2) * 2)
+        for repeat in range(args.repeats):
+            turn = repeat % len(contenders)
+            for name in contenders[turn:] + contenders[:turn]:
+                result = measure(name, args, data, directory)
+                runs[name].append(result)
+                print(f"run {repeat + 1}/{args.repeats} {name}: step {result['step_time']:.3f}s, "
+                      f"peak {result['peak_rss_mb']:.0f} MB", flush=True)
+    summary = {name: {key: median([r[key] for r in rs]) for key in rs[0]} for name, rs in runs.items()}
+    reference = summary.get("dense")
+    rows = []
+    for name, s in summary.items():
+        rows.append([LABELS[name], f"{tokens_per_step / s['step_time']:,.0f}", f"{s['step_time'] * 1000:.0f}",
+                     f"{s['peak_rss_mb']:,.0f}", f"{s['dropped']:.1%}",
+                     f"{reference['step_time'] / s['step_time']:.2f}" if reference else "-"])
+    shape = SIZES[args.size]
+    print_table(f"MoE training throughput: {shape['num_layers']} layers, hidden {shape['hidden_size']}, "
+                f"{args.experts} experts of width {args.expert_width}, top-{args.top_k} (dense width "
+                f"{args.top_k * args.expert_width}), seq {args.seq}, batch {args.batch}, {args.precision} on "
+                f"{machine_description()}",
+                ["contender", "tokens/s", "step ms", "peak RSS MB", "routes dropped", "speed vs (a)"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Mixture of experts: the MoE MLP of the layers in ``config.moe_layers``.
+
+* ``layer``: the dropless layer (``moe_type: megablocks``), plain PyTorch;
+* ``deepspeed_layer``: DeepSpeed's token-dropping layer (``moe_type: deepspeed``);
+* ``router``: top-k and Sinkhorn routing, jitter, the load-balancing loss;
+* ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs.
+With tensor parallelism the experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE). Expert
+parallelism (moe_expert_parallel_size > 1), DeepSpeed's expert tensor parallelism, and DeepSpeed's layer with
+tensor or pipeline parallelism are not built yet: megatron.neox_arguments refuses them.
+"""
+from __future__ import annotations
+
+from megatron.model.moe.layer import DroplessMoE
+from megatron.model.moe.stats import MoELayerBase, moe_layers, moe_metrics, set_aux_loss_scale
+from megatron.model_config import ModelConfig
+
+__all__ = ["DroplessMoE", "MoELayerBase", "build_moe_mlp", "moe_layers", "moe_metrics", "set_aux_loss_scale"]
+
+
+def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number: int) -> MoELayerBase:
+    """The MoE MLP of layer ``layer_number``; ValueError for a configuration not built here (validation refuses
+    those first, naming the key)."""
+    unbuilt = []
+    tp = parallel_state.get_model_parallel_world_size()
+    if config.moe_expert_parallel_size != 1:
+        unbuilt.append(f"moe_expert_parallel_size={config.moe_expert_parallel_size}")
+    if config.moe_type == "megablocks" and config.moe_token_dropping:
+        unbuilt.append("moe_token_dropping=true with moe_type 'megablocks' (dropless)")
+    if config.moe_type == "deepspeed" and (tp > 1 or config.is_pipe_parallel):
+        unbuilt.append(f"moe_type 'deepspeed' with model_parallel_size={tp}, pipe_parallel_size="
+                       f"{config.pipe_parallel_size}")
+    if unbuilt:
+        raise ValueError(f"mixture of experts with {', '.join(unbuilt)} is not supported yet")
+    if config.moe_type == "deepspeed":
+        from megatron.model.moe.deepspeed_layer import DeepSpeedMoE
+
+        return DeepSpeedMoE(config, parallel_state, initializer, layer_number)
+    return DroplessMoE(config, parallel_state, initializer, layer_number)

@@ -1,0 +1,98 @@
+"""The token-dropping mixture of experts (``moe_type: deepspeed``): DeepSpeed's MoE layer itself
+(deepspeed.moe.layer.MoE, upstream DeepSpeed), as GPT-NeoX builds it.
+
+* experts: E copies of the dense MLP (megatron.model.mlp.ParallelMLP, biases included; with moe_glu its
+  activation's GLU form), each initialised on its own from the layout-independent initialiser (DeepSpeed
+  deep-copies one expert, so its experts would start identical);
+* gate: DeepSpeed's TopKGate (``deepspeed_moe.gate.wg``, fp32): softmax, top-1 / top-2 (its top-k beyond 2),
+  the k weights renormalised for k = 2; capacity per expert ceil(k x tokens / E x capacity factor), at least
+  moe_min_capacity, with moe_train_capacity_factor in training and moe_eval_capacity_factor in evaluation; routes
+  over capacity are dropped (their weight is lost; a dropped token passes through the residual connection only)
+  when moe_token_dropping is true, else the capacity grows to the busiest expert (no drop). Top-1 drops by
+  DeepSpeed's random token selection; top-2 keeps first choices before second ones, then token order; its second
+  expert is the second most probable one (DeepSpeed's sampling of the second expert is off, as Mixtral's router);
+  moe_jitter_eps 0.01 is DeepSpeed's 'Jitter' noisy gate policy;
+* auxiliary loss: DeepSpeed's gate loss (fp32), times moe_loss_coeff, reaches the gradients as the dropless
+  layer's does (megatron.model.moe.stats);
+* moe_use_residual: DeepSpeed's residual MoE, a dense MLP (``mlp``) beside the experts mixed by a learned
+  2-way softmax (``coefficient``).
+
+Parameter names are DeepSpeed's (``mlp.deepspeed_moe.gate.wg.weight``,
+``mlp.deepspeed_moe.experts.deepspeed_experts.{e}.linear1.weight``, ...), and DeepSpeed's engine saves the
+experts in its own files (``layer_{i}_expert_{e}_mp_rank_XX_model_states.pt``), as GPT-NeoX's checkpoints of
+this layer. One expert-parallel rank (moe_expert_parallel_size 1), one tensor-parallel rank, no pipeline:
+the rest is refused by the argument checks.
+"""
+from __future__ import annotations
+
+import torch
+from deepspeed.moe.layer import MoE
+
+from megatron.model.mlp import ParallelMLP
+from megatron.model.moe.stats import MoELayerBase
+from megatron.model_config import ModelConfig
+from megatron.mpu import SingleProcessState
+from megatron.optimizers import MOE_EXPERT_FLAG
+
+JITTER_POLICY = "Jitter"
+
+
+class DeepSpeedMoE(MoE, MoELayerBase):
+    """deepspeed.moe.layer.MoE with the load counters and the auxiliary-loss attachment; called with the
+    hidden states, returns the output (module docstring)."""
+
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
+        expert_config = config.replace(activation=config.expert_activation)
+        if parallel_state.get_model_parallel_world_size() != 1:
+            raise ValueError("moe_type 'deepspeed' runs with model_parallel_size 1 here")
+        # one tensor-parallel rank: the expert needs no process group (DeepSpeed deep-copies it, groups do not copy)
+        expert = ParallelMLP(expert_config, SingleProcessState(), initializer, layer_number)
+        super().__init__(
+            hidden_size=config.hidden_size, expert=expert, num_experts=config.moe_num_experts,
+            ep_size=config.moe_expert_parallel_size, k=config.moe_top_k,
+            capacity_factor=config.moe_train_capacity_factor, eval_capacity_factor=config.moe_eval_capacity_factor,
+            min_capacity=config.moe_min_capacity, use_residual=config.moe_use_residual,
+            noisy_gate_policy=JITTER_POLICY if config.moe_jitter_eps is not None else None,
+            drop_tokens=config.moe_token_dropping, use_rts=True, use_tutel=False,
+            enable_expert_tensor_parallelism=False, top2_2nd_expert_sampling=False)
+        self.setup_stats(config.moe_num_experts, layer_number, config.moe_loss_coeff)
+        self._reinitialise(initializer, layer_number)
+        for param in self.deepspeed_moe.experts.parameters():
+            setattr(param, MOE_EXPERT_FLAG, True)
+        self._kept = 0.0
+        self.deepspeed_moe.gate.register_forward_hook(self._count_kept)
+
+    def _reinitialise(self, initializer, layer_number: int) -> None:
+        """Every expert, the gate and the residual MLP from their own seeds (names as in the state dict)."""
+        with torch.no_grad():
+            for e, expert in enumerate(self.deepspeed_moe.experts.deepspeed_experts):
+                prefix = f"mlp.deepspeed_moe.experts.deepspeed_experts.{e}."
+                initializer.weight(layer_number, prefix + "linear1")(expert.linear1.weight)
+                initializer.output_weight(layer_number, prefix + "linear2")(expert.linear2.weight)
+            initializer.weight(layer_number, "mlp.deepspeed_moe.gate.wg")(self.deepspeed_moe.gate.wg.weight)
+            if self.use_residual:
+                initializer.weight(layer_number, "mlp.mlp.linear1")(self.mlp.linear1.weight)
+                initializer.output_weight(layer_number, "mlp.mlp.linear2")(self.mlp.linear2.weight)
+                initializer.weight(layer_number, "mlp.coefficient")(self.coefficient.weight)
+                self.coefficient.bias.zero_()
+
+    def _count_kept(self, _module, _inputs, output) -> None:
+        """The gate's routes that fit in the capacity (DeepSpeed flags dropped ones with a negative expert)."""
+        if len(output) == 7:
+            self._kept = float((output[3] >= 0).sum())
+        else:  # the dense dispatch mask [tokens, experts, capacity]
+            self._kept = float(output[2].sum())
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        gate = self.deepspeed_moe.gate
+        tokens = hidden_states.numel() // hidden_states.shape[-1]
+        floor = gate.min_capacity
+        if gate.k == 1 and tokens < floor:
+            # DeepSpeed's top-1 gate asserts tokens >= min_capacity (KV-cache decoding has one token per sequence);
+            # a capacity of all the tokens drops nothing either, so lowering the floor to them is the same function
+            gate.min_capacity = tokens
+        try:
+            output, aux, counts = MoE.forward(self, hidden_states)
+        finally:
+            gate.min_capacity = floor
+        return self._finish(output, aux, counts, self._kept)

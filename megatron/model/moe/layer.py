@@ -1,0 +1,138 @@
+"""The dropless mixture-of-experts MLP (``moe_type: megablocks``), in plain PyTorch.
+
+Every token reaches its ``moe_top_k`` experts; nothing is dropped and there is no capacity. Per MoE layer:
+
+1. ``router`` (megatron.model.moe.router) picks k experts per token and their combine weights, and computes the
+   load-balancing loss;
+2. the T x k (token, choice) slots are sorted by expert (a stable sort: within an expert, token order), each
+   token's row gathered once per slot;
+3. each expert runs its MLP on its contiguous block of rows (one matmul pair per expert: the grouped GEMM of
+   MegaBlocks, as a loop);
+4. each slot's output is scaled by its combine weight and summed back into its token's row.
+
+Parameters carry GPT-NeoX's names and layouts (its ParallelDroplessMoE), so checkpoints cross unchanged:
+``router.layer.weight`` [E, hidden]; ``experts.mlp.w1`` [E * F, hidden] (expert e's rows e*F .. (e+1)*F);
+``experts.mlp.w2`` [E * F, hidden] (the down projection, used as x @ w2_e), each split by rows (by expert) over
+the tensor-parallel ranks; with a GLU expert activation
+(moe_glu, or a gated ``activation``) also ``experts.mlp.w3`` [E * F, hidden]: expert e computes
+``(act(x @ w1_e^T) * (x @ w3_e^T)) @ w2_e`` (GPT-NeoX's grouped LLaMA MLP, Mixtral's w1 / w3 / w2). No biases.
+F is ``config.expert_ffn_width``.
+
+The layer returns ``(output, None)`` from ``forward_with_bias`` like the dense MLP (it has no bias to fuse).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron.model.activations import _GATED, _PLAIN
+from megatron.model.moe.router import Router
+from megatron.model.moe.stats import MoELayerBase
+from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
+from megatron.mpu import copy_to_model_parallel_region, reduce_from_model_parallel_region
+from megatron.optimizers import MOE_EXPERT_FLAG
+
+
+def expert_activation(name: str):
+    """(the elementwise function, whether the expert is gated) of an expert activation name."""
+    if name in GATED_ACTIVATIONS:
+        return _GATED[name], True
+    return _PLAIN[name], False
+
+
+class GroupedExperts(nn.Module):
+    """This rank's experts (all E, or E / T of them on T tensor-parallel ranks: rank r holds experts
+    r * E / T .. (r + 1) * E / T - 1) stored as GPT-NeoX's stacked w1 / [w3] / w2; ``forward`` runs each local
+    expert on its block of rows. The full tensors are initialised and this rank keeps its rows, so a seed gives
+    the same experts for any tensor-parallel size."""
+
+    def __init__(self, config: ModelConfig, initializer, layer_number: int, tp_rank: int = 0, tp: int = 1) -> None:
+        super().__init__()
+        self.num_experts, self.width, self.hidden = config.moe_num_experts // tp, config.expert_ffn_width, \
+            config.hidden_size
+        self.act, self.gated = expert_activation(config.expert_activation)
+        rows = self.num_experts * self.width
+        local = slice(tp_rank * rows, (tp_rank + 1) * rows)
+        names = ["w1", "w3", "w2"] if self.gated else ["w1", "w2"]
+        for name in names:
+            full = torch.empty(rows * tp, self.hidden)
+            init = initializer.output_weight if name == "w2" else initializer.weight
+            init(layer_number, f"mlp.experts.mlp.{name}")(full)
+            weight = nn.Parameter(full[local].clone())
+            setattr(weight, MOE_EXPERT_FLAG, True)  # create_moe_param_group: their own optimizer group
+            weight.model_parallel = tp > 1  # a tensor-parallel shard (gradient norm, checkpoint conversion)
+            self.register_parameter(name, weight)
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e's MLP on rows x [n, hidden]."""
+        rows = slice(e * self.width, (e + 1) * self.width)
+        h = F.linear(x, self.w1[rows])
+        h = self.act(h) * F.linear(x, self.w3[rows]) if self.gated else self.act(h)
+        return h @ self.w2[rows]
+
+    def forward(self, x: torch.Tensor, counts) -> torch.Tensor:
+        """x [sum(counts), hidden], rows grouped by expert (counts[e] rows for expert e) -> same shape."""
+        outputs, start = [], 0
+        for e, n in enumerate(counts):
+            if n:
+                outputs.append(self.expert(e, x[start:start + n]))
+            start += n
+        if not outputs:
+            return x.new_zeros(0, self.hidden)
+        return torch.cat(outputs, dim=0)
+
+
+def permutation(experts: torch.Tensor, num_experts: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(order, counts) of the flattened slots [T * k]: ``order`` sorts them by expert (stable: within an expert in
+    token, then choice order); counts[e] is the number of slots of expert e."""
+    flat = experts.reshape(-1)
+    order = torch.sort(flat, stable=True).indices
+    counts = torch.bincount(flat, minlength=num_experts)
+    return order, counts
+
+
+class DroplessMoE(MoELayerBase):
+    """GPT-NeoX's ParallelDroplessMoE function (module docstring): ``router`` and ``experts.mlp``.
+
+    On T tensor-parallel ranks (GPT-NeoX's dMoE layout) every rank holds all tokens and the whole router, and
+    E / T of the experts: it routes all tokens (identically on every rank), runs its experts on their slots, and
+    one all-reduce of the [T x k, hidden] slot outputs gives every rank all of them; the combine step is then
+    the same on every rank, so the router's gradients are equal on all ranks without a reduction. The input's
+    gradient through the experts is summed over the ranks (copy_to_model_parallel_region)."""
+
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
+        super().__init__()
+        self.setup_stats(config.moe_num_experts, layer_number, config.moe_loss_coeff)
+        self.num_experts, self.top_k = config.moe_num_experts, config.moe_top_k
+        self.group = parallel_state.get_model_parallel_group()
+        tp, tp_rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
+        self.tp = tp
+        self.local_experts = range(tp_rank * self.num_experts // tp, (tp_rank + 1) * self.num_experts // tp)
+        self.router = Router(config, initializer, layer_number)
+        self.experts = nn.Module()
+        self.experts.mlp = GroupedExperts(config, initializer, layer_number, tp_rank, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        routing, aux = self.router(tokens)
+        order, counts = permutation(routing.experts, self.num_experts)
+        token_of_slot = order // self.top_k
+        counts_list = counts.tolist()
+        if self.tp == 1:
+            out_sorted = self.experts.mlp(tokens[token_of_slot], counts_list)
+        else:
+            first, last = self.local_experts.start, self.local_experts.stop
+            start, stop = sum(counts_list[:first]), sum(counts_list[:last])
+            expert_in = copy_to_model_parallel_region(tokens, self.group)[token_of_slot[start:stop]]
+            local_out = self.experts.mlp(expert_in, counts_list[first:last])
+            out_sorted = torch.cat([local_out.new_zeros(start, shape[-1]), local_out,
+                                    local_out.new_zeros(order.numel() - stop, shape[-1])])
+            out_sorted = reduce_from_model_parallel_region(out_sorted, self.group)
+        weights = routing.weights.reshape(-1)[order].to(out_sorted.dtype)
+        out = torch.zeros_like(tokens).index_add_(0, token_of_slot, out_sorted * weights.unsqueeze(-1))
+        out = self._finish(out, aux, counts, float(order.numel()))
+        return out.view(shape)
