@@ -283,7 +283,7 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
     for slot, ranks in per_slot.items():
         if sorted(ranks) != list(range(tp)):
             raise ConversionError(f"{path}: slot {slot} has tensor-parallel files {sorted(ranks)} of {tp}")
-        kind = slot_kind(slot, num_layers)
+        kind = slot_kind(slot, num_layers, config.attention_types)
         states = []
         for rank in range(tp):
             source, state = ranks[rank]
@@ -308,14 +308,14 @@ def _read_zero3(path: str, config: ModelConfig, old: Optional[str]) -> Dict[int,
     slots = _split_by_slot(module, config.num_layers, old == FLAT, path)
     out = {}
     for slot, state in slots.items():
-        kind = slot_kind(slot, config.num_layers)
+        kind = slot_kind(slot, config.num_layers, config.attention_types)
         if old is not None:
             state = _old_to_neox(kind, state, config, 1)
         out[slot] = from_neox(kind, state, config, 0, 1, source=path)
     shared = next((s["attention.rpe.weight"] for s in out.values() if "attention.rpe.weight" in s), None)
     if shared is not None and old is None:
         for slot, state in out.items():
-            if slot_kind(slot, config.num_layers) == LAYER:
+            if slot_kind(slot, config.num_layers, config.attention_types) == LAYER:
                 state.setdefault("attention.rpe.weight", shared)
     return out
 
@@ -338,7 +338,7 @@ def flat_state_dict(module: Mapping[str, torch.Tensor], config: ModelConfig) -> 
     prefixes = slot_prefixes(config.num_layers)
     flat = {}
     for slot, state in _split_by_slot(module, config.num_layers, False, "the state dict").items():
-        params = from_neox(slot_kind(slot, config.num_layers), state, config)
+        params = from_neox(slot_kind(slot, config.num_layers, config.attention_types), state, config)
         flat.update({prefixes[slot] + name: value for name, value in params.items()})
     return flat
 
@@ -399,7 +399,8 @@ def write_checkpoint(save_dir: str, state: Mapping[str, torch.Tensor], config: M
         for name, tensor in params.items():
             for rank, piece in enumerate(split_full(prefix + name, tensor, tp, config)):
                 shards[rank][name] = piece.detach().clone().contiguous()  # clone: never save a view's storage
-        files[slot] = [to_neox(slot_kind(slot, num_layers), shards[rank], config, rank, tp) for rank in range(tp)]
+        kind = slot_kind(slot, num_layers, config.attention_types)
+        files[slot] = [to_neox(kind, shards[rank], config, rank, tp) for rank in range(tp)]
     client = {"iteration": iteration, "args": gpt_neox_client_args(args, config), LAYOUT_KEY: LAYOUT,
               **(client_state or {})}
     if pp == 0:

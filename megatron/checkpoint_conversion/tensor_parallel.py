@@ -5,8 +5,9 @@ Splits follow megatron.mpu's layers, which are GPT-NeoX's: vocabulary-parallel e
 (rows), column-parallel fused QKV (rows: consecutive heads with multi-head attention; each rank's share of
 the query, key and value blocks with grouped-query attention, see megatron.model.attention) and MLP up
 projection (rows; a gated MLP's [up | gate] halves are each split), row-parallel attention output and MLP
-down projection (columns), the rpe table and ALiBi slopes (heads). Everything else (norms, row-parallel
-biases, learned positions) is replicated.
+down projection (columns), the rpe table and ALiBi slopes (heads); Mamba's inner channels (in_proj's [x | z]
+halves each split) and RWKV's heads, as megatron.model.mamba / rwkv split them. Everything else (norms,
+row-parallel biases, learned positions, RWKV's time-mix tables over hidden_size) is replicated.
 """
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ _GATED = ("mlp.linear1.weight", "mlp.linear1.bias")
 _COLUMN = ("word_embeddings.weight", "final_linear.weight")
 _ROW = ("attention.dense.weight", "mlp.linear2.weight", "attention.rpe.weight")
 _HEADS = ("attention.alibi_embed.slopes",)
+_MAMBA_XZ = ("mixer.in_proj.weight", "mixer.in_proj.bias")
+_CHANNELS = ("mixer.conv1d.weight", "mixer.conv1d.bias", "mixer.dt_proj.weight", "mixer.dt_proj.bias", "mixer.A_log",
+             "mixer.D", "att.receptance.weight", "att.key.weight", "att.value.weight", "att.gate.weight",
+             "att.time_faaaa", "att.ln_x.weight", "att.ln_x.bias", "ffn.key.weight")
+"""Mamba's inner channels and RWKV's heads / channel-mix width, split in rows (megatron.model.mamba, rwkv)."""
+_RECURRENT_ROW = ("mixer.x_proj.weight", "mixer.out_proj.weight", "att.output.weight", "ffn.value.weight",
+                  "att.time_decay_w2")
 
 
 def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
@@ -32,10 +40,14 @@ def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
         return 0, qkv_blocks(config)
     if name.endswith(_GATED):
         return 0, 2 if config.gated_mlp else 1
-    if name.endswith(_COLUMN + _HEADS):
+    if name.endswith(_COLUMN + _HEADS + _CHANNELS):
         return 0, 1
-    if name.endswith(_ROW):
+    if name.endswith(_MAMBA_XZ):
+        return 0, 2
+    if name.endswith(_ROW + _RECURRENT_ROW):
         return 1, 1
+    if name.endswith("att.time_decay"):  # [1, 1, dim_att]
+        return 2, 1
     return None
 
 

@@ -278,8 +278,6 @@ def test_transformer_engine_switched_on_is_refused_as_not_supported_yet(tmp_path
 # What other open issues build: each refused with a message naming it as not supported yet.
 NOT_BUILT = {
     "moe": ('"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "megablocks",', "mixture of experts"),
-    "mamba": ('"attention_config": [[["mamba"], 4]], "mamba_inner_func_fusion": true,', "'mamba' is not supported yet"),
-    "rwkv": ('"attention_config": [[["rwkv"], 4]],', "'rwkv' is not supported yet"),
     "gmlp": ('"attention_config": [[["gmlp"], 4]], "gmlp_attn_dim": 64,', "'gmlp' is not supported yet"),
     "sparse": ('"attention_config": [[["local", "global"], "all"]], "sparsity_config": {"block": 16},',
                "sparse attention (sparsity_config) is not supported yet"),
@@ -302,13 +300,23 @@ def test_features_built_by_other_issues_are_refused_as_not_supported_yet(tmp_pat
     assert not any("unknown argument" in p for p in problems)
 
 
-def test_mamba_with_a_head_count_that_does_not_divide_is_refused_for_mamba_only(tmp_path):
-    """GPT-NeoX's mamba-1.4B.yml has hidden_size 2048 and 12 heads, which GPT-NeoX does not check for Mamba."""
+def test_mamba_with_a_head_count_that_does_not_divide_loads(tmp_path):
+    """GPT-NeoX's mamba-1.4B.yml has hidden_size 2048 and 12 heads, which GPT-NeoX does not check for Mamba
+    (a Mamba layer has no heads); with its fusion flags on it validates here too (the kernels are checked where
+    the model is built, on the workers)."""
+    args, _ = load([write(tmp_path, "model.yml", SMALL % ""),
+                    write(tmp_path, "mamba.yml", '{"attention_config": [[["mamba"], 4]], "mamba_inner_func_fusion": true,'
+                                                 ' "mamba_selective_scan_fusion": true, "mamba_causal_conv_fusion": true}'),
+                    write(tmp_path, "setup.yml", SETUP)], num_attention_heads=12)
+    assert args.attention_config == ["mamba"] * 4 and args.mamba_inner_func_fusion
+
+
+def test_settings_of_recurrent_layers_without_such_layers_are_refused(tmp_path):
     problems = refusal([write(tmp_path, "model.yml", SMALL % ""),
-                        write(tmp_path, "mamba.yml", '{"attention_config": [[["mamba"], 4]]}')],
-                       num_attention_heads=12)
-    assert problems == ["attention_config: attention type 'mamba' is not supported yet; built types are global, "
-                        "local, flash"]
+                        write(tmp_path, "extra.yml", '{"mamba_use_bias_in_linears": true, "dim_att": 256}'),
+                        write(tmp_path, "setup.yml", SETUP)])
+    assert problems == ["mamba_use_bias_in_linears=True is a setting of mamba layers but attention_config has none; "
+                        "remove it", "dim_att=256 is a setting of rwkv layers but attention_config has none; remove it"]
 
 
 def test_names_without_suffix_through_deepy(tmp_path):
