@@ -26,8 +26,9 @@ GPT-NeoX's; the linear layers start from the config's init_method (output and ff
 output_layer_init_method) where GPT-NeoX keeps torch's default.
 
 Training runs ``wkv_chunked``: the sequence in chunks of ``WKV_CHUNK`` steps; inside a chunk the output is a
-masked [T, T] product whose decays exp(L_{t-1} - L_tau) are formed as differences of cumulative log decays (all
-<= 0, so nothing overflows at any decay speed), and the state passes from chunk to chunk. It equals
+masked [T, T] product whose decays exp(sum_{tau < j < t} log w_j) are cumulative sums of log decays taken over
+each span directly (all <= 0, so nothing overflows at any decay speed, and no difference of two large sums
+loses precision), and the state passes from chunk to chunk. It equals
 ``wkv_recurrent`` (the definition, also the decoding step), which tests check.
 
 Tensor parallelism: heads are split across ranks (receptance, key, value, gate column-parallel; output
@@ -95,19 +96,26 @@ def wkv_chunked(r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: to
         r, k, v, log_decay = (F.pad(t, (0, 0, 0, pad)) for t in (r, k, v, log_decay))
     c = (s + pad) // chunk
     r, k, v, log_decay = (t.reshape(b, h, c, chunk, n) for t in (r, k, v, log_decay))
-    incl = log_decay.cumsum(dim=3)                                             # L_t, inclusive
-    excl = incl - log_decay                                                    # L_{t-1}
-    # within a chunk: y_t = sum_{tau < t} (r_t exp(L_{t-1} - L_tau) . k_tau) v_tau + (r_t u . k_t) v_t
-    diff = excl.unsqueeze(4) - incl.unsqueeze(3)                               # [b, H, c, t, tau, N]
+    # Every sum of log decays below is summed directly, never the difference of two cumulative sums: with fast
+    # decays those reach -1e4 and their difference would lose ~1e-3 of its value to fp32 rounding.
+    earlier = F.pad(log_decay[:, :, :, :-1], (0, 0, 1, 0))                     # x_{t-1} (0 at t = 0)
+    excl = earlier.cumsum(dim=3)                                               # L_{t-1} = sum_{j < t} x_j
+    later = F.pad(log_decay[:, :, :, 1:], (0, 0, 0, 1))                        # x_{tau+1} (0 at the end)
+    after = later.flip(3).cumsum(dim=3).flip(3)                                # L_T - L_tau = sum_{j > tau} x_j
+    # within a chunk: y_t = sum_{tau < t} (r_t exp(sum_{tau < j < t} x_j) . k_tau) v_tau + (r_t u . k_t) v_t,
+    # the inner sums as a cumulative sum over t of x_{t-1} where t - 1 > tau
+    between = earlier.unsqueeze(4).expand(b, h, c, chunk, chunk, n)            # [b, H, c, t, tau, N]
+    strictly_between = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril(-2)
+    between = between.masked_fill(~strictly_between[:, :, None], 0.0).cumsum(dim=3)
     past = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril(-1)
-    decay = torch.exp(diff.masked_fill(~past[:, :, None], float("-inf")))
+    decay = torch.exp(between.masked_fill(~past[:, :, None], float("-inf")))
     scores = (r.unsqueeze(4) * decay * k.unsqueeze(3)).sum(-1)                 # [b, H, c, t, tau]
     scores = scores + torch.diag_embed((r * u[:, None, None] * k).sum(-1))
     y = scores @ v                                                             # [b, H, c, T, N]
     # from chunk to chunk: S' = diag(exp(L_T)) S + sum_tau (k_tau exp(L_T - L_tau))^T v_tau
-    total = incl[:, :, :, -1:]                                                 # [b, H, c, 1, N]
-    added = torch.einsum("bhcti,bhctj->bhcij", k * torch.exp(total - incl), v)
-    kept = torch.exp(total.squeeze(3)).unsqueeze(-1)                           # [b, H, c, N, 1]
+    total = log_decay.sum(dim=3)                                               # L_T: [b, H, c, N]
+    added = torch.einsum("bhcti,bhctj->bhcij", k * torch.exp(after), v)
+    kept = torch.exp(total).unsqueeze(-1)                                      # [b, H, c, N, 1]
     starts = []
     for index in range(c):
         starts.append(state)
