@@ -7,7 +7,7 @@ import dataclasses
 import difflib
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
-from megatron.model_config import ModelConfig, softmax_fusion_warning
+from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
 
@@ -112,12 +112,16 @@ anything but its default, since nothing would read it."""
 
 
 def fusion_flag_warnings(args: NeoXArgsSchema) -> List[str]:
-    """What to tell the user about fusion flags that are accepted but cannot take effect (the model's rule,
-    megatron.model_config.softmax_fusion_warning)."""
+    """What to tell the user about fusion flags, and transformer-layer settings on an all-recurrent model,
+    that are accepted but cannot take effect (megatron.model_config.softmax_fusion_warning and
+    recurrent_only_warning)."""
     if any(getattr(args, name) is None for name in REQUIRED_MODEL_FIELDS):
         return []
-    message = softmax_fusion_warning(ModelConfig.from_neox_args(args))
-    return [message + "; set it to false to silence this warning"] if message else []
+    config = ModelConfig.from_neox_args(args)
+    message = softmax_fusion_warning(config)
+    recurrent = recurrent_only_warning(config)
+    return ([message + "; set it to false to silence this warning"] if message else []) + \
+        ([recurrent] if recurrent else [])
 
 
 def unknown_key_problems(keys: Iterable[str], known: Set[str], origin: dict) -> List[str]:

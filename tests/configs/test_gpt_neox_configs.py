@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 
+from megatron.model_config import ModelConfig
 from megatron.neox_arguments import ConfigError, NeoXArgs, NeoXConfigWarning
 from tests.tools.tool_runner import REPO, load_tool
 
@@ -304,11 +305,69 @@ def test_mamba_with_a_head_count_that_does_not_divide_loads(tmp_path):
     """GPT-NeoX's mamba-1.4B.yml has hidden_size 2048 and 12 heads, which GPT-NeoX does not check for Mamba
     (a Mamba layer has no heads); with its fusion flags on it validates here too (the kernels are checked where
     the model is built, on the workers)."""
-    args, _ = load([write(tmp_path, "model.yml", SMALL % ""),
-                    write(tmp_path, "mamba.yml", '{"attention_config": [[["mamba"], 4]], "mamba_inner_func_fusion": true,'
-                                                 ' "mamba_selective_scan_fusion": true, "mamba_causal_conv_fusion": true}'),
-                    write(tmp_path, "setup.yml", SETUP)], num_attention_heads=12)
+    args, messages = load([write(tmp_path, "model.yml", SMALL % ""),
+                           write(tmp_path, "mamba.yml", '{"attention_config": [[["mamba"], 4]], "activation": "silu",'
+                                                        ' "mamba_inner_func_fusion": true,'
+                                                        ' "mamba_selective_scan_fusion": true,'
+                                                        ' "mamba_causal_conv_fusion": true}'),
+                           write(tmp_path, "setup.yml", SETUP)], num_attention_heads=12)
     assert args.attention_config == ["mamba"] * 4 and args.mamba_inner_func_fusion
+    assert messages == ["activation='silu' has no effect: every layer is a mamba layer, whose residual and "
+                        "activations are fixed (as in GPT-NeoX); remove it to silence this warning"]
+
+
+RWKV_STYLE = """\
+# laid out like GPT-NeoX's rwkv/170M.yml (head_size = dim_att / heads = 64; gpt_j_residual and activation set)
+{
+  "pipe_parallel_size": 1,
+  "model_parallel_size": 1,
+  "num_layers": 4,
+  "hidden_size": 256,
+  "num_attention_heads": 4,
+  "seq_length": 512,
+  "max_position_embeddings": 2048,
+  "output_layer_parallelism": "column",
+  "norm": "rmsnorm",
+  "rms_norm_epsilon": 1.0e-5,
+  "train_micro_batch_size_per_gpu": 32,
+  "attention_config": [[["rwkv"], 4]],
+  "activation": "silu",
+  "rotary_pct": 0.25,
+  "no_weight_tying": true,
+  "gpt_j_residual": true,
+  "init_method": "small_init",
+  "output_layer_init_method": "wang_init",
+  "optimizer": {"type": "Adam", "params": {"lr": 0.0008, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+  "min_lr": 0.00008,
+  "zero_optimization": {"stage": 1, "allgather_partitions": True, "overlap_comm": True},
+  "data_impl": "mmap",
+  "num_workers": 1,
+  "checkpoint_activations": true,
+  "partition_activations": true,
+  "bf16": {"bf16": true, "enabled": true, "loss_scale": 0, "initial_scale_power": 12, "min_loss_scale": 1},
+  "train_iters": 500,
+  "lr_decay_style": "constant",
+  "warmup": 0.01,
+  "checkpoint_factor": 100,
+}
+"""
+
+
+def test_rwkv_style_config_loads_with_one_warning(tmp_path):
+    args, messages = load([write(tmp_path, "rwkv.yml", RWKV_STYLE), write(tmp_path, "setup.yml", SETUP)])
+    assert args.attention_config == ["rwkv"] * 4 and args.training_problems() == []
+    config = ModelConfig.from_neox_args(args)
+    assert (config.rwkv_dim_att, config.rwkv_head_size, config.rwkv_ffn_dim) == (256, 64, 896)
+    assert messages == ["gpt_j_residual=True, activation='silu' have no effect: every layer is a rwkv layer, whose "
+                        "residual and activations are fixed (as in GPT-NeoX); remove it to silence this warning"]
+
+
+def test_hybrid_stack_takes_transformer_settings_silently(tmp_path):
+    args, messages = load([write(tmp_path, "model.yml", SMALL % ""),
+                           write(tmp_path, "hybrid.yml", '{"attention_config": [[["mamba", "global"], 2]],'
+                                                         ' "activation": "silu"}'),
+                           write(tmp_path, "setup.yml", SETUP)], gpt_j_residual=True)
+    assert args.attention_config == ["mamba", "global"] * 2 and messages == []
 
 
 def test_settings_of_recurrent_layers_without_such_layers_are_refused(tmp_path):
