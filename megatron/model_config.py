@@ -312,11 +312,14 @@ class ModelConfig:
         if problems:
             return problems
         heads, kv, mp = self.num_attention_heads, self.num_kv_heads, self.model_parallel_size
-        # Mamba layers have no heads to split hidden_size over: GPT-NeoX's Mamba configs keep a head count that
-        # does not divide it, and GPT-NeoX skips this check for them (they are refused as not built yet anyway)
-        if self.hidden_size % heads and "mamba" not in self.attention_types:
+        # The heads split attention layers only: Mamba layers have none (GPT-NeoX's Mamba configs keep a head
+        # count that does not divide hidden_size, and GPT-NeoX skips this check for them) and RWKV layers split
+        # dim_att into them (recurrent_layer_problems checks those)
+        attention_layers = not self.attention_types or \
+            any(kind not in RECURRENT_TYPES for kind in self.attention_types)
+        if self.hidden_size % heads and attention_layers:
             problems.append(f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={heads}")
-        if heads % mp:
+        if heads % mp and attention_layers:
             problems.append(f"num_attention_heads={heads} must be divisible by model_parallel_size={mp}")
         if kv is not None:
             if kv < 1 or kv > heads or heads % kv:

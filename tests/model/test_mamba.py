@@ -122,3 +122,12 @@ def test_rules_of_mamba_layers():
     assert any("sequence_parallel with mamba layers is not supported yet" in p for p in
                tiny_config(attention_config=[[["mamba"], 2]], model_parallel_size=2,
                            sequence_parallel=True).problems())
+
+
+def test_heads_only_constrain_attention_layers():
+    """A pure-Mamba model has no heads (GPT-NeoX's mamba-1.4B keeps 12 with hidden 2048); a hybrid's attention
+    layers still need them to divide hidden_size and the tensor-parallel ranks."""
+    assert tiny_config(attention_config=[[["mamba"], 2]], num_attention_heads=3, model_parallel_size=2).problems() == []
+    problems = tiny_config(attention_config=["mamba", "global"], num_attention_heads=3, model_parallel_size=2).problems()
+    assert "hidden_size=32 must be divisible by num_attention_heads=3" in problems
+    assert "num_attention_heads=3 must be divisible by model_parallel_size=2" in problems

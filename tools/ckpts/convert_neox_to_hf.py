@@ -10,7 +10,8 @@ Writes config.json, model.safetensors and, when the config names a tokenizer.jso
 tokenizer_config.json. Without --config_file the checkpoint's own neox_args.json (a GPT-NeoX checkpoint: its
 configs/*.yml) describes the model.
 --architecture neox gives GPTNeoXForCausalLM; llama / mistral give LlamaForCausalLM / MistralForCausalLM
-for rmsnorm + swiglu + rotary models. What a target cannot represent is refused with the reason.
+for rmsnorm + swiglu + rotary models; mamba gives MambaForCausalLM for pure-Mamba models (rmsnorm without
+bias, pos_emb none). What a target cannot represent is refused with the reason.
 """
 from __future__ import annotations
 
