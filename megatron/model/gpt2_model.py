@@ -54,7 +54,7 @@ from megatron.model.activation_checkpointing import (
     checkpointing_rng_tracker,
     configure_activation_checkpointing,
 )
-from megatron.model_config import ModelConfig
+from megatron.model_config import RECURRENT_TYPES, ModelConfig
 from megatron.neox_arguments.errors import ConfigError
 from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed, vocab_parallel_cross_entropy
@@ -262,6 +262,20 @@ def gpt2_layer_specs(config: ModelConfig, parallel_state, rng_tracker) -> List[o
     return specs
 
 
+DEFAULT_PARTITION_METHOD = "type:transformer|mlp"
+
+
+def partition_method(config: ModelConfig) -> str:
+    """DeepSpeed's partition method for ``config``: pipe_partition_method, except that the default
+    (``type:transformer|mlp``, which balances the ParallelTransformerLayer slots) also counts Mamba and RWKV
+    layers, whose class names it would not match (DeepSpeed would find no layer to balance)."""
+    method = config.pipe_partition_method
+    recurrent = [kind for kind in RECURRENT_TYPES if kind in config.attention_types]
+    if method == DEFAULT_PARTITION_METHOD and recurrent:
+        return "|".join([method] + recurrent)
+    return method
+
+
 class GPT2ModelPipe(PipelineModule):
     """The GPT as a DeepSpeed PipelineModule (see module docstring)."""
 
@@ -275,7 +289,7 @@ class GPT2ModelPipe(PipelineModule):
             layers=gpt2_layer_specs(config, parallel_state, rng_tracker),
             loss_fn=loss_function(config, parallel_state),
             topology=parallel_state.get_topology(),
-            partition_method=config.pipe_partition_method,
+            partition_method=partition_method(config),
             activation_checkpoint_interval=config.checkpoint_num_layers if config.checkpoint_activations else 0,
             activation_checkpoint_func=checkpoint_function(),
             checkpointable_layers=sorted({cls.__name__ for cls in BLOCK_CLASSES.values()}),
