@@ -77,8 +77,11 @@ def test_causal_conv_continues_from_its_state():
     x, weight, bias = torch.randn(2, 9, 5, generator=g), torch.randn(5, 1, 4, generator=g), torch.randn(5, generator=g)
     whole, _ = causal_conv1d(x, weight, bias)
     first, tail = causal_conv1d(x[:, :6], weight, bias)
-    second, _ = causal_conv1d(x[:, 6:], weight, bias, tail)
-    torch.testing.assert_close(torch.cat([first, second], dim=1), whole)
+    second, tail = causal_conv1d(x[:, 6:8], weight, bias, tail)  # 2 steps: the decoding path (s <= width)
+    third, _ = causal_conv1d(x[:, 8:], weight, bias, tail)
+    torch.testing.assert_close(torch.cat([first, second, third], dim=1), whole)
+    without_bias, _ = causal_conv1d(x[:, :2], weight, None)
+    torch.testing.assert_close(without_bias, whole[:, :2] - bias)
     # the first output sees three zeros before the sequence: the definition of a causal convolution
     torch.testing.assert_close(whole[:, 0], x[:, 0] * weight[:, 0, -1] + bias)
 
