@@ -506,18 +506,22 @@ def recurrent_layer_problems(config: ModelConfig) -> List[str]:
 def recurrent_only_warning(config: ModelConfig) -> Optional[str]:
     """The warning for transformer-layer settings on a model whose layers are all mamba / rwkv (GPT-NeoX's
     configs set gpt_j_residual and activation there): those layers have their own fixed residual and
-    activations (Mamba's SiLU, RWKV's squared ReLU), so the settings reach no layer."""
+    activations (Mamba's SiLU, RWKV's squared ReLU) and no attention to rotate or bias (rotary, alibi, rpe),
+    so the settings reach no layer."""
     if not config.attention_types or not all(kind in RECURRENT_TYPES for kind in config.attention_types):
         return None
     settings = [name for name, default in (("gpt_j_residual", False), ("activation", "gelu"))
                 if getattr(config, name) != default]
+    if config.pos_emb in ("rotary", "alibi", "rpe"):  # applied inside attention layers only
+        settings.append("pos_emb")
     if not settings:
         return None
     kinds = " / ".join(sorted(set(config.attention_types)))
     values = ", ".join(f"{name}={getattr(config, name)!r}" for name in settings)
     verb = "has" if len(settings) == 1 else "have"
-    return (f"{values} {verb} no effect: every layer is a {kinds} layer, whose residual and activations are fixed "
-            f"(as in GPT-NeoX); remove it to silence this warning")
+    return (f"{values} {verb} no effect: every layer is a {kinds} layer, with its own fixed residual and "
+            f"activations and no attention (as in GPT-NeoX); remove {'it' if len(settings) == 1 else 'them'} to "
+            f"silence this warning")
 
 
 def softmax_fusion_warning(config: ModelConfig) -> Optional[str]:

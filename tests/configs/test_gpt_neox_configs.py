@@ -312,8 +312,9 @@ def test_mamba_with_a_head_count_that_does_not_divide_loads(tmp_path):
                                                         ' "mamba_causal_conv_fusion": true}'),
                            write(tmp_path, "setup.yml", SETUP)], num_attention_heads=12)
     assert args.attention_config == ["mamba"] * 4 and args.mamba_inner_func_fusion
-    assert messages == ["activation='silu' has no effect: every layer is a mamba layer, whose residual and "
-                        "activations are fixed (as in GPT-NeoX); remove it to silence this warning"]
+    assert messages == ["activation='silu', pos_emb='rotary' have no effect: every layer is a mamba layer, with its "
+                        "own fixed residual and activations and no attention (as in GPT-NeoX); remove them to "
+                        "silence this warning"]
 
 
 RWKV_STYLE = """\
@@ -358,8 +359,16 @@ def test_rwkv_style_config_loads_with_one_warning(tmp_path):
     assert args.attention_config == ["rwkv"] * 4 and args.training_problems() == []
     config = ModelConfig.from_neox_args(args)
     assert (config.rwkv_dim_att, config.rwkv_head_size, config.rwkv_ffn_dim) == (256, 64, 896)
-    assert messages == ["gpt_j_residual=True, activation='silu' have no effect: every layer is a rwkv layer, whose "
-                        "residual and activations are fixed (as in GPT-NeoX); remove it to silence this warning"]
+    assert messages == ["gpt_j_residual=True, activation='silu' have no effect: every layer is a rwkv layer, with its "
+                        "own fixed residual and activations and no attention (as in GPT-NeoX); remove them to "
+                        "silence this warning"]
+
+
+def test_attention_positions_on_a_recurrent_stack_are_named(tmp_path):
+    args, messages = load([write(tmp_path, "rwkv.yml", RWKV_STYLE), write(tmp_path, "setup.yml", SETUP)],
+                          pos_emb="rotary", gpt_j_residual=False, activation="gelu")
+    assert messages == ["pos_emb='rotary' has no effect: every layer is a rwkv layer, with its own fixed residual "
+                        "and activations and no attention (as in GPT-NeoX); remove it to silence this warning"]
 
 
 def test_hybrid_stack_takes_transformer_settings_silently(tmp_path):
