@@ -82,7 +82,7 @@ def _scan_chunk(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.
         decay = torch.cat([decay[:, :shift], decay[:, shift:] * decay[:, :-shift]], dim=1)
         shift *= 2
     states = inject + decay * h0.unsqueeze(1)                           # [b, T, d, n]
-    return torch.einsum("btdn,btn->btd", states, C), states[:, -1]
+    return torch.einsum("btdn,btn->btd", states, C), states[:, -1].clone()  # not a view: frees states
 
 
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
