@@ -97,8 +97,9 @@ def test_hybrid_stack_sums_its_layers():
 @pytest.mark.parametrize("kind", ["mamba", "rwkv"])
 def test_recurrent_formulas_match_torch_flop_counter(kind):
     """One decoding step (the recurrence itself) through torch's FlopCounterMode, which counts matmuls and
-    convolutions: it sees every projection and the conv as the formula does, and of the recurrence only the
-    read-out (C . h: 2 D N; r S: 2 A N), which the formula counts within its 6 D N / 5 A N."""
+    convolutions: it sees every projection as the formula does, and of the recurrence only the read-out
+    (C . h: 2 D N; r S: 2 A N), which the formula counts within its 6 D N / 5 A N; a decoding step's causal
+    conv is K elementwise multiply-adds (megatron.model.mamba.causal_conv1d), which it does not count."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from megatron.flops import mamba_scan_flops, rwkv_wkv_flops
@@ -112,9 +113,16 @@ def test_recurrent_formulas_match_torch_flop_counter(kind):
         model((token, torch.zeros_like(token), None), kv_cache=KVCache(max_length=1))
     if kind == "mamba":
         recurrence, read_out = mamba_scan_flops(config), 2 * config.mamba_inner * 16
+        elementwise = 2 * 4 * config.mamba_inner  # the conv
     else:
         recurrence, read_out = rwkv_wkv_flops(config), 2 * config.rwkv_dim_att * config.rwkv_head_size
-    assert counter.get_total_flops() == forward_flops_per_token(config) - 2 * (recurrence - read_out)
+        elementwise = 0
+    assert counter.get_total_flops() == forward_flops_per_token(config) - 2 * (recurrence - read_out + elementwise)
+    if kind == "mamba":  # a full forward of 8 tokens runs the conv as a convolution: counted, as in the formula
+        tokens = torch.arange(1, 9).unsqueeze(0)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model((tokens, torch.arange(8).unsqueeze(0), None))
+        assert counter.get_total_flops() == 8 * (forward_flops_per_token(config) - 2 * (recurrence - read_out))
 
 
 def test_missing_vocab_is_an_error():
