@@ -56,6 +56,7 @@ from megatron.checkpointing import (
     checkpoint_kind,
     file_layout,
     gpt_neox_client_args,
+    gpt_neox_mamba_problem,
     load_lazily,
     model_files,
 )
@@ -229,6 +230,10 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> Neox
     tp, pp = file_layout(path)
     config = model_config_of(args, source, model_parallel_size=max(tp, 1), pipe_parallel_size=pp,
                              padded_vocab_size=None)
+    if kind == GPT_NEOX:
+        problem = gpt_neox_mamba_problem(tp, config.attention_types)
+        if problem:
+            raise ConversionError(f"{path}: {problem}")
     num_layers = config.num_layers
     try:
         old = _old_layout(path, files, num_layers) if kind == OURS_OLD else None

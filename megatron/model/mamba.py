@@ -23,7 +23,7 @@ halves each split, so the full tensor is mamba_ssm's and Hugging Face's [x | z];
 and D hold the rank's channels; out_proj row-parallel). x_proj is row-parallel and its output is summed over
 the ranks, so every rank's dt, B and C are those of the whole layer: TP=N computes what TP=1 computes.
 (GPT-NeoX's mixer skips that sum and chunks each rank's in_proj rows into x and z, so its model_parallel_size
-> 1 Mamba is another function: such checkpoints are refused by megatron.model.checkpoint_layout.)
+> 1 Mamba is another function: such checkpoints are refused, megatron.checkpointing.gpt_neox_mamba_problem.)
 
 The selective scan (``selective_scan``) runs chunk by chunk: inside a chunk a log-depth (Hillis-Steele)
 scan over the step pairs (exp(dt A), dt B x), which only ever multiplies decays <= 1, so it is stable at any
