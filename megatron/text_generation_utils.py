@@ -107,6 +107,8 @@ class ModelRunner:
     pipeline-parallel groups (forward only, no gradients)."""
 
     supports_cache: bool = True
+    recurrent: bool = False
+    """True when the model has Mamba / RWKV layers, which see left padding only through a KV cache."""
 
     def __call__(self, tokens: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                  kv_cache: Optional[KVCache] = None, last_only: bool = False) -> torch.Tensor:
@@ -118,7 +120,12 @@ class SequentialRunner(ModelRunner):
     """A GPT2ModelSequential (all layers on this rank); the vocabulary shards are gathered over TP."""
 
     def __init__(self, model: torch.nn.Module, parallel_state) -> None:
+        from megatron.model.gpt2_model import BLOCK_CLASSES
+        from megatron.model_config import RECURRENT_TYPES
+
         self.model = model
+        recurrent = tuple(BLOCK_CLASSES[kind] for kind in RECURRENT_TYPES)
+        self.recurrent = any(isinstance(module, recurrent) for module in model.modules())
         self.group = parallel_state.get_model_parallel_group() \
             if parallel_state.get_model_parallel_world_size() > 1 else None
 
@@ -287,11 +294,14 @@ def generate_tokens(runner: LogitsFn, prompts: Sequence[Sequence[int]], *, eod: 
         # without padding the model's own causal masking applies (and its fastest attention path)
         mask = None if unpadded else padded_attention_mask(real, start, end)
         state = cache
-        if not unpadded and getattr(runner, "supports_cache", True):
+        if not unpadded:
             # recurrent layers (Mamba, RWKV) have no mask: they learn the pad slots from the cache, and a
-            # recompute forward gets a fresh one (a full forward from an empty state is the recompute)
-            state = cache if cache is not None else KVCache(max_length=end)
-            state.set_padding(~real[:, start:end])
+            # recompute forward of a model with such layers gets a fresh one (a full forward from an empty
+            # state is the recompute); attention layers read the mask and ignore the padding
+            if cache is None and getattr(runner, "recurrent", False) and getattr(runner, "supports_cache", True):
+                state = KVCache(max_length=end)
+            if state is not None:
+                state.set_padding(~real[:, start:end])
         logits = runner(tokens[:, start:end], positions[:, start:end], mask, state, last_only=True)
         last = logits[:, -1].float()
         if return_logits:

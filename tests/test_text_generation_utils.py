@@ -61,6 +61,11 @@ def test_kv_cache_equals_recompute_greedy_and_sampled(runner):
     assert all(len(r.tokens) == 10 for r in cached)
 
 
+def test_runner_knows_whether_the_model_has_recurrent_layers(runner):
+    kinds = {type(m).__name__ for m in runner.model.modules()}
+    assert runner.recurrent == bool(kinds & {"ParallelMambaResidualLayer", "RWKVResidualLayer"})
+
+
 def test_greedy_is_deterministic_and_varied(runner):
     first = _tokens(_generate(runner))
     assert first == _tokens(_generate(runner))
