@@ -134,3 +134,19 @@ def test_heads_only_constrain_attention_layers():
     problems = tiny_config(attention_config=["mamba", "global"], num_attention_heads=3, model_parallel_size=2).problems()
     assert "hidden_size=32 must be divisible by num_attention_heads=3" in problems
     assert "num_attention_heads=3 must be divisible by model_parallel_size=2" in problems
+
+
+@pytest.mark.parametrize("flag", ["mamba_selective_scan_fusion", "mamba_causal_conv_fusion", "mamba_inner_func_fusion"])
+def test_kernel_flags_name_the_requirements_file_where_the_package_is_missing(flag):
+    """With CUDA but without mamba-ssm / causal-conv1d (checked as a GPU worker would, on this machine that
+    has neither package), the problem names the package and the requirements file."""
+    import importlib.util
+
+    from megatron.model.mamba import MAMBA_KERNELS, mamba_kernel_problems
+
+    package = MAMBA_KERNELS[flag][0].split(".")[0]
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed")
+    [problem] = mamba_kernel_problems(tiny_config(attention_config=[[["mamba"], 2]], **{flag: True}),
+                                      cuda_available=True)
+    assert problem.startswith(f"{flag}=true needs {package}.") and "requirements/requirements-mamba.txt" in problem
