@@ -367,10 +367,26 @@ def _comparable(key: str, value: Any, values: Mapping[str, Any]) -> Any:
     return value
 
 
+def gpt_neox_mamba_problem(tp: int, attention_types) -> Optional[str]:
+    """Why a GPT-NeoX checkpoint with Mamba layers saved at model_parallel_size ``tp`` > 1 cannot load, or None:
+    GPT-NeoX's Mamba mixer splits each rank's in_proj rows into x and z and does not sum x_proj's output over
+    the ranks (megatron.model.mamba), so its TP > 1 model is another function than the one its weights would
+    make here."""
+    if tp > 1 and "mamba" in tuple(attention_types):
+        return (f"GPT-NeoX's Mamba layers saved at model_parallel_size={tp} compute another function than this "
+                f"project's (each rank's in_proj rows split into x and z; x_proj's output not summed over ranks), "
+                f"so their weights cannot be loaded; GPT-NeoX checkpoints with Mamba layers load from "
+                f"model_parallel_size 1")
+    return None
+
+
 def _gpt_neox_mismatches(path: str, neox_args, model_config, layout_must_match: bool) -> List[str]:
     """What differs between a GPT-NeoX checkpoint (its files, client `args` and configs/*.yml) and this run."""
     problems = []
     tp, pp = file_layout(path)
+    mamba = gpt_neox_mamba_problem(tp, model_config.attention_types)
+    if mamba:
+        problems.append(mamba)
     if layout_must_match:
         if tp != model_config.model_parallel_size:
             problems.append(f"model_parallel_size: checkpoint {tp} (its files), config "

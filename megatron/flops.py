@@ -15,15 +15,44 @@ Forward FLOPs per token:
 
     forward = L * (2 h (a d + 2 k d) + 4 s h + 2 h^2 + 2 h f m) + 2 h V,   m = 3 gated, 2 plain
 
+Layers of attention_config type 'mamba' or 'rwkv' replace that per-layer term with their own (and a hybrid
+stack sums each layer's), so ``forward = sum over layers of layer(type) + 2 h V``:
+
+    mamba (D = inner width, N = 16 state channels, K = 4 conv width, R = dt_rank = ceil(h / 16)):
+                in_proj  h -> 2D           2 h 2D
+                conv1d (depthwise)         2 K D
+                x_proj   D -> R + 2N       2 D (R + 2N)
+                dt_proj  R -> D            2 R D
+                selective scan             6 D N     (per step and state channel: exp(dt A) h (2),
+                                                      + dt B x (2), C . h (2); exp itself not counted)
+                out_proj D -> h            2 D h
+        mamba = 6 h D + 2 K D + 2 D (R + 2N) + 2 R D + 6 D N
+
+    rwkv (C = h, A = dim_att in heads of N = head_size, F = ffn_dim, 32 / 64 = the token-shift / decay
+    low-rank widths):
+                token-shift mixing         2 C (5 x 32) + 5 x 2 (32) C = 640 C
+                receptance, key, value, gate   4 x 2 C A
+                decay low-rank             2 C 64 + 2 (64) A
+                WKV                        5 A N     (per head and step: r S (2 N^2), S = diag(w) S + k^T v
+                                                      (3 N^2); the bonus term is O(N))
+                output   A -> C            2 A C
+                channel mix                2 C F (key) + 2 F C (value) + 2 C^2 (receptance)
+        rwkv = 640 C + 10 C A + 128 C + 128 A + 5 A N + 4 C F + 2 C^2
+
+    Neither depends on s: a recurrent layer's work per token is the same at any context length. The
+    formulas count the recurrences themselves, not what the chunked training forms compute in their place
+    (the chunked scan's log-depth passes, the chunked WKV's [T, T] products), as the attention term counts
+    the s x s square whatever kernel computes it.
+
 Training = forward + backward = 3 x forward; with activation checkpointing the forward is recomputed
 during backward, so 4 x forward (checkpoint_activations).
 
 Choices, stated so the numbers can be compared:
 * Causal attention is counted as the full s x s square, as Megatron-LM's and PaLM's MFU formulas do;
   the causally masked work a kernel can skip is about half of the two attention terms.
-* Every layer is counted as global attention over s tokens (local windows, sparse patterns and non-
-  attention layers such as mamba/rwkv are not special-cased); norms, biases, softmax, activations,
-  rotary embeddings and the embedding lookup are not counted (they are O(h) per token).
+* Every attention layer is counted as global attention over s tokens (local windows are not special-cased);
+  mamba and rwkv layers have their own formulas (above); norms, biases, softmax, activations, rotary
+  embeddings and the embedding lookup are not counted (they are O(h) per token).
 * MLP width f follows GPT-NeoX's rule as this project's model implements it (ModelConfig.ffn_width):
   inner = intermediate_size if set, else int(expansion_factor * h) if set, else 4 h.
   Plain activations: f = inner rounded up to a multiple of mlp_multiple_of; 2 matrices (h->f, f->h).
@@ -46,7 +75,7 @@ import os
 import re
 from typing import Dict, Optional, Tuple
 
-from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
+from megatron.model_config import GATED_ACTIVATIONS, MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 
 PEAK_ENV_VAR = "NEOX_PEAK_TFLOPS"
 
@@ -72,15 +101,22 @@ def forward_flops_per_token(config: ModelConfig) -> int:
     if config.padded_vocab_size is None:
         raise ValueError("padded_vocab_size is not set yet: build the tokenizer before computing FLOPs, or set "
                          "padded_vocab_size")
+    per_type = {"mamba": mamba_layer_flops, "rwkv": rwkv_layer_flops}
+    types = config.attention_types or ("global",) * config.num_layers
+    layers = sum(per_type[kind](config) if kind in per_type else attention_layer_flops(config, layer)
+                 for layer, kind in enumerate(types))
+    return layers + 2 * config.hidden_size * config.padded_vocab_size
+
+
+def attention_layer_flops(config: ModelConfig, layer: int = 0) -> int:
+    """Forward FLOPs per token of transformer layer number ``layer`` (attention + its MLP, dense or MoE)."""
     h, s, heads, head = config.hidden_size, config.seq_length, config.num_attention_heads, config.head_dim
     qkv = 2 * h * (heads * head + 2 * config.kv_heads * head)
     attention = 2 * s * h + 2 * s * h
     dense = 2 * h * h
     mlp = 2 * h * config.ffn_width * (3 if config.gated_mlp else 2)
-    moe = len(config.moe_layers) * moe_mlp_flops_per_token(config)
-    dense_layers = config.num_layers - len(config.moe_layers)
-    return (config.num_layers * (qkv + attention + dense) + dense_layers * mlp + moe
-            + 2 * h * config.padded_vocab_size)
+    mlp = moe_mlp_flops_per_token(config) if layer in config.moe_layers else mlp
+    return qkv + attention + dense + mlp
 
 
 def moe_mlp_flops_per_token(config: ModelConfig) -> int:
@@ -91,6 +127,35 @@ def moe_mlp_flops_per_token(config: ModelConfig) -> int:
     expert = 2 * h * config.expert_ffn_width * (3 if glu else 2)
     residual = expert + 2 * h * 2 if config.moe_type == "deepspeed" and config.moe_use_residual else 0
     return 2 * h * experts + k * expert + residual
+
+
+def mamba_scan_flops(config: ModelConfig) -> int:
+    """The selective scan's share of a Mamba layer: 6 D N (module docstring)."""
+    return 6 * config.mamba_inner * MAMBA_STATE_SIZE
+
+
+def mamba_layer_flops(config: ModelConfig) -> int:
+    """Forward FLOPs per token of one Mamba layer (module docstring)."""
+    h, d, r, n, k = config.hidden_size, config.mamba_inner, config.mamba_dt_rank, MAMBA_STATE_SIZE, MAMBA_CONV_WIDTH
+    projections = 2 * h * 2 * d + 2 * d * (r + 2 * n) + 2 * r * d + 2 * d * h
+    return projections + 2 * k * d + mamba_scan_flops(config)
+
+
+def rwkv_wkv_flops(config: ModelConfig) -> int:
+    """The WKV recurrence's share of an RWKV layer: 5 A N (module docstring)."""
+    return 5 * config.rwkv_dim_att * config.rwkv_head_size
+
+
+def rwkv_layer_flops(config: ModelConfig) -> int:
+    """Forward FLOPs per token of one RWKV layer (module docstring)."""
+    from megatron.model.rwkv import TIME_DECAY_EXTRA_DIM, TIME_MIX_EXTRA_DIM
+
+    c, a, f = config.hidden_size, config.rwkv_dim_att, config.rwkv_ffn_dim
+    shift = 2 * c * 5 * TIME_MIX_EXTRA_DIM + 5 * 2 * TIME_MIX_EXTRA_DIM * c
+    projections = 4 * 2 * c * a + 2 * a * c
+    decay = 2 * c * TIME_DECAY_EXTRA_DIM + 2 * TIME_DECAY_EXTRA_DIM * a
+    channel_mix = 2 * c * f + 2 * f * c + 2 * c * c
+    return shift + projections + decay + rwkv_wkv_flops(config) + channel_mix
 
 
 def training_flops_per_token(config: ModelConfig) -> int:

@@ -63,7 +63,7 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, mo
     for slot, module in slot_modules(model).items():
         is_embedding = isinstance(module, Embedding)  # a tied head is the embedding
         prefix = prefixes[0] if is_embedding else prefixes[slot]
-        kind = slot_kind(0 if is_embedding else slot, num_layers)
+        kind = slot_kind(0 if is_embedding else slot, num_layers, model_config.attention_types)
         wanted = from_neox(kind, module.state_dict(), model_config, rank, tp)  # the parameters (names, shapes)
         state = {}
         for name, target in wanted.items():

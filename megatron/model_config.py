@@ -27,8 +27,10 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
                    "gmlp", "amlp", "mamba", "rwkv")
 """Every layer type GPT-NeoX's attention_config names."""
-BUILT_ATTENTION_TYPES = ("global", "local", "flash")
+BUILT_ATTENTION_TYPES = ("global", "local", "flash", "mamba", "rwkv")
 """The layer types this model builds."""
+RECURRENT_TYPES = ("mamba", "rwkv")
+"""Layer types that carry a recurrent state (no attention: no heads, no positions, no attention mask)."""
 PLAIN_ACTIVATIONS = ("gelu", "relu", "softsign", "swish", "mish", "silu")
 GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
 """GLU-family activations: the MLP's first projection is a fused [up | gate] pair."""
@@ -169,6 +171,27 @@ class ModelConfig:
     no_weight_tying: bool = False
     soft_prompt_tokens: Optional[int] = None
     soft_prompt_init_range: float = 0.5
+    # recurrent layers: mamba (megatron.model.mamba) and rwkv (megatron.model.rwkv), GPT-NeoX's keys
+    mamba_selective_scan_fusion: bool = False
+    mamba_causal_conv_fusion: bool = False
+    mamba_inner_func_fusion: bool = False
+    mamba_selective_fp32_params: bool = True
+    mamba_use_bias_in_conv: bool = True
+    mamba_use_bias_in_linears: bool = False
+    dim_att: Optional[int] = None
+    head_size: Optional[int] = None
+    ffn_dim: Optional[int] = None
+    mamba_inner: int = field(init=False)
+    """Mamba's d_inner: intermediate_size, else int(expansion_factor (default 2) * hidden_size)."""
+    mamba_dt_rank: int = field(init=False)
+    """Rank of Mamba's dt projection: ceil(hidden_size / 16)."""
+    rwkv_dim_att: int = field(init=False)
+    """RWKV time-mix width: dim_att, else hidden_size."""
+    rwkv_head_size: int = field(init=False)
+    """rwkv_dim_att // num_attention_heads (the head_size key, when set, must agree)."""
+    rwkv_ffn_dim: int = field(init=False)
+    """RWKV channel-mix width: ffn_dim, else GPT-NeoX's rule (intermediate_size, else int(expansion_factor
+    (default 3.5) * hidden_size)) rounded down to a multiple of 32."""
     # initialisation
     seed: int = 1234
     init_method: str = "normal"
@@ -273,6 +296,8 @@ class ModelConfig:
         derive("expert_ffn_width", mlp_width(self.hidden_size, self.intermediate_size, self.expansion_factor,
                                              self.mlp_multiple_of, expert_gated) if self.moe_type == "deepspeed"
                else expert_width(self.hidden_size, self.intermediate_size, expert_gated))
+        for name, value in recurrent_dims(self).items():
+            derive(name, value)
 
     # ---- the adapter ------------------------------------------------------------------------------
     @classmethod
@@ -328,6 +353,7 @@ class ModelConfig:
         problems += self._component_problems()
         problems += fusion_flag_problems(self)
         problems += moe_problems(self)
+        problems += recurrent_layer_problems(self)
         return problems
 
     def _shape_problems(self) -> List[str]:
@@ -336,11 +362,14 @@ class ModelConfig:
         if problems:
             return problems
         heads, kv, mp = self.num_attention_heads, self.num_kv_heads, self.model_parallel_size
-        # Mamba layers have no heads to split hidden_size over: GPT-NeoX's Mamba configs keep a head count that
-        # does not divide it, and GPT-NeoX skips this check for them (they are refused as not built yet anyway)
-        if self.hidden_size % heads and "mamba" not in self.attention_types:
+        # The heads split attention layers only: Mamba layers have none (GPT-NeoX's Mamba configs keep a head
+        # count that does not divide hidden_size, and GPT-NeoX skips this check for them) and RWKV layers split
+        # dim_att into them (recurrent_layer_problems checks those)
+        attention_layers = not self.attention_types or \
+            any(kind not in RECURRENT_TYPES for kind in self.attention_types)
+        if self.hidden_size % heads and attention_layers:
             problems.append(f"hidden_size={self.hidden_size} must be divisible by num_attention_heads={heads}")
-        if heads % mp:
+        if heads % mp and attention_layers:
             problems.append(f"num_attention_heads={heads} must be divisible by model_parallel_size={mp}")
         if kv is not None:
             if kv < 1 or kv > heads or heads % kv:
@@ -534,6 +563,102 @@ def _capacity_problems(config: ModelConfig) -> List[str]:
                                 f"dropping every token reaches its experts, whatever the capacity); remove it or "
                                 f"set moe_token_dropping: true")
     return problems
+
+
+MAMBA_STATE_SIZE = 16
+"""Mamba's d_state (state channels per inner channel), fixed as in GPT-NeoX and mamba_ssm's defaults."""
+MAMBA_CONV_WIDTH = 4
+"""Mamba's causal depthwise convolution width (d_conv)."""
+MAMBA_FUSION_FLAGS = ("mamba_selective_scan_fusion", "mamba_causal_conv_fusion", "mamba_inner_func_fusion")
+MAMBA_SETTINGS = MAMBA_FUSION_FLAGS + ("mamba_selective_fp32_params", "mamba_use_bias_in_conv",
+                                       "mamba_use_bias_in_linears")
+RWKV_SETTINGS = ("dim_att", "head_size", "ffn_dim")
+
+
+def recurrent_dims(config: ModelConfig) -> dict:
+    """The derived widths of Mamba and RWKV layers (GPT-NeoX's rules), computed whatever the layer types so
+    that every ModelConfig has them; only the layers of that type read them."""
+    hidden, heads = int(config.hidden_size), int(config.num_attention_heads)
+    if config.intermediate_size:
+        mamba_inner, rwkv_ffn = int(config.intermediate_size), int(config.intermediate_size)
+    else:
+        mamba_inner = int(float(config.expansion_factor or 2) * hidden)
+        rwkv_ffn = int(float(config.expansion_factor or 3.5) * hidden)
+    dim_att = int(config.dim_att or hidden)
+    return {"mamba_inner": mamba_inner, "mamba_dt_rank": -(-hidden // 16), "rwkv_dim_att": dim_att,
+            "rwkv_head_size": dim_att // heads if heads > 0 else 0,
+            "rwkv_ffn_dim": int(config.ffn_dim) if config.ffn_dim else rwkv_ffn // 32 * 32}
+
+
+def recurrent_layer_problems(config: ModelConfig) -> List[str]:
+    """The rules of Mamba and RWKV layers, and their settings on a model without such layers."""
+    kinds = set(config.attention_types)
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.init}
+    problems = []
+    for kind, settings in (("mamba", MAMBA_SETTINGS), ("rwkv", RWKV_SETTINGS)):
+        if kind not in kinds:
+            problems += [f"{name}={getattr(config, name)!r} is a setting of {kind} layers but attention_config has "
+                         f"none; remove it" for name in settings if getattr(config, name) != defaults[name]]
+    if not kinds & set(RECURRENT_TYPES):
+        return problems
+    recurrent = sorted(kinds & set(RECURRENT_TYPES))
+    if config.intermediate_size is not None and config.expansion_factor is not None:
+        problems.append(f"intermediate_size and expansion_factor are both set; {' / '.join(recurrent)} layers take "
+                        f"one of them (as in GPT-NeoX)")
+    if config.sequence_parallel:
+        problems.append(f"sequence_parallel with {' / '.join(recurrent)} layers is not supported yet: their "
+                        f"recurrence runs over the whole sequence on every rank")
+    if config.moe_num_experts > 1:
+        problems.append(f"a mixture of experts (moe_num_experts={config.moe_num_experts}) with "
+                        f"{' / '.join(recurrent)} layers is not supported yet: those layers have no MLP for the "
+                        f"experts to replace; use attention layers only, or moe_num_experts: 1")
+    tp = config.model_parallel_size
+    if "mamba" in kinds:
+        if config.mamba_inner % tp:
+            problems.append(f"Mamba's inner width {config.mamba_inner} (intermediate_size, or expansion_factor x "
+                            f"hidden_size) must be divisible by model_parallel_size={tp}")
+        if config.mamba_inner_func_fusion and config.mamba_use_bias_in_linears:
+            problems.append("mamba_inner_func_fusion=true with mamba_use_bias_in_linears=true: the fused inner "
+                            "function has no in_proj / x_proj bias (GPT-NeoX refuses it too)")
+        if config.mamba_inner_func_fusion and tp > 1:
+            problems.append(f"mamba_inner_func_fusion=true with model_parallel_size={tp} is not supported: the "
+                            f"fused inner function cannot sum x_proj's output over tensor-parallel ranks; use "
+                            f"mamba_selective_scan_fusion / mamba_causal_conv_fusion")
+    if "rwkv" in kinds:
+        heads, dim_att = config.num_attention_heads, config.rwkv_dim_att
+        if dim_att % heads:
+            problems.append(f"RWKV's dim_att={dim_att} must be divisible by num_attention_heads={heads}")
+        elif config.head_size is not None and config.head_size != config.rwkv_head_size:
+            problems.append(f"head_size={config.head_size} must equal dim_att / num_attention_heads = "
+                            f"{config.rwkv_head_size} (GPT-NeoX derives it so)")
+        if heads % tp:
+            problems.append(f"RWKV's heads (num_attention_heads={heads}) must be divisible by "
+                            f"model_parallel_size={tp}")
+        if config.rwkv_ffn_dim < 1 or config.rwkv_ffn_dim % tp:
+            problems.append(f"RWKV's ffn_dim={config.rwkv_ffn_dim} must be >= 1 and divisible by "
+                            f"model_parallel_size={tp}")
+    return problems
+
+
+def recurrent_only_warning(config: ModelConfig) -> Optional[str]:
+    """The warning for transformer-layer settings on a model whose layers are all mamba / rwkv (GPT-NeoX's
+    configs set gpt_j_residual and activation there): those layers have their own fixed residual and
+    activations (Mamba's SiLU, RWKV's squared ReLU) and no attention to rotate or bias (rotary, alibi, rpe),
+    so the settings reach no layer."""
+    if not config.attention_types or not all(kind in RECURRENT_TYPES for kind in config.attention_types):
+        return None
+    settings = [name for name, default in (("gpt_j_residual", False), ("activation", "gelu"))
+                if getattr(config, name) != default]
+    if config.pos_emb in ("rotary", "alibi", "rpe"):  # applied inside attention layers only
+        settings.append("pos_emb")
+    if not settings:
+        return None
+    kinds = " / ".join(sorted(set(config.attention_types)))
+    values = ", ".join(f"{name}={getattr(config, name)!r}" for name in settings)
+    verb = "has" if len(settings) == 1 else "have"
+    return (f"{values} {verb} no effect: every layer is a {kinds} layer, with its own fixed residual and "
+            f"activations and no attention (as in GPT-NeoX); remove {'it' if len(settings) == 1 else 'them'} to "
+            f"silence this warning")
 
 
 def softmax_fusion_warning(config: ModelConfig) -> Optional[str]:

@@ -107,6 +107,8 @@ class ModelRunner:
     pipeline-parallel groups (forward only, no gradients)."""
 
     supports_cache: bool = True
+    recurrent: bool = False
+    """True when the model has Mamba / RWKV layers, which see left padding only through a KV cache."""
 
     def __call__(self, tokens: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                  kv_cache: Optional[KVCache] = None, last_only: bool = False) -> torch.Tensor:
@@ -118,7 +120,12 @@ class SequentialRunner(ModelRunner):
     """A GPT2ModelSequential (all layers on this rank); the vocabulary shards are gathered over TP."""
 
     def __init__(self, model: torch.nn.Module, parallel_state) -> None:
+        from megatron.model.gpt2_model import BLOCK_CLASSES
+        from megatron.model_config import RECURRENT_TYPES
+
         self.model = model
+        recurrent = tuple(BLOCK_CLASSES[kind] for kind in RECURRENT_TYPES)
+        self.recurrent = any(isinstance(module, recurrent) for module in model.modules())
         self.group = parallel_state.get_model_parallel_group() \
             if parallel_state.get_model_parallel_world_size() > 1 else None
 
@@ -136,8 +143,9 @@ class PipelineRunner(ModelRunner):
 
     supports_cache = False
 
-    def __init__(self, engine, parallel_state, padded_vocab_size: int, dtype: torch.dtype) -> None:
-        self.engine, self.ps = engine, parallel_state
+    def __init__(self, engine, parallel_state, padded_vocab_size: int, dtype: torch.dtype,
+                 recurrent: bool = False) -> None:
+        self.engine, self.ps, self.recurrent = engine, parallel_state, recurrent
         self.vocab, self.dtype = int(padded_vocab_size), dtype
         self.tp_group = parallel_state.get_model_parallel_group() \
             if parallel_state.get_model_parallel_world_size() > 1 else None
@@ -147,6 +155,11 @@ class PipelineRunner(ModelRunner):
     def __call__(self, tokens, position_ids, attention_mask, kv_cache=None, last_only=False):
         if kv_cache is not None:
             raise ValueError("pipe_parallel_size > 1 generation cannot use a KV cache (recompute only)")
+        if attention_mask is not None and self.recurrent:
+            raise GenerationError("prompts of different lengths (left-padded) cannot be decoded together with "
+                                  "pipe_parallel_size > 1 and mamba / rwkv layers: those layers see padding only "
+                                  "through the KV cache, which the pipeline cannot pass; decode prompts of one "
+                                  "length per batch, or with pipe_parallel_size=1")
         if attention_mask is None:  # activations between stages must be tensors: state the causal mask
             from megatron.model.batch import causal_attention_mask
 
@@ -184,7 +197,10 @@ def build_runner(engine, parallel_state, config: ModelConfig) -> ModelRunner:
     if isinstance(module, GPT2ModelPipe):
         if module.num_stages == 1:
             return SequentialRunner(module.to_sequential(), parallel_state)
-        return PipelineRunner(engine, parallel_state, config.padded_vocab_size, model_dtype(config))
+        from megatron.model_config import RECURRENT_TYPES
+
+        return PipelineRunner(engine, parallel_state, config.padded_vocab_size, model_dtype(config),
+                              recurrent=any(t in RECURRENT_TYPES for t in config.attention_types))
     return SequentialRunner(module, parallel_state)
 
 
@@ -277,7 +293,16 @@ def generate_tokens(runner: LogitsFn, prompts: Sequence[Sequence[int]], *, eod: 
         start = 0 if (cache is None or step == 0) else end - 1
         # without padding the model's own causal masking applies (and its fastest attention path)
         mask = None if unpadded else padded_attention_mask(real, start, end)
-        logits = runner(tokens[:, start:end], positions[:, start:end], mask, cache, last_only=True)
+        state = cache
+        if not unpadded:
+            # recurrent layers (Mamba, RWKV) have no mask: they learn the pad slots from the cache, and a
+            # recompute forward of a model with such layers gets a fresh one (a full forward from an empty
+            # state is the recompute); attention layers read the mask and ignore the padding
+            if cache is None and getattr(runner, "recurrent", False) and getattr(runner, "supports_cache", True):
+                state = KVCache(max_length=end)
+            if state is not None:
+                state.set_padding(~real[:, start:end])
+        logits = runner(tokens[:, start:end], positions[:, start:end], mask, state, last_only=True)
         last = logits[:, -1].float()
         if return_logits:
             step_logits.append(last.cpu())

@@ -65,6 +65,66 @@ def test_mlp_flops_use_the_width_the_model_builds(overrides):
     assert down.shape[1] == config.ffn_width
 
 
+def test_tiny_mamba_model_by_hand():
+    # h = 64, D = 2h = 128, R = ceil(64 / 16) = 4, N = 16, K = 4
+    in_proj, conv, x_proj, dt_proj = 2 * 64 * 256, 2 * 4 * 128, 2 * 128 * (4 + 32), 2 * 4 * 128
+    scan, out_proj = 6 * 128 * 16, 2 * 128 * 64
+    layer = in_proj + conv + x_proj + dt_proj + scan + out_proj
+    assert layer == 72704
+    assert forward_flops_per_token(_config(attention_config=[[["mamba"], 2]])) == 2 * 72704 + 2 * 64 * 128 == 161792
+
+
+def test_tiny_rwkv_model_by_hand():
+    # C = A = 64, N = 64 / 4 heads = 16, F = int(3.5 * 64) // 32 * 32 = 224
+    shift = 2 * 64 * 160 + 5 * 2 * 32 * 64
+    projections = 4 * 2 * 64 * 64 + 2 * 64 * 64
+    decay = 2 * 64 * 64 + 2 * 64 * 64
+    wkv = 5 * 64 * 16
+    channel_mix = 2 * 64 * 224 * 2 + 2 * 64 * 64
+    layer = shift + projections + decay + wkv + channel_mix
+    assert layer == 168960
+    assert forward_flops_per_token(_config(attention_config=[[["rwkv"], 2]])) == 2 * 168960 + 2 * 64 * 128 == 354304
+
+
+def test_hybrid_stack_sums_its_layers():
+    mamba = (161792 - 16384) // 2
+    rwkv = (354304 - 16384) // 2
+    attention = (229376 - 16384) // 2
+    config = _config(num_layers=3, attention_config=["mamba", "global", "rwkv"])
+    assert forward_flops_per_token(config) == mamba + attention + rwkv + 16384
+
+
+@pytest.mark.parametrize("kind", ["mamba", "rwkv"])
+def test_recurrent_formulas_match_torch_flop_counter(kind):
+    """One decoding step (the recurrence itself) through torch's FlopCounterMode, which counts matmuls and
+    convolutions: it sees every projection as the formula does, and of the recurrence only the read-out
+    (C . h: 2 D N; r S: 2 A N), which the formula counts within its 6 D N / 5 A N; a decoding step's causal
+    conv is K elementwise multiply-adds (megatron.model.mamba.causal_conv1d), which it does not count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from megatron.flops import mamba_scan_flops, rwkv_wkv_flops
+    from megatron.model import KVCache, build_model
+    from megatron.mpu import SingleProcessState
+
+    config = _config(attention_config=[[[kind], 2]])
+    model = build_model(config, SingleProcessState()).eval()
+    token = torch.tensor([[5]])
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model((token, torch.zeros_like(token), None), kv_cache=KVCache(max_length=1))
+    if kind == "mamba":
+        recurrence, read_out = mamba_scan_flops(config), 2 * config.mamba_inner * 16
+        elementwise = 2 * 4 * config.mamba_inner  # the conv
+    else:
+        recurrence, read_out = rwkv_wkv_flops(config), 2 * config.rwkv_dim_att * config.rwkv_head_size
+        elementwise = 0
+    assert counter.get_total_flops() == forward_flops_per_token(config) - 2 * (recurrence - read_out + elementwise)
+    if kind == "mamba":  # a full forward of 8 tokens runs the conv as a convolution: counted, as in the formula
+        tokens = torch.arange(1, 9).unsqueeze(0)
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model((tokens, torch.arange(8).unsqueeze(0), None))
+        assert counter.get_total_flops() == 8 * (forward_flops_per_token(config) - 2 * (recurrence - read_out))
+
+
 def test_missing_vocab_is_an_error():
     with pytest.raises(ValueError, match="padded_vocab_size"):
         forward_flops_per_token(_config(padded_vocab_size=None))

@@ -145,3 +145,11 @@ def test_device_problems():
     assert fp16.device_problems(cuda_available=True) == []
     assert "fp16 needs a CUDA GPU" in fp16.device_problems(cuda_available=False)[0]
     assert ModelConfig(**SHAPE, precision="bfloat16").device_problems(cuda_available=False) == []
+
+
+def test_a_mixture_of_experts_with_recurrent_layers_is_refused():
+    config = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                         attention_config=["mamba", "global"], moe_num_experts=4)
+    assert any("a mixture of experts (moe_num_experts=4) with mamba layers is not supported yet" in p
+               for p in config.problems())
+    assert not any("mixture of experts" in p for p in config.replace(moe_num_experts=1).problems())

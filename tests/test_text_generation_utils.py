@@ -1,4 +1,4 @@
-"""Batched generation on a tiny random model in one process: KV cache == recompute token for token,
+"""Batched generation on tiny random models (attention, Mamba, RWKV, hybrid) in one process: KV cache == recompute token for token,
 greedy is deterministic, top_k=1 is greedy, a batch of left-padded prompts == the prompts one at a time,
 EOD stops a row, return_logits are the model's logits, and the sampling filters keep the right tokens."""
 import pytest
@@ -29,9 +29,16 @@ def _runner(**overrides) -> SequentialRunner:
     return SequentialRunner(build_model(args, SingleProcessState()).eval(), SingleProcessState())
 
 
-@pytest.fixture(scope="module", params=["rotary", "learned"])
+RUNNERS = {"rotary": dict(pos_emb="rotary"), "learned": dict(pos_emb="learned"),
+           "mamba": dict(attention_config=[[["mamba"], 2]]), "rwkv": dict(attention_config=[[["rwkv"], 2]]),
+           "hybrid": dict(num_layers=3, pos_emb="rotary", attention_config=["mamba", "global", "mamba"])}
+"""Attention models, and recurrent ones (whose decoding carries a state, and which see left padding only
+through the KV cache's padding: batched == one at a time checks that)."""
+
+
+@pytest.fixture(scope="module", params=list(RUNNERS))
 def runner(request):
-    return _runner(pos_emb=request.param)
+    return _runner(**RUNNERS[request.param])
 
 
 def _generate(runner, prompts=PROMPTS, seed=None, **kwargs):
@@ -52,6 +59,11 @@ def test_kv_cache_equals_recompute_greedy_and_sampled(runner):
     recomputed = _generate(runner, params=sampled, seed=3, recompute=True)
     assert _tokens(cached) == _tokens(recomputed)
     assert all(len(r.tokens) == 10 for r in cached)
+
+
+def test_runner_knows_whether_the_model_has_recurrent_layers(runner):
+    kinds = {type(m).__name__ for m in runner.model.modules()}
+    assert runner.recurrent == bool(kinds & {"ParallelMambaResidualLayer", "RWKVResidualLayer"})
 
 
 def test_greedy_is_deterministic_and_varied(runner):

@@ -6,8 +6,8 @@ layouts, and Hugging Face folders. The model is described by a ModelConfig throu
   in GPT-NeoX's layout, which DeepSpeed's engine loads, for a chosen tensor/pipeline split.
 * ``tensor_parallel``: how each parameter is split across tensor-parallel ranks.
 * ``upgrade``: this framework's older layouts -> GPT-NeoX's (tools/ckpts/upgrade_checkpoint.py).
-* ``hf_gptneox`` / ``hf_llama``: our names and layouts <-> GPTNeoXForCausalLM / LlamaForCausalLM /
-  MistralForCausalLM, with the matching configs.
+* ``hf_gptneox`` / ``hf_llama`` / ``hf_mamba``: our names and layouts <-> GPTNeoXForCausalLM /
+  LlamaForCausalLM / MistralForCausalLM / MambaForCausalLM, with the matching configs.
 * ``hf_folder`` and ``tokenizer_files``: reading and writing a local Hugging Face folder.
 """
 from megatron.checkpoint_conversion.errors import ConversionError

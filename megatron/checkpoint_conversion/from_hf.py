@@ -18,14 +18,15 @@ import yaml
 
 from megatron.model_config import ModelConfig
 
-from megatron.checkpoint_conversion import hf_gptneox, hf_llama
+from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
 from megatron.checkpoint_conversion.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import load_hf_folder
 from megatron.checkpoint_conversion.neox_checkpoint import write_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
 
 MODEL_TYPES = {"gpt_neox": hf_gptneox.from_hf, "llama": hf_llama.from_hf, "mistral": hf_llama.from_hf,
-               "mixtral": hf_llama.from_hf}
+               "mixtral": hf_llama.from_hf,
+               "mamba": hf_mamba.from_hf}
 MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
               "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct", "rotary_emb_base", "gpt_j_residual",
               "gpt_j_tied", "no_weight_tying", "use_bias_in_norms", "use_bias_in_mlp", "use_bias_in_attn_linear",
@@ -33,11 +34,14 @@ MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads"
 """The GPT-NeoX config keys of a converted model's YAML (with its norm's epsilon; unset ones are left out)."""
 MOE_KEYS = ("moe_num_experts", "moe_top_k", "moe_type", "moe_router_type", "moe_loss_coeff", "moe_jitter_eps")
 """And those of a mixture of experts (Mixtral), with moe_expert_interval."""
+MAMBA_KEYS = ("attention_config", "mamba_use_bias_in_conv", "mamba_use_bias_in_linears")
+"""... and those of a model with Mamba layers."""
 
 
 def model_yaml_values(config: ModelConfig) -> Dict[str, Any]:
     """The GPT-NeoX config values describing ``config``'s architecture."""
-    values = {key: getattr(config, key) for key in MODEL_KEYS if getattr(config, key) is not None}
+    keys = MODEL_KEYS + (MAMBA_KEYS if "mamba" in config.attention_types else ())
+    values = {key: getattr(config, key) for key in keys if getattr(config, key) is not None}
     if config.moe_num_experts > 1:
         values.update({key: getattr(config, key) for key in MOE_KEYS if getattr(config, key) is not None})
         values["moe_expert_interval"] = config.expert_interval

@@ -57,6 +57,7 @@ from megatron.checkpointing import (
     checkpoint_kind,
     file_layout,
     gpt_neox_client_args,
+    gpt_neox_mamba_problem,
     load_lazily,
     model_files,
 )
@@ -232,6 +233,10 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> Neox
     tp, pp = file_layout(path)
     config = model_config_of(args, source, model_parallel_size=max(tp, 1), pipe_parallel_size=pp,
                              padded_vocab_size=None)
+    if kind == GPT_NEOX:
+        problem = gpt_neox_mamba_problem(tp, config.attention_types)
+        if problem:
+            raise ConversionError(f"{path}: {problem}")
     num_layers = config.num_layers
     try:
         old = _old_layout(path, files, num_layers) if kind == OURS_OLD else None
@@ -292,7 +297,7 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
     for slot, ranks in per_slot.items():
         if sorted(ranks) != list(range(tp)):
             raise ConversionError(f"{path}: slot {slot} has tensor-parallel files {sorted(ranks)} of {tp}")
-        kind = slot_kind(slot, num_layers)
+        kind = slot_kind(slot, num_layers, config.attention_types)
         states = []
         for rank in range(tp):
             source, state = ranks[rank]
@@ -317,14 +322,14 @@ def _read_zero3(path: str, config: ModelConfig, old: Optional[str]) -> Dict[int,
     slots = _split_by_slot(module, config.num_layers, old == FLAT, path)
     out = {}
     for slot, state in slots.items():
-        kind = slot_kind(slot, config.num_layers)
+        kind = slot_kind(slot, config.num_layers, config.attention_types)
         if old is not None:
             state = _old_to_neox(kind, state, config, 1)
         out[slot] = from_neox(kind, state, config, 0, 1, source=path)
     shared = next((s["attention.rpe.weight"] for s in out.values() if "attention.rpe.weight" in s), None)
     if shared is not None and old is None:
         for slot, state in out.items():
-            if slot_kind(slot, config.num_layers) == LAYER:
+            if slot_kind(slot, config.num_layers, config.attention_types) == LAYER:
                 state.setdefault("attention.rpe.weight", shared)
     return out
 
@@ -347,7 +352,7 @@ def flat_state_dict(module: Mapping[str, torch.Tensor], config: ModelConfig) -> 
     prefixes = slot_prefixes(config.num_layers)
     flat = {}
     for slot, state in _split_by_slot(module, config.num_layers, False, "the state dict").items():
-        params = from_neox(slot_kind(slot, config.num_layers), state, config)
+        params = from_neox(slot_kind(slot, config.num_layers, config.attention_types), state, config)
         flat.update({prefixes[slot] + name: value for name, value in params.items()})
     return flat
 
@@ -408,7 +413,8 @@ def write_checkpoint(save_dir: str, state: Mapping[str, torch.Tensor], config: M
         for name, tensor in params.items():
             for rank, piece in enumerate(split_full(prefix + name, tensor, tp, config)):
                 shards[rank][name] = piece.detach().clone().contiguous()  # clone: never save a view's storage
-        files[slot] = [to_neox(slot_kind(slot, num_layers), shards[rank], config, rank, tp) for rank in range(tp)]
+        kind = slot_kind(slot, num_layers, config.attention_types)
+        files[slot] = [to_neox(kind, shards[rank], config, rank, tp) for rank in range(tp)]
     client = {"iteration": iteration, "args": gpt_neox_client_args(args, config), LAYOUT_KEY: LAYOUT,
               **(client_state or {})}
     if pp == 0:

@@ -6,8 +6,9 @@ Splits follow megatron.mpu's layers, which are GPT-NeoX's: vocabulary-parallel e
 the query, key and value blocks with grouped-query attention, see megatron.model.attention) and MLP up
 projection (rows; a gated MLP's [up | gate] halves are each split), row-parallel attention output and MLP
 down projection (columns), the rpe table and ALiBi slopes (heads), the MoE experts' stacked w1 / w2 / w3 (rows:
-whole experts). Everything else (norms, row-parallel
-biases, learned positions) is replicated.
+whole experts); Mamba's inner channels (in_proj's [x | z] halves each split) and RWKV's heads, as
+megatron.model.mamba / rwkv split them. Everything else (norms, row-parallel biases, learned positions, RWKV's
+time-mix tables over hidden_size) is replicated.
 """
 from __future__ import annotations
 
@@ -27,6 +28,13 @@ _ROW = ("attention.dense.weight", "mlp.linear2.weight", "attention.rpe.weight")
 _HEADS = ("attention.alibi_embed.slopes",)
 _EXPERTS = ("mlp.experts.mlp.w1", "mlp.experts.mlp.w2", "mlp.experts.mlp.w3")
 """The dropless MoE's stacked expert weights: split by rows, i.e. by expert (megatron.model.moe.layer)."""
+_MAMBA_XZ = ("mixer.in_proj.weight", "mixer.in_proj.bias")
+_CHANNELS = ("mixer.conv1d.weight", "mixer.conv1d.bias", "mixer.dt_proj.weight", "mixer.dt_proj.bias", "mixer.A_log",
+             "mixer.D", "att.receptance.weight", "att.key.weight", "att.value.weight", "att.gate.weight",
+             "att.time_faaaa", "att.ln_x.weight", "att.ln_x.bias", "ffn.key.weight")
+"""Mamba's inner channels and RWKV's heads / channel-mix width, split in rows (megatron.model.mamba, rwkv)."""
+_RECURRENT_ROW = ("mixer.x_proj.weight", "mixer.out_proj.weight", "att.output.weight", "ffn.value.weight",
+                  "att.time_decay_w2")
 
 
 def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
@@ -35,10 +43,14 @@ def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
         return 0, qkv_blocks(config)
     if name.endswith(_GATED):
         return 0, 2 if config.gated_mlp else 1
-    if name.endswith(_COLUMN + _HEADS + _EXPERTS):
+    if name.endswith(_COLUMN + _HEADS + _EXPERTS + _CHANNELS):
         return 0, 1
-    if name.endswith(_ROW):
+    if name.endswith(_MAMBA_XZ):
+        return 0, 2
+    if name.endswith(_ROW + _RECURRENT_ROW):
         return 1, 1
+    if name.endswith("att.time_decay"):  # [1, 1, dim_att]
+        return 2, 1
     return None
 
 

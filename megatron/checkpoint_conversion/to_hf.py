@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Sequence
 
-from megatron.checkpoint_conversion import hf_gptneox, hf_llama
+from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
 from megatron.checkpoint_conversion.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
 
-ARCHITECTURES = ("neox", "llama", "mistral", "mixtral")
+ARCHITECTURES = ("neox", "llama", "mistral", "mixtral", "mamba")
 HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-              "mixtral": "MixtralForCausalLM"}
+              "mixtral": "MixtralForCausalLM", "mamba": "MambaForCausalLM"}
 
 
 def args_from_config_files(paths: Sequence[str]) -> Dict[str, Any]:
@@ -37,6 +37,8 @@ def convert_neox_to_hf(input_dir: str, output_dir: str, config_files: Optional[S
     ckpt = read_checkpoint(input_dir, args)
     if architecture == "neox":
         config, state = hf_gptneox.to_hf(ckpt.config, ckpt.state)
+    elif architecture == "mamba":
+        config, state = hf_mamba.to_hf(ckpt.config, ckpt.state)
     else:
         config, state = hf_llama.to_hf(ckpt.config, ckpt.state, architecture)
     config.architectures = [HF_CLASSES[architecture]]
@@ -45,6 +47,7 @@ def convert_neox_to_hf(input_dir: str, output_dir: str, config_files: Optional[S
     if tokenizer is not None:
         for name, value in special_token_ids(tokenizer).items():
             setattr(config, name, value)
-        write_hf_tokenizer(ckpt.args, tokenizer, output_dir, config.max_position_embeddings)
+        write_hf_tokenizer(ckpt.args, tokenizer, output_dir,
+                           getattr(config, "max_position_embeddings", None) or ckpt.config.positions)
     save_hf_folder(output_dir, config, state, precision)
     return HF_CLASSES[architecture]

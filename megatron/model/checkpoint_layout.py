@@ -34,7 +34,7 @@ without gpt_j_residual) adds one replicated bias after the reduction.
 from __future__ import annotations
 
 import functools
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -43,10 +43,15 @@ from megatron.model.positional import alibi_slopes, rotary_inv_freq, sinusoidal_
 from megatron.model_config import ModelConfig
 
 EMBEDDING, LAYER, FINAL_NORM, HEAD = "embedding", "layer", "final_norm", "head"
+MAMBA_LAYER, RWKV_LAYER = "mamba_layer", "rwkv_layer"
+"""Slots of Mamba / RWKV blocks: their parameters are GPT-NeoX's as they are (megatron.model.mamba, rwkv);
+only a Mamba block's ``norm`` follows the norm rules below (RWKV's ln1 / ln2 are always LayerNorms with
+biases, as GPT-NeoX's)."""
+BLOCK_KINDS = {"mamba": MAMBA_LAYER, "rwkv": RWKV_LAYER}
 SUMMED_BIASES = ("attention.dense.bias", "mlp.linear2.bias")
 """Row-parallel biases GPT-NeoX's parallel residual sums over tensor-parallel ranks."""
 _NORMS = {LAYER: ("input_layernorm.", "post_attention_layernorm.", "attention.q_norm.", "attention.k_norm."),
-          FINAL_NORM: ("norm.",)}
+          FINAL_NORM: ("norm.",), MAMBA_LAYER: ("norm.",)}
 _WHAT = {"position_embeddings.inv_freq": "hidden_size", "attention.alibi_embed.slopes":
          "num_attention_heads / model_parallel_size", "attention.rotary_emb.inv_freq": "rotary_pct / rotary_emb_base"}
 
@@ -55,12 +60,14 @@ class LayoutError(ValueError):
     """A checkpoint entry this model cannot take; the message names it and the setting to change."""
 
 
-def slot_kind(slot: int, num_layers: int) -> Optional[str]:
-    """What GPT-NeoX's slot ``slot`` holds (megatron.model.gpt2_model), None for a parameter-free slot."""
+def slot_kind(slot: int, num_layers: int, attention_types: Sequence[str] = ()) -> Optional[str]:
+    """What GPT-NeoX's slot ``slot`` holds (megatron.model.gpt2_model), None for a parameter-free slot; with
+    the model's ``attention_types`` a Mamba or RWKV block's slot is told from an attention layer's."""
     if slot == 0:
         return EMBEDDING
     if 2 <= slot <= num_layers + 1:
-        return LAYER
+        kind = attention_types[slot - 2] if len(attention_types) == num_layers else None
+        return BLOCK_KINDS.get(kind, LAYER)
     return {num_layers + 3: FINAL_NORM, num_layers + 4: HEAD}.get(slot)
 
 

@@ -46,13 +46,15 @@ from megatron.model.head import FinalNorm, OutputHead, tied_logits
 from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
+from megatron.model.mamba import ParallelMambaResidualLayer, mamba_kernel_problems
+from megatron.model.rwkv import RWKVResidualLayer
 from megatron.model.transformer import ParallelTransformerLayer
 from megatron.model.activation_checkpointing import (
     checkpoint_function,
     checkpointing_rng_tracker,
     configure_activation_checkpointing,
 )
-from megatron.model_config import ModelConfig
+from megatron.model_config import RECURRENT_TYPES, ModelConfig
 from megatron.neox_arguments.errors import ConfigError
 from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed, vocab_parallel_cross_entropy
@@ -82,6 +84,8 @@ def loss_function(config: ModelConfig, parallel_state):
 def check_model_config(config: ModelConfig, parallel_state) -> None:
     """One ConfigError listing everything that keeps ``config`` from being built on this rank's layout."""
     problems = config.problems() + config.device_problems(torch.cuda.is_available())
+    if "mamba" in config.attention_types:
+        problems += mamba_kernel_problems(config, torch.cuda.is_available())
     if config.padded_vocab_size is None:
         problems.append("padded_vocab_size is not set: build the tokenizer first (ModelConfig.from_neox_args(args, "
                         "padded_vocab_size=...)) or set padded_vocab_size")
@@ -107,7 +111,8 @@ def slot_prefixes(num_layers: int) -> Dict[int, str]:
 
 
 BLOCK_CLASSES: Dict[str, type] = {"global": ParallelTransformerLayer, "local": ParallelTransformerLayer,
-                                  "flash": ParallelTransformerLayer}
+                                  "flash": ParallelTransformerLayer, "mamba": ParallelMambaResidualLayer,
+                                  "rwkv": RWKVResidualLayer}
 """The module of each layer type of attention_config (GPT-NeoX's per-layer types): the layer specs as data.
 Every block class takes (config, parallel_state, initializer, layer_number, rng_tracker, rpe) and maps
 (hidden, attention_mask) [+ kv_cache] to (hidden, attention_mask), so it can sit in any slot 2..L+1."""
@@ -257,6 +262,20 @@ def gpt2_layer_specs(config: ModelConfig, parallel_state, rng_tracker) -> List[o
     return specs
 
 
+DEFAULT_PARTITION_METHOD = "type:transformer|mlp"
+
+
+def partition_method(config: ModelConfig) -> str:
+    """DeepSpeed's partition method for ``config``: pipe_partition_method, except that the default
+    (``type:transformer|mlp``, which balances the ParallelTransformerLayer slots) also counts Mamba and RWKV
+    layers, whose class names it would not match (DeepSpeed would find no layer to balance)."""
+    method = config.pipe_partition_method
+    recurrent = [kind for kind in RECURRENT_TYPES if kind in config.attention_types]
+    if method == DEFAULT_PARTITION_METHOD and recurrent:
+        return "|".join([method] + recurrent)
+    return method
+
+
 class GPT2ModelPipe(PipelineModule):
     """The GPT as a DeepSpeed PipelineModule (see module docstring)."""
 
@@ -270,7 +289,7 @@ class GPT2ModelPipe(PipelineModule):
             layers=gpt2_layer_specs(config, parallel_state, rng_tracker),
             loss_fn=loss_function(config, parallel_state),
             topology=parallel_state.get_topology(),
-            partition_method=config.pipe_partition_method,
+            partition_method=partition_method(config),
             activation_checkpoint_interval=config.checkpoint_num_layers if config.checkpoint_activations else 0,
             activation_checkpoint_func=checkpoint_function(),
             checkpointable_layers=sorted({cls.__name__ for cls in BLOCK_CLASSES.values()}),
@@ -322,4 +341,20 @@ def build_model(config: ModelConfig, parallel_state, rng_tracker=None) -> nn.Mod
     if config.soft_prompt_tokens is not None:
         for name, param in model.named_parameters():
             param.requires_grad = "soft_prompt" in name
-    return model.to(model_dtype(config))
+    return cast_model(model, model_dtype(config))
+
+
+def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model.to(dtype)``, except Mamba's A_log and D under mamba_selective_fp32_params, which stay fp32
+    (cast one parameter at a time, so they are never rounded through the half dtype)."""
+    kept = {id(p) for p in model.parameters() if getattr(p, "mamba_fp32", False)}
+    if not kept or dtype == torch.float32:
+        return model.to(dtype)
+    for param in model.parameters():
+        if id(param) not in kept and param.is_floating_point():
+            param.data = param.data.to(dtype)
+    for module in model.modules():
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and buf.is_floating_point():
+                setattr(module, name, buf.to(dtype))
+    return model

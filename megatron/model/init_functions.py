@@ -86,3 +86,7 @@ class Initializer:
     def output_weight(self, layer_index: int, name: str) -> InitFn:
         """Init for a residual-output weight (``output_layer_init_method``)."""
         return self._bind(self.output, layer_index, name)
+
+    def custom(self, layer_index: int, name: str, method: GeneratorInit) -> InitFn:
+        """Init by a layer's own rule (Mamba's dt and conv, RWKV's time-mix tables), seeded like the others."""
+        return self._bind(method, layer_index, name)

@@ -7,7 +7,7 @@ import dataclasses
 import difflib
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
-from megatron.model_config import ModelConfig, softmax_fusion_warning
+from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
 
@@ -89,10 +89,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("reward-model training (train_impl 'rm'), where GPT-NeoX implements z_loss", ("z_loss",)),
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
-    ("Mamba layers (attention type 'mamba')",
-     ("mamba_selective_scan_fusion", "mamba_causal_conv_fusion", "mamba_inner_func_fusion",
-      "mamba_selective_fp32_params", "mamba_use_bias_in_conv", "mamba_use_bias_in_linears")),
-    ("RWKV layers (attention type 'rwkv')", ("dim_att", "head_size", "ffn_dim")),
     ("gMLP / aMLP layers (attention types 'gmlp', 'amlp')", ("gmlp_attn_dim",)),
     ("gradient noise scale logging (log_gradient_noise_scale)",
      ("gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload")),
@@ -114,12 +110,16 @@ anything but its default, since nothing would read it."""
 
 
 def fusion_flag_warnings(args: NeoXArgsSchema) -> List[str]:
-    """What to tell the user about fusion flags that are accepted but cannot take effect (the model's rule,
-    megatron.model_config.softmax_fusion_warning)."""
+    """What to tell the user about fusion flags, and transformer-layer settings on an all-recurrent model,
+    that are accepted but cannot take effect (megatron.model_config.softmax_fusion_warning and
+    recurrent_only_warning)."""
     if any(getattr(args, name) is None for name in REQUIRED_MODEL_FIELDS):
         return []
-    message = softmax_fusion_warning(ModelConfig.from_neox_args(args))
-    return [message + "; set it to false to silence this warning"] if message else []
+    config = ModelConfig.from_neox_args(args)
+    message = softmax_fusion_warning(config)
+    recurrent = recurrent_only_warning(config)
+    return ([message + "; set it to false to silence this warning"] if message else []) + \
+        ([recurrent] if recurrent else [])
 
 
 def unknown_key_problems(keys: Iterable[str], known: Set[str], origin: dict) -> List[str]:

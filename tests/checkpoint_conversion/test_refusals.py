@@ -98,3 +98,21 @@ def test_vocabulary_that_does_not_split_is_refused(tmp_path):
                                      intermediate_size=16)).save_pretrained(tmp_path / "odd")
     with pytest.raises(ConversionError, match="vocab_size 95 is not divisible by --model_parallel_size 2"):
         convert_hf_to_neox(str(tmp_path / "odd"), str(tmp_path / "o"), str(tmp_path / "c.yml"), 2, 0)
+
+
+def test_gpt_neox_mamba_checkpoint_saved_with_tensor_parallelism_is_refused(tmp_path):
+    """GPT-NeoX's TP > 1 Mamba mixer is another function than ours (megatron.model.mamba): its checkpoints are
+    refused, naming why, before any tensor is read."""
+    from megatron.checkpointing import gpt_neox_mamba_problem
+    from tests.checkpoint_conversion.gpt_neox_files import gpt_neox_yaml, write_gpt_neox_checkpoint
+
+    values = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+                  norm="rmsnorm", pos_emb="none", attention_config=[[["mamba"], 2]], model_parallel_size=2,
+                  pipe_parallel_size=0)
+    embedding = torch.zeros(48, 32)
+    path = write_gpt_neox_checkpoint(tmp_path, {0: [{"word_embeddings.weight": embedding}] * 2},
+                                     gpt_neox_yaml(values), {"num_layers": 2}, pp=0)
+    with pytest.raises(ConversionError, match="GPT-NeoX's Mamba layers saved at model_parallel_size=2"):
+        read_checkpoint(str(path))
+    assert gpt_neox_mamba_problem(1, ("mamba", "mamba")) is None
+    assert gpt_neox_mamba_problem(2, ("global", "rwkv")) is None

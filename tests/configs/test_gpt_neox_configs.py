@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 
+from megatron.model_config import ModelConfig
 from megatron.neox_arguments import ConfigError, NeoXArgs, NeoXConfigWarning
 from tests.tools.tool_runner import REPO, load_tool
 
@@ -293,8 +294,6 @@ NOT_BUILT = {
                                "supported yet"),
     "moe_expert_parallel": ('"moe_num_experts": 8, "moe_expert_parallel_size": 2, "num_gpus": 2,',
                             "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
-    "mamba": ('"attention_config": [[["mamba"], 4]], "mamba_inner_func_fusion": true,', "'mamba' is not supported yet"),
-    "rwkv": ('"attention_config": [[["rwkv"], 4]],', "'rwkv' is not supported yet"),
     "gmlp": ('"attention_config": [[["gmlp"], 4]], "gmlp_attn_dim": 64,', "'gmlp' is not supported yet"),
     "sparse": ('"attention_config": [[["local", "global"], "all"]], "sparsity_config": {"block": 16},',
                "sparse attention (sparsity_config) is not supported yet"),
@@ -317,13 +316,90 @@ def test_features_built_by_other_issues_are_refused_as_not_supported_yet(tmp_pat
     assert not any("unknown argument" in p for p in problems)
 
 
-def test_mamba_with_a_head_count_that_does_not_divide_is_refused_for_mamba_only(tmp_path):
-    """GPT-NeoX's mamba-1.4B.yml has hidden_size 2048 and 12 heads, which GPT-NeoX does not check for Mamba."""
+def test_mamba_with_a_head_count_that_does_not_divide_loads(tmp_path):
+    """GPT-NeoX's mamba-1.4B.yml has hidden_size 2048 and 12 heads, which GPT-NeoX does not check for Mamba
+    (a Mamba layer has no heads); with its fusion flags on it validates here too (the kernels are checked where
+    the model is built, on the workers)."""
+    args, messages = load([write(tmp_path, "model.yml", SMALL % ""),
+                           write(tmp_path, "mamba.yml", '{"attention_config": [[["mamba"], 4]], "activation": "silu",'
+                                                        ' "mamba_inner_func_fusion": true,'
+                                                        ' "mamba_selective_scan_fusion": true,'
+                                                        ' "mamba_causal_conv_fusion": true}'),
+                           write(tmp_path, "setup.yml", SETUP)], num_attention_heads=12)
+    assert args.attention_config == ["mamba"] * 4 and args.mamba_inner_func_fusion
+    assert messages == ["activation='silu', pos_emb='rotary' have no effect: every layer is a mamba layer, with its "
+                        "own fixed residual and activations and no attention (as in GPT-NeoX); remove them to "
+                        "silence this warning"]
+
+
+RWKV_STYLE = """\
+# laid out like GPT-NeoX's rwkv/170M.yml (head_size = dim_att / heads = 64; gpt_j_residual and activation set)
+{
+  "pipe_parallel_size": 1,
+  "model_parallel_size": 1,
+  "num_layers": 4,
+  "hidden_size": 256,
+  "num_attention_heads": 4,
+  "seq_length": 512,
+  "max_position_embeddings": 2048,
+  "output_layer_parallelism": "column",
+  "norm": "rmsnorm",
+  "rms_norm_epsilon": 1.0e-5,
+  "train_micro_batch_size_per_gpu": 32,
+  "attention_config": [[["rwkv"], 4]],
+  "activation": "silu",
+  "rotary_pct": 0.25,
+  "no_weight_tying": true,
+  "gpt_j_residual": true,
+  "init_method": "small_init",
+  "output_layer_init_method": "wang_init",
+  "optimizer": {"type": "Adam", "params": {"lr": 0.0008, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+  "min_lr": 0.00008,
+  "zero_optimization": {"stage": 1, "allgather_partitions": True, "overlap_comm": True},
+  "data_impl": "mmap",
+  "num_workers": 1,
+  "checkpoint_activations": true,
+  "partition_activations": true,
+  "bf16": {"bf16": true, "enabled": true, "loss_scale": 0, "initial_scale_power": 12, "min_loss_scale": 1},
+  "train_iters": 500,
+  "lr_decay_style": "constant",
+  "warmup": 0.01,
+  "checkpoint_factor": 100,
+}
+"""
+
+
+def test_rwkv_style_config_loads_with_one_warning(tmp_path):
+    args, messages = load([write(tmp_path, "rwkv.yml", RWKV_STYLE), write(tmp_path, "setup.yml", SETUP)])
+    assert args.attention_config == ["rwkv"] * 4 and args.training_problems() == []
+    config = ModelConfig.from_neox_args(args)
+    assert (config.rwkv_dim_att, config.rwkv_head_size, config.rwkv_ffn_dim) == (256, 64, 896)
+    assert messages == ["gpt_j_residual=True, activation='silu' have no effect: every layer is a rwkv layer, with its "
+                        "own fixed residual and activations and no attention (as in GPT-NeoX); remove them to "
+                        "silence this warning"]
+
+
+def test_attention_positions_on_a_recurrent_stack_are_named(tmp_path):
+    args, messages = load([write(tmp_path, "rwkv.yml", RWKV_STYLE), write(tmp_path, "setup.yml", SETUP)],
+                          pos_emb="rotary", gpt_j_residual=False, activation="gelu")
+    assert messages == ["pos_emb='rotary' has no effect: every layer is a rwkv layer, with its own fixed residual "
+                        "and activations and no attention (as in GPT-NeoX); remove it to silence this warning"]
+
+
+def test_hybrid_stack_takes_transformer_settings_silently(tmp_path):
+    args, messages = load([write(tmp_path, "model.yml", SMALL % ""),
+                           write(tmp_path, "hybrid.yml", '{"attention_config": [[["mamba", "global"], 2]],'
+                                                         ' "activation": "silu"}'),
+                           write(tmp_path, "setup.yml", SETUP)], gpt_j_residual=True)
+    assert args.attention_config == ["mamba", "global"] * 2 and messages == []
+
+
+def test_settings_of_recurrent_layers_without_such_layers_are_refused(tmp_path):
     problems = refusal([write(tmp_path, "model.yml", SMALL % ""),
-                        write(tmp_path, "mamba.yml", '{"attention_config": [[["mamba"], 4]]}')],
-                       num_attention_heads=12)
-    assert problems == ["attention_config: attention type 'mamba' is not supported yet; built types are global, "
-                        "local, flash"]
+                        write(tmp_path, "extra.yml", '{"mamba_use_bias_in_linears": true, "dim_att": 256}'),
+                        write(tmp_path, "setup.yml", SETUP)])
+    assert problems == ["mamba_use_bias_in_linears=True is a setting of mamba layers but attention_config has none; "
+                        "remove it", "dim_att=256 is a setting of rwkv layers but attention_config has none; remove it"]
 
 
 def test_names_without_suffix_through_deepy(tmp_path):

@@ -125,3 +125,25 @@ def test_parameters_and_optimizer_groups_are_in_gpt_neox_order():
     # GPT-NeoX's get_params_for_weight_decay_optimization: norms and biases undecayed, module order kept
     assert decay == [n for n in names if not n.endswith("bias") and "norm" not in n]
     assert no_decay == [n for n in names if n.endswith("bias") or "norm" in n]
+
+
+GPT_NEOX_MAMBA_LAYER = ["norm.scale", "mixer.A_log", "mixer.D", "mixer.in_proj.weight", "mixer.conv1d.weight",
+                        "mixer.conv1d.bias", "mixer.x_proj.weight", "mixer.dt_proj.weight", "mixer.dt_proj.bias",
+                        "mixer.out_proj.weight"]
+GPT_NEOX_RWKV_LAYER = ["ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias"] + [
+    f"att.{name}" for name in ("time_maa_x", "time_maa_w", "time_maa_k", "time_maa_v", "time_maa_r", "time_maa_g",
+                               "time_maa_w1", "time_maa_w2", "time_decay", "time_decay_w1", "time_decay_w2",
+                               "time_faaaa", "receptance.weight", "key.weight", "value.weight", "output.weight",
+                               "gate.weight", "ln_x.weight", "ln_x.bias")] + [
+    f"ffn.{name}" for name in ("time_maa_k", "time_maa_r", "key.weight", "receptance.weight", "value.weight")]
+"""GPT-NeoX's ParallelMambaResidualLayer (rmsnorm, default biases) and RWKVResidualLayer state, in the order
+its modules register them (a module's own parameters, A_log and D, before its submodules')."""
+
+
+@pytest.mark.parametrize("kind,names", [("mamba", GPT_NEOX_MAMBA_LAYER), ("rwkv", GPT_NEOX_RWKV_LAYER)])
+def test_mamba_and_rwkv_slots_hold_gpt_neox_s_names_in_its_order(kind, names):
+    model = _model(attention_config=["global", kind], norm="rmsnorm", use_bias_in_norms=False)
+    state = model.state_dict()
+    assert [n[len("sequential.3."):] for n in state if n.startswith("sequential.3.")] == names
+    assert [n for n, _ in model.named_parameters() if n.startswith("sequential.3.")] == \
+        [f"sequential.3.{n}" for n in names]

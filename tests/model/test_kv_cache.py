@@ -1,4 +1,5 @@
-"""Decoding with the explicit KV cache gives the logits of a full forward over the same tokens."""
+"""Decoding with the explicit KV cache (attention keys/values, Mamba and RWKV recurrent states) gives the
+logits of a full forward over the same tokens."""
 
 import pytest
 import torch
@@ -18,7 +19,11 @@ from tests.model.helpers import tiny_config
         dict(pos_emb="alibi"),
         dict(pos_emb="rpe", gpt_j_residual=True),
         dict(pos_emb="learned", attention_config=["local", "global"], local_attention_block=4),
+        dict(attention_config=[[["mamba"], 2]]),
+        dict(attention_config=[[["rwkv"], 2]]),
+        dict(num_layers=3, pos_emb="rotary", attention_config=["mamba", "global", "rwkv"]),
     ],
+    ids=["rotary_gqa", "sliding_window", "alibi", "rpe_gptj", "local_global", "mamba", "rwkv", "hybrid"],
 )
 def test_kv_cache_matches_full_forward(overrides):
     model = build_model(tiny_config(**overrides), SingleProcessState()).eval()

@@ -275,7 +275,7 @@ def test_dropout_only_in_training():
     "overrides,match",
     [
         (dict(attention_config=["sparse_fixed", "global"]), "sparse_fixed"),
-        (dict(attention_config=["mamba", "global"]), "mamba"),
+        (dict(attention_config=["gmlp", "global"]), "gmlp"),
         (dict(precision="fp16"), "fp16"),
         (dict(num_kv_heads=3), "num_kv_heads"),
         (dict(activation="tanh"), "tanh"),

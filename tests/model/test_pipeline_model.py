@@ -99,6 +99,8 @@ def _pipeline_losses(rank: int, world_size: int, pipe: int, model_parallel: int,
     (2, 1, dict(pos_emb="rotary", activation="swiglu")),
     (2, 1, dict(no_weight_tying=True, checkpoint_activations=True, pipe_partition_method="uniform")),
     (1, 2, dict(pos_emb="rotary", num_kv_heads=2, sequence_parallel=True)),
+    (2, 1, dict(attention_config=["mamba", "rwkv"], checkpoint_activations=True)),
+    (2, 1, dict(num_layers=4, attention_config=["mamba", "global", "rwkv", "mamba"])),
 ])
 def test_pipeline_matches_sequential_over_steps(pipe, model_parallel, overrides):
     results = run_distributed(_pipeline_losses, world_size=2, args=(pipe, model_parallel, overrides))
@@ -109,4 +111,6 @@ def test_pipeline_matches_sequential_over_steps(pipe, model_parallel, overrides)
         # GPT-NeoX's 7 slots (embedding, pass, 2 layers, pass, norm, head): type:transformer|mlp balances the
         # 2 transformer layers (slots 2 and 3); uniform balances the 7 slots.
         want = [0, 4, 7] if overrides.get("pipe_partition_method") == "uniform" else [0, 3, 7]
+        if overrides.get("num_layers") == 4:  # 9 slots; the default method balances mamba / rwkv layers too
+            want = [0, 4, 9]
         assert parts == want

@@ -41,6 +41,9 @@ def expected_local(full_model: nn.Module, tp_model: nn.Module, rank: int, world:
         if name in specs:
             dim, chunks = specs[name]
             ref = shard_of(ref, dim, rank, world, chunks)
+        elif ref.shape != mine.shape:  # a plain tensor split along one dim (Mamba's conv1d, RWKV's time_decay)
+            dim = next(i for i, (a, b) in enumerate(zip(ref.shape, mine.shape)) if a != b)
+            ref = shard_of(ref, dim, rank, world)
         pairs[name] = (ref, mine)
     return pairs
 

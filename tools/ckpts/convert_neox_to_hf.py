@@ -11,8 +11,8 @@ tokenizer_config.json. Without --config_file the checkpoint's own neox_args.json
 configs/*.yml) describes the model.
 --architecture neox gives GPTNeoXForCausalLM; llama / mistral give LlamaForCausalLM / MistralForCausalLM
 for rmsnorm + swiglu + rotary models; mixtral gives MixtralForCausalLM for such models with a dropless
-mixture of experts in every layer (top-k routing, k >= 2). What a target cannot represent is refused with the
-reason.
+mixture of experts in every layer (top-k routing, k >= 2); mamba gives MambaForCausalLM for pure-Mamba models
+(rmsnorm without bias, pos_emb none). What a target cannot represent is refused with the reason.
 """
 from __future__ import annotations
 

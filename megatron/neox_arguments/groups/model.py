@@ -337,34 +337,41 @@ class NeoXArgsModel:
 
     mamba_selective_scan_fusion: bool = False
     """
-    Enable fused kernels for Mamba selective scan.
+    Enable fused kernels for Mamba selective scan: mamba_ssm's selective_scan_fn on CUDA (training and
+    prompt forwards; decoding steps use the PyTorch recurrence). Needs a CUDA GPU and
+    requirements/requirements-mamba.txt: refused with a message where the model is built without them. False:
+    the pure-PyTorch chunked scan (any device).
     """
 
     mamba_causal_conv_fusion: bool = False
     """
-    Enable fused kernels for Mamba causal Conv1d.
+    Enable fused kernels for Mamba causal Conv1d: causal_conv1d's causal_conv1d_fn on CUDA. Needs a CUDA GPU
+    and requirements/requirements-mamba.txt (refused otherwise, as mamba_selective_scan_fusion).
     """
 
     mamba_inner_func_fusion: bool = False
     """
-    Enable fused inner operator for Mamba. (Supersedes conv. and selective scan fusion flags, requires
-    each of those kernels to be installed.)
+    Enable fused inner operator for Mamba: mamba_ssm's mamba_inner_fn (conv, projections and scan in one
+    kernel; supersedes the conv and selective scan fusion flags). Needs a CUDA GPU and
+    requirements/requirements-mamba.txt (refused otherwise); refused with mamba_use_bias_in_linears (as in
+    GPT-NeoX) and with model_parallel_size > 1.
     """
 
     mamba_selective_fp32_params: bool = True
     """
-    Keep selected parameters in fp32 for Mamba (A and D). Requires
-    https://github.com/EleutherAI/DeeperSpeed/pull/61 .
+    Keep selected parameters in fp32 for Mamba (A_log and D) when the model is cast to fp16 / bf16; the
+    selective scan reads them in fp32 either way.
     """
 
     mamba_use_bias_in_conv: bool = True
     """
-    If false, conv1d in mamba block will not have bias term
+    If false, conv1d in mamba block will not have bias term.
     """
 
     mamba_use_bias_in_linears: bool = False
     """
-    Enable bias terms in mamba block up- and down- projections (in_proj and out_proj).
+    Enable bias terms in mamba block linear layers (in_proj, x_proj and out_proj, as in GPT-NeoX; dt_proj
+    always has its bias).
     """
 
     output_layer_parallelism: Literal['column'] = 'column'
@@ -434,16 +441,18 @@ class NeoXArgsModel:
 
     dim_att: Optional[int] = None
     """
-    Total dimension of the attention mechanism for RWKV. If not set, defaults to hidden_size.
+    Total dimension of the attention mechanism (time mix) for RWKV. If not set, defaults to hidden_size. Must
+    be divisible by num_attention_heads.
     """
 
     head_size: Optional[int] = None
     """
-    Size of each attention head for RWKV. Calculated as dim_att // num_attention_heads.
+    Size of each attention head for RWKV. Calculated as dim_att // num_attention_heads; when set it must equal
+    that (refused otherwise).
     """
 
     ffn_dim: Optional[int] = None
     """
-    Dimension of the feed-forward network for RWKV. If not set, calculated based on hidden_size and
-    expansion_factor.
+    Dimension of the feed-forward network (channel mix) for RWKV. If not set, intermediate_size, else
+    int(expansion_factor (default 3.5) * hidden_size), rounded down to a multiple of 32 (GPT-NeoX's rule).
     """

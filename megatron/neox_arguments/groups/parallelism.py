@@ -24,7 +24,8 @@ class NeoXArgsParallelism:
     """
     method used to distribute model layers across pipeline stages. Choose from "parameters", which
     balances the number of parameters on each pipeline stage, "uniform", which naively balances the
-    number of layers per stage, or "type:[regex]", which balances layers whose class names match [regex]
+    number of layers per stage, or "type:[regex]", which balances layers whose class names match [regex].
+    The default also balances Mamba and RWKV layers (their class names do not match "transformer").
     """
 
     world_size: Optional[int] = None

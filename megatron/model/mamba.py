@@ -1,0 +1,332 @@
+"""Mamba layers (attention_config type 'mamba'): GPT-NeoX's pre-norm residual block around a selective
+state-space mixer (Gu & Dao, 2023, Algorithm 2), in pure PyTorch, tensor-parallel, with O(1) decoding.
+
+Block: ``x + drop(mixer(norm(x)))`` (``norm`` is the config's norm; hidden_dropout on the mixer's output).
+Mixer, for one token stream (d = the inner width ``mamba_inner``, n = 16 state channels, k = 4 conv width,
+r = ``mamba_dt_rank``)::
+
+    x, z   = in_proj(h).chunk(2)                 # [b, s, d] each (in_proj's rows are [x | z])
+    x      = silu(conv1d(x))                     # causal depthwise conv of width k over time
+    dt, B, C = x_proj(x).split([r, n, n])        # data-dependent step and input/output maps
+    dt     = softplus(dt_proj.weight @ dt + dt_proj.bias)       # [b, s, d]
+    h_t    = exp(dt_t A) * h_{t-1} + dt_t B_t x_t                # state [b, d, n], A = -exp(A_log)
+    y_t    = C_t . h_t + D x_t
+    out    = out_proj(y * silu(z))
+
+Parameter names and shapes are GPT-NeoX's (``norm.*``, ``mixer.in_proj``, ``mixer.conv1d`` [d, 1, k],
+``mixer.x_proj``, ``mixer.dt_proj``, ``mixer.A_log`` [d, n], ``mixer.D``, ``mixer.out_proj``), as are the
+initialisations (dt_proj's weight uniform in +-r^-0.5 and bias the inverse softplus of a log-uniform step in
+[0.001, 0.1]; A_log = log(1..n); D = 1; conv1d as torch's Conv1d default) and the registration order.
+
+Tensor parallelism: the inner channels are split across ranks (in_proj column-parallel with its [x | z]
+halves each split, so the full tensor is mamba_ssm's and Hugging Face's [x | z]; conv1d, dt_proj, A_log
+and D hold the rank's channels; out_proj row-parallel). x_proj is row-parallel and its output is summed over
+the ranks, so every rank's dt, B and C are those of the whole layer: TP=N computes what TP=1 computes.
+(GPT-NeoX's mixer skips that sum and chunks each rank's in_proj rows into x and z, so its model_parallel_size
+> 1 Mamba is another function: such checkpoints are refused, megatron.checkpointing.gpt_neox_mamba_problem.)
+
+The selective scan (``selective_scan``) runs chunk by chunk: inside a chunk a log-depth (Hillis-Steele)
+scan over the step pairs (exp(dt A), dt B x), which only ever multiplies decays <= 1, so it is stable at any
+step size; the state is carried from chunk to chunk, and each chunk is recomputed in the backward pass
+(activation checkpointing) so training keeps one chunk's [b, chunk, d, n] states alive, not the sequence's.
+It equals ``selective_scan_reference`` (the per-step recurrence), which tests check in fp32 and bf16.
+
+Kernels (GPU, optional, requirements/requirements-mamba.txt): mamba_causal_conv_fusion calls
+causal_conv1d's ``causal_conv1d_fn``, mamba_selective_scan_fusion mamba_ssm's ``selective_scan_fn`` and
+mamba_inner_func_fusion its ``mamba_inner_fn`` (the whole mixer after in_proj) on full forwards (training,
+prompts); decoding steps and inputs with left padding always take the PyTorch path. A flag whose package
+does not import, or that finds no CUDA device, is refused when the model is built.
+
+mamba_selective_fp32_params keeps A_log and D in fp32 when the model is cast to half precision (the scan
+always reads them in fp32, as GPT-NeoX and mamba_ssm do).
+
+Decoding (``KVCache``): each layer keeps its last k - 1 conv inputs [b, k - 1, d] and its SSM state
+[b, d, n]; a forward continues from them, so a new token costs O(1) whatever the context. Left-padded slots
+(``KVCache.padding``) enter neither: their conv input and scan input are zero, which leaves the zero state
+unchanged, as if the row started at its first real token.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from megatron.model.checkpoint_layout import MAMBA_LAYER, install_hooks
+from megatron.model.kv_cache import KVCache
+from megatron.model.norms import build_norm
+from megatron.model.recurrent_common import hidden_dropout, pad_mask
+from megatron.model_config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
+from megatron.mpu import ColumnParallelLinear, RowParallelLinear, copy_to_model_parallel_region
+from megatron.mpu.layers import _fill_shard
+
+SCAN_CHUNK = 32
+"""Time steps per chunk of the selective scan (log2 of it is the depth of the scan inside a chunk)."""
+DT_MIN, DT_MAX, DT_INIT_FLOOR = 0.001, 0.1, 1e-4
+
+
+# --------------------------------------------------------------------------------------------------
+# The selective scan and the causal convolution
+# --------------------------------------------------------------------------------------------------
+def _scan_chunk(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                h0: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(C . h_t for each step [b, T, d], the last state [b, d, n]) of one chunk, starting from h0."""
+    decay = torch.exp(delta.unsqueeze(-1) * A)                          # [b, T, d, n], in (0, 1]
+    inject = (delta * u).unsqueeze(-1) * B.unsqueeze(2)                 # [b, T, d, n]
+    steps, shift = u.size(1), 1
+    while shift < steps:  # Hillis-Steele: after the pass for shift s each step has folded in 2s steps
+        inject = torch.cat([inject[:, :shift], inject[:, shift:] + decay[:, shift:] * inject[:, :-shift]], dim=1)
+        decay = torch.cat([decay[:, :shift], decay[:, shift:] * decay[:, :-shift]], dim=1)
+        shift *= 2
+    states = inject + decay * h0.unsqueeze(1)                           # [b, T, d, n]
+    return torch.einsum("btdn,btn->btd", states, C), states[:, -1].clone()  # not a view: frees states
+
+
+def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
+                   delta_bias: Optional[torch.Tensor] = None, delta_softplus: bool = True,
+                   initial_state: Optional[torch.Tensor] = None, chunk_size: int = SCAN_CHUNK
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(y [b, s, d] in u's dtype, last state [b, d, n] fp32) of the selective SSM (see module docstring).
+
+    u, delta, z: [b, s, d]; A: [d, n]; B, C: [b, s, n]; D, delta_bias: [d]; initial_state [b, d, n] (zeros
+    when None). Computed in fp32, chunk by chunk (checkpointed when gradients are needed)."""
+    dtype = u.dtype
+    u, delta, A, B, C = u.float(), delta.float(), A.float(), B.float(), C.float()
+    if delta_bias is not None:
+        delta = delta + delta_bias.float()
+    if delta_softplus:
+        delta = F.softplus(delta)
+    b, s, d = u.shape
+    state = initial_state.float() if initial_state is not None else u.new_zeros(b, d, A.size(1))
+    outputs = []
+    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (u, delta, A, B, C, state))
+    for start in range(0, s, chunk_size):
+        part = slice(start, start + chunk_size)
+        args = (u[:, part], delta[:, part], A, B[:, part], C[:, part], state)
+        y, state = checkpoint(_scan_chunk, *args, use_reentrant=False) if recompute else _scan_chunk(*args)
+        outputs.append(y)
+    y = torch.cat(outputs, dim=1) if outputs else u.new_zeros(b, 0, d)
+    if D is not None:
+        y = y + u * D.float()
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y.to(dtype), state
+
+
+def selective_scan_reference(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                             C: torch.Tensor, D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
+                             delta_bias: Optional[torch.Tensor] = None, delta_softplus: bool = True,
+                             initial_state: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The same function as ``selective_scan``, one time step at a time (the definition; tests compare)."""
+    dtype = u.dtype
+    u, delta, A, B, C = u.float(), delta.float(), A.float(), B.float(), C.float()
+    if delta_bias is not None:
+        delta = delta + delta_bias.float()
+    if delta_softplus:
+        delta = F.softplus(delta)
+    b, s, d = u.shape
+    h = initial_state.float() if initial_state is not None else u.new_zeros(b, d, A.size(1))
+    ys = []
+    for t in range(s):
+        h = torch.exp(delta[:, t, :, None] * A) * h + (delta[:, t] * u[:, t])[:, :, None] * B[:, t, None, :]
+        ys.append(torch.einsum("bdn,bn->bd", h, C[:, t]))
+    y = torch.stack(ys, dim=1) if ys else u.new_zeros(b, 0, d)
+    if D is not None:
+        y = y + u * D.float()
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y.to(dtype), h
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                  previous: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(depthwise causal convolution of x [b, s, d] with weight [d, 1, k], the last k - 1 inputs [b, k - 1, d]).
+
+    ``previous`` holds the k - 1 inputs before x (zeros when None: the sequence starts here)."""
+    b, s, d = x.shape
+    width = weight.size(-1)
+    if previous is None:
+        previous = x.new_zeros(b, width - 1, d)
+    window = torch.cat([previous.to(x.dtype), x], dim=1)                   # [b, k - 1 + s, d]
+    tail = window[:, window.size(1) - (width - 1):]
+    if s <= width:  # decoding steps: k multiply-adds per channel (a conv call costs ~100x more on CPU)
+        out = (window.unfold(1, width, 1) * weight.squeeze(1)).sum(-1)    # [b, s, d]
+        return (out if bias is None else out + bias), tail
+    out = F.conv1d(window.transpose(1, 2), weight, bias, groups=d)        # [b, d, s]
+    return out.transpose(1, 2), tail
+
+
+# --------------------------------------------------------------------------------------------------
+# GPU kernels (optional)
+# --------------------------------------------------------------------------------------------------
+MAMBA_KERNELS = {"mamba_selective_scan_fusion": ("mamba_ssm.ops.selective_scan_interface", "selective_scan_fn"),
+                 "mamba_causal_conv_fusion": ("causal_conv1d", "causal_conv1d_fn"),
+                 "mamba_inner_func_fusion": ("mamba_ssm.ops.selective_scan_interface", "mamba_inner_fn")}
+"""flag -> (module, function) of the kernel it switches on."""
+
+
+def mamba_kernel_problems(config: ModelConfig, cuda_available: bool) -> list:
+    """Each Mamba fusion flag that is on but cannot run here (no CUDA, or its package does not import)."""
+    import importlib
+
+    problems = []
+    for flag, (module, name) in MAMBA_KERNELS.items():
+        if not getattr(config, flag):
+            continue
+        if not cuda_available:
+            problems.append(f"{flag}=true needs a CUDA GPU (its kernel is CUDA-only) and this worker has none; set "
+                            f"it to false to use the PyTorch selective scan and convolution")
+            continue
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{flag}=true needs {module.split('.')[0]}.{name}, which does not import ({exc}); "
+                            f"install it with: pip install -r requirements/requirements-mamba.txt")
+    return problems
+
+
+def _kernel(flag: str):
+    import importlib
+
+    module, name = MAMBA_KERNELS[flag]
+    return getattr(importlib.import_module(module), name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------------------
+def _conv_init(width: int):
+    bound = 1.0 / math.sqrt(width)  # torch's Conv1d default (kaiming_uniform a=sqrt(5)) for a depthwise conv
+    return lambda t, g: torch.nn.init.uniform_(t, -bound, bound, generator=g)
+
+
+def _dt_bias_init(t: torch.Tensor, g: torch.Generator) -> None:
+    """The inverse softplus of a step drawn log-uniformly in [DT_MIN, DT_MAX] (mamba_ssm's dt init)."""
+    dt = torch.exp(torch.rand(t.shape, generator=g) * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN))
+    dt = dt.clamp(min=DT_INIT_FLOOR)
+    t.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+
+class ParallelMambaMixer(nn.Module):
+    """The selective SSM mixer of one layer over this rank's inner channels (see module docstring)."""
+
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
+        super().__init__()
+        self.layer_number = layer_number
+        tp, rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
+        self.group = parallel_state.get_model_parallel_group() if tp > 1 else None
+        d, r, n, k = config.mamba_inner, config.mamba_dt_rank, MAMBA_STATE_SIZE, MAMBA_CONV_WIDTH
+        self.d_local, self.dt_rank, self.d_state = d // tp, r, n
+        linear_bias = config.mamba_use_bias_in_linears
+        self.in_proj = ColumnParallelLinear(config.hidden_size, 2 * d, parallel_state,
+                                            initializer.weight(layer_number, "mixer.in_proj"), bias=linear_bias,
+                                            chunks=2)
+        self.conv1d = nn.Conv1d(self.d_local, self.d_local, k, groups=self.d_local,
+                                bias=config.mamba_use_bias_in_conv)
+        self._shard(self.conv1d.weight, (d, 1, k), initializer.custom(layer_number, "mixer.conv1d.weight",
+                                                                     _conv_init(k)), rank, tp)
+        if self.conv1d.bias is not None:
+            self._shard(self.conv1d.bias, (d,), initializer.custom(layer_number, "mixer.conv1d.bias",
+                                                                   _conv_init(k)), rank, tp)
+        self.x_proj = RowParallelLinear(d, r + 2 * n, parallel_state, initializer.weight(layer_number, "mixer.x_proj"),
+                                        bias=linear_bias)
+        self.dt_proj = nn.Linear(r, self.d_local, bias=True)
+        std = r ** -0.5
+        self._shard(self.dt_proj.weight, (d, r), initializer.custom(
+            layer_number, "mixer.dt_proj.weight", lambda t, g: torch.nn.init.uniform_(t, -std, std, generator=g)),
+            rank, tp)
+        self._shard(self.dt_proj.bias, (d,), initializer.custom(layer_number, "mixer.dt_proj.bias", _dt_bias_init),
+                    rank, tp)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(self.d_local, 1))
+        self.D = nn.Parameter(torch.ones(self.d_local))
+        for param in (self.A_log, self.D):
+            param._no_weight_decay = True  # as GPT-NeoX and mamba_ssm
+            param.mamba_fp32 = config.mamba_selective_fp32_params  # build_model keeps these in fp32
+        for param in (self.conv1d.weight, self.conv1d.bias, self.dt_proj.weight, self.dt_proj.bias, self.A_log,
+                      self.D):
+            if param is not None:
+                param.model_parallel = tp > 1
+        self.out_proj = RowParallelLinear(d, config.hidden_size, parallel_state,
+                                          initializer.output_weight(layer_number, "mixer.out_proj"), bias=linear_bias)
+        self.scan_kernel = _kernel("mamba_selective_scan_fusion") if config.mamba_selective_scan_fusion else None
+        self.conv_kernel = _kernel("mamba_causal_conv_fusion") if config.mamba_causal_conv_fusion else None
+        self.inner_kernel = _kernel("mamba_inner_func_fusion") if config.mamba_inner_func_fusion else None
+
+    @staticmethod
+    def _shard(param: torch.Tensor, full_shape, init_fn, rank: int, tp: int) -> None:
+        _fill_shard(param, full_shape, init_fn, 0, rank, tp)
+
+    def forward(self, h: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        """h [b, s, hidden] -> [b, s, hidden]; continues from and updates ``cache``'s state of this layer."""
+        xz = self.in_proj(h)                                              # [b, s, 2 * d_local]: [x | z]
+        if cache is None and self.inner_kernel is not None and xz.is_cuda:
+            return self._fused_inner(xz)
+        pads = pad_mask(cache, h)
+        state = cache.recurrent_state(self.layer_number) if cache is not None else None
+        x, z = xz.chunk(2, dim=-1)
+        if pads is not None:
+            x = x.masked_fill(pads.unsqueeze(-1), 0.0)
+        conv_state, ssm_state = state if state is not None else (None, None)
+        x, conv_state = self._conv(x, conv_state)
+        if pads is not None:
+            x = x.masked_fill(pads.unsqueeze(-1), 0.0)
+        x_dbl = copy_to_model_parallel_region(self.x_proj(x), self.group)  # summed over ranks; grads summed back
+        dt, B, C = x_dbl.split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = F.linear(dt, self.dt_proj.weight)                            # [b, s, d_local]; bias added in the scan
+        A = -torch.exp(self.A_log.float())
+        y, ssm_state = self._scan(x, dt, A, B, C, z, ssm_state)
+        if cache is not None:
+            cache.set_recurrent_state(self.layer_number, (conv_state, ssm_state))
+        return self.out_proj(y)
+
+    def _conv(self, x: torch.Tensor, previous: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.conv_kernel is not None and previous is None and x.is_cuda:
+            width = self.conv1d.weight.size(-1)
+            tail = F.pad(x, (0, 0, max(width - 1 - x.size(1), 0), 0))[:, -(width - 1):]
+            out = self.conv_kernel(x.transpose(1, 2), self.conv1d.weight.squeeze(1), self.conv1d.bias, activation="silu")
+            return out.transpose(1, 2), tail
+        out, tail = causal_conv1d(x, self.conv1d.weight, self.conv1d.bias, previous)
+        return F.silu(out), tail
+
+    def _scan(self, x, dt, A, B, C, z, initial_state):
+        if self.scan_kernel is not None and initial_state is None and x.is_cuda:
+            # mamba_ssm's layout: [b, d, s] for u, delta, z and [b, n, s] for B, C
+            y, last = self.scan_kernel(x.transpose(1, 2).contiguous(), dt.transpose(1, 2).contiguous(), A,
+                                       B.transpose(1, 2).contiguous(), C.transpose(1, 2).contiguous(),
+                                       self.D.float(), z=z.transpose(1, 2).contiguous(),
+                                       delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
+                                       return_last_state=True)
+            return y.transpose(1, 2), last
+        return selective_scan(x, dt, A, B, C, self.D, z=z, delta_bias=self.dt_proj.bias, initial_state=initial_state)
+
+    def _fused_inner(self, xz: torch.Tensor) -> torch.Tensor:
+        """mamba_ssm's mamba_inner_fn: conv, x_proj, dt_proj, scan and out_proj in one kernel (TP=1: the
+        config refuses it with model_parallel_size > 1, as x_proj's output would need a sum over ranks). It
+        returns no state, so forwards with a decoding state take the PyTorch path."""
+        out = self.inner_kernel(xz.transpose(1, 2).contiguous(), self.conv1d.weight, self.conv1d.bias,
+                                self.x_proj.weight, self.dt_proj.weight, self.out_proj.weight, self.out_proj.bias,
+                                -torch.exp(self.A_log.float()), None, None, self.D.float(),
+                                delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
+        return out
+
+
+class ParallelMambaResidualLayer(nn.Module):
+    """GPT-NeoX's Mamba layer: ``x + drop(mixer(norm(x)))``, called with (hidden, mask) like every block."""
+
+    def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker,
+                 rpe=None) -> None:
+        super().__init__()
+        self.layer_number = layer_number
+        self.norm = build_norm(config, config.hidden_size)
+        self.mixer = ParallelMambaMixer(config, parallel_state, initializer, layer_number)
+        self.hidden_dropout = config.hidden_dropout
+        install_hooks(self, MAMBA_LAYER, config, parallel_state)
+
+    def forward(self, args: Tuple[torch.Tensor, Optional[torch.Tensor]], kv_cache: Optional[KVCache] = None):
+        hidden, mask = args  # the attention mask is not read: the recurrence is causal by construction
+        out = self.mixer(self.norm(hidden), kv_cache)
+        return hidden + hidden_dropout(out, self.hidden_dropout, self.training), mask

@@ -1,0 +1,43 @@
+"""A hybrid model (Mamba, attention and RWKV layers: configs/hybrid_tiny.yml's stack) trains through deepy.py
+train.py on CPU, its loss falls, and a run stopped at step 6 and resumed gives the straight run's losses
+exactly. One test of three launches (~15 s each) covers both recurrent block types; the layers themselves are
+tested in tests/model/test_mamba.py, test_rwkv.py and test_recurrent_tensor_parallel.py."""
+
+import os
+
+import pytest
+
+from megatron.neox_arguments.loading import parse_yaml_text
+from tests.e2e.launch import REPO
+from tests.e2e.training_run import TrainingRun, build_tiny_corpus, falls
+
+pytestmark = pytest.mark.slow
+
+MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "norm", "pos_emb", "attention_config")
+
+
+def hybrid_model():
+    """The model keys of the shipped configs/hybrid_tiny.yml (the run keeps the tests' short sequences)."""
+    path = os.path.join(REPO, "configs", "hybrid_tiny.yml")
+    values = parse_yaml_text(open(path, encoding="utf-8").read(), path)
+    return {key: values[key] for key in MODEL_KEYS}
+
+
+def test_hybrid_mamba_attention_rwkv_trains_and_resumes_exactly(tmp_path):
+    data = build_tiny_corpus(tmp_path / "corpus")
+    model = hybrid_model()
+    assert model["attention_config"] == ["mamba", "global", "rwkv"]
+    straight = TrainingRun(tmp_path / "straight", data, num_gpus=1, train_iters=12, save=None, load=None,
+                           **model)
+    straight.launch()
+    straight.assert_ok()
+    losses = straight.losses()
+    assert sorted(losses) == list(range(1, 13)) and falls(losses), losses
+
+    stopped = TrainingRun(tmp_path / "stopped", data, num_gpus=1, train_iters=12, exit_interval=6, **model)
+    stopped.launch()
+    stopped.assert_ok()
+    assert stopped.latest() == "global_step6" and max(stopped.losses()) == 6
+    stopped.launch()
+    stopped.assert_ok()
+    assert stopped.losses() == losses
