@@ -8,7 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,6 +27,25 @@ def measure_command(cmd: Sequence[str], env: Optional[Dict[str, str]] = None, ti
     if out.returncode != 0:
         raise RuntimeError(f"measurement wrapper failed: {out.stderr}")
     return json.loads(out.stdout)
+
+
+def train_with_deepy(config: Dict, directory: str, name: str, port: int) -> Tuple[List[Dict], Dict]:
+    """Write `config` as <directory>/<name>.yml and train it through `deepy.py train.py` (measured by
+    measure_command); returns (the run's 'train' records of metrics.jsonl, measure_command's result). The
+    metrics file is removed, so that the next run in `directory` starts a fresh one."""
+    import yaml
+
+    path = os.path.join(directory, f"{name}.yml")
+    with open(path, "w") as handle:
+        yaml.safe_dump(config, handle)
+    result = measure_command([sys.executable, "deepy.py", "train.py", path, "--master_port", str(port)])
+    if result["returncode"] != 0:
+        raise RuntimeError(f"{name}: deepy.py failed:\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}")
+    metrics = os.path.join(config["log_dir"], "metrics.jsonl")
+    with open(metrics) as handle:
+        records = [json.loads(line) for line in handle if '"train"' in line]
+    os.remove(metrics)
+    return records, result
 
 
 def last_json_line(text: str) -> Dict:

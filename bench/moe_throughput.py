@@ -15,7 +15,6 @@ the table gives medians of the median step time after --warmup steps, tokens/s f
 memory of the process tree."""
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import machine_description, measure_command, median, print_table  # noqa: E402
+from bench.common import machine_description, median, print_table, train_with_deepy  # noqa: E402
 from bench.train_throughput import SIZES, ours_config, write_data  # noqa: E402
 
 LABELS = {"dense": "(a) dense, same active parameters", "megablocks": "(b) dropless MoE (megablocks)",
@@ -45,18 +44,7 @@ def contender_config(name: str, args, data: Dict[str, str], directory: str) -> D
 
 
 def measure(name: str, args, data: Dict[str, str], directory: str) -> Dict:
-    import yaml
-
-    path = os.path.join(directory, f"{name}.yml")
-    with open(path, "w") as handle:
-        yaml.safe_dump(contender_config(name, args, data, directory), handle)
-    result = measure_command([sys.executable, "deepy.py", "train.py", path, "--master_port", str(args.port)])
-    if result["returncode"] != 0:
-        raise RuntimeError(f"{name} failed:\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}")
-    metrics = os.path.join(directory, "logs", "metrics.jsonl")
-    with open(metrics) as handle:
-        records = [json.loads(line) for line in handle if '"train"' in line]
-    os.remove(metrics)
+    records, result = train_with_deepy(contender_config(name, args, data, directory), directory, name, args.port)
     times = [r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]
     dropped = [v for r in records for k, v in r.items() if k.startswith("moe_dropped/")]
     return {"step_time": median(times), "peak_rss_mb": result["peak_rss_mb"],

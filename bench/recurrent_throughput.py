@@ -15,7 +15,6 @@ position embeddings (as their configs in configs/mamba, configs/rwkv). Same laye
 batch, sequence length and data for all three; their parameter counts differ (listed)."""
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import machine_description, measure_command, median, print_table  # noqa: E402
+from bench.common import machine_description, median, print_table, train_with_deepy  # noqa: E402
 from bench.train_throughput import write_data  # noqa: E402
 
 SIZES = {"tiny": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},     # smoke test of the script
@@ -53,18 +52,7 @@ def train_config(args, kind: str, data: Dict[str, str], directory: str) -> Dict:
 
 
 def train(args, kind: str, data: Dict[str, str], directory: str) -> Dict:
-    import yaml
-
-    path = os.path.join(directory, f"{kind}.yml")
-    with open(path, "w") as handle:
-        yaml.safe_dump(train_config(args, kind, data, directory), handle)
-    result = measure_command([sys.executable, "deepy.py", "train.py", path, "--master_port", str(args.port)])
-    if result["returncode"] != 0:
-        raise RuntimeError(f"deepy.py failed:\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}")
-    metrics = os.path.join(directory, "logs", "metrics.jsonl")
-    with open(metrics) as handle:
-        records = [json.loads(line) for line in handle if '"train"' in line]
-    os.remove(metrics)
+    records, result = train_with_deepy(train_config(args, kind, data, directory), directory, kind, args.port)
     out = {"step_time": median([r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]),
            "peak_mb": result["peak_rss_mb"]}
     if "gpu_max_allocated_gb" in records[-1]:

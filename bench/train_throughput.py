@@ -22,7 +22,8 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import REPO, last_json_line, machine_description, measure_command, median, print_table  # noqa
+from bench.common import (REPO, last_json_line, machine_description, measure_command, median,  # noqa: E402
+                          print_table, train_with_deepy)
 
 SIZES = {
     "tiny": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},       # smoke test of the script
@@ -85,19 +86,8 @@ def ours_config(args, data: Dict[str, str], directory: str) -> Dict:
 
 
 def ours(args, data: Dict[str, str], directory: str) -> Dict:
-    import yaml
-
-    config = ours_config(args, data, directory)
-    path = os.path.join(directory, "bench.yml")
-    with open(path, "w") as handle:
-        yaml.safe_dump(config, handle)
-    result = measure_command([sys.executable, "deepy.py", "train.py", path, "--master_port", str(args.port)])
-    if result["returncode"] != 0:
-        raise RuntimeError(f"deepy.py failed:\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}")
-    with open(os.path.join(directory, "logs", "metrics.jsonl")) as handle:
-        records = [json.loads(line) for line in handle if '"train"' in line]
+    records, result = train_with_deepy(ours_config(args, data, directory), directory, "bench", args.port)
     times = [r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]
-    os.remove(os.path.join(directory, "logs", "metrics.jsonl"))
     out = {"step_time": median(times), "peak_rss_mb": result["peak_rss_mb"]}
     if "gpu_max_allocated_gb" in records[-1]:
         out["peak_gpu_mb"] = records[-1]["gpu_max_allocated_gb"] * 1024
