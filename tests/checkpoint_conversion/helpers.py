@@ -139,3 +139,13 @@ def hf_greedy(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     with torch.no_grad():
         return model.generate(prompt, generation_config=config, max_new_tokens=new_tokens, do_sample=False,
                               attention_mask=torch.ones_like(prompt))
+
+
+def assert_matches_hf(ours, hf, atol: float = 1e-4) -> None:
+    """Our model gives transformers' logits (to atol) and its greedy continuation (10 tokens)."""
+    tokens = random_tokens(seq=16)
+    with torch.no_grad():
+        want = hf(tokens).logits
+    torch.testing.assert_close(our_logits(ours, tokens), want, rtol=0, atol=atol)
+    prompt = tokens[:, :5]
+    assert torch.equal(our_greedy(ours, prompt, 10), hf_greedy(hf, prompt, 10))
