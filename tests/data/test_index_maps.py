@@ -31,6 +31,26 @@ def test_packed_samples_are_windows_of_the_stream() -> None:
         assert start == i * 16 and 0 <= off < max(len(docs[maps.doc_idx[pos]]), 1)
 
 
+def test_the_last_partial_epoch_is_shuffled_apart_from_the_complete_ones() -> None:
+    """GPT-NeoX's two-part shuffle: samples of the complete epochs are permuted among themselves and those of the
+    last, partly used, epoch among themselves, so the first samples drawn never come from an epoch that training
+    only reads in part (one permutation over all samples would mix them in)."""
+    docs = make_docs(30, min_len=1)
+    sizes = _sizes(docs)
+    documents = np.arange(30)
+    seq_length = 16
+    tokens_per_epoch = int(sizes.sum())
+    num_samples = (2 * tokens_per_epoch) // seq_length + 3  # just into a third epoch
+    maps = build_index_maps(sizes, documents, num_samples=num_samples, seq_length=seq_length, seed=5)
+    assert len(maps.doc_idx) == 3 * len(documents)
+    complete = (2 * tokens_per_epoch - 1) // seq_length
+    n = len(maps.shuffle_idx)
+    assert 0 < complete < n
+    assert sorted(maps.shuffle_idx[:complete].tolist()) == list(range(complete))
+    assert sorted(maps.shuffle_idx[complete:].tolist()) == list(range(complete, n))
+    assert maps.shuffle_idx[:complete].tolist() != list(range(complete))  # shuffled, not in order
+
+
 def test_maps_are_deterministic_by_seed() -> None:
     sizes = _sizes(make_docs(50))
     a = build_index_maps(sizes, np.arange(50), 200, 8, seed=1)

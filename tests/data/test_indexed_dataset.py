@@ -80,6 +80,12 @@ def test_reads_files_from_independent_writer(tmp_path: Path, dtype: np.dtype, co
     assert ds.document(0).tolist() == [1, 2, 3, 4]
     assert ds.get(2, offset=1, length=3).tolist() == [6, 7, 8]
     assert ds[-1].tolist() == [65000, 0, 12]
+    # a range past the sequence's end would read the next sequence's tokens (or past the file): refused
+    size = int(ds.sizes[2])
+    assert ds.get(2, offset=size - 1, length=1).size == 1
+    for offset, length in ((size - 1, 2), (-1, 2), (0, size + 1), (1, -1)):
+        with pytest.raises(IndexError, match=f"outside sequence 2 of size {size}"):
+            ds.get(2, offset=offset, length=length)
 
 
 @pytest.mark.parametrize(("dtype", "code"), [(np.uint16, 8), (np.int32, 4)])
