@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+from megatron.launch_signals import ForwardSignals, interrupted_exit_code
 from megatron.neox_arguments import ConfigError, NeoXArgs, prelaunch
 from megatron.neox_arguments.hostfile import is_local_launch
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variables_to_workers, multi_node_launch,
@@ -156,11 +157,20 @@ def launch(args: NeoXArgs) -> int:
     os.environ.update(environment)
     forward_variables_to_workers()
     deepspeed_logger.addFilter(_AbbreviateEncodedConfig(environment[ENCODED_CONFIG_ENV]))
+    forwarding = ForwardSignals().install()
     try:
         runner.main(args.get_deepspeed_main_args())
     except (RuntimeError, ValueError) as exc:  # the runner's own refusals, before any worker starts
         print(f"error: DeepSpeed's runner did not start the workers: {exc}", file=sys.stderr)
         return 2
+    except SystemExit:  # the runner passes on a failed launcher's status; a rank signalled early has no own code
+        if forwarding.received:
+            return interrupted_exit_code(forwarding.received)
+        raise
+    finally:
+        forwarding.restore()
+    if forwarding.received:  # the ranks exited 0 all the same (e.g. they had just finished): still interrupted
+        return interrupted_exit_code(forwarding.received)
     return 0
 
 

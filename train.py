@@ -12,6 +12,7 @@ from megatron.neox_arguments import ConfigError, NeoXArgs
 def main() -> int:
     from megatron.checkpointing import CheckpointError
     from megatron.data.errors import DataError
+    from megatron.launch_signals import interrupted_exit_code
     from megatron.optional_deps import MissingOptionalDependency
     from megatron.tokenizer import TokenizerError
 
@@ -19,10 +20,12 @@ def main() -> int:
         neox_args = NeoXArgs.consume_neox_args()
         from megatron.training import pretrain
 
-        pretrain(neox_args)
+        summary = pretrain(neox_args)
     except (ConfigError, CheckpointError, DataError, TokenizerError, MissingOptionalDependency) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if "stopped_by" in summary:  # saved and stopped by a signal: not a finished run (megatron.launch_signals)
+        return interrupted_exit_code(summary["signal"])
     return 0
 
 

@@ -14,12 +14,16 @@ Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety 
                                checkpoint_layout: gpt-neox
     global_step{N}/configs/*.yml    the user's YAML files, verbatim (as GPT-NeoX)
     global_step{N}/rng_state_rank{R}.pt   each rank's RNG states (unless no_save_rng)
+    global_step{N}/checksums.sha256   SHA-256 of every file above, written after they are all flushed to disk;
+                               verified before a load (megatron.checkpoint_integrity)
     global_step{N}/COMPLETE   written last, after every rank has finished
     latest                     the tag of the newest complete checkpoint
+    .run.lock                  held by the training run writing here (megatron.run_lock)
 
 DeepSpeed is told not to touch `latest`; we replace it (write to a temporary file, then os.replace)
 only after all ranks have saved and COMPLETE exists, so a crash mid-save leaves `latest` pointing at the
-previous, complete checkpoint.
+previous, complete checkpoint. A save that fails (the disk full) removes its partial directory and raises
+CheckpointError naming the cause; `latest` stays where it was.
 
 Which checkpoint a directory holds (``checkpoint_kind``):
   * this project's (neox_args.json with checkpoint_layout gpt-neox): needs COMPLETE and the same architecture;
@@ -46,6 +50,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint_files import CheckpointError, load_checkpoint_file  # noqa: F401 (CheckpointError: re-exported)
+from megatron.checkpoint_integrity import verification_problems, write_manifest
+from megatron.checkpoint_integrity import write_atomically as _write_atomically  # a seam tests replace
 
 COMPLETE_MARKER = "COMPLETE"
 LATEST_FILE = "latest"
@@ -109,21 +115,12 @@ def set_rng_states(states: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def _write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def read_latest(save_dir: str) -> Optional[str]:
     """The tag `latest` names, or None when there is no checkpoint."""
     path = os.path.join(save_dir, LATEST_FILE)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8", errors="replace") as handle:  # random bytes: a name that is no directory
         return handle.read().strip() or None
 
 
@@ -209,13 +206,26 @@ def read_client_state(path: str) -> Dict[str, Any]:
     return {key: value for key, value in load_lazily(files[0]).items() if key != "module"}
 
 
+def read_saved_args(args_file: str) -> Dict[str, Any]:
+    """A checkpoint's neox_args.json; CheckpointError when it is not a JSON object."""
+    try:
+        with open(args_file, encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{args_file} is damaged (not JSON: {exc}); this checkpoint cannot be checked against "
+                              f"the config. Restore the file, or set iteration to another checkpoint") from None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{args_file} is damaged (not a JSON object); restore it, or set iteration to "
+                              f"another checkpoint")
+    return saved
+
+
 def checkpoint_kind(path: str) -> str:
     """OURS, OURS_OLD or GPT_NEOX (see the module docstring). A directory of this project's without its
     neox_args.json (an interrupted save) counts as OURS, to be refused for its missing COMPLETE."""
     args_file = os.path.join(path, ARGS_FILE)
     if os.path.isfile(args_file):
-        with open(args_file, encoding="utf-8") as handle:
-            return OURS if json.load(handle).get(LAYOUT_KEY) == LAYOUT else OURS_OLD
+        return OURS if read_saved_args(args_file).get(LAYOUT_KEY) == LAYOUT else OURS_OLD
     if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
         return OURS
     return OURS if read_client_state(path).get(LAYOUT_KEY) else GPT_NEOX
@@ -233,6 +243,50 @@ def file_layout(path: str) -> Tuple[int, int]:
     return len(mp_ranks), 0
 
 
+def directory_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _dirs, names in os.walk(path) for name in names)
+
+
+def estimated_checkpoint_bytes(save_dir: str, parameters: int, weight_bytes: int) -> int:
+    """The size of one checkpoint: the newest complete one in ``save_dir`` if there is one, else ``parameters``
+    weights of ``weight_bytes`` each plus Adam's two fp32 moments (and fp32 master weights for 16-bit weights)."""
+    complete = complete_tags(save_dir)
+    if complete:
+        return directory_bytes(os.path.join(save_dir, complete[-1]))
+    return parameters * (weight_bytes + 8 + (4 if weight_bytes < 4 else 0))
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2 ** 30:.2f} GiB"
+
+
+def space_problem(save_dir: str, needed: int) -> Optional[str]:
+    """A message when the filesystem of ``save_dir`` has less free space than ``needed`` bytes (one checkpoint)."""
+    free = shutil.disk_usage(save_dir).free
+    if free >= needed:
+        return None
+    return (f"save='{save_dir}' has {_gib(free)} free, and one checkpoint of this run takes about {_gib(needed)}: "
+            f"the first save would fail with the disk full. Free space there (keep_last_n_checkpoints prunes old "
+            f"checkpoints) or set save to a larger filesystem")
+
+
+def _save_failure(path: str, exc: BaseException) -> CheckpointError:
+    """What a failed save (disk full, a vanished directory, a failing disk) says; `latest` has not moved."""
+    save_dir = os.path.dirname(path)
+    previous = read_latest(save_dir)
+    try:
+        free = shutil.disk_usage(save_dir).free
+    except OSError:
+        free = None
+    full = free is not None and (free < 1 << 20 or "No space left" in str(exc))
+    cause = "the disk is full" if full else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc}"
+    keeps = (f"'{LATEST_FILE}' still names {previous}, which is complete and will be resumed from" if previous
+             else "no checkpoint was completed before it")
+    return CheckpointError(f"saving checkpoint {path} failed: {cause}"
+                           f"{f' ({_gib(free)} free)' if free is not None else ''}; the partial checkpoint was "
+                           f"removed and {keeps}. Free space (or fix the disk) and relaunch to resume")
+
+
 def save_checkpoint(neox_args, model_config, iteration: int, engine,
                     extra_state: Optional[Dict[str, Any]] = None) -> str:
     """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position."""
@@ -248,19 +302,25 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     client_state = {"iteration": iteration, "args": gpt_neox_client_args(neox_args.to_dict(), model_config),
                     LAYOUT_KEY: LAYOUT, **({} if neox_args.no_save_rng else gpt_neox_rng_state()),
                     **(extra_state or {})}
-    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
-    os.makedirs(path, exist_ok=True)
-    if not neox_args.no_save_rng:
-        torch.save(_rng_states(), os.path.join(path, f"rng_state_rank{rank}.pt"))
-    if rank == 0:
-        with open(os.path.join(path, ARGS_FILE), "w", encoding="utf-8") as handle:
-            json.dump(saved_args(neox_args, model_config), handle, indent=1, sort_keys=True, default=str)
-        os.makedirs(os.path.join(path, "configs"), exist_ok=True)
-        for name, text in (neox_args.config_files or {}).items():
-            with open(os.path.join(path, "configs", os.path.basename(name)), "w", encoding="utf-8") as handle:
-                handle.write(text)
+    try:
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+        os.makedirs(path, exist_ok=True)
+        if not neox_args.no_save_rng:
+            torch.save(_rng_states(), os.path.join(path, f"rng_state_rank{rank}.pt"))
+        if rank == 0:
+            with open(os.path.join(path, ARGS_FILE), "w", encoding="utf-8") as handle:
+                json.dump(saved_args(neox_args, model_config), handle, indent=1, sort_keys=True, default=str)
+            os.makedirs(os.path.join(path, "configs"), exist_ok=True)
+            for name, text in (neox_args.config_files or {}).items():
+                with open(os.path.join(path, "configs", os.path.basename(name)), "w", encoding="utf-8") as handle:
+                    handle.write(text)
+    except (OSError, RuntimeError) as exc:  # disk full: torch reports it as "[enforce fail at inline_container.cc]"
+        error = _save_failure(path, exc)
+        shutil.rmtree(path, ignore_errors=True)  # never loaded (no COMPLETE), and it holds the space
+        raise error from None
     _barrier()
     if rank == 0:
+        write_manifest(path)  # every file flushed to disk and checksummed before COMPLETE
         _write_atomically(os.path.join(path, COMPLETE_MARKER), f"{iteration}\n")
         _write_atomically(os.path.join(save_dir, LATEST_FILE), tag)
         _remove_stray_temporaries(save_dir)
@@ -291,6 +351,44 @@ def _architecture_mismatches(saved: Dict[str, Any], current: Dict[str, Any], key
             if key in saved and saved[key] != current[key]]
 
 
+def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> None:
+    """What a resume (not a fine-tune) needs besides the architecture. Refused: another number of data-parallel
+    ranks under ZeRO with the optimizer state loaded (DeepSpeed cannot repartition it), and another seq_length
+    (the data position counts samples of seq_length tokens). Handled, with a note: another global batch size
+    (the data continues at the same sample; iterations and the LR schedule count batches of the new size)."""
+    problems = []
+    zero = max(int(saved.get("zero_stage") or 0), int(neox_args.zero_stage or 0))
+    saved_dp, dp = saved.get("data_parallel_size"), neox_args.data_parallel_size
+    if zero >= 1 and not neox_args.no_load_optim and saved_dp is not None and saved_dp != dp:
+        problems.append(f"data-parallel ranks: checkpoint {saved_dp}, this run {dp}, with ZeRO stage {zero}: "
+                        f"DeepSpeed cannot repartition ZeRO's optimizer state over another number of ranks. Resume "
+                        f"on {saved_dp} data-parallel ranks (global_num_gpus / (model_parallel_size x "
+                        f"pipe_parallel_size)), or set no_load_optim: true to keep the weights and the iteration and "
+                        f"start the optimizer state afresh")
+    if saved.get("seq_length") is not None and saved["seq_length"] != neox_args.seq_length:
+        problems.append(f"seq_length: checkpoint {saved['seq_length']}, config {neox_args.seq_length}: resuming "
+                        f"continues the data where the run stopped, which is only defined for the same seq_length "
+                        f"(a sample is seq_length tokens). To go on training at another length, set finetune: true "
+                        f"(the weights, from iteration 0, on the data from its start)")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} cannot be resumed by this run:\n  " + "\n  ".join(problems))
+    saved_batch = saved.get("train_batch_size")
+    if saved_batch is not None and saved_batch != neox_args.train_batch_size and _rank() == 0:
+        print(f"note: the global batch size changed from {saved_batch} (checkpoint) to {neox_args.train_batch_size}: "
+              f"the data continues at the sample where the run stopped; iterations (train_iters, the LR schedule, "
+              f"checkpoint and evaluation intervals) count batches of {neox_args.train_batch_size}", flush=True)
+
+
+def _verified_by_rank0(path: str) -> List[str]:
+    """verification_problems of checkpoint ``path``, read once (by rank 0) and given to every rank."""
+    problems = verification_problems(path) if _rank() == 0 else []
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        shared = [problems]
+        dist.broadcast_object_list(shared, src=0)
+        problems = shared[0]
+    return problems
+
+
 def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) -> Optional[Tuple[str, str]]:
     """(load_dir, tag) to load, or None to start from scratch. Raises CheckpointError for a bad checkpoint.
     ``layout_must_match``: the tensor / pipeline split must be the checkpoint's (DeepSpeed's engine loads
@@ -310,6 +408,12 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
         if note and _rank() == 0:
             print(f"note: {note}", flush=True)
     path = os.path.join(load_dir, tag)
+    damage = _verified_by_rank0(path)
+    if damage:
+        older = [t for t in complete_tags(load_dir) if t != tag]
+        raise CheckpointError(f"checkpoint {path} is damaged: " + "; ".join(damage) + f". It was not loaded. Other "
+                              f"complete checkpoints: {older or 'none'}" + (" — set iteration to one of them"
+                                                                            if older else ""))
     kind = checkpoint_kind(path)
     if kind == GPT_NEOX:
         mismatches = _gpt_neox_mismatches(path, neox_args, model_config, layout_must_match)
@@ -323,13 +427,14 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
                               f"to one of them")
     args_file = os.path.join(path, ARGS_FILE)
     if os.path.isfile(args_file):
-        with open(args_file, encoding="utf-8") as handle:
-            saved = json.load(handle)
+        saved = read_saved_args(args_file)
         keys = ARCHITECTURE_KEYS if layout_must_match else tuple(k for k in ARCHITECTURE_KEYS if k not in LAYOUT_KEYS)
         mismatches = _architecture_mismatches(saved, saved_args(neox_args, model_config), keys)
         if mismatches:
             raise CheckpointError(f"checkpoint {path} was saved by a model of another architecture or parallel "
                                   f"layout:\n  " + "\n  ".join(mismatches))
+        if layout_must_match and not neox_args.finetune:
+            _check_resume_settings(path, saved, neox_args)
     if kind == OURS_OLD and layout_must_match:
         raise CheckpointError(f"checkpoint {path} is in this project's older layout (before GPT-NeoX's tensor names "
                               f"and slots), which DeepSpeed's engine cannot load for training; rewrite it with\n  "
@@ -460,6 +565,8 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     resolved = resolve_checkpoint(neox_args, model_config)
     if resolved is None:
         return 0, {}
+    from deepspeed.runtime.zero.utils import ZeRORuntimeException
+
     load_dir, tag = resolved
     finetune = neox_args.finetune
     load_optim = not (neox_args.no_load_optim or finetune)
@@ -469,7 +576,7 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
         loaded_path, client_state = engine.load_checkpoint(
             load_dir, tag=tag, load_optimizer_states=load_optim, load_lr_scheduler_states=load_optim,
             load_module_only=finetune)
-    except (RuntimeError, KeyError, OSError, EOFError, ValueError) as exc:
+    except (RuntimeError, KeyError, OSError, EOFError, ValueError, ZeRORuntimeException) as exc:
         raise CheckpointError(f"checkpoint {os.path.join(load_dir, tag)} could not be loaded: {exc}") from exc
     if loaded_path is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint files in {os.path.join(load_dir, tag)}")

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint_files import use_safe_loading
-from megatron.checkpointing import load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from megatron.checkpointing import (CheckpointError, estimated_checkpoint_bytes, load_checkpoint, rng_states,
+                                   save_checkpoint, set_rng_states, space_problem)
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
 
@@ -405,21 +406,74 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
     return result
 
 
+def _agreed_problem(problem: Optional[str]) -> Optional[str]:
+    """Rank 0's finding, given to every rank (all stop together instead of waiting for rank 0 in a collective)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        shared = [problem]
+        dist.broadcast_object_list(shared, src=0)
+        return shared[0]
+    return problem
+
+
+def _claim_save_directory(neox_args):
+    """Rank 0 takes `save`'s run lock (megatron.run_lock); CheckpointError on every rank when another run holds it."""
+    from megatron.run_lock import RunLock
+
+    lock = RunLock(neox_args.save)
+    problem = lock.acquire() if not dist.is_initialized() or dist.get_rank() == 0 else None
+    problem = _agreed_problem(problem)
+    if problem:
+        raise CheckpointError(problem)
+    return lock
+
+
+def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
+    """Room for one checkpoint in `save`, checked before the first step rather than found at the first save."""
+    parameters = torch.tensor([float(sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()))])
+    if dist.is_initialized():
+        dist.all_reduce(parameters)
+        parameters /= ctx.parallel_state.get_data_parallel_world_size()
+    weight_bytes = next(engine.module.parameters()).element_size()
+    problem = None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        problem = space_problem(neox_args.save, estimated_checkpoint_bytes(neox_args.save, int(parameters.item()),
+                                                                           weight_bytes))
+    problem = _agreed_problem(problem)
+    if problem:
+        raise CheckpointError(problem)
+
+
 def pretrain(neox_args) -> Dict[str, Any]:
     """Train (and evaluate) as the config says; returns a summary (iterations, losses, evaluations)."""
-    from megatron.logging import TrainingLogger
-    from megatron.timers import Timers
-
     problems = neox_args.training_problems()
     if problems:
         from megatron.neox_arguments import ConfigError
 
         raise ConfigError(problems)
     ctx = initialize_megatron(neox_args)
+    do_train = neox_args.do_train if neox_args.do_train is not None else True
+    lock = _claim_save_directory(neox_args) if do_train and neox_args.save else None
+    try:
+        return _train_and_evaluate(neox_args, ctx, do_train, check_space=lock is not None)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space: bool) -> Dict[str, Any]:
+    from megatron.logging import TrainingLogger
+    from megatron.timers import Timers
+
     schedule = TrainingSchedule.from_neox_args(neox_args)
     stop = StopRequested()
     stop.install()
-    engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx, schedule)
+    try:
+        engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx, schedule)
+        if check_space:
+            _check_space_for_a_checkpoint(neox_args, engine, ctx)
+    except BaseException:
+        stop.restore()
+        raise
     iteration, client_state = load_checkpoint(neox_args, ctx.model_config, engine)
     loaded_rng = rng_states() if iteration else None
     position = {"consumed_train_samples": client_state.get("consumed_train_samples",
@@ -463,7 +517,6 @@ def pretrain(neox_args) -> Dict[str, Any]:
             logger.log_eval(iteration=iteration, lm_loss=value, split=split, extras=result)
             summary["eval"].append((iteration, split, value))
 
-    do_train = neox_args.do_train if neox_args.do_train is not None else True
     try:
         while do_train and iteration < schedule.train_iters:
             started = time.perf_counter()
@@ -488,8 +541,6 @@ def pretrain(neox_args) -> Dict[str, Any]:
                 last_moe_report = iteration
             logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
-            if iteration in schedule.save_iters:
-                save(iteration)
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
                 if valid_batches is not None:
                     evaluate_split(valid_batches, "validation")
@@ -502,18 +553,25 @@ def pretrain(neox_args) -> Dict[str, Any]:
                     timers("eval").stop()
                     logger.log_eval_tasks(iteration, results["metrics"])
                     summary["eval"].append((iteration, "eval_tasks", results["metrics"]))
+            # saved after this step's evaluation, so that the checkpoint's consumed_valid_samples (and RNG state)
+            # are those the uninterrupted run continues with: a resumed run replays the same validation batches
+            if iteration in schedule.save_iters:
+                save(iteration)
             if stop.any_rank():
                 save(iteration)
                 summary["stopped_by"] = stop.signal_name or "another rank's signal"
+                summary["signal"] = stop.signal_name
                 if logger.is_logging_rank:
                     print(f"received {summary['stopped_by']}: saved a checkpoint at iteration {iteration} in "
                           f"{neox_args.save}, exiting", flush=True)
                 break
-            if neox_args.exit_interval and iteration % neox_args.exit_interval == 0:
+            if (neox_args.exit_interval and iteration % neox_args.exit_interval == 0
+                    and iteration < schedule.train_iters):
+                summary["exited_at_interval"] = True  # not the end of training: no final evaluation
                 break
         if do_train:
             save(iteration)
-        if "stopped_by" not in summary:
+        if "stopped_by" not in summary and "exited_at_interval" not in summary:
             if neox_args.do_valid and valid_batches is not None:
                 evaluate_split(valid_batches, "validation")
             if (neox_args.do_test if neox_args.do_test is not None else True) and test_batches is not None:

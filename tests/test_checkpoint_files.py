@@ -52,11 +52,15 @@ def test_numpy_rng_state_and_deepspeed_bookkeeping_load(tmp_path):
 
 
 def test_a_planted_rng_state_is_refused_on_resume(tmp_path):
+    from megatron.checkpoint_integrity import write_manifest
     from tests.test_checkpointing import FakeEngine, args_for, load, save
 
     args = args_for(tmp_path)
     path = save(args, 4, FakeEngine())
     plant(os.path.join(path, "rng_state_rank0.pt"), tmp_path / "ran")
+    with pytest.raises(CheckpointError, match="rng_state_rank0.pt is damaged"):  # the checksum differs
+        load(args, FakeEngine())
+    write_manifest(path)  # who can plant a file can rewrite the checksums: still nothing runs
     with pytest.raises(CheckpointError, match="rng_state_rank0.pt holds a Python object"):
         load(args, FakeEngine())
     assert not (tmp_path / "ran").exists()

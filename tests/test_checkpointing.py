@@ -174,14 +174,16 @@ def test_a_crash_between_complete_and_latest_resumes_from_the_newest_complete(tm
     assert not any(name.startswith("latest.tmp") for name in os.listdir(tmp_path))  # the stray one is removed
 
 
-@pytest.mark.parametrize("latest", [None, "", "\x00\x8fgarbage", "global_step99"],
-                         ids=["deleted", "empty", "garbage", "a-missing-directory"])
+@pytest.mark.parametrize("latest", [None, "", "\x00\x8fgarbage", b"\xff\xfe\x9c\x00\xc3", "global_step99"],
+                         ids=["deleted", "empty", "garbage", "random-bytes", "a-missing-directory"])
 def test_a_damaged_latest_resumes_from_the_newest_complete_checkpoint(tmp_path, capsys, latest):
     args = args_for(tmp_path)
     for it in (4, 8):
         save(args, it, FakeEngine())
     if latest is None:
         os.remove(tmp_path / "latest")
+    elif isinstance(latest, bytes):  # not UTF-8
+        (tmp_path / "latest").write_bytes(latest)
     else:
         (tmp_path / "latest").write_text(latest)
     assert resolve(args) == (str(tmp_path), "global_step8")
@@ -274,6 +276,7 @@ def test_an_old_layout_checkpoint_is_refused_for_training_with_the_upgrade_comma
     saved = json.load(open(os.path.join(path, "neox_args.json")))
     del saved["checkpoint_layout"]  # written before GPT-NeoX's layout
     json.dump(saved, open(os.path.join(path, "neox_args.json"), "w"))
+    os.remove(os.path.join(path, "checksums.sha256"))  # and before checksums
     assert checkpoint_kind(path) == OURS_OLD
     with pytest.raises(CheckpointError, match=r"(?s)older layout.*tools/ckpts/upgrade_checkpoint.py --input_dir "
                                               r".*global_step3 --output_dir NEW_SAVE_DIR"):
@@ -303,3 +306,34 @@ def test_the_padded_vocabulary_of_a_gpt_neox_checkpoint_comes_from_its_embedding
     assert _checkpoint_vocabulary(args_for(tmp_path, padded_vocab_size=104), 100, 104) == 104  # explicit: compared
     with pytest.raises(ConfigError, match="embedding has 128 rows.*tokenizer's 200 tokens"):
         _checkpoint_vocabulary(args, tokenizer_vocab=200, vocab=256)
+
+
+def test_resuming_zero_on_another_number_of_data_parallel_ranks_is_refused_with_the_way_out(tmp_path):
+    saved_args = args_for(tmp_path, global_num_gpus=2, zero_optimization={"stage": 1})
+    assert saved_args.data_parallel_size == 2
+    save(saved_args, 4, FakeEngine())
+    fewer = args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 1})
+    with pytest.raises(CheckpointError, match=r"(?s)cannot be resumed by this run:.*data-parallel ranks: checkpoint 2, "
+                                              r"this run 1, with ZeRO stage 1: DeepSpeed cannot repartition.*"
+                                              r"set no_load_optim: true"):
+        resolve(fewer)
+    resolve(args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 1}, no_load_optim=True))
+    resolve(args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 0}, finetune=True))
+    # without ZeRO the optimizer state is whole in every checkpoint: another data-parallel size resumes
+    save(args_for(tmp_path, global_num_gpus=2), 8, FakeEngine())
+    assert resolve(args_for(tmp_path, global_num_gpus=1)) == (str(tmp_path), "global_step8")
+
+
+def test_another_seq_length_is_refused_on_resume_and_another_batch_size_is_noted(tmp_path, capsys):
+    save(args_for(tmp_path), 4, FakeEngine())
+    args = args_for(tmp_path)
+    with pytest.raises(CheckpointError, match=rf"seq_length: checkpoint {args.seq_length}, config "
+                                              rf"{args.seq_length // 2}: resuming continues the data.*finetune: true"):
+        resolve(args_for(tmp_path, seq_length=args.seq_length // 2))
+    assert resolve(args_for(tmp_path, seq_length=args.seq_length // 2, finetune=True)) == (str(tmp_path),
+                                                                                          "global_step4")
+    capsys.readouterr()
+    bigger = args_for(tmp_path, train_micro_batch_size_per_gpu=2 * args.train_micro_batch_size_per_gpu)
+    assert resolve(bigger) == (str(tmp_path), "global_step4")
+    assert (f"the global batch size changed from {args.train_batch_size} (checkpoint) to "
+            f"{bigger.train_batch_size}: the data continues at the sample") in capsys.readouterr().out

@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.checkpoint_integrity import verification_problems, write_manifest
 from megatron.checkpoint_conversion.tensor_parallel import merge_shards, split_full
 from megatron.checkpointing import (
     ARGS_FILE,
@@ -88,14 +89,19 @@ def resolve_checkpoint_dir(path: str) -> str:
     if not os.path.isdir(path):
         raise ConversionError(f"--input_dir {path!r} does not exist; pass a checkpoint directory such as "
                               f"save/global_step1000")
-    latest = os.path.join(path, LATEST_FILE)
-    if not model_files(path) and os.path.isfile(latest):
-        with open(latest, encoding="utf-8") as handle:
-            path = os.path.join(path, handle.read().strip())
+    if not model_files(path):
+        from megatron.checkpointing import resume_tag
+
+        tag = resume_tag(path)[0]  # what `latest` names, or the newest complete checkpoint when it is damaged
+        if tag:
+            path = os.path.join(path, tag)
     if not model_files(path):
         raise ConversionError(f"{path!r} holds no DeepSpeed model files (mp_rank_*_model_states.pt or "
                               f"layer_*-model_*-model_states.pt); pass a checkpoint directory such as "
                               f"save/global_step1000")
+    damage = verification_problems(path)
+    if damage:
+        raise ConversionError(f"checkpoint {path} is damaged: {'; '.join(damage)}; convert another checkpoint")
     return path
 
 
@@ -104,8 +110,12 @@ def read_args_file(path: str) -> Dict[str, Any]:
     args_file = os.path.join(path, ARGS_FILE)
     if not os.path.isfile(args_file):
         raise ConversionError(f"{args_file} is missing; pass the run's YAML files with --config_file")
-    with open(args_file, encoding="utf-8") as handle:
-        return json.load(handle)
+    from megatron.checkpointing import CheckpointError, read_saved_args
+
+    try:
+        return read_saved_args(args_file)
+    except CheckpointError as exc:
+        raise ConversionError(str(exc)) from None
 
 
 def _checkpoint_args(path: str, kind: str) -> Dict[str, Any]:
@@ -436,6 +446,7 @@ def write_checkpoint(save_dir: str, state: Mapping[str, torch.Tensor], config: M
     for name, text in config_files.items():
         with open(os.path.join(path, "configs", os.path.basename(name)), "w", encoding="utf-8") as handle:
             handle.write(text)
+    write_manifest(path)  # checksummed like a training run's checkpoint, before COMPLETE
     with open(os.path.join(path, COMPLETE_MARKER), "w", encoding="utf-8") as handle:
         handle.write(f"{iteration}\n")
     with open(os.path.join(save_dir, LATEST_FILE), "w", encoding="utf-8") as handle:

@@ -84,7 +84,8 @@ def load_problems(args: NeoXArgsSchema) -> List[str]:
 
 def save_problems(args: NeoXArgsSchema) -> List[str]:
     """Training must be able to write in `save` (a read-only or unwritable one failed only at the first
-    save, after the whole startup, as "Parent directory ... does not exist"). Probed by creating a file."""
+    save, after the whole startup, as "Parent directory ... does not exist"). Probed by creating a file. And no
+    other training run may be writing there (megatron.run_lock; the workers take the lock itself)."""
     save = args.save
     if not save or script_name(args) not in TRAINING_SCRIPTS:
         return []
@@ -102,7 +103,10 @@ def save_problems(args: NeoXArgsSchema) -> List[str]:
     except OSError as exc:
         return [f"save='{save}' is not writable: creating a file in '{existing}' failed ({exc.strerror or exc}); "
                 f"choose a directory this user can write, on a writable filesystem"]
-    return []
+    from megatron.run_lock import lock_problem
+
+    in_use = lock_problem(save)
+    return [in_use] if in_use else []
 
 
 def checkpoint_iteration(load: Optional[str]) -> Optional[int]:

@@ -15,8 +15,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def deepy_environment(extra_env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(extra_env or {})}
+
+
 def run_deepy(args: List[str], extra_env: Optional[Dict[str, str]] = None, timeout: int = 600):
-    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(extra_env or {})}
-    return subprocess.run([sys.executable, "deepy.py", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "deepy.py", *args], cwd=REPO, env=deepy_environment(extra_env),
+                          capture_output=True, text=True, timeout=timeout)

@@ -120,6 +120,26 @@ def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp
            f"(Read-only file system)" in err
 
 
+def test_a_save_directory_another_run_is_writing_is_refused(deepy_main, files, tmp_path):
+    """The run lock (megatron.run_lock) is held by another process: deepy.py names it and starts nothing."""
+    ckpt = tmp_path / "ckpt"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from megatron.run_lock import RunLock; "
+                               f"assert RunLock({str(ckpt)!r}).acquire() is None; print('held', flush=True); "
+                               "time.sleep(600)"], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": REPO})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, err, launched = deepy_main({**BASE, **files, "save": str(ckpt)})
+        assert code == 2 and launched == []
+        assert f"save='{ckpt}' is in use by another training run (host {socket.gethostname()}, pid {holder.pid}, " \
+               f"since " in err
+    finally:
+        holder.kill()
+        holder.wait()
+    code, _, launched = deepy_main({**BASE, **files, "save": str(ckpt)})  # killed -9: no stale lock
+    assert code == 0 and len(launched) == 1
+
+
 def test_re_running_a_finished_run_says_it_is_at_train_iters(deepy_main, files, tmp_path):
     ckpt = tmp_path / "ckpt"
     (ckpt / "global_step8").mkdir(parents=True)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.e2e.launch import REPO, free_port
+from tests.e2e.launch import REPO, deepy_environment, free_port
 from tests.e2e.training_run import TINY_MODEL, TrainingRun, build_tiny_corpus, falls
 
 pytestmark = pytest.mark.slow
@@ -100,13 +100,16 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
     assert [r["lr"] for r in straight.records()] == pytest.approx(expected, rel=1e-6, abs=1e-12)
     evals = straight.records("eval")
     assert evals and all(1.0 < e["lm_loss_char_lvl_ppl"] < e["lm_loss_ppl"] for e in evals)
-    stopped = TrainingRun(tmp_path / "stopped", data, exit_interval=4, **settings)
+    # the checkpoint at 4 is written by checkpoint_factor at an evaluation step (issue 19: it used to record
+    # consumed_valid_samples before that evaluation, and the resumed run replayed the wrong validation batches)
+    stopped = TrainingRun(tmp_path / "stopped", data, exit_interval=4, checkpoint_factor=4, **settings)
     stopped.launch()
     stopped.assert_ok()
     assert stopped.latest() == "global_step4" and max(stopped.losses()) == 4  # exit_interval saved and stopped
     stopped.launch()
     stopped.assert_ok()
     assert stopped.losses() == straight.losses()
+    assert stopped.records("eval") == straight.records("eval")  # validation, too, is exact after resume
     assert [r["lr"] for r in stopped.records()][-4:] == pytest.approx(expected[-4:], rel=1e-6)
 
 
@@ -182,29 +185,36 @@ def test_pipeline_logs_gradient_and_optimizer_values_of_every_stage(data, tmp_pa
                           {f"{name}/{key}" for name in norms for key in ("exp_avg", "exp_avg_sq")})
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(data, tmp_path):
-    from megatron.neox_arguments import NeoXArgs
+def test_sigterm_to_deepy_alone_reaches_every_rank_which_saves_and_exits_interrupted(data, tmp_path):
+    """SIGTERM to deepy.py only (not its process group): it passes the signal to both ranks, which save a
+    checkpoint; deepy.py waits for them and exits 143 (interrupted), leaving no process behind (issue 19)."""
     import yaml
 
-    run = TrainingRun(tmp_path, data, num_gpus=1, train_iters=100000, user_script="train.py")
+    from megatron.launch_signals import signal_targets
+
+    run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=100000)
     config = tmp_path / "sigterm.yml"
     config.write_text(yaml.safe_dump(run.config))
-    args = NeoXArgs.from_ymls([str(config)])
-    env = {**os.environ, "PYTHONPATH": REPO, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "train.py", "--neox_config", args.encode()], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "deepy.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "deepy.py", "train.py", str(config), "--master_port",
+                                 str(free_port())], cwd=REPO, env=deepy_environment(), stdout=out,
+                                stderr=subprocess.STDOUT)
     metrics = tmp_path / "logs" / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and (not metrics.is_file() or metrics.read_text().count("\n") < 3):
         time.sleep(0.5)
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, log.read_text()
+    ranks = signal_targets(proc.pid)
+    assert len(ranks) == 2 and all("train.py" in " ".join(r.cmdline()) for r in ranks)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
+    proc.wait(timeout=300)
+    output = log.read_text()
+    assert proc.returncode == 143, output
+    assert not [r for r in ranks if r.is_running() and r.status() != "zombie"]
     latest = run.latest()
     assert latest is not None and int(latest[len("global_step"):]) >= 3
-    assert "SIGTERM" in out
+    assert "SIGTERM" in output and "saved a checkpoint" in output
 
 
 def test_eval_tasks_run_during_training(data, tmp_path):

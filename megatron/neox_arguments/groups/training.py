@@ -384,7 +384,9 @@ class NeoXArgsTraining:
 
     exit_interval: Optional[int] = None
     """
-    Exit the program after the iteration is divisible by this value.
+    Exit the program after the iteration is divisible by this value: a checkpoint is saved (when save is set)
+    and the process exits with status 0, without the end-of-training validation and test evaluations (the
+    run is not finished; relaunch the same command to continue).
     """
 
     attention_dropout: float = 0.0
