@@ -98,7 +98,7 @@ def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Op
     args = _build_args(ns)
     problems = _script_problems(ns, args) + prelaunch.file_problems(args) + prelaunch.host_problems(args)
     master_addr, addr_problems = prelaunch.resolve_master_addr(args)
-    problems += addr_problems
+    problems += addr_problems + prelaunch.shell_problems(args, master_addr)
     if problems:
         raise ConfigError(problems)
     notes: List[str] = []

@@ -16,6 +16,7 @@ def main() -> int:
     from megatron.optional_deps import MissingOptionalDependency
     from megatron.tokenizer import TokenizerError
 
+    neox_args = None
     try:
         neox_args = NeoXArgs.consume_neox_args()
         from megatron.training import pretrain
@@ -24,6 +25,14 @@ def main() -> int:
     except (ConfigError, CheckpointError, DataError, TokenizerError, MissingOptionalDependency) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        from megatron.initialize import lost_rank_message
+
+        lost = lost_rank_message(err, neox_args) if neox_args is not None else None
+        if lost is None:
+            raise
+        print(f"error: {lost}", file=sys.stderr, flush=True)
+        return 1
     if "stopped_by" in summary:  # saved and stopped by a signal: not a finished run (megatron.launch_signals)
         return interrupted_exit_code(summary["signal"])
     return 0

@@ -5,6 +5,7 @@ The result is a RunContext handed to the training / generation / evaluation code
 the run lives in module globals and the validated NeoXArgs are never changed."""
 
 import dataclasses
+import datetime
 import os
 import random
 from typing import Optional
@@ -45,6 +46,24 @@ def distributed_backend(neox_args) -> str:
     return backend
 
 
+LOST_RANK_SIGNS = ("connection reset by peer", "connection closed by peer", "broken pipe", "timed out", "timeout",
+                   "connection refused")
+"""How gloo / NCCL say that another rank is gone or not answering."""
+
+
+def lost_rank_message(exc: BaseException, neox_args) -> Optional[str]:
+    """The error to print when ``exc`` says that a collective operation lost another rank, else None."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    if not isinstance(exc, (RuntimeError, dist.DistError)) or not any(s in text.lower() for s in LOST_RANK_SIGNS):
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return (f"rank {neox_args.rank} lost another rank during a collective operation: that rank died (see its log) or "
+            f"did not answer within distributed_timeout_minutes={neox_args.distributed_timeout_minutes:g}. The run "
+            f"stopped here; relaunch it to resume from its last checkpoint. ({first[:300]})")
+
+
 def start_distributed(neox_args) -> None:
     """torch.distributed through DeepSpeed, whichever launcher started this worker: the rank comes from
     DeepSpeed's launcher, srun or mpirun (their own variables, read without mpi4py or MPI_Init), the address
@@ -62,7 +81,8 @@ def start_distributed(neox_args) -> None:
             raise ConfigError([str(err)]) from None
     try:
         init_deepspeed_comm(distributed_backend(neox_args), auto_mpi_discovery=False,
-                            distributed_port=neox_args.master_port)
+                            distributed_port=neox_args.master_port,
+                            timeout=datetime.timedelta(minutes=neox_args.distributed_timeout_minutes))
     except dist.DistNetworkError as err:
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         if "EADDRINUSE" in str(err) or "address already in use" in str(err).lower():

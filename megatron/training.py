@@ -19,6 +19,7 @@ from megatron.checkpoint_files import use_safe_loading
 from megatron.checkpointing import (CheckpointError, estimated_checkpoint_bytes, load_checkpoint, rng_states,
                                    save_checkpoint, set_rng_states, space_problem)
 from megatron.initialize import RunContext, initialize_megatron
+from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
 
 
@@ -111,6 +112,8 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
         config.setdefault("zero_allow_untested_optimizer", True)
     if neox_args.is_pipe_parallel:
         _mark_grad_norm_ownership(model, ctx.parallel_state)
+    if neox_args.zero_stage > 0:  # ZeRO's optimizer check imports DeepSpeed's Muon: its torch.compile, deferred
+        import_with_lazy_compile(DEEPSPEED_MUON)
     engine, _, _, engine_scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
         mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)

@@ -22,3 +22,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Counts a test reports with record_property("suite_counts", text) (the fault suite's), printed at the end
+    of the run, also from xdist workers (report properties travel with the reports)."""
+    lines = [value for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", [])
+             for name, value in getattr(report, "user_properties", []) if name == "suite_counts"]
+    if lines:
+        terminalreporter.write_sep("-", "fault suite")
+        for line in lines:
+            terminalreporter.write_line(line)

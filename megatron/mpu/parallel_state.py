@@ -10,7 +10,8 @@ with the model axis varying fastest, so the ranks of one tensor-parallel group a
 """
 from __future__ import annotations
 
-from typing import Dict, List
+import datetime
+from typing import Dict, List, Optional
 
 import torch.distributed as dist
 
@@ -30,7 +31,8 @@ class ParallelState:
     :meth:`destroy` when done.
     """
 
-    def __init__(self, pipe_parallel_size: int, model_parallel_size: int) -> None:
+    def __init__(self, pipe_parallel_size: int, model_parallel_size: int,
+                 timeout: Optional[datetime.timedelta] = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ParallelState needs an initialised torch.distributed world")
         if model_parallel_size < 1:
@@ -57,7 +59,7 @@ class ParallelState:
         self._all_groups: List[object] = []
         for axis in ("pipe", "data", "model"):
             for ranks in self.topology.get_axis_comm_lists(axis):
-                group = dist.new_group(ranks=ranks)
+                group = dist.new_group(ranks=ranks, timeout=timeout)  # None: torch's default (30 min)
                 self._all_groups.append(group)
                 if self.rank in ranks:
                     self._groups[axis] = group
@@ -164,7 +166,8 @@ class ParallelState:
 def build_parallel_state(neox_args) -> ParallelState:
     """Build the ParallelState from ``neox_args.pipe_parallel_size`` and ``model_parallel_size``."""
     return ParallelState(pipe_parallel_size=neox_args.pipe_parallel_size,
-                         model_parallel_size=neox_args.model_parallel_size)
+                         model_parallel_size=neox_args.model_parallel_size,
+                         timeout=datetime.timedelta(minutes=neox_args.distributed_timeout_minutes))
 
 
 class SingleProcessState:

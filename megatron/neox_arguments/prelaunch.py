@@ -194,6 +194,44 @@ def host_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
+HOST_ADDRESS = re.compile(r"^[A-Za-z0-9._:%\[\]-]+$")
+"""A host name, IPv4 or IPv6 address: nothing a shell would read as more than one word."""
+PDSH_WORD = re.compile(r"^[\w@%+=:,./-]*$")
+"""What DeepSpeed's pdsh runner leaves unquoted or double-quotes safely (its own test for quoting)."""
+
+
+def shell_problems(args: NeoXArgsSchema, master_addr: Optional[str], environ=None) -> List[str]:
+    """Values that a launcher would hand to a shell unquoted. master_addr and the hosts are addresses for every
+    launcher. With pdsh, DeepSpeed's runner builds the command each node's shell runs from the working directory,
+    the script path and the forwarded variables without quoting them (variables with other characters only
+    double-quoted, where `$(...)` and backquotes still run): those must be plain words there."""
+    environ = os.environ if environ is None else environ
+    problems = []
+    if master_addr and not HOST_ADDRESS.match(master_addr):
+        problems.append(f"master_addr={master_addr!r} is not a host name or address (only letters, digits and "
+                        f"'.:-_%[]'); the launchers pass it to shells and to every rank")
+    if multi_node_launch(args):
+        for host in active_hosts(args):
+            if not HOST_ADDRESS.match(host):
+                problems.append(f"hostfile '{_hostfile_name(args)}': host {host!r} is not a host name or address")
+    if args.launcher == "pdsh" and multi_node_launch(args):
+        from deepspeed.launcher.runner import EXPORT_ENVS
+
+        from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES
+
+        words = {"the working directory": os.path.abspath("."), "the user script": args.user_script or ""}
+        words.update({f"the variable {name}": value for name, value in environ.items()
+                      if any(name.startswith(p) for p in (*EXPORT_ENVS, *WORKER_ENV_PREFIXES))})
+        for what, value in words.items():
+            if not PDSH_WORD.match(value):
+                problems.append(f"launcher=pdsh: DeepSpeed's runner writes {what} ({value[:80]!r}) into the shell "
+                                f"command every node runs without quoting it, so its characters outside "
+                                f"letters, digits and '@%+=:,./-' would be read by that shell; rename or move it, "
+                                f"or unset the variable (openmpi and slurm pass values as arguments, unquoted "
+                                f"values are no problem there)")
+    return problems
+
+
 def resolve_master_addr(args: NeoXArgsSchema) -> Tuple[Optional[str], List[str]]:
     """(master_addr to use, problems). Local launches use 127.0.0.1 (the runner's choice); several nodes use
     master_addr, else MASTER_ADDR from the environment (as GPT-NeoX), else the first address `hostname -I`

@@ -203,6 +203,34 @@ def test_rank_zero_address_is_found_or_asked_for(deepy_main, files, tmp_path):
     assert NeoXArgs.decode(os.environ[ENCODED_CONFIG_ENV]).master_addr == "10.9.8.7"
 
 
+@pytest.mark.parametrize("hostile", ["10.0.0.1;touch /tmp/neox_pwned", "$(touch /tmp/neox_pwned)", "node\nrm -rf x",
+                                     "`id`"])
+def test_hostile_values_never_reach_a_shell(deepy_main, files, tmp_path, monkeypatch, hostile):
+    """Values a launcher would pass to a shell unquoted are refused before anything starts: master_addr for every
+    launcher; with pdsh also the script path and the forwarded variables, which DeepSpeed's runner writes into each
+    node's shell command (issue 19). slurm's comment reaches srun as one argument, whatever it holds."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    multi = {**BASE, **files, "num_gpus": None, "hostfile": str(hostfile)}
+    for launcher in ("pdsh", "openmpi", "slurm"):
+        code, err, launched = deepy_main({**multi, "launcher": launcher, "master_addr": hostile})
+        assert code == 2 and launched == [], (launcher, err)
+        assert f"master_addr={hostile!r} is not a host name or address" in err
+    monkeypatch.setenv("PYTHONNEOXTEST", hostile)
+    code, err, launched = deepy_main({**multi, "launcher": "pdsh", "master_addr": "10.0.0.1"})
+    assert code == 2 and launched == []
+    assert f"launcher=pdsh: DeepSpeed's runner writes the variable PYTHONNEOXTEST ({hostile[:80]!r}) into the shell " \
+           f"command every node runs without quoting it" in err
+    code, err, launched = deepy_main({**multi, "launcher": "slurm", "master_addr": "10.0.0.1", "comment": hostile,
+                                      "no_ssh_check": True})
+    assert code == 0 and len(launched) == 1, err  # mpirun / srun receive values as arguments: no shell
+    from shlex import split
+
+    argv = launched[0]
+    assert split(argv[argv.index("--launcher_args") + 1]) == ["--comment", hostile]  # as DeepSpeed splits it
+    assert not os.path.exists("/tmp/neox_pwned")
+
+
 def test_a_taken_master_port_is_replaced_by_a_free_one(deepy_main, files):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

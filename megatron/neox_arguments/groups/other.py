@@ -15,6 +15,14 @@ class NeoXArgsOther:
     Which backend to use for distributed training.
     """
 
+    distributed_timeout_minutes: float = 10.0
+    """
+    How long a collective operation (and the start, when the ranks meet) waits for the other ranks before it fails
+    (Megatron-LM's distributed-timeout-minutes; fractions allowed), for the world and the data / tensor / pipeline
+    groups (groups DeepSpeed makes itself, as the pipeline engine's, keep torch's 30 minutes). A rank that dies
+    makes the others stop at once with an error naming the lost connection; one that hangs, after this long.
+    """
+
     local_rank: Optional[int] = None
     """
     local rank passed from distributed launcher.
