@@ -9,7 +9,8 @@ attention types, the padded vocabulary) is computed here, in ``__post_init__``, 
 Field names are GPT-NeoX's argument names with the schema's defaults (a test checks they agree), except
 where a GPT-NeoX dict is flattened into plain values: ``soft_prompt_tuning`` becomes ``soft_prompt_tokens``
 / ``soft_prompt_init_range``, ``sparsity_config``'s local-window keys become ``local_attention_block``
-/ ``local_attention_window_blocks``, and DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes
+/ ``local_attention_window_blocks`` (``sparsity_config`` itself is kept as sorted pairs for the block-sparse
+layers), and DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes
 ``number_checkpoints``.
 
 The model's rules (:meth:`ModelConfig.problems`: shapes, attention types, which fusion flags apply,
@@ -24,10 +25,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from megatron.sparsity_config import SPARSE_TYPES, SparsitySettings, freeze, key_problems, local_window
+
 ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
                    "gmlp", "amlp", "mamba", "rwkv")
 """Every layer type GPT-NeoX's attention_config names."""
-BUILT_ATTENTION_TYPES = ("global", "local", "flash", "mamba", "rwkv")
+BUILT_ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
+                         "mamba", "rwkv")
 """The layer types this model builds."""
 RECURRENT_TYPES = ("mamba", "rwkv")
 """Layer types that carry a recurrent state (no attention: no heads, no positions, no attention mask)."""
@@ -159,6 +163,9 @@ class ModelConfig:
     sliding_window_width: Optional[int] = None
     local_attention_block: int = LOCAL_ATTENTION_BLOCK
     local_attention_window_blocks: int = LOCAL_ATTENTION_WINDOW_BLOCKS
+    sparsity_config: Optional[Tuple[Tuple[str, Any], ...]] = None
+    """GPT-NeoX's sparsity_config as sorted (key, value) pairs (megatron.sparsity_config.freeze): the layouts of
+    the block-sparse layers (megatron.model.block_sparse)."""
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = False
     use_bias_in_attn_linear: bool = True
@@ -316,10 +323,11 @@ class ModelConfig:
         values["soft_prompt_tokens"], values["soft_prompt_init_range"] = \
             _soft_prompt(getattr(args, "soft_prompt_tuning", None))
         values["number_checkpoints"] = (getattr(args, "activation_checkpointing", None) or {}).get("number_checkpoints")
-        sparsity = getattr(args, "sparsity_config", None) or {}
-        values["local_attention_block"] = int(sparsity.get("block", LOCAL_ATTENTION_BLOCK))
-        values["local_attention_window_blocks"] = int(sparsity.get("num_sliding_window_blocks",
-                                                                   LOCAL_ATTENTION_WINDOW_BLOCKS))
+        sparsity = getattr(args, "sparsity_config", None)
+        values["sparsity_config"] = freeze(sparsity)
+        if isinstance(sparsity, Mapping) and not key_problems(sparsity, ("local",)):
+            values["local_attention_block"], values["local_attention_window_blocks"] = \
+                local_window(sparsity, LOCAL_ATTENTION_WINDOW_BLOCKS)
         return cls(**values)
 
     def replace(self, **changes: Any) -> "ModelConfig":
@@ -411,6 +419,7 @@ class ModelConfig:
                                 f"{', '.join(BUILT_ATTENTION_TYPES)}")
         if self.sliding_window_width is not None and self.sliding_window_width < 1:
             problems.append(f"sliding_window_width={self.sliding_window_width} must be >= 1")
+        problems += sparsity_problems(self)
         if self.local_attention_block < 1 or self.local_attention_window_blocks < 1:
             problems.append(f"sparsity_config block={self.local_attention_block} and num_sliding_window_blocks="
                             f"{self.local_attention_window_blocks} must be >= 1")
@@ -457,6 +466,24 @@ class ModelConfig:
             return ["fp16 needs a CUDA GPU and this worker has none; on CPU use bf16: {enabled: true} or fp32 "
                     "(remove the fp16 dict)"]
         return []
+
+
+def sparsity_settings(config: ModelConfig, kind: str) -> SparsitySettings:
+    """The block-sparse settings of layer type ``kind`` (one of SPARSE_TYPES) from config.sparsity_config."""
+    return SparsitySettings.for_type(kind, dict(config.sparsity_config or ()))
+
+
+def sparsity_problems(config: ModelConfig) -> List[str]:
+    """sparsity_config's keys, and each block-sparse layer type's settings (DeepSpeed's rules)."""
+    sparsity = config.sparsity_config
+    if isinstance(sparsity, tuple):
+        sparsity = dict(sparsity)
+    problems = key_problems(sparsity, config.attention_types)
+    if problems:
+        return problems
+    for kind in [k for k in SPARSE_TYPES if k in config.attention_types]:
+        problems += sparsity_settings(config, kind).problems(int(config.seq_length))
+    return problems
 
 
 def fusion_flag_problems(config: ModelConfig) -> List[str]:

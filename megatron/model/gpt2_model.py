@@ -111,7 +111,9 @@ def slot_prefixes(num_layers: int) -> Dict[int, str]:
 
 
 BLOCK_CLASSES: Dict[str, type] = {"global": ParallelTransformerLayer, "local": ParallelTransformerLayer,
-                                  "flash": ParallelTransformerLayer, "mamba": ParallelMambaResidualLayer,
+                                  "flash": ParallelTransformerLayer, "sparse_fixed": ParallelTransformerLayer,
+                                  "sparse_variable": ParallelTransformerLayer, "bigbird": ParallelTransformerLayer,
+                                  "bslongformer": ParallelTransformerLayer, "mamba": ParallelMambaResidualLayer,
                                   "rwkv": RWKVResidualLayer}
 """The module of each layer type of attention_config (GPT-NeoX's per-layer types): the layer specs as data.
 Every block class takes (config, parallel_state, initializer, layer_number, rng_tracker, rpe) and maps

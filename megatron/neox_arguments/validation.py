@@ -58,8 +58,9 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("curriculum_learning", lambda v: v is not None and v.get("enabled", False),
      "curriculum_learning is not supported yet"),
     ("data_efficiency", lambda v: v is not None, "DeepSpeed data_efficiency is not supported yet"),
-    ("sparse_attention", lambda v: v is not None, "DeepSpeed sparse_attention is not supported yet"),
-    ("sparsity_config", lambda v: v is not None, "sparse attention (sparsity_config) is not supported yet"),
+    ("sparse_attention", lambda v: v is not None, "DeepSpeed's sparse_attention section is not supported yet; "
+                                                  "set sparsity_config and name the sparse layer types (sparse_fixed, "
+                                                  "sparse_variable, bigbird, bslongformer) in attention_config"),
     ("checkpoint_validation_with_forward_pass", bool,
      "checkpoint_validation_with_forward_pass is not supported yet"),
     ("text_gen_type", lambda v: v == "precompute", "text_gen_type 'precompute' is not supported yet"),

@@ -21,10 +21,11 @@ CONFIGS = [
 ]
 
 
-def _compare(rank: int, world_size: int) -> None:
+def compare_tp2_with_tp1(rank: int, world_size: int, configs=tuple(CONFIGS)) -> None:
+    """For each tiny_config override dict: init, logits, loss, grads and KV-cache decoding at TP=2 equal TP=1."""
     inputs, labels = random_batch()
     text = torch.cat([inputs[0], labels[0][:, -1:]], dim=1)
-    for overrides in CONFIGS:
+    for overrides in configs:
         args = tiny_config(model_parallel_size=2, **overrides)
         ref = build_model(args, SingleProcessState())
         ref_logits = ref(inputs)
@@ -68,4 +69,4 @@ def _compare(rank: int, world_size: int) -> None:
 
 @pytest.mark.slow
 def test_tp2_matches_tp1_logits_loss_and_grads():
-    run_distributed(_compare, world_size=2)
+    run_distributed(compare_tp2_with_tp1, world_size=2)

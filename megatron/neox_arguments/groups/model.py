@@ -152,6 +152,10 @@ class NeoXArgsModel:
     "different_layout_per_head": true, "num_local_blocks": 4, "num_global_blocks": 1,
     "num_different_global_patterns": 4, "num_random_blocks": 0, "local_window_blocks": [4],
     "global_block_indices": [0], "global_block_end_indices": None, "num_sliding_window_blocks": 3 }
+    Here the layouts are built as DeepSpeed's make_layout builds them and applied as block masks on PyTorch
+    SDPA (megatron/model/block_sparse.py, any device); random blocks are seeded by `seed` and the layer
+    number. `local` layers read num_local_blocks, else num_sliding_window_blocks, else 4 (3 without a
+    sparsity_config). Unknown keys, `mode`, and bidirectional settings are refused.
     """
 
     num_unique_layers: Optional[int] = None
