@@ -31,8 +31,12 @@ ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable"
                    "gmlp", "amlp", "mamba", "rwkv")
 """Every layer type GPT-NeoX's attention_config names."""
 BUILT_ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
-                         "mamba", "rwkv")
+                         "gmlp", "amlp", "mamba", "rwkv")
 """The layer types this model builds."""
+GMLP_TYPES = ("gmlp", "amlp")
+"""gMLP / aMLP layers (megatron.model.gmlp): a spatial gating unit in place of attention and MLP."""
+GMLP_FF_MULT = 4
+"""GPT-NeoX's GMLPBlock width: F = 4 x hidden_size (its ff_mult, not configurable)."""
 RECURRENT_TYPES = ("mamba", "rwkv")
 """Layer types that carry a recurrent state (no attention: no heads, no positions, no attention mask)."""
 PLAIN_ACTIVATIONS = ("gelu", "relu", "softsign", "swish", "mish", "silu")
@@ -166,6 +170,7 @@ class ModelConfig:
     sparsity_config: Optional[Tuple[Tuple[str, Any], ...]] = None
     """GPT-NeoX's sparsity_config as sorted (key, value) pairs (megatron.sparsity_config.freeze): the layouts of
     the block-sparse layers (megatron.model.block_sparse)."""
+    gmlp_attn_dim: int = 64
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = False
     use_bias_in_attn_linear: bool = True
@@ -362,6 +367,7 @@ class ModelConfig:
         problems += fusion_flag_problems(self)
         problems += moe_problems(self)
         problems += recurrent_layer_problems(self)
+        problems += gmlp_problems(self)
         return problems
 
     def _shape_problems(self) -> List[str]:
@@ -615,6 +621,32 @@ def recurrent_dims(config: ModelConfig) -> dict:
     return {"mamba_inner": mamba_inner, "mamba_dt_rank": -(-hidden // 16), "rwkv_dim_att": dim_att,
             "rwkv_head_size": dim_att // heads if heads > 0 else 0,
             "rwkv_ffn_dim": int(config.ffn_dim) if config.ffn_dim else rwkv_ffn // 32 * 32}
+
+
+def gmlp_problems(config: ModelConfig) -> List[str]:
+    """The rules of gMLP / aMLP layers (megatron.model.gmlp), and gmlp_attn_dim without aMLP layers."""
+    kinds = set(config.attention_types) & set(GMLP_TYPES)
+    default_dim = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "gmlp_attn_dim")
+    if "amlp" not in kinds and config.gmlp_attn_dim != default_dim:
+        return [f"gmlp_attn_dim={config.gmlp_attn_dim} is the width of aMLP layers' attention but attention_config "
+                f"has no 'amlp' layer; remove it"]
+    if not kinds:
+        return []
+    layers = " / ".join(sorted(kinds))
+    problems = []
+    if "amlp" in kinds and config.gmlp_attn_dim < 1:
+        problems.append(f"gmlp_attn_dim={config.gmlp_attn_dim} must be >= 1")
+    if config.gated_mlp:
+        problems.append(f"activation={config.activation!r} with {layers} layers: they split their own projection into "
+                        f"[residual | gate], so a GLU activation does not apply; use a plain activation "
+                        f"({', '.join(PLAIN_ACTIVATIONS)})")
+    if config.sequence_parallel:
+        problems.append(f"sequence_parallel with {layers} layers is not supported: their spatial projection mixes "
+                        f"the whole sequence on every rank")
+    if config.moe_num_experts > 1:
+        problems.append(f"a mixture of experts (moe_num_experts={config.moe_num_experts}) with {layers} layers is not "
+                        f"supported: those layers have no MLP for the experts to replace")
+    return problems
 
 
 def recurrent_layer_problems(config: ModelConfig) -> List[str]:

@@ -114,7 +114,10 @@ def test_from_neox_args_reads_every_model_value_and_never_changes_the_args():
 @pytest.mark.parametrize("overrides,needle", [
     (dict(hidden_size=63), "hidden_size=63 must be divisible by num_attention_heads=4"),
     (dict(num_kv_heads=3), "num_kv_heads=3 must divide"),
-    (dict(attention_config=["global", "amlp"]), "'amlp' is not supported yet"),
+    (dict(attention_config=["global", "amlp"], activation="swiglu"), "a GLU activation does not apply"),
+    (dict(attention_config=["global", "gmlp"], gmlp_attn_dim=32), "gmlp_attn_dim=32 is the width of aMLP layers'"),
+    (dict(attention_config=["gmlp", "amlp"], model_parallel_size=2, sequence_parallel=True),
+     "sequence_parallel with amlp / gmlp layers is not supported"),
     (dict(attention_config=["global", "bigbird"], sparsity_config=(("num_random_block", 1),)),
      "unknown key 'num_random_block'; did you mean 'num_random_blocks'"),
     (dict(attention_config=["local", "global"], sparsity_config=(("mode", "fixed"),)), "'mode' is not read"),
@@ -143,7 +146,7 @@ def test_valid_config_has_no_problems_and_the_rules_reach_validation():
     assert ModelConfig(**SHAPE).problems() == []
     from tests.neox_arguments.helpers import problems_of
 
-    assert "'amlp' is not supported yet" in problems_of(attention_config=[[["amlp"], 2]])
+    assert "a GLU activation does not apply" in problems_of(attention_config=[[["amlp"], 2]], activation="geglu")
 
 
 def test_softmax_fusion_on_flash_layers_does_nothing_and_says_so():

@@ -46,6 +46,7 @@ from megatron.model.head import FinalNorm, OutputHead, tied_logits
 from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
+from megatron.model.gmlp import GMLPBlock
 from megatron.model.mamba import ParallelMambaResidualLayer, mamba_kernel_problems
 from megatron.model.rwkv import RWKVResidualLayer
 from megatron.model.transformer import ParallelTransformerLayer
@@ -113,7 +114,8 @@ def slot_prefixes(num_layers: int) -> Dict[int, str]:
 BLOCK_CLASSES: Dict[str, type] = {"global": ParallelTransformerLayer, "local": ParallelTransformerLayer,
                                   "flash": ParallelTransformerLayer, "sparse_fixed": ParallelTransformerLayer,
                                   "sparse_variable": ParallelTransformerLayer, "bigbird": ParallelTransformerLayer,
-                                  "bslongformer": ParallelTransformerLayer, "mamba": ParallelMambaResidualLayer,
+                                  "bslongformer": ParallelTransformerLayer, "gmlp": GMLPBlock, "amlp": GMLPBlock,
+                                  "mamba": ParallelMambaResidualLayer,
                                   "rwkv": RWKVResidualLayer}
 """The module of each layer type of attention_config (GPT-NeoX's per-layer types): the layer specs as data.
 Every block class takes (config, parallel_state, initializer, layer_number, rng_tracker, rpe) and maps

@@ -90,7 +90,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("reward-model training (train_impl 'rm'), where GPT-NeoX implements z_loss", ("z_loss",)),
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
-    ("gMLP / aMLP layers (attention types 'gmlp', 'amlp')", ("gmlp_attn_dim",)),
     ("gradient noise scale logging (log_gradient_noise_scale)",
      ("gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload")),
     ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),

@@ -21,19 +21,24 @@ CONFIGS = [
 ]
 
 
-def compare_tp2_with_tp1(rank: int, world_size: int, configs=tuple(CONFIGS)) -> None:
-    """For each tiny_config override dict: init, logits, loss, grads and KV-cache decoding at TP=2 equal TP=1."""
+def compare_tp2_with_tp1(rank: int, world_size: int, configs=tuple(CONFIGS), adjust=None) -> None:
+    """For each tiny_config override dict: init, logits, loss, grads and KV-cache decoding at TP=2 equal TP=1.
+    ``adjust(model)``, when given, changes both models' weights the same way after they are built."""
     inputs, labels = random_batch()
     text = torch.cat([inputs[0], labels[0][:, -1:]], dim=1)
     for overrides in configs:
         args = tiny_config(model_parallel_size=2, **overrides)
         ref = build_model(args, SingleProcessState())
+        if adjust is not None:
+            adjust(ref)
         ref_logits = ref(inputs)
         ref_loss = ref.loss_fn(ref_logits, labels)
         ref_loss.backward()
 
         state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
         model = build_model(args, state)
+        if adjust is not None:
+            adjust(model)
         # Only TP rank 0 reads data; get_batch broadcasts it inside the model-parallel group.
         got_inputs, got_labels = get_batch(BatchOptions(), {"text": text} if rank == 0 else None, state)
         for got, want in zip(got_inputs + got_labels, inputs + labels):

@@ -297,8 +297,10 @@ class NeoXArgsModel:
 
     gmlp_attn_dim: int = 64
     """
-    the dimension of the single head self attention in gmlp model (not used in gpt models). If None -
-    gmlp model doesn't use attention.
+    The width of the single-head attention of aMLP layers (attention_config type "amlp"); gMLP layers
+    ("gmlp") have none. Setting it to anything but its default without amlp layers is refused (nothing
+    would read it). Both layer types are built in megatron/model/gmlp.py (width 4 x hidden_size, as in
+    GPT-NeoX).
     """
 
     gpt_j_residual: bool = False
