@@ -109,6 +109,23 @@ def expert_width(hidden_size: int, intermediate_size: Optional[int], gated: bool
     return EXPERT_WIDTH_MULTIPLE * -(-inner // EXPERT_WIDTH_MULTIPLE)
 
 
+SHARING_STYLES = ("grouped", "spaced")
+
+
+def shared_layer_owners(num_layers: int, num_unique_layers: Optional[int], style: str) -> Tuple[int, ...]:
+    """Which position owns the parameters of each layer position: Megatron-LM's rule for num_unique_layers U
+    (GPT-NeoX documents it): position i uses unique layer i % U ('grouped': [1, 2, 1, 2]) or i // (L / U)
+    ('spaced': [1, 1, 2, 2]), and a unique layer lives at the first position that uses it. Without sharing
+    (or with settings ModelConfig.problems refuses) every position owns itself."""
+    positions = tuple(range(max(num_layers, 0)))
+    if num_unique_layers is None or not 1 <= num_unique_layers <= num_layers or num_layers % num_unique_layers \
+            or style not in SHARING_STYLES:
+        return positions
+    unique = [i % num_unique_layers if style == "grouped" else i // (num_layers // num_unique_layers)
+              for i in positions]
+    return tuple(unique.index(u) for u in unique)
+
+
 def padded_vocab_size(tokenizer_vocab_size: int, make_vocab_size_divisible_by: int, model_parallel_size: int,
                       explicit: Optional[int] = None) -> int:
     """The tokenizer's vocabulary padded to a multiple of make_vocab_size_divisible_by x model_parallel_size
@@ -171,6 +188,8 @@ class ModelConfig:
     """GPT-NeoX's sparsity_config as sorted (key, value) pairs (megatron.sparsity_config.freeze): the layouts of
     the block-sparse layers (megatron.model.block_sparse)."""
     gmlp_attn_dim: int = 64
+    num_unique_layers: Optional[int] = None
+    param_sharing_style: str = "grouped"
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = False
     use_bias_in_attn_linear: bool = True
@@ -269,6 +288,9 @@ class ModelConfig:
     """max_position_embeddings, or seq_length when unset."""
     activation_checkpoints: int = field(init=False)
     """Checkpoints DeepSpeed keeps buffers for: number_checkpoints, else ceil(num_layers / checkpoint_num_layers)."""
+    layer_owners: Tuple[int, ...] = field(init=False)
+    """For each layer position, the position whose parameters it uses (itself unless num_unique_layers shares
+    them: ``shared_layer_owners``)."""
     moe_layers: Tuple[int, ...] = field(init=False)
     """The layers (0-based) whose MLP is a mixture of experts: every expert_interval-th from layer 0 when
     moe_num_experts > 1 (GPT-NeoX's ``layer_number % expert_interval == 0``), else none."""
@@ -300,6 +322,8 @@ class ModelConfig:
         derive("positions", int(self.max_position_embeddings or self.seq_length))
         derive("activation_checkpoints", int(self.number_checkpoints or
                                              -(-self.num_layers // max(self.checkpoint_num_layers, 1))))
+        derive("layer_owners", shared_layer_owners(int(self.num_layers), self.num_unique_layers,
+                                                   self.param_sharing_style))
         derive("moe_layers", tuple(i for i in range(int(self.num_layers)) if self.moe_num_experts > 1
                                    and self.expert_interval > 0 and i % self.expert_interval == 0))
         derive("expert_activation", GLU_FORMS.get(self.activation, self.activation) if self.moe_glu
@@ -368,6 +392,7 @@ class ModelConfig:
         problems += moe_problems(self)
         problems += recurrent_layer_problems(self)
         problems += gmlp_problems(self)
+        problems += sharing_problems(self)
         return problems
 
     def _shape_problems(self) -> List[str]:
@@ -621,6 +646,37 @@ def recurrent_dims(config: ModelConfig) -> dict:
     return {"mamba_inner": mamba_inner, "mamba_dt_rank": -(-hidden // 16), "rwkv_dim_att": dim_att,
             "rwkv_head_size": dim_att // heads if heads > 0 else 0,
             "rwkv_ffn_dim": int(config.ffn_dim) if config.ffn_dim else rwkv_ffn // 32 * 32}
+
+
+def sharing_problems(config: ModelConfig) -> List[str]:
+    """The rules of parameter sharing (num_unique_layers, param_sharing_style)."""
+    unique, layers, style = config.num_unique_layers, config.num_layers, config.param_sharing_style
+    if style not in SHARING_STYLES:
+        return [f"param_sharing_style={style!r} must be one of {', '.join(SHARING_STYLES)}"]
+    if unique is None:
+        return [] if style == "grouped" else [f"param_sharing_style={style!r} orders shared layers but "
+                                              f"num_unique_layers is not set; set it or remove param_sharing_style"]
+    if not 1 <= unique <= layers or layers % unique:
+        return [f"num_unique_layers={unique} must divide num_layers={layers} (1 <= num_unique_layers <= num_layers)"]
+    problems = []
+    if config.pipe_parallel_size >= 1:
+        problems.append(f"num_unique_layers with pipe_parallel_size={config.pipe_parallel_size} is not supported: "
+                        f"DeepSpeed's pipeline ties modules through one weight attribute, not whole layers (GPT-NeoX "
+                        f"documents sharing for pipe_parallel_size 0 only); set pipe_parallel_size: 0")
+    types = config.attention_types
+    mixed = sorted({(config.layer_owners[i], i) for i in range(len(types))
+                    if types[config.layer_owners[i]] != types[i]})
+    if mixed:
+        owner, position = mixed[0]
+        problems.append(f"num_unique_layers={unique} ({style}) shares layer {owner}'s parameters with layer {position}, "
+                        f"but attention_config makes them {types[owner]!r} and {types[position]!r}; layers that share "
+                        f"parameters must have one type")
+    if "rwkv" in types:
+        problems.append("num_unique_layers with rwkv layers is not supported: GPT-NeoX's first RWKV layer normalises "
+                        "its input once more, so it cannot stand in for a later one")
+    if config.moe_num_experts > 1:
+        problems.append("num_unique_layers with a mixture of experts (moe_num_experts > 1) is not supported yet")
+    return problems
 
 
 def gmlp_problems(config: ModelConfig) -> List[str]:

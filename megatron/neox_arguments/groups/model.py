@@ -161,7 +161,9 @@ class NeoXArgsModel:
     num_unique_layers: Optional[int] = None
     """
     Number of unique transformer layers. num-layers should be divisible by this value. Currently only
-    has an effect when pipe_parallel_size=0.
+    has an effect when pipe_parallel_size=0. Here it needs pipe_parallel_size 0 (refused otherwise), layers
+    that share parameters must have one attention_config type, and checkpoints store each shared layer once
+    (under the slot of its first position).
     """
 
     param_sharing_style: str = 'grouped'
