@@ -150,10 +150,12 @@ def test_masked_layer_equals_block_sparse_reference_outputs_and_grads(kind):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_kv_cache_decoding_equals_full_forward(kind):
-    model = build_model(tiny_config(pos_emb="rotary", attention_config=[kind, "global"],
-                                    sparsity_config=_settings_overrides(kind)), SingleProcessState()).eval()
+def test_kv_cache_decoding_equals_full_forward():
+    """One model with a layer of each type (per-head layouts, random blocks)."""
+    sparsity = (("block", 4), ("different_layout_per_head", True), ("global_block_indices", (1,)),
+                ("num_different_global_patterns", 2), ("num_local_blocks", 2), ("num_random_blocks", 1))
+    model = build_model(tiny_config(num_layers=4, pos_emb="rotary", attention_config=KINDS, sparsity_config=sparsity),
+                        SingleProcessState()).eval()
     inputs, _ = random_batch()
     with torch.no_grad():
         full = model(inputs)
