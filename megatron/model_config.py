@@ -668,9 +668,9 @@ def sharing_problems(config: ModelConfig) -> List[str]:
                     if types[config.layer_owners[i]] != types[i]})
     if mixed:
         owner, position = mixed[0]
-        problems.append(f"num_unique_layers={unique} ({style}) shares layer {owner}'s parameters with layer {position}, "
-                        f"but attention_config makes them {types[owner]!r} and {types[position]!r}; layers that share "
-                        f"parameters must have one type")
+        problems.append(f"num_unique_layers={unique} ({style}) shares layer {owner}'s parameters with layer "
+                        f"{position}, but attention_config makes them {types[owner]!r} and {types[position]!r}; "
+                        f"layers that share parameters must have one type")
     if "rwkv" in types:
         problems.append("num_unique_layers with rwkv layers is not supported: GPT-NeoX's first RWKV layer normalises "
                         "its input once more, so it cannot stand in for a later one")

@@ -158,8 +158,8 @@ class PipelineRunner(ModelRunner):
             raise ValueError("pipe_parallel_size > 1 generation cannot use a KV cache (recompute only)")
         if attention_mask is not None and self.recurrent:
             raise GenerationError("prompts of different lengths (left-padded) cannot be decoded together with "
-                                  "pipe_parallel_size > 1 and mamba / rwkv / gmlp layers: those layers see padding only "
-                                  "through the KV cache, which the pipeline cannot pass; decode prompts of one "
+                                  "pipe_parallel_size > 1 and mamba / rwkv / gmlp layers: those layers see padding "
+                                  "only through the KV cache, which the pipeline cannot pass; decode prompts of one "
                                   "length per batch, or with pipe_parallel_size=1")
         if attention_mask is None:  # activations between stages must be tensors: state the causal mask
             from megatron.model.batch import causal_attention_mask

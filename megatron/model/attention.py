@@ -36,9 +36,9 @@ Fused kernels (megatron.model.fused): rope_fusion rotates q and k with the Trito
 scaled_upper_triang_masked_softmax_fusion or scaled_masked_softmax_fusion, every layer but "flash" takes
 the explicit-scores path and soft-max through the fused kernel (in fp32, returned in the scores' dtype):
 the upper-triangular one where the mask is exactly causal with no bias, the masked one otherwise
-(window, local blocks, block-sparse layouts, batch masks, ALiBi / rpe biases, KV-cache decoding); a kernel whose flag is off is
-its PyTorch reference. The masked kernel fills hidden scores with -10000 (Megatron's convention), which
-gives the same probabilities as -inf wherever a query sees at least one key. "flash" layers never use
+(window, local blocks, block-sparse layouts, batch masks, ALiBi / rpe biases, KV-cache decoding); a kernel
+whose flag is off is its PyTorch reference. The masked kernel fills hidden scores with -10000 (Megatron's
+convention), which gives the same probabilities as -inf wherever a query sees at least one key. "flash" layers never use
 the fused softmax: they call flash-attn 2 where it is installed and can do the call (CUDA, fp16/bf16;
 see megatron.model.flash), and otherwise attend like "global" layers without the fusion flags.
 Without either flag attention uses SDPA, the fastest choice on CPU and GPU.

@@ -28,7 +28,6 @@ seq_length (DeepSpeed's max_seq_length): shorter sequences use its top-left corn
 from __future__ import annotations
 
 import random
-from typing import Optional
 
 import torch
 
@@ -155,7 +154,3 @@ class BlockSparseMask:
 def layer_seed(seed: int, layer_number: int) -> int:
     """The random-block seed of a layer: the model seed and the layer number (every rank draws the same)."""
     return seed * 1_000_003 + layer_number
-
-
-def block_sparse_mask(settings: Optional[SparsitySettings], *args, **kwargs) -> Optional[BlockSparseMask]:
-    return None if settings is None else BlockSparseMask(settings, *args, **kwargs)
