@@ -10,7 +10,8 @@ Block (GPT-NeoX's, Liu et al. 2021 "Pay Attention to MLPs"), with F = 4 x hidden
 
 As in GPT-NeoX the block's output replaces x (no residual around the block), its two linears add no bias
 (GPT-NeoX creates input_linear.bias / output_linear.bias but drops them: ``skip_bias_add`` returns them and
-the block discards them, so here they do not exist), the spatial projection ignores the attention mask (it
+the block discards them, so here they do not exist; checkpoints still hold them as zeros for GPT-NeoX's
+loader, megatron.model.checkpoint_layout), the spatial projection ignores the attention mask (it
 mixes absolute positions 0..s-1), and the tiny attention uses it (end-of-document resets included). The
 norms are ``norm``; the activation is ``activation`` (GLU activations are refused: the block splits its own
 projection). Parameter names are GPT-NeoX's (norm, input_linear, sgu.norm, sgu.proj, sgu.attn.proj_qkv,
@@ -23,7 +24,8 @@ of both; sgu.norm normalises the whole gate (all-gathered over the channel dimen
 reduce-scatters) with full, replicated weights; sgu.proj is replicated and sees each rank's channels;
 proj_qkv is row-parallel over the two chunks (q, k, v replicated), proj_ffn column-parallel, output_linear
 row-parallel. Replicated weights that each rank applies to its own channels sum their gradients over the
-ranks (copy_to_model_parallel_region). Sequence parallelism is refused for these layers.
+ranks (copy_to_model_parallel_region). Sequence parallelism is refused for these layers, and so are GPT-NeoX
+checkpoints with these layers saved at model_parallel_size > 1 (megatron.checkpointing.gpt_neox_gmlp_problem).
 
 Decoding (``KVCache``): each layer keeps the normalised gates (and, for aMLP, the keys and values) of the
 positions so far as its recurrent state; a new token's gate is its row of the projection over them. Positions
@@ -39,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.activations import get_activation
+from megatron.model.checkpoint_layout import GMLP_LAYER, install_hooks
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
 from megatron.model_config import GMLP_FF_MULT, ModelConfig
@@ -143,6 +146,7 @@ class GMLPBlock(nn.Module):
         self.output_linear = RowParallelLinear(ff, hidden, parallel_state,
                                                initializer.output_weight(layer_number, "gmlp.output_linear"),
                                                bias=False)
+        install_hooks(self, GMLP_LAYER, config, parallel_state)
 
     def forward(self, args: Tuple[torch.Tensor, Optional[torch.Tensor]], kv_cache: Optional[KVCache] = None):
         x, mask = args
