@@ -485,13 +485,27 @@ def gpt_neox_mamba_problem(tp: int, attention_types) -> Optional[str]:
     return None
 
 
+def gpt_neox_gmlp_problem(tp: int, attention_types) -> Optional[str]:
+    """Why a GPT-NeoX checkpoint with gMLP / aMLP layers saved at model_parallel_size ``tp`` > 1 cannot load, or
+    None: GPT-NeoX normalises each rank's slice of the gate and runs aMLP's attention on each rank's slice, and
+    splits input_linear's rows without regard to [residual | gate], so its TP > 1 model is another function
+    (megatron.model.gmlp)."""
+    if tp > 1 and set(attention_types) & {"gmlp", "amlp"}:
+        return (f"GPT-NeoX's gMLP / aMLP layers saved at model_parallel_size={tp} compute another function than "
+                f"this project's (the gate norm and aMLP's attention work on each rank's slice of the width), so "
+                f"their weights cannot be loaded; GPT-NeoX checkpoints with these layers load from "
+                f"model_parallel_size 1")
+    return None
+
+
 def _gpt_neox_mismatches(path: str, neox_args, model_config, layout_must_match: bool) -> List[str]:
     """What differs between a GPT-NeoX checkpoint (its files, client `args` and configs/*.yml) and this run."""
     problems = []
     tp, pp = file_layout(path)
-    mamba = gpt_neox_mamba_problem(tp, model_config.attention_types)
-    if mamba:
-        problems.append(mamba)
+    for problem in (gpt_neox_mamba_problem(tp, model_config.attention_types),
+                    gpt_neox_gmlp_problem(tp, model_config.attention_types)):
+        if problem:
+            problems.append(problem)
     if layout_must_match:
         if tp != model_config.model_parallel_size:
             problems.append(f"model_parallel_size: checkpoint {tp} (its files), config "

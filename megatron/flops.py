@@ -39,7 +39,13 @@ stack sums each layer's), so ``forward = sum over layers of layer(type) + 2 h V`
                 channel mix                2 C F (key) + 2 F C (value) + 2 C^2 (receptance)
         rwkv = 640 C + 10 C A + 128 C + 128 A + 5 A N + 4 C F + 2 C^2
 
-    Neither depends on s: a recurrent layer's work per token is the same at any context length. The
+    gmlp / amlp (F = 4 h, d = gmlp_attn_dim; megatron.model.gmlp's layer):
+                input_linear h -> 2F       2 h 2F
+                spatial projection         2 s F     (the causal s x s mix counted as the full square)
+                output_linear F -> h       2 F h
+                amlp's attention           2 (2F) 3d + 4 s d + 2 d F
+
+    Mamba and RWKV do not depend on s: a recurrent layer's work per token is the same at any context length. The
     formulas count the recurrences themselves, not what the chunked training forms compute in their place
     (the chunked scan's log-depth passes, the chunked WKV's [T, T] products), as the attention term counts
     the s x s square whatever kernel computes it.
@@ -75,7 +81,7 @@ import os
 import re
 from typing import Dict, Optional, Tuple
 
-from megatron.model_config import GATED_ACTIVATIONS, MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
+from megatron.model_config import GATED_ACTIVATIONS, GMLP_FF_MULT, MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 
 PEAK_ENV_VAR = "NEOX_PEAK_TFLOPS"
 
@@ -103,9 +109,21 @@ def forward_flops_per_token(config: ModelConfig) -> int:
                          "padded_vocab_size")
     per_type = {"mamba": mamba_layer_flops, "rwkv": rwkv_layer_flops}
     types = config.attention_types or ("global",) * config.num_layers
-    layers = sum(per_type[kind](config) if kind in per_type else attention_layer_flops(config, layer)
+    layers = sum(per_type[kind](config) if kind in per_type else gmlp_layer_flops(config, layer)
+                 if kind in ("gmlp", "amlp") else attention_layer_flops(config, layer)
                  for layer, kind in enumerate(types))
     return layers + 2 * config.hidden_size * config.padded_vocab_size
+
+
+def gmlp_layer_flops(config: ModelConfig, layer: int) -> int:
+    """Forward FLOPs per token of a gMLP / aMLP layer (megatron.flops' convention: 2 per multiply-add, the
+    causal spatial mix counted as the full s x s square)."""
+    h, s, d = config.hidden_size, config.seq_length, config.gmlp_attn_dim
+    ff = GMLP_FF_MULT * h
+    flops = 2 * h * 2 * ff + 2 * s * ff + 2 * ff * h
+    if config.attention_types[layer] == "amlp":
+        flops += 2 * 2 * ff * 3 * d + 2 * 2 * s * d + 2 * d * ff
+    return flops
 
 
 def attention_layer_flops(config: ModelConfig, layer: int = 0) -> int:

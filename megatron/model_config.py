@@ -9,7 +9,8 @@ attention types, the padded vocabulary) is computed here, in ``__post_init__``, 
 Field names are GPT-NeoX's argument names with the schema's defaults (a test checks they agree), except
 where a GPT-NeoX dict is flattened into plain values: ``soft_prompt_tuning`` becomes ``soft_prompt_tokens``
 / ``soft_prompt_init_range``, ``sparsity_config``'s local-window keys become ``local_attention_block``
-/ ``local_attention_window_blocks``, and DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes
+/ ``local_attention_window_blocks`` (``sparsity_config`` itself is kept as sorted pairs for the block-sparse
+layers), and DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes
 ``number_checkpoints``.
 
 The model's rules (:meth:`ModelConfig.problems`: shapes, attention types, which fusion flags apply,
@@ -24,11 +25,18 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from megatron.sparsity_config import SPARSE_TYPES, SparsitySettings, freeze, key_problems, local_window
+
 ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
                    "gmlp", "amlp", "mamba", "rwkv")
 """Every layer type GPT-NeoX's attention_config names."""
-BUILT_ATTENTION_TYPES = ("global", "local", "flash", "mamba", "rwkv")
+BUILT_ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
+                         "gmlp", "amlp", "mamba", "rwkv")
 """The layer types this model builds."""
+GMLP_TYPES = ("gmlp", "amlp")
+"""gMLP / aMLP layers (megatron.model.gmlp): a spatial gating unit in place of attention and MLP."""
+GMLP_FF_MULT = 4
+"""GPT-NeoX's GMLPBlock width: F = 4 x hidden_size (its ff_mult, not configurable)."""
 RECURRENT_TYPES = ("mamba", "rwkv")
 """Layer types that carry a recurrent state (no attention: no heads, no positions, no attention mask)."""
 PLAIN_ACTIVATIONS = ("gelu", "relu", "softsign", "swish", "mish", "silu")
@@ -101,6 +109,23 @@ def expert_width(hidden_size: int, intermediate_size: Optional[int], gated: bool
     return EXPERT_WIDTH_MULTIPLE * -(-inner // EXPERT_WIDTH_MULTIPLE)
 
 
+SHARING_STYLES = ("grouped", "spaced")
+
+
+def shared_layer_owners(num_layers: int, num_unique_layers: Optional[int], style: str) -> Tuple[int, ...]:
+    """Which position owns the parameters of each layer position: Megatron-LM's rule for num_unique_layers U
+    (GPT-NeoX documents it): position i uses unique layer i % U ('grouped': [1, 2, 1, 2]) or i // (L / U)
+    ('spaced': [1, 1, 2, 2]), and a unique layer lives at the first position that uses it. Without sharing
+    (or with settings ModelConfig.problems refuses) every position owns itself."""
+    positions = tuple(range(max(num_layers, 0)))
+    if num_unique_layers is None or not 1 <= num_unique_layers <= num_layers or num_layers % num_unique_layers \
+            or style not in SHARING_STYLES:
+        return positions
+    unique = [i % num_unique_layers if style == "grouped" else i // (num_layers // num_unique_layers)
+              for i in positions]
+    return tuple(unique.index(u) for u in unique)
+
+
 def padded_vocab_size(tokenizer_vocab_size: int, make_vocab_size_divisible_by: int, model_parallel_size: int,
                       explicit: Optional[int] = None) -> int:
     """The tokenizer's vocabulary padded to a multiple of make_vocab_size_divisible_by x model_parallel_size
@@ -159,6 +184,12 @@ class ModelConfig:
     sliding_window_width: Optional[int] = None
     local_attention_block: int = LOCAL_ATTENTION_BLOCK
     local_attention_window_blocks: int = LOCAL_ATTENTION_WINDOW_BLOCKS
+    sparsity_config: Optional[Tuple[Tuple[str, Any], ...]] = None
+    """GPT-NeoX's sparsity_config as sorted (key, value) pairs (megatron.sparsity_config.freeze): the layouts of
+    the block-sparse layers (megatron.model.block_sparse)."""
+    gmlp_attn_dim: int = 64
+    num_unique_layers: Optional[int] = None
+    param_sharing_style: str = "grouped"
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = False
     use_bias_in_attn_linear: bool = True
@@ -257,6 +288,9 @@ class ModelConfig:
     """max_position_embeddings, or seq_length when unset."""
     activation_checkpoints: int = field(init=False)
     """Checkpoints DeepSpeed keeps buffers for: number_checkpoints, else ceil(num_layers / checkpoint_num_layers)."""
+    layer_owners: Tuple[int, ...] = field(init=False)
+    """For each layer position, the position whose parameters it uses (itself unless num_unique_layers shares
+    them: ``shared_layer_owners``)."""
     moe_layers: Tuple[int, ...] = field(init=False)
     """The layers (0-based) whose MLP is a mixture of experts: every expert_interval-th from layer 0 when
     moe_num_experts > 1 (GPT-NeoX's ``layer_number % expert_interval == 0``), else none."""
@@ -288,6 +322,8 @@ class ModelConfig:
         derive("positions", int(self.max_position_embeddings or self.seq_length))
         derive("activation_checkpoints", int(self.number_checkpoints or
                                              -(-self.num_layers // max(self.checkpoint_num_layers, 1))))
+        derive("layer_owners", shared_layer_owners(int(self.num_layers), self.num_unique_layers,
+                                                   self.param_sharing_style))
         derive("moe_layers", tuple(i for i in range(int(self.num_layers)) if self.moe_num_experts > 1
                                    and self.expert_interval > 0 and i % self.expert_interval == 0))
         derive("expert_activation", GLU_FORMS.get(self.activation, self.activation) if self.moe_glu
@@ -316,10 +352,11 @@ class ModelConfig:
         values["soft_prompt_tokens"], values["soft_prompt_init_range"] = \
             _soft_prompt(getattr(args, "soft_prompt_tuning", None))
         values["number_checkpoints"] = (getattr(args, "activation_checkpointing", None) or {}).get("number_checkpoints")
-        sparsity = getattr(args, "sparsity_config", None) or {}
-        values["local_attention_block"] = int(sparsity.get("block", LOCAL_ATTENTION_BLOCK))
-        values["local_attention_window_blocks"] = int(sparsity.get("num_sliding_window_blocks",
-                                                                   LOCAL_ATTENTION_WINDOW_BLOCKS))
+        sparsity = getattr(args, "sparsity_config", None)
+        values["sparsity_config"] = freeze(sparsity)
+        if isinstance(sparsity, Mapping) and not key_problems(sparsity, ("local",)):
+            values["local_attention_block"], values["local_attention_window_blocks"] = \
+                local_window(sparsity, LOCAL_ATTENTION_WINDOW_BLOCKS)
         return cls(**values)
 
     def replace(self, **changes: Any) -> "ModelConfig":
@@ -354,6 +391,8 @@ class ModelConfig:
         problems += fusion_flag_problems(self)
         problems += moe_problems(self)
         problems += recurrent_layer_problems(self)
+        problems += gmlp_problems(self)
+        problems += sharing_problems(self)
         return problems
 
     def _shape_problems(self) -> List[str]:
@@ -411,6 +450,7 @@ class ModelConfig:
                                 f"{', '.join(BUILT_ATTENTION_TYPES)}")
         if self.sliding_window_width is not None and self.sliding_window_width < 1:
             problems.append(f"sliding_window_width={self.sliding_window_width} must be >= 1")
+        problems += sparsity_problems(self)
         if self.local_attention_block < 1 or self.local_attention_window_blocks < 1:
             problems.append(f"sparsity_config block={self.local_attention_block} and num_sliding_window_blocks="
                             f"{self.local_attention_window_blocks} must be >= 1")
@@ -457,6 +497,24 @@ class ModelConfig:
             return ["fp16 needs a CUDA GPU and this worker has none; on CPU use bf16: {enabled: true} or fp32 "
                     "(remove the fp16 dict)"]
         return []
+
+
+def sparsity_settings(config: ModelConfig, kind: str) -> SparsitySettings:
+    """The block-sparse settings of layer type ``kind`` (one of SPARSE_TYPES) from config.sparsity_config."""
+    return SparsitySettings.for_type(kind, dict(config.sparsity_config or ()))
+
+
+def sparsity_problems(config: ModelConfig) -> List[str]:
+    """sparsity_config's keys, and each block-sparse layer type's settings (DeepSpeed's rules)."""
+    sparsity = config.sparsity_config
+    if isinstance(sparsity, tuple):
+        sparsity = dict(sparsity)
+    problems = key_problems(sparsity, config.attention_types)
+    if problems:
+        return problems
+    for kind in [k for k in SPARSE_TYPES if k in config.attention_types]:
+        problems += sparsity_settings(config, kind).problems(int(config.seq_length))
+    return problems
 
 
 def fusion_flag_problems(config: ModelConfig) -> List[str]:
@@ -588,6 +646,63 @@ def recurrent_dims(config: ModelConfig) -> dict:
     return {"mamba_inner": mamba_inner, "mamba_dt_rank": -(-hidden // 16), "rwkv_dim_att": dim_att,
             "rwkv_head_size": dim_att // heads if heads > 0 else 0,
             "rwkv_ffn_dim": int(config.ffn_dim) if config.ffn_dim else rwkv_ffn // 32 * 32}
+
+
+def sharing_problems(config: ModelConfig) -> List[str]:
+    """The rules of parameter sharing (num_unique_layers, param_sharing_style)."""
+    unique, layers, style = config.num_unique_layers, config.num_layers, config.param_sharing_style
+    if style not in SHARING_STYLES:
+        return [f"param_sharing_style={style!r} must be one of {', '.join(SHARING_STYLES)}"]
+    if unique is None:
+        return [] if style == "grouped" else [f"param_sharing_style={style!r} orders shared layers but "
+                                              f"num_unique_layers is not set; set it or remove param_sharing_style"]
+    if not 1 <= unique <= layers or layers % unique:
+        return [f"num_unique_layers={unique} must divide num_layers={layers} (1 <= num_unique_layers <= num_layers)"]
+    problems = []
+    if config.pipe_parallel_size >= 1:
+        problems.append(f"num_unique_layers with pipe_parallel_size={config.pipe_parallel_size} is not supported: "
+                        f"DeepSpeed's pipeline ties modules through one weight attribute, not whole layers (GPT-NeoX "
+                        f"documents sharing for pipe_parallel_size 0 only); set pipe_parallel_size: 0")
+    types = config.attention_types
+    mixed = sorted({(config.layer_owners[i], i) for i in range(len(types))
+                    if types[config.layer_owners[i]] != types[i]})
+    if mixed:
+        owner, position = mixed[0]
+        problems.append(f"num_unique_layers={unique} ({style}) shares layer {owner}'s parameters with layer "
+                        f"{position}, but attention_config makes them {types[owner]!r} and {types[position]!r}; "
+                        f"layers that share parameters must have one type")
+    if "rwkv" in types:
+        problems.append("num_unique_layers with rwkv layers is not supported: GPT-NeoX's first RWKV layer normalises "
+                        "its input once more, so it cannot stand in for a later one")
+    if config.moe_num_experts > 1:
+        problems.append("num_unique_layers with a mixture of experts (moe_num_experts > 1) is not supported yet")
+    return problems
+
+
+def gmlp_problems(config: ModelConfig) -> List[str]:
+    """The rules of gMLP / aMLP layers (megatron.model.gmlp), and gmlp_attn_dim without aMLP layers."""
+    kinds = set(config.attention_types) & set(GMLP_TYPES)
+    default_dim = next(f.default for f in dataclasses.fields(ModelConfig) if f.name == "gmlp_attn_dim")
+    if "amlp" not in kinds and config.gmlp_attn_dim != default_dim:
+        return [f"gmlp_attn_dim={config.gmlp_attn_dim} is the width of aMLP layers' attention but attention_config "
+                f"has no 'amlp' layer; remove it"]
+    if not kinds:
+        return []
+    layers = " / ".join(sorted(kinds))
+    problems = []
+    if "amlp" in kinds and config.gmlp_attn_dim < 1:
+        problems.append(f"gmlp_attn_dim={config.gmlp_attn_dim} must be >= 1")
+    if config.gated_mlp:
+        problems.append(f"activation={config.activation!r} with {layers} layers: they split their own projection into "
+                        f"[residual | gate], so a GLU activation does not apply; use a plain activation "
+                        f"({', '.join(PLAIN_ACTIVATIONS)})")
+    if config.sequence_parallel:
+        problems.append(f"sequence_parallel with {layers} layers is not supported: their spatial projection mixes "
+                        f"the whole sequence on every rank")
+    if config.moe_num_experts > 1:
+        problems.append(f"a mixture of experts (moe_num_experts={config.moe_num_experts}) with {layers} layers is not "
+                        f"supported: those layers have no MLP for the experts to replace")
+    return problems
 
 
 def recurrent_layer_problems(config: ModelConfig) -> List[str]:

@@ -108,7 +108,8 @@ class ModelRunner:
 
     supports_cache: bool = True
     recurrent: bool = False
-    """True when the model has Mamba / RWKV layers, which see left padding only through a KV cache."""
+    """True when the model has Mamba / RWKV layers, which see left padding only through a KV cache, or gMLP /
+    aMLP layers, which refuse it there (their spatial projection mixes absolute slots)."""
 
     def __call__(self, tokens: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                  kv_cache: Optional[KVCache] = None, last_only: bool = False) -> torch.Tensor:
@@ -121,10 +122,10 @@ class SequentialRunner(ModelRunner):
 
     def __init__(self, model: torch.nn.Module, parallel_state) -> None:
         from megatron.model.gpt2_model import BLOCK_CLASSES
-        from megatron.model_config import RECURRENT_TYPES
+        from megatron.model_config import GMLP_TYPES, RECURRENT_TYPES
 
         self.model = model
-        recurrent = tuple(BLOCK_CLASSES[kind] for kind in RECURRENT_TYPES)
+        recurrent = tuple(BLOCK_CLASSES[kind] for kind in RECURRENT_TYPES + GMLP_TYPES)
         self.recurrent = any(isinstance(module, recurrent) for module in model.modules())
         self.group = parallel_state.get_model_parallel_group() \
             if parallel_state.get_model_parallel_world_size() > 1 else None
@@ -157,8 +158,8 @@ class PipelineRunner(ModelRunner):
             raise ValueError("pipe_parallel_size > 1 generation cannot use a KV cache (recompute only)")
         if attention_mask is not None and self.recurrent:
             raise GenerationError("prompts of different lengths (left-padded) cannot be decoded together with "
-                                  "pipe_parallel_size > 1 and mamba / rwkv layers: those layers see padding only "
-                                  "through the KV cache, which the pipeline cannot pass; decode prompts of one "
+                                  "pipe_parallel_size > 1 and mamba / rwkv / gmlp layers: those layers see padding "
+                                  "only through the KV cache, which the pipeline cannot pass; decode prompts of one "
                                   "length per batch, or with pipe_parallel_size=1")
         if attention_mask is None:  # activations between stages must be tensors: state the causal mask
             from megatron.model.batch import causal_attention_mask
@@ -197,10 +198,10 @@ def build_runner(engine, parallel_state, config: ModelConfig) -> ModelRunner:
     if isinstance(module, GPT2ModelPipe):
         if module.num_stages == 1:
             return SequentialRunner(module.to_sequential(), parallel_state)
-        from megatron.model_config import RECURRENT_TYPES
+        from megatron.model_config import GMLP_TYPES, RECURRENT_TYPES
 
         return PipelineRunner(engine, parallel_state, config.padded_vocab_size, model_dtype(config),
-                              recurrent=any(t in RECURRENT_TYPES for t in config.attention_types))
+                              recurrent=any(t in RECURRENT_TYPES + GMLP_TYPES for t in config.attention_types))
     return SequentialRunner(module, parallel_state)
 
 

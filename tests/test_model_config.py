@@ -103,16 +103,33 @@ def test_from_neox_args_reads_every_model_value_and_never_changes_the_args():
     assert config.attention_types == ("local", "local") and not config.tied_embeddings and config.seed == 7
     assert ModelConfig.from_neox_args(tiny(soft_prompt_tuning={"enabled": False})).soft_prompt_tokens is None
     assert ModelConfig.from_neox_args(args.to_dict(), padded_vocab_size=256) == config  # a checkpoint's dict
-    # sparsity_config's local window (refused by validation until sparse attention is built; issue 16)
-    windowed = ModelConfig.from_neox_args({**args.to_dict(), "sparsity_config": {"block": 8,
-                                                                                "num_sliding_window_blocks": 5}})
-    assert (windowed.local_attention_block, windowed.local_attention_window_blocks) == (8, 5)
+    # sparsity_config's local window, read as GPT-NeoX does: num_local_blocks, num_sliding_window_blocks, then 4
+    for sparsity, window in (({"block": 8, "num_sliding_window_blocks": 5}, (8, 5)), ({"block": 8}, (8, 4)),
+                             ({"num_local_blocks": 6, "num_sliding_window_blocks": 5}, (16, 6))):
+        windowed = ModelConfig.from_neox_args({**args.to_dict(), "sparsity_config": sparsity})
+        assert (windowed.local_attention_block, windowed.local_attention_window_blocks) == window
+        assert dict(windowed.sparsity_config) == sparsity and windowed.problems() == []
 
 
 @pytest.mark.parametrize("overrides,needle", [
     (dict(hidden_size=63), "hidden_size=63 must be divisible by num_attention_heads=4"),
     (dict(num_kv_heads=3), "num_kv_heads=3 must divide"),
-    (dict(attention_config=["global", "bigbird"]), "'bigbird' is not supported yet"),
+    (dict(attention_config=["global", "amlp"], activation="swiglu"), "a GLU activation does not apply"),
+    (dict(attention_config=["global", "gmlp"], gmlp_attn_dim=32), "gmlp_attn_dim=32 is the width of aMLP layers'"),
+    (dict(attention_config=["gmlp", "amlp"], model_parallel_size=2, sequence_parallel=True),
+     "sequence_parallel with amlp / gmlp layers is not supported"),
+    (dict(attention_config=["global", "bigbird"], sparsity_config=(("num_random_block", 1),)),
+     "unknown key 'num_random_block'; did you mean 'num_random_blocks'"),
+    (dict(attention_config=["local", "global"], sparsity_config=(("mode", "fixed"),)), "'mode' is not read"),
+    (dict(attention_config=["local", "global"], sparsity_config=(("attention", "bidirectional"),)),
+     "attention='bidirectional' is not supported: the model is causal"),
+    (dict(attention_config=["sparse_fixed", "global"], sparsity_config=(("block", 5),)),
+     "seq_length=32 must be divisible by block=5"),
+    (dict(attention_config=["sparse_fixed", "global"], sparsity_config=(("num_global_blocks", 3),)),
+     "num_local_blocks=4 must be divisible by num_global_blocks=3"),
+    (dict(attention_config=["bslongformer", "global"], sparsity_config=(("global_block_end_indices", (0,)),)),
+     "global block start 0 must be smaller than its end 0"),
+    (dict(sparsity_config=(("block", 8),)), "sparsity_config is set but no layer reads it"),
     (dict(attention_config=["global", "nope"]), "unknown attention type 'nope'"),
     (dict(attention_config=["global"]), "expands to 1 layers"),
     (dict(pos_emb="rotary", rotary_pct=0.01), "rotated channels"),
@@ -129,7 +146,7 @@ def test_valid_config_has_no_problems_and_the_rules_reach_validation():
     assert ModelConfig(**SHAPE).problems() == []
     from tests.neox_arguments.helpers import problems_of
 
-    assert "'bigbird' is not supported yet" in problems_of(attention_config=[[["bigbird"], 2]])
+    assert "a GLU activation does not apply" in problems_of(attention_config=[[["amlp"], 2]], activation="geglu")
 
 
 def test_softmax_fusion_on_flash_layers_does_nothing_and_says_so():

@@ -35,6 +35,9 @@ def common_problems(config: ModelConfig) -> List[str]:
         problems.append(f"pos_emb={config.pos_emb!r}: only rotary position embeddings convert")
     if config.use_qk_layernorm:
         problems.append("use_qk_layernorm=true has no Hugging Face equivalent here")
+    if config.num_unique_layers is not None:
+        problems.append(f"num_unique_layers={config.num_unique_layers}: parameter-shared layers have no Hugging "
+                        f"Face equivalent here")
     if config.soft_prompt_tokens is not None:
         problems.append("soft_prompt_tuning is enabled (the soft prompt has no Hugging Face equivalent)")
     return problems

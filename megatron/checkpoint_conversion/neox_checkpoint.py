@@ -58,6 +58,7 @@ from megatron.checkpointing import (
     checkpoint_kind,
     file_layout,
     gpt_neox_client_args,
+    gpt_neox_gmlp_problem,
     gpt_neox_mamba_problem,
     load_lazily,
     model_files,
@@ -244,7 +245,8 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> Neox
     config = model_config_of(args, source, model_parallel_size=max(tp, 1), pipe_parallel_size=pp,
                              padded_vocab_size=None)
     if kind == GPT_NEOX:
-        problem = gpt_neox_mamba_problem(tp, config.attention_types)
+        problem = gpt_neox_mamba_problem(tp, config.attention_types) or \
+            gpt_neox_gmlp_problem(tp, config.attention_types)
         if problem:
             raise ConversionError(f"{path}: {problem}")
     num_layers = config.num_layers

@@ -24,7 +24,8 @@ Attention is computed with F.scaled_dot_product_attention. A boolean mask is bui
 positions (causal; ``sliding_window_width`` w: a query at i sees keys i - w .. i; ``local`` layers: with
 sparsity_config ``block`` B (16) and ``num_sliding_window_blocks`` W (3), a query in block i sees the
 keys of blocks i - W // 2 .. i, the dense equivalent of DeepSpeed's unidirectional
-LocalSlidingWindowSparsityConfig) and
+LocalSlidingWindowSparsityConfig; block-sparse layers sparse_fixed, sparse_variable, bigbird, bslongformer:
+their DeepSpeed layout expanded to positions, per head, megatron.model.block_sparse) and
 combined with the batch's attention_mask (True = masked, as GPT-NeoX). ALiBi / rpe add a float bias.
 With attention_softmax_in_fp32 or apply_query_key_layer_scaling in half precision, the scores are
 computed explicitly and soft-maxed in fp32 (layer scaling divides by the layer number before the
@@ -32,12 +33,12 @@ product and multiplies it back in fp32, which is exact in real arithmetic).
 
 Fused kernels (megatron.model.fused): rope_fusion rotates q and k with the Triton rotary kernel (in the
 [batch, seq, heads, head_dim] layout it expects, before the heads move to dim 1). With
-scaled_upper_triang_masked_softmax_fusion or scaled_masked_softmax_fusion, "global" and "local" layers take
+scaled_upper_triang_masked_softmax_fusion or scaled_masked_softmax_fusion, every layer but "flash" takes
 the explicit-scores path and soft-max through the fused kernel (in fp32, returned in the scores' dtype):
 the upper-triangular one where the mask is exactly causal with no bias, the masked one otherwise
-(window, local blocks, batch masks, ALiBi / rpe biases, KV-cache decoding); a kernel whose flag is off is
-its PyTorch reference. The masked kernel fills hidden scores with -10000 (Megatron's convention), which
-gives the same probabilities as -inf wherever a query sees at least one key. "flash" layers never use
+(window, local blocks, block-sparse layouts, batch masks, ALiBi / rpe biases, KV-cache decoding); a kernel
+whose flag is off is its PyTorch reference. The masked kernel fills hidden scores with -10000 (Megatron's
+convention), which gives the same probabilities as -inf wherever a query sees at least one key. "flash" layers never use
 the fused softmax: they call flash-attn 2 where it is installed and can do the call (CUDA, fp16/bf16;
 see megatron.model.flash), and otherwise attend like "global" layers without the fusion flags.
 Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
@@ -51,12 +52,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.model.block_sparse import BlockSparseMask, layer_seed
 from megatron.model.flash import FlashAttention
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
 from megatron.model.positional import RelativePositionBias, RotaryEmbedding, alibi_bias, alibi_slopes
-from megatron.model_config import ModelConfig
+from megatron.model_config import ModelConfig, sparsity_settings
+from megatron.sparsity_config import SPARSE_TYPES
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
 
 
@@ -128,6 +131,11 @@ class ParallelSelfAttention(nn.Module):
         self.window = config.sliding_window_width
         if self.attention_type == "local":
             self.local_block, self.local_blocks = config.local_attention_block, config.local_attention_window_blocks
+        self.block_sparse = BlockSparseMask(
+            sparsity_settings(config, self.attention_type), heads, config.seq_length,
+            layer_seed(config.seed, layer_number), self.tp_rank * self.local_heads, self.local_heads) \
+            if self.attention_type in SPARSE_TYPES else None
+        self.blockwise = self.attention_type == "local" or self.block_sparse is not None
         self.layer_scaling = config.apply_query_key_layer_scaling
         self.softmax_fp32 = config.attention_softmax_in_fp32 or self.layer_scaling
         self.force_explicit = False  # tests flip this to compare the explicit path with SDPA
@@ -143,13 +151,15 @@ class ParallelSelfAttention(nn.Module):
             qb = torch.div(q_pos, self.local_block, rounding_mode="floor").unsqueeze(-1)
             kb = torch.div(k_pos, self.local_block, rounding_mode="floor").unsqueeze(0)
             allowed &= (qb - kb) <= self.local_blocks // 2
+        if self.block_sparse is not None:
+            allowed = allowed & self.block_sparse.allowed(q_pos, k_pos)
         if attention_mask is not None:
             allowed = allowed & ~attention_mask.to(torch.bool)
         return allowed
 
     def _plain_causal(self, q_len: int, k_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
         """True when the attention is exactly causal over the whole sequence with no additive bias."""
-        if q_len != k_len or self.window is not None or self.attention_type == "local" or \
+        if q_len != k_len or self.window is not None or self.blockwise or \
                 self.pos_emb in ("alibi", "rpe"):
             return False
         return self._mask_is_causal(q_len, attention_mask)
@@ -157,7 +167,7 @@ class ParallelSelfAttention(nn.Module):
     def _single_query_sees_all(self, q_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
         """Decoding one token with no mask, window or bias: it attends to every cached key unmasked."""
         return q_len == 1 and attention_mask is None and self.window is None and \
-            self.attention_type != "local" and self.pos_emb not in ("alibi", "rpe")
+            not self.blockwise and self.pos_emb not in ("alibi", "rpe")
 
     @staticmethod
     def _mask_is_causal(q_len: int, attention_mask: Optional[torch.Tensor]) -> bool:

@@ -15,6 +15,8 @@ converter (megatron.checkpoint_conversion, which reads and writes the files itse
     parameters, as GPT-NeoX's buffers are cast with its model;
   * with gpt_j_tied, ``post_attention_layernorm.*``, which GPT-NeoX builds and saves but never uses, as a copy
     of ``input_layernorm.*`` (so the checkpoint is also right for an untied reader);
+  * in gMLP / aMLP slots, GPT-NeoX's never-added ``input_linear.bias`` / ``output_linear.bias`` (zeros;
+    dropped again on load);
 and with gpt_j_residual and T > 1 tensor-parallel ranks stores each rank's share of the row-parallel biases
 (``attention.dense.bias``, ``mlp.linear2.bias``) as bias / T: GPT-NeoX's parallel residual adds every rank's
 bias before its one all-reduce, so its model's bias is the sum over ranks, where this model (and GPT-NeoX
@@ -47,11 +49,16 @@ MAMBA_LAYER, RWKV_LAYER = "mamba_layer", "rwkv_layer"
 """Slots of Mamba / RWKV blocks: their parameters are GPT-NeoX's as they are (megatron.model.mamba, rwkv);
 only a Mamba block's ``norm`` follows the norm rules below (RWKV's ln1 / ln2 are always LayerNorms with
 biases, as GPT-NeoX's)."""
-BLOCK_KINDS = {"mamba": MAMBA_LAYER, "rwkv": RWKV_LAYER}
+GMLP_LAYER = "gmlp_layer"
+"""Slots of gMLP / aMLP blocks (megatron.model.gmlp): GPT-NeoX's GMLPBlock also saves ``input_linear.bias`` and
+``output_linear.bias``, which its forward never adds (zeros, written here as GPT-NeoX's model has them; dropped
+on load, whatever they hold, since they do not change GPT-NeoX's function); its norms follow the norm rules."""
+BLOCK_KINDS = {"mamba": MAMBA_LAYER, "rwkv": RWKV_LAYER, "gmlp": GMLP_LAYER, "amlp": GMLP_LAYER}
+UNUSED_GMLP_BIASES = ("input_linear.bias", "output_linear.bias")
 SUMMED_BIASES = ("attention.dense.bias", "mlp.linear2.bias")
 """Row-parallel biases GPT-NeoX's parallel residual sums over tensor-parallel ranks."""
 _NORMS = {LAYER: ("input_layernorm.", "post_attention_layernorm.", "attention.q_norm.", "attention.k_norm."),
-          FINAL_NORM: ("norm.",), MAMBA_LAYER: ("norm.",)}
+          FINAL_NORM: ("norm.",), MAMBA_LAYER: ("norm.",), GMLP_LAYER: ("norm.", "sgu.norm.")}
 _WHAT = {"position_embeddings.inv_freq": "hidden_size", "attention.alibi_embed.slopes":
          "num_attention_heads / model_parallel_size", "attention.rotary_emb.inv_freq": "rotary_pct / rotary_emb_base"}
 
@@ -108,6 +115,9 @@ def to_neox(kind: str, state: Mapping[str, torch.Tensor], config: ModelConfig, t
         for name in SUMMED_BIASES:
             if name in out:
                 out[name] = out[name].detach() / tp
+    if kind == GMLP_LAYER and "input_linear.weight" in state:
+        out["input_linear.bias"] = torch.zeros(state["input_linear.weight"].size(0), dtype=dtype)
+        out["output_linear.bias"] = torch.zeros(config.hidden_size, dtype=dtype)
     return out
 
 
@@ -132,6 +142,9 @@ def from_neox(kind: str, state: Mapping[str, torch.Tensor], config: ModelConfig,
     if _tied_norm(kind, config):
         for name in [n for n in out if n.startswith("post_attention_layernorm.")]:
             del out[name]
+    if kind == GMLP_LAYER:
+        for name in UNUSED_GMLP_BIASES:
+            out.pop(name, None)
     if _summed_biases(kind, config, tp):
         for name in SUMMED_BIASES:
             if name in out:

@@ -25,7 +25,10 @@ the model returns this rank's vocabulary shard of the logits and ``cross_entropy
 * ``GPT2ModelSequential`` (pipe_parallel_size 0): the same slots in an nn.ModuleList named ``sequential``
   (module keys ``sequential.{i}.*``, as GPT-NeoX's SequentialWrapper), with the same forward and loss; it
   also takes an explicit ``KVCache`` for incremental decoding. ``embedding``, ``layers``, ``final_norm`` and
-  ``head`` name the slots' modules.
+  ``head`` name the slots' modules. With num_unique_layers (parameter sharing, this model only) a layer slot
+  whose parameters another slot owns holds a ``SharedLayer``: it runs the owner's module, has no parameters
+  of its own and writes nothing to the state dict, so each shared tensor is stored once (under its owner's
+  slot).
 
 Every layer is built from a frozen ``ModelConfig`` (megatron.model_config) and the ParallelState; the
 builder checks the config's rules once (``ModelConfig.problems``) and raises one ConfigError.
@@ -45,7 +48,8 @@ from megatron.model.embedding import Embedding
 from megatron.model.head import FinalNorm, OutputHead, tied_logits
 from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
-from megatron.model.kv_cache import KVCache
+from megatron.model.kv_cache import KVCache, LayerKeyedCache
+from megatron.model.gmlp import GMLPBlock
 from megatron.model.mamba import ParallelMambaResidualLayer, mamba_kernel_problems
 from megatron.model.rwkv import RWKVResidualLayer
 from megatron.model.transformer import ParallelTransformerLayer
@@ -111,7 +115,10 @@ def slot_prefixes(num_layers: int) -> Dict[int, str]:
 
 
 BLOCK_CLASSES: Dict[str, type] = {"global": ParallelTransformerLayer, "local": ParallelTransformerLayer,
-                                  "flash": ParallelTransformerLayer, "mamba": ParallelMambaResidualLayer,
+                                  "flash": ParallelTransformerLayer, "sparse_fixed": ParallelTransformerLayer,
+                                  "sparse_variable": ParallelTransformerLayer, "bigbird": ParallelTransformerLayer,
+                                  "bslongformer": ParallelTransformerLayer, "gmlp": GMLPBlock, "amlp": GMLPBlock,
+                                  "mamba": ParallelMambaResidualLayer,
                                   "rwkv": RWKVResidualLayer}
 """The module of each layer type of attention_config (GPT-NeoX's per-layer types): the layer specs as data.
 Every block class takes (config, parallel_state, initializer, layer_number, rng_tracker, rpe) and maps
@@ -134,6 +141,25 @@ class LayerSlot(nn.Module):
         return args
 
 
+class SharedLayer(nn.Module):
+    """Layer position ``position`` of a parameter-shared stack (num_unique_layers): it runs the layer built at
+    its owner position, whose parameters are registered (and saved, and counted) there only. Its decoding
+    state is keyed by this position (LayerKeyedCache)."""
+
+    def __init__(self, owner: nn.Module, position: int) -> None:
+        super().__init__()
+        self._owner = (owner,)  # a tuple, so that the owner is not registered here a second time
+        self.layer_number = position
+
+    @property
+    def owner(self) -> nn.Module:
+        return self._owner[0]
+
+    def forward(self, args, kv_cache: Optional[KVCache] = None):
+        view = LayerKeyedCache(kv_cache, self.layer_number) if kv_cache is not None else None
+        return self.owner(args, view)
+
+
 class GPT2ModelSequential(nn.Module):
     """All layers on one pipeline stage, called in order; optional explicit KV cache."""
 
@@ -143,8 +169,11 @@ class GPT2ModelSequential(nn.Module):
         rng_tracker = _model_tracker(config, parallel_state, rng_tracker)
         init = Initializer(config)
         rpe = _shared_rpe(config, parallel_state, init)
-        layers = [block_class(config, i)(config, parallel_state, init, i, rng_tracker, rpe)
-                  for i in range(config.num_layers)]
+        layers: List[nn.Module] = []
+        for i in range(config.num_layers):
+            owner = config.layer_owners[i]
+            layers.append(block_class(config, i)(config, parallel_state, init, i, rng_tracker, rpe) if owner == i
+                          else SharedLayer(layers[owner], i))
         head = None if config.tied_embeddings else OutputHead(config, parallel_state, init)
         self._assemble(Embedding(config, parallel_state, init, rng_tracker), layers,
                        FinalNorm(config, parallel_state), head, loss_function(config, parallel_state),

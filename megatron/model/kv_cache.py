@@ -75,3 +75,24 @@ class KVCache:
 
 DecodeState = KVCache
 """The same object under the name that says what it holds for recurrent layers."""
+
+
+class LayerKeyedCache:
+    """A KVCache seen through another layer key: a parameter-shared layer (num_unique_layers) runs at several
+    positions but keys its state by its own layer_number, so each position hands it this view, which stores
+    under the position's key whatever key the layer passes. Everything else is the cache's."""
+
+    def __init__(self, cache: KVCache, key: int) -> None:
+        self._cache, self._key = cache, key
+
+    def update(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self._cache.update(self._key, key, value)
+
+    def recurrent_state(self, layer: int) -> Optional[RecurrentState]:
+        return self._cache.recurrent_state(self._key)
+
+    def set_recurrent_state(self, layer: int, state: RecurrentState) -> None:
+        self._cache.set_recurrent_state(self._key, state)
+
+    def __getattr__(self, name: str):
+        return getattr(self._cache, name)

@@ -124,17 +124,24 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Y = X A^T + b with A's input columns split across ranks; partial products are summed.
 
+    ``chunks`` other than 1: the input dimension is concatenated blocks, each split across ranks (as
+    ColumnParallelLinear's output), so the local input is this rank's share of every block.
+
     With ``sequence_parallel`` the sum is a reduce-scatter over the sequence dimension. The bias is
     replicated; under sequence parallelism each rank only sees its sequence chunk, so the bias passes
     through ``copy_to_model_parallel_region`` which all-reduces its gradient.
     """
 
     def __init__(self, input_size: int, output_size: int, parallel_state, init_fn: Optional[InitFn],
-                 bias: bool = True, input_is_parallel: bool = True, sequence_parallel: bool = False) -> None:
+                 bias: bool = True, input_is_parallel: bool = True, sequence_parallel: bool = False,
+                 chunks: Chunks = 1) -> None:
         super().__init__()
         self.group = parallel_state.get_model_parallel_group()
         world = parallel_state.get_model_parallel_world_size()
         rank = parallel_state.get_model_parallel_rank()
+        if chunks != 1 and not input_is_parallel and world > 1:
+            raise ValueError("RowParallelLinear with chunks needs input_is_parallel=True")
+        self.chunks = chunks
         self.input_size, self.output_size = input_size, output_size
         self.world = world
         self.input_per_rank = divide(input_size, world, "row-parallel input size")
@@ -143,7 +150,7 @@ class RowParallelLinear(nn.Module):
         if self.sequence_parallel and not input_is_parallel:
             raise ValueError("sequence_parallel needs RowParallelLinear(input_is_parallel=True)")
         self.weight = nn.Parameter(torch.empty(output_size, self.input_per_rank))
-        _fill_shard(self.weight, (output_size, input_size), init_fn, 1, rank, world)
+        _fill_shard(self.weight, (output_size, input_size), init_fn, 1, rank, world, chunks)
         self.weight.model_parallel = world > 1
         if bias:
             self.bias = nn.Parameter(torch.zeros(output_size))

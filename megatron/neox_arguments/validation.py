@@ -17,7 +17,6 @@ TRANSFORMER_ENGINE_FP8_SETTINGS = ("te_fp8_format", "te_fp8_wgrad", "te_fp8_amax
                                    "te_fp8_amax_compute_algo", "te_fp8_margin")
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 DERIVED_ONLY = ("data_parallel_size", "deepspeed_config", "is_pipe_parallel", "save_iters")
-SPLIT_OPTIONS = ("grouped", "spaced")
 
 _MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(NeoXArgsModel)}
 
@@ -58,15 +57,15 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("curriculum_learning", lambda v: v is not None and v.get("enabled", False),
      "curriculum_learning is not supported yet"),
     ("data_efficiency", lambda v: v is not None, "DeepSpeed data_efficiency is not supported yet"),
-    ("sparse_attention", lambda v: v is not None, "DeepSpeed sparse_attention is not supported yet"),
-    ("sparsity_config", lambda v: v is not None, "sparse attention (sparsity_config) is not supported yet"),
+    ("sparse_attention", lambda v: v is not None, "DeepSpeed's sparse_attention section is not supported yet; "
+                                                  "set sparsity_config and name the sparse layer types (sparse_fixed, "
+                                                  "sparse_variable, bigbird, bslongformer) in attention_config"),
     ("checkpoint_validation_with_forward_pass", bool,
      "checkpoint_validation_with_forward_pass is not supported yet"),
     ("text_gen_type", lambda v: v == "precompute", "text_gen_type 'precompute' is not supported yet"),
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
-    ("num_unique_layers", lambda v: v is not None, "parameter sharing (num_unique_layers) is not supported yet"),
     ("soft_prompt_tuning", lambda v: v is not None and v.get("init_string"),
      "soft_prompt_tuning.init_string is not supported yet; use init_range"),
     ("no_save_optim", bool, "no_save_optim is not supported yet (DeepSpeed always saves optimizer states)"),
@@ -89,7 +88,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("reward-model training (train_impl 'rm'), where GPT-NeoX implements z_loss", ("z_loss",)),
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
-    ("gMLP / aMLP layers (attention types 'gmlp', 'amlp')", ("gmlp_attn_dim",)),
     ("gradient noise scale logging (log_gradient_noise_scale)",
      ("gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload")),
     ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
@@ -103,7 +101,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("pairwise and reward datasets (dataset_impl 'pairwise', train_impl 'rm' / 'dpo' / 'kto')",
      tuple(f"{kind}{split}_{data}data_paths" for split in ("train", "valid", "test")
            for kind, data in (("", "reward_"), ("pos_", ""), ("neg_", ""), ("pos_", "label_"), ("neg_", "label_")))),
-    ("parameter sharing (num_unique_layers)", ("param_sharing_style",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
 anything but its default, since nothing would read it."""
@@ -170,8 +167,6 @@ def model_problems(args: NeoXArgsSchema) -> List[str]:
     problems = ModelConfig.from_neox_args(args).problems()
     if args.make_vocab_size_divisible_by < 1:
         problems.append(f"make_vocab_size_divisible_by={args.make_vocab_size_divisible_by} must be >= 1")
-    if args.param_sharing_style not in SPLIT_OPTIONS:
-        problems.append(f"param_sharing_style={args.param_sharing_style!r} must be one of {SPLIT_OPTIONS}")
     if args.soft_prompt_tuning is not None:
         allowed = {"enabled", "n_tokens", "init_string", "init_range"}
         extra = set(args.soft_prompt_tuning) - allowed

@@ -287,6 +287,82 @@ def test_transformer_engine_switched_on_is_refused_as_not_supported_yet(tmp_path
                         "te_mha=True: Transformer Engine layers (te_mha) are not supported yet"]
 
 
+SPARSE = """\
+# as GPT-NeoX's sparse.yml: added to a model config
+{
+  "attention_config": [[["local", "global"], "all"]],
+  "sparsity_config": {
+    "block": 16, # block size
+    "num_local_blocks": 32,
+  }
+}
+"""
+
+
+def test_sparse_style_local_window_loads_ready_to_train(tmp_path):
+    args, messages = load([write(tmp_path, "small.yml", SMALL % ""), write(tmp_path, "sparse.yml", SPARSE),
+                           write(tmp_path, "setup.yml", SETUP)])
+    assert messages == [] and args.training_problems() == []
+    config = ModelConfig.from_neox_args(args, padded_vocab_size=50304)
+    assert config.attention_types == ("local", "global") * 2
+    assert (config.local_attention_block, config.local_attention_window_blocks) == (16, 32)
+
+
+def test_every_block_sparse_type_loads_and_bad_sparsity_keys_are_named(tmp_path):
+    kinds = '"attention_config": [[["sparse_fixed", "sparse_variable", "bigbird", "bslongformer"], 1]],'
+    sparsity = '"sparsity_config": {"block": 16, "different_layout_per_head": true, "num_random_blocks": 1%s},'
+    files = [write(tmp_path, "small.yml", SMALL % ""), write(tmp_path, "sparse.yml", "{" + kinds + sparsity % "" + "}"),
+             write(tmp_path, "setup.yml", SETUP)]
+    args, messages = load(files)
+    assert messages == [] and args.training_problems() == []
+    write(tmp_path, "sparse.yml", "{" + kinds + sparsity % ', "num_global_block": 2, "mode": "fixed"' + "}")
+    mode, unknown = refusal(files)
+    assert mode.startswith("sparsity_config: 'mode' is not read (GPT-NeoX chooses each layer's layout with "
+                           "attention_config") and mode.endswith("delete the key")
+    assert unknown.startswith("sparsity_config: unknown key 'num_global_block'; did you mean 'num_global_blocks'")
+
+
+GMLP_STYLE = """\
+# as GPT-NeoX's gmlp_small.yml (model part)
+{
+   "pipe_parallel_size": 1,
+   "model_parallel_size": 1,
+   "attention_config": [[["gmlp"], "all"]],
+   "num_layers": 4,
+   "hidden_size": 256, # gmlp d_ff defaults to hidden_size * 4
+   "gmlp_attn_dim": 64,
+   "num_attention_heads": 8, # this has no effect with gmlp - and amlp defaults to single head attention.
+   "seq_length": 1024,
+   "max_position_embeddings": 1024,
+   "norm": "layernorm",
+   "pos_emb": "none",
+   "no_weight_tying": true,
+   "optimizer": {"type": "Adam", "params": {"lr": 0.0006, "betas": [0.9, 0.999], "eps": 1.0e-8,}},
+   "train_micro_batch_size_per_gpu": 4,
+   "checkpoint_activations": true,
+   "checkpoint_num_layers": 1,
+   "partition_activations": false,
+   "synchronize_each_layer": true,
+   "fp16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
+   "train_iters": 320000,
+   "lr_decay_iters": 320000,
+   "distributed_backend": "nccl",
+   "lr_decay_style": "cosine",
+   "warmup": 0.01,
+}
+"""
+
+
+def test_gmlp_style_model_loads_ready_to_train(tmp_path):
+    args, messages = load([write(tmp_path, "gmlp_small.yml", GMLP_STYLE), write(tmp_path, "setup.yml", SETUP)])
+    assert messages == [] and args.training_problems() == []
+    config = ModelConfig.from_neox_args(args, padded_vocab_size=50304)
+    assert config.attention_types == ("gmlp",) * 4 and config.gmlp_attn_dim == 64
+    args, _ = load([write(tmp_path, "gmlp_small.yml", GMLP_STYLE), write(tmp_path, "setup.yml", SETUP)],
+                   attention_config=[[["amlp"], "all"]])
+    assert ModelConfig.from_neox_args(args).attention_types == ("amlp",) * 4
+
+
 # What other open issues build: each refused with a message naming it as not supported yet.
 NOT_BUILT = {
     "moe_deepspeed_pipeline": ('"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "deepspeed",',
@@ -294,9 +370,6 @@ NOT_BUILT = {
                                "supported yet"),
     "moe_expert_parallel": ('"moe_num_experts": 8, "moe_expert_parallel_size": 2, "num_gpus": 2,',
                             "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
-    "gmlp": ('"attention_config": [[["gmlp"], 4]], "gmlp_attn_dim": 64,', "'gmlp' is not supported yet"),
-    "sparse": ('"attention_config": [[["local", "global"], "all"]], "sparsity_config": {"block": 16},',
-               "sparse attention (sparsity_config) is not supported yet"),
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     "mup": ('"use_mup": true,', "muP (use_mup) is not supported yet"),
     "dpo": ('"train_impl": "dpo",', "dpo / rm / kto / reinforce are not supported yet"),

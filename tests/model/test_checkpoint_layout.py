@@ -147,3 +147,28 @@ def test_mamba_and_rwkv_slots_hold_gpt_neox_s_names_in_its_order(kind, names):
     assert [n[len("sequential.3."):] for n in state if n.startswith("sequential.3.")] == names
     assert [n for n, _ in model.named_parameters() if n.startswith("sequential.3.")] == \
         [f"sequential.3.{n}" for n in names]
+
+
+GPT_NEOX_AMLP_LAYER = {f"{module}.{p}" for module in ("norm", "input_linear", "sgu.norm", "sgu.proj",
+                                                     "sgu.attn.proj_qkv", "sgu.attn.proj_ffn", "output_linear")
+                       for p in ("weight", "bias")}
+"""GPT-NeoX's GMLPBlock state (layernorm, an amlp layer): its input / output linears' biases are saved though
+its forward never adds them."""
+
+
+def test_gmlp_slots_hold_gpt_neox_s_entries_and_its_unused_biases_load_as_nothing():
+    from megatron.checkpointing import gpt_neox_gmlp_problem
+
+    model = _model(attention_config=["global", "amlp"], gmlp_attn_dim=8)
+    state = model.state_dict()
+    assert {n[len("sequential.3."):] for n in state if n.startswith("sequential.3.")} == GPT_NEOX_AMLP_LAYER
+    assert not state["sequential.3.input_linear.bias"].any() and state["sequential.3.input_linear.bias"].shape == \
+        (state["sequential.3.input_linear.weight"].size(0),)
+    inputs, _ = random_batch()
+    before = model(inputs)
+    state["sequential.3.input_linear.bias"] += 1.0  # whatever GPT-NeoX holds there, its function ignores it
+    state["sequential.3.output_linear.bias"] += 1.0
+    model.load_state_dict(state)
+    torch.testing.assert_close(model(inputs), before, rtol=0, atol=0)
+    assert gpt_neox_gmlp_problem(2, ("global", "gmlp")) and gpt_neox_gmlp_problem(1, ("amlp",)) is None
+    assert gpt_neox_gmlp_problem(2, ("global", "mamba")) is None

@@ -274,8 +274,10 @@ def test_dropout_only_in_training():
 @pytest.mark.parametrize(
     "overrides,match",
     [
-        (dict(attention_config=["sparse_fixed", "global"]), "sparse_fixed"),
-        (dict(attention_config=["gmlp", "global"]), "gmlp"),
+        (dict(attention_config=["sparse_fixed", "global"], sparsity_config=(("block", 5),)), "block=5"),
+        (dict(attention_config=["gmlp", "global"], activation="swiglu"), "gmlp"),
+        (dict(num_layers=4, num_unique_layers=2, attention_config=["gmlp", "global", "global", "global"]),
+         "layers that share parameters must have one type"),
         (dict(precision="fp16"), "fp16"),
         (dict(num_kv_heads=3), "num_kv_heads"),
         (dict(activation="tanh"), "tanh"),

@@ -21,18 +21,24 @@ CONFIGS = [
 ]
 
 
-def _compare(rank: int, world_size: int) -> None:
+def compare_tp2_with_tp1(rank: int, world_size: int, configs=tuple(CONFIGS), adjust=None) -> None:
+    """For each tiny_config override dict: init, logits, loss, grads and KV-cache decoding at TP=2 equal TP=1.
+    ``adjust(model)``, when given, changes both models' weights the same way after they are built."""
     inputs, labels = random_batch()
     text = torch.cat([inputs[0], labels[0][:, -1:]], dim=1)
-    for overrides in CONFIGS:
+    for overrides in configs:
         args = tiny_config(model_parallel_size=2, **overrides)
         ref = build_model(args, SingleProcessState())
+        if adjust is not None:
+            adjust(ref)
         ref_logits = ref(inputs)
         ref_loss = ref.loss_fn(ref_logits, labels)
         ref_loss.backward()
 
         state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
         model = build_model(args, state)
+        if adjust is not None:
+            adjust(model)
         # Only TP rank 0 reads data; get_batch broadcasts it inside the model-parallel group.
         got_inputs, got_labels = get_batch(BatchOptions(), {"text": text} if rank == 0 else None, state)
         for got, want in zip(got_inputs + got_labels, inputs + labels):
@@ -68,4 +74,4 @@ def _compare(rank: int, world_size: int) -> None:
 
 @pytest.mark.slow
 def test_tp2_matches_tp1_logits_loss_and_grads():
-    run_distributed(_compare, world_size=2)
+    run_distributed(compare_tp2_with_tp1, world_size=2)

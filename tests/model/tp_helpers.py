@@ -21,7 +21,7 @@ def shard_specs(model: nn.Module) -> Dict[str, tuple]:
             specs[prefix + "weight"] = (0, module.chunks)
             specs[prefix + "bias"] = (0, module.chunks)
         elif isinstance(module, RowParallelLinear):
-            specs[prefix + "weight"] = (1, 1)
+            specs[prefix + "weight"] = (1, module.chunks)
         elif isinstance(module, RelativePositionBias):
             specs[prefix + "weight"] = (1, 1)
         elif isinstance(module, GroupedExperts):  # the MoE experts: rows, whole experts per rank

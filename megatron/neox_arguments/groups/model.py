@@ -152,12 +152,18 @@ class NeoXArgsModel:
     "different_layout_per_head": true, "num_local_blocks": 4, "num_global_blocks": 1,
     "num_different_global_patterns": 4, "num_random_blocks": 0, "local_window_blocks": [4],
     "global_block_indices": [0], "global_block_end_indices": None, "num_sliding_window_blocks": 3 }
+    Here the layouts are built as DeepSpeed's make_layout builds them and applied as block masks on PyTorch
+    SDPA (megatron/model/block_sparse.py, any device); random blocks are seeded by `seed` and the layer
+    number. `local` layers read num_local_blocks, else num_sliding_window_blocks, else 4 (3 without a
+    sparsity_config). Unknown keys, `mode`, and bidirectional settings are refused.
     """
 
     num_unique_layers: Optional[int] = None
     """
     Number of unique transformer layers. num-layers should be divisible by this value. Currently only
-    has an effect when pipe_parallel_size=0.
+    has an effect when pipe_parallel_size=0. Here it needs pipe_parallel_size 0 (refused otherwise), layers
+    that share parameters must have one attention_config type, and checkpoints store each shared layer once
+    (under the slot of its first position).
     """
 
     param_sharing_style: str = 'grouped'
@@ -293,8 +299,10 @@ class NeoXArgsModel:
 
     gmlp_attn_dim: int = 64
     """
-    the dimension of the single head self attention in gmlp model (not used in gpt models). If None -
-    gmlp model doesn't use attention.
+    The width of the single-head attention of aMLP layers (attention_config type "amlp"); gMLP layers
+    ("gmlp") have none. Setting it to anything but its default without amlp layers is refused (nothing
+    would read it). Both layer types are built in megatron/model/gmlp.py (width 4 x hidden_size, as in
+    GPT-NeoX).
     """
 
     gpt_j_residual: bool = False
