@@ -11,7 +11,8 @@ Rules (as GPT-NeoX documents them):
   samples = tokens of the training documents (the train part of `split`, or all of train_data_paths) //
   seq_length.
 * decay iterations T = int(lr_decay_fraction x train_iters) if lr_decay_fraction is set (it "overrides
-  lr_decay_iters"), else lr_decay_iters, else train_iters; at least 1. Warmup iterations W = warmup x T.
+  lr_decay_iters"), else lr_decay_iters, else train_iters; at least 1. Warmup iterations W = lr_warmup_iters
+  when set, else warmup x T.
 * checkpoints at every checkpoint_factor iterations (checkpoint_scale linear) or at its powers (log),
   plus extra_save_iters.
 * samples: train train_iters x B, valid (train_iters // eval_interval + 1) x eval_iters x B, test
@@ -73,6 +74,20 @@ def iterations_for_epochs(neox_args) -> int:
     return math.ceil(neox_args.train_epochs * samples / neox_args.train_batch_size)
 
 
+def decay_and_warmup_iters(neox_args, train_iters: int) -> Tuple[int, float]:
+    """The learning-rate decay length T and warmup length W of a run of `train_iters` (module docstring)."""
+    if neox_args.lr_decay_fraction is not None:
+        decay = int(neox_args.lr_decay_fraction * train_iters)
+    elif neox_args.lr_decay_iters is not None:
+        decay = int(neox_args.lr_decay_iters)
+    else:
+        decay = train_iters
+    decay = max(1, decay)
+    if neox_args.lr_warmup_iters is not None:
+        return decay, float(neox_args.lr_warmup_iters)
+    return decay, float(neox_args.warmup) * decay
+
+
 @dataclass(frozen=True)
 class TrainingSchedule:
     """The run's iteration counts and the steps at which things happen (see the module docstring)."""
@@ -95,15 +110,9 @@ class TrainingSchedule:
             if neox_args.train_epochs is None:
                 raise ValueError("the training schedule needs train_iters or train_epochs")
             train_iters = iterations_for_epochs(neox_args)
-        if neox_args.lr_decay_fraction is not None:
-            decay = int(neox_args.lr_decay_fraction * train_iters)
-        elif neox_args.lr_decay_iters is not None:
-            decay = int(neox_args.lr_decay_iters)
-        else:
-            decay = train_iters
-        decay = max(1, decay)
+        decay, warmup = decay_and_warmup_iters(neox_args, int(train_iters))
         return cls(train_iters=int(train_iters), train_batch_size=int(neox_args.train_batch_size),
-                   decay_iters=decay, warmup_iters=float(neox_args.warmup) * decay,
+                   decay_iters=decay, warmup_iters=warmup,
                    save_iters=checkpoint_iterations(neox_args.checkpoint_factor, neox_args.checkpoint_scale,
                                                     neox_args.extra_save_iters, int(train_iters)),
                    eval_interval=int(neox_args.eval_interval), eval_iters=int(neox_args.eval_iters))

@@ -38,7 +38,8 @@ from megatron.neox_arguments.loading import merge_overrides, normalize_key, read
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, model_problems,
                                                 not_supported_problems, not_supported_setting_problems,
-                                                parallelism_problems, training_problems, unknown_key_problems)
+                                                lr_schedule_problems, parallelism_problems, training_problems,
+                                                unknown_key_problems)
 
 
 class NeoXArgs(NeoXArgsSchema):
@@ -111,6 +112,7 @@ class NeoXArgs(NeoXArgsSchema):
         problems += derive_activation_checkpointing(self, provided)
         problems += model_problems(self)
         problems += training_problems(self)
+        problems += lr_schedule_problems(self, provided)
         problems += parallelism_problems(self)
         if not problems:
             self.deepspeed_config, ds_problems = build_deepspeed_config(self)

@@ -281,7 +281,10 @@ SCHEDULER_TYPES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 """DeepSpeed schedulers a `scheduler` dict may name (DeepSpeed builds it and steps it after each optimizer step)."""
 
 BUILT_IN_SCHEDULE_ARGUMENTS = ("lr_decay_style", "lr_decay_iters", "lr_decay_fraction", "min_lr", "warmup",
-                               "override_lr_scheduler", "use_checkpoint_lr_scheduler")
+                               "override_lr_scheduler", "use_checkpoint_lr_scheduler", "lr_wsd_decay_style",
+                               "lr_wsd_decay_iters", "lr_warmup_iters", "lr_warmup_init", "decoupled_lr",
+                               "decoupled_min_lr", "start_weight_decay", "end_weight_decay",
+                               "weight_decay_incr_style")
 """Arguments of the built-in schedule (AnnealingLR), which a `scheduler` dict replaces."""
 
 

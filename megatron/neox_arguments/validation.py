@@ -219,6 +219,62 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
+WSD_ONLY = ("lr_wsd_decay_style", "lr_wsd_decay_iters")
+
+
+def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
+    """The Megatron-LM schedule keys (warmup in iterations and its start value, wsd, decoupled_lr, the
+    weight-decay schedule): each set only where it is read, and in range."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    changed = {name for name in provided if getattr(args, name) != defaults[name]}  # to_dict() round-trips
+    problems = []
+    if args.lr_warmup_iters is not None and "warmup" in changed:
+        problems.append(f"lr_warmup_iters={args.lr_warmup_iters} and warmup={args.warmup} are both set; they are "
+                        f"two ways to give the warmup length (iterations, fraction of the decay), keep one")
+    if args.lr_warmup_iters is not None and args.lr_warmup_iters < 0:
+        problems.append(f"lr_warmup_iters={args.lr_warmup_iters} must be >= 0")
+    if args.lr_warmup_init is not None and args.lr is not None and not 0 <= args.lr_warmup_init <= args.lr:
+        problems.append(f"lr_warmup_init={args.lr_warmup_init} must be in [0, lr={args.lr}]")
+    if args.lr_decay_style != "wsd":
+        problems += [f"{name} is only read by lr_decay_style 'wsd' (lr_decay_style is {args.lr_decay_style!r}); "
+                     f"remove it or set lr_decay_style: wsd" for name in WSD_ONLY if name in changed]
+    elif args.lr_wsd_decay_iters is None:
+        problems.append("lr_decay_style 'wsd' needs lr_wsd_decay_iters (the length of its final decay, in "
+                        "iterations)")
+    elif args.lr_wsd_decay_iters < 1:
+        problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} must be >= 1")
+    elif args.train_iters is not None:
+        from megatron.training_schedule import decay_and_warmup_iters
+
+        decay, warmup = decay_and_warmup_iters(args, args.train_iters)
+        if args.lr_wsd_decay_iters > decay - warmup:
+            problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} is longer than the decay iterations after "
+                            f"warmup ({decay} - {warmup:g}); the stable phase would start inside the warmup")
+    if args.decoupled_min_lr is not None and args.decoupled_lr is None:
+        problems.append(f"decoupled_min_lr={args.decoupled_min_lr} needs decoupled_lr (the peak rate of the input "
+                        f"and output layers)")
+    if args.decoupled_lr is not None:
+        floor = args.min_lr if args.decoupled_min_lr is None else args.decoupled_min_lr
+        if args.decoupled_lr < 0 or floor < 0 or floor > args.decoupled_lr:
+            problems.append(f"decoupled_lr={args.decoupled_lr} and decoupled_min_lr={args.decoupled_min_lr} (unset: "
+                            f"min_lr) must be >= 0 with decoupled_min_lr <= decoupled_lr")
+        if args.lr_warmup_init is not None and args.lr_warmup_init > args.decoupled_lr:
+            problems.append(f"lr_warmup_init={args.lr_warmup_init} must be <= decoupled_lr={args.decoupled_lr}")
+    for name in ("start_weight_decay", "end_weight_decay"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            problems.append(f"{name}={value} must be >= 0")
+    from megatron.optimizers import base_weight_decay
+
+    base = base_weight_decay(args)
+    start = base if args.start_weight_decay is None else args.start_weight_decay
+    end = base if args.end_weight_decay is None else args.end_weight_decay
+    if args.weight_decay_incr_style == "constant" and start != end:
+        problems.append(f"start_weight_decay={start} and end_weight_decay={end} differ but weight_decay_incr_style is "
+                        f"'constant'; set weight_decay_incr_style: linear or cosine")
+    return problems
+
+
 def _split_problems(split: str) -> List[str]:
     try:
         parts = [float(p) for p in split.replace("/", ",").split(",") if p.strip()]

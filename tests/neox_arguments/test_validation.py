@@ -136,6 +136,23 @@ def test_required_model_fields():
     ({"bias_gelu_fusion": True, "activation": "swiglu"}, "bias_gelu_fusion=true fuses activation='gelu'"),
     ({"use_flashattn_swiglu": True, "activation": "geglu"}, "use_flashattn_swiglu=true replaces activation='swiglu'"),
     ({"make_vocab_size_divisible_by": 0}, "make_vocab_size_divisible_by=0 must be >= 1"),
+    ({"lr_warmup_iters": 10, "warmup": 0.02}, "lr_warmup_iters=10 and warmup=0.02 are both set"),
+    ({"lr_warmup_iters": -1}, "lr_warmup_iters=-1 must be >= 0"),
+    ({"lr": 1e-3, "lr_warmup_init": 2e-3}, "lr_warmup_init=0.002 must be in [0, lr=0.001]"),
+    ({"lr_decay_style": "wsd"}, "lr_decay_style 'wsd' needs lr_wsd_decay_iters"),
+    ({"lr_wsd_decay_iters": 5}, "lr_wsd_decay_iters is only read by lr_decay_style 'wsd'"),
+    ({"lr_wsd_decay_style": "linear", "lr_decay_style": "cosine"}, "lr_wsd_decay_style is only read by"),
+    ({"lr_decay_style": "wsd", "lr_wsd_decay_iters": 0}, "lr_wsd_decay_iters=0 must be >= 1"),
+    ({"lr_decay_style": "wsd", "lr_wsd_decay_iters": 95, "train_iters": 100, "lr_warmup_iters": 10},
+     "lr_wsd_decay_iters=95 is longer than the decay iterations after warmup (100 - 10)"),
+    ({"decoupled_min_lr": 1e-4}, "decoupled_min_lr=0.0001 needs decoupled_lr"),
+    ({"decoupled_lr": 1e-4, "decoupled_min_lr": 2e-4}, "decoupled_min_lr <= decoupled_lr"),
+    ({"start_weight_decay": -0.1, "weight_decay_incr_style": "linear"}, "start_weight_decay=-0.1 must be >= 0"),
+    ({"start_weight_decay": 0.0, "end_weight_decay": 0.1}, "differ but weight_decay_incr_style is 'constant'"),
+    ({"end_weight_decay": 0.2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.1}}},
+     "start_weight_decay=0.1 and end_weight_decay=0.2 differ"),  # the start is the optimizer's weight_decay
+    ({"scheduler": {"type": "WarmupLR", "params": {}}, "decoupled_lr": 1e-3},
+     "decoupled_lr=0.001 configures the built-in learning-rate schedule"),
 ])
 def test_rule(overrides, needle):
     assert needle in problems_of(**overrides)
@@ -260,3 +277,12 @@ def test_moe_settings_reach_the_model_config():
               moe_min_capacity=2, pipe_parallel_size=0)
     config = ModelConfig.from_neox_args(ds, padded_vocab_size=128)
     assert (ds.moe_router_type, config.moe_train_capacity_factor, config.moe_min_capacity) == ("topk", 1.5, 2)
+
+
+def test_megatron_schedule_keys_are_accepted_where_they_are_read():
+    args = tiny(lr_decay_style="wsd", lr_wsd_decay_iters=30, lr_wsd_decay_style="cosine", train_iters=100,
+                lr_warmup_iters=10, lr_warmup_init=0.0, decoupled_lr=1e-3, decoupled_min_lr=1e-5,
+                start_weight_decay=0.0, end_weight_decay=0.1, weight_decay_incr_style="linear",
+                optimizer={"type": "Adam", "params": {"lr": 1e-4}})
+    assert (args.lr_decay_style, args.lr_wsd_decay_iters, args.decoupled_lr) == ("wsd", 30, 1e-3)
+    assert tiny(lr_decay_style="inverse_sqrt").lr_decay_style == "inverse_sqrt"
