@@ -53,12 +53,14 @@ class StopRequested:
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def any_rank(self) -> bool:
-        """Agreed across ranks, so that every rank saves (a save is collective)."""
-        flag = torch.tensor([1.0 if self.signal_name else 0.0])
+    def any_rank(self, deadline: Optional[float] = None) -> Tuple[bool, bool]:
+        """(a signal arrived, time.time() is past `deadline`) on any rank, agreed across ranks in one
+        all-reduce so that every rank saves (a save is collective)."""
+        flags = torch.tensor([1.0 if self.signal_name else 0.0,
+                              1.0 if deadline is not None and time.time() >= deadline else 0.0])
         if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0].item()), bool(flags[1].item())
 
 
 def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
@@ -415,6 +417,8 @@ def pretrain(neox_args) -> Dict[str, Any]:
         from megatron.neox_arguments import ConfigError
 
         raise ConfigError(problems)
+    started_at = time.time()
+    deadline = None if neox_args.exit_duration_in_mins is None else started_at + 60.0 * neox_args.exit_duration_in_mins
     ctx = initialize_megatron(neox_args)
     schedule = TrainingSchedule.from_neox_args(neox_args)
     stop = StopRequested()
@@ -502,12 +506,17 @@ def pretrain(neox_args) -> Dict[str, Any]:
                     timers("eval").stop()
                     logger.log_eval_tasks(iteration, results["metrics"])
                     summary["eval"].append((iteration, "eval_tasks", results["metrics"]))
-            if stop.any_rank():
+            signalled, out_of_time = stop.any_rank(deadline)
+            if signalled or out_of_time:
                 save(iteration)
-                summary["stopped_by"] = stop.signal_name or "another rank's signal"
+                summary["stopped_by"] = ((stop.signal_name or "another rank's signal") if signalled
+                                         else "exit_duration_in_mins")
                 if logger.is_logging_rank:
-                    print(f"received {summary['stopped_by']}: saved a checkpoint at iteration {iteration} in "
-                          f"{neox_args.save}, exiting", flush=True)
+                    reason = (f"received {summary['stopped_by']}" if signalled else
+                              f"exit_duration_in_mins={neox_args.exit_duration_in_mins} passed")
+                    saved = (f"saved a checkpoint at iteration {iteration} in {neox_args.save}" if neox_args.save
+                             else f"no checkpoint saved (save is not set) at iteration {iteration}")
+                    print(f"{reason}: {saved}, exiting", flush=True)
                 break
             if neox_args.exit_interval and iteration % neox_args.exit_interval == 0:
                 break

@@ -7,9 +7,9 @@ iterations to save at, the samples each split needs) is computed here, once, by
 logger. Also here: the guard that stops fp16 runs stuck in loss-scale overflow.
 
 Rules (as GPT-NeoX documents them):
-* train_iters, or with train_epochs: ceil(epochs x training samples / train_batch_size), where training
-  samples = tokens of the training documents (the train part of `split`, or all of train_data_paths) //
-  seq_length.
+* train_iters, or with train_samples: ceil(train_samples / train_batch_size), or with train_epochs:
+  ceil(epochs x training samples / train_batch_size), where training samples = tokens of the training
+  documents (the train part of `split`, or all of train_data_paths) // seq_length.
 * decay iterations T = int(lr_decay_fraction x train_iters) if lr_decay_fraction is set (it "overrides
   lr_decay_iters"), else lr_decay_iters, else train_iters; at least 1. Warmup iterations W = lr_warmup_iters
   when set, else warmup x T.
@@ -88,6 +88,18 @@ def decay_and_warmup_iters(neox_args, train_iters: int) -> Tuple[int, float]:
     return decay, float(neox_args.warmup) * decay
 
 
+def training_iterations(neox_args, count_epochs: bool = True) -> Optional[int]:
+    """The run's iterations: train_iters, or ceil(train_samples / train_batch_size), or those of train_epochs
+    (counted over the training data's index; None when `count_epochs` is false)."""
+    if neox_args.train_iters is not None:
+        return int(neox_args.train_iters)
+    if neox_args.train_samples is not None:
+        return math.ceil(neox_args.train_samples / neox_args.train_batch_size)
+    if neox_args.train_epochs is None:
+        raise ValueError("the training schedule needs train_iters, train_samples or train_epochs")
+    return iterations_for_epochs(neox_args) if count_epochs else None
+
+
 @dataclass(frozen=True)
 class TrainingSchedule:
     """The run's iteration counts and the steps at which things happen (see the module docstring)."""
@@ -105,11 +117,7 @@ class TrainingSchedule:
         """The schedule of a validated config; ``train_iters`` when already known, else the config's, else
         counted from train_epochs over the training data (reads the dataset's index)."""
         if train_iters is None:
-            train_iters = neox_args.train_iters
-        if train_iters is None:
-            if neox_args.train_epochs is None:
-                raise ValueError("the training schedule needs train_iters or train_epochs")
-            train_iters = iterations_for_epochs(neox_args)
+            train_iters = training_iterations(neox_args)
         decay, warmup = decay_and_warmup_iters(neox_args, int(train_iters))
         return cls(train_iters=int(train_iters), train_batch_size=int(neox_args.train_batch_size),
                    decay_iters=decay, warmup_iters=warmup,

@@ -71,7 +71,7 @@ def test_frozen():
 
 
 def test_needs_iterations_or_epochs_and_enough_data(tmp_path):
-    with pytest.raises(ValueError, match="train_iters or train_epochs"):
+    with pytest.raises(ValueError, match="train_iters, train_samples or train_epochs"):
         TrainingSchedule.from_neox_args(tiny())
     prefix = write_dataset(tmp_path / "small", [10])
     with pytest.raises(ValueError, match="less than one sample"):
@@ -85,3 +85,10 @@ def test_overflow_guard_stops_after_the_limit_in_a_row():
     assert guard.total == 4 and guard.in_a_row == 2
     with pytest.raises(FloatingPointError, match="3 optimizer steps in a row"):
         guard.record(True, 6)
+
+
+def test_train_samples_give_the_iterations_rounded_up():
+    args = tiny(train_samples=9, train_micro_batch_size_per_gpu=2, lr_decay_fraction=0.5, lr_warmup_iters=1)
+    schedule = TrainingSchedule.from_neox_args(args)
+    assert (schedule.train_iters, schedule.decay_iters, schedule.warmup_iters) == (5, 2, 1.0)  # ceil(9 / 2)
+    assert args.train_iters is None and schedule.split_samples()[0] == 10

@@ -123,8 +123,8 @@ class NeoXArgs(NeoXArgsSchema):
     def training_problems(self) -> List[str]:
         """What train.py needs beyond a valid config (generate.py and eval.py do not need these)."""
         problems = []
-        if self.train_iters is None and self.train_epochs is None:
-            problems.append("train_iters (or train_epochs) is required for training")
+        if self.train_iters is None and self.train_epochs is None and self.train_samples is None:
+            problems.append("train_iters (or train_samples, or train_epochs) is required for training")
         if self.train_batch_size is None:
             problems.append("no batch size: set train_micro_batch_size_per_gpu (and optionally "
                             "gradient_accumulation_steps or train_batch_size)")

@@ -182,10 +182,14 @@ def model_problems(args: NeoXArgsSchema) -> List[str]:
 
 def training_problems(args: NeoXArgsSchema) -> List[str]:
     problems = []
-    if args.train_iters is not None and args.train_epochs is not None:
-        problems.append(f"train_iters={args.train_iters} and train_epochs={args.train_epochs} are both set; "
-                        f"set one")
-    for name in ("train_iters", "train_epochs"):
+    lengths = [f"{name}={getattr(args, name)}" for name in ("train_iters", "train_epochs", "train_samples")
+               if getattr(args, name) is not None]
+    if len(lengths) > 1:
+        problems.append(f"{' and '.join(lengths)} are {'both' if len(lengths) == 2 else 'all'} set; train_iters, "
+                        f"train_samples and train_epochs are three ways to give the run's length, set one")
+    if args.exit_duration_in_mins is not None and args.exit_duration_in_mins <= 0:
+        problems.append(f"exit_duration_in_mins={args.exit_duration_in_mins} must be > 0 (minutes)")
+    for name in ("train_iters", "train_epochs", "train_samples"):
         value = getattr(args, name)
         if value is not None and value < 1:
             problems.append(f"{name}={value} must be >= 1")
@@ -243,10 +247,10 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         "iterations)")
     elif args.lr_wsd_decay_iters < 1:
         problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} must be >= 1")
-    elif args.train_iters is not None:
-        from megatron.training_schedule import decay_and_warmup_iters
+    elif args.train_iters is not None or (args.train_samples is not None and args.train_batch_size):
+        from megatron.training_schedule import decay_and_warmup_iters, training_iterations
 
-        decay, warmup = decay_and_warmup_iters(args, args.train_iters)
+        decay, warmup = decay_and_warmup_iters(args, training_iterations(args))
         if args.lr_wsd_decay_iters > decay - warmup:
             problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} is longer than the decay iterations after "
                             f"warmup ({decay} - {warmup:g}); the stable phase would start inside the warmup")

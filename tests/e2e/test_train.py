@@ -220,3 +220,28 @@ def test_eval_tasks_run_during_training(data, tmp_path):
     assert [r["iteration"] for r in records] == [2, 4]
     assert any(k.startswith("neox_mc_local/acc") for k in records[0])
     assert all(0.0 <= v <= 1.0 for k, v in records[-1].items() if k.startswith("neox_mc_local/acc"))
+
+
+def test_megatron_schedules_train_samples_and_exit_duration_save_and_resume(data, tmp_path):
+    """train_samples sets the length (ceil(30 / 4) = 8 iterations); wsd with lr_warmup_iters, decoupled_lr and a
+    weight-decay ramp run under DeepSpeed; exit_duration_in_mins stops after the first iteration with a checkpoint,
+    and the relaunch resumes there and logs the wsd closed form at every later iteration."""
+    peak, floor = TINY_MODEL["optimizer"]["params"]["lr"], TINY_MODEL["min_lr"]
+    run = TrainingRun(tmp_path, data, num_gpus=1, train_samples=30, warmup=0.01, lr_warmup_iters=2,
+                      lr_decay_style="wsd", lr_wsd_decay_iters=4, lr_wsd_decay_style="linear", decoupled_lr=1e-3,
+                      start_weight_decay=0.0, end_weight_decay=0.1, weight_decay_incr_style="linear")
+    run.launch(exit_duration_in_mins=1e-9)
+    run.assert_ok()
+    assert "exit_duration_in_mins=1e-09 passed: saved a checkpoint at iteration 1" in run.result.stdout
+    assert run.latest() == "global_step1" and list(run.losses()) == [1]
+    run.launch()
+    run.assert_ok()
+    assert list(run.losses()) == list(range(1, 9))
+
+    def wsd(it: int) -> float:  # the rate after `it` steps, which the log shows at iteration `it`
+        if it <= 2:
+            return peak * max(it, 1) / 2
+        return peak if it <= 4 else floor + (peak - floor) * (1 - (it - 4) / 4)
+
+    assert [r["lr"] for r in run.records()] == pytest.approx([wsd(it) for it in range(1, 9)], rel=1e-6)
+    assert falls(run.losses(), by=0.05)

@@ -346,6 +346,14 @@ class NeoXArgsTraining:
     currently compatible with data reweighing, pairwise datasets, and packing other than 'packed'
     """
 
+    train_samples: Optional[int] = None
+    """
+    Number of samples to train on (Megatron-LM's --train-samples), instead of train_iters or
+    train_epochs (set one of the three): the run takes ceil(train_samples / train_batch_size) iterations,
+    so its last batch may hold more samples than are left. Schedule lengths (lr_decay_iters,
+    lr_warmup_iters, checkpoint_factor, ...) stay in iterations.
+    """
+
     eval_iters: int = 100
     """
     Number of iterations to run for evaluation validation/test for.
@@ -384,7 +392,16 @@ class NeoXArgsTraining:
 
     exit_interval: Optional[int] = None
     """
-    Exit the program after the iteration is divisible by this value.
+    Exit the program after the iteration is divisible by this value (a checkpoint is saved first when
+    `save` is set).
+    """
+
+    exit_duration_in_mins: Optional[float] = None
+    """
+    Stop training once this many minutes have passed since training started (Megatron-LM's
+    --exit-duration-in-mins), e.g. just under a cluster job's time limit: after the first iteration that
+    ends past it (every rank agrees, the slowest clock decides) a checkpoint is saved when `save` is set
+    and the run exits without the final validation / test evaluation; launched again it resumes there.
     """
 
     attention_dropout: float = 0.0
