@@ -36,6 +36,10 @@ optimizer step that was applied (not after an fp16 overflow skip). So the optimi
 k steps uses the rate at it = k, the same alignment as GPT-NeoX's training loop; with W >= 1 the first
 two steps both use lr / W. DeepSpeed also saves/loads state_dict() in its checkpoints.
 
+With rampup_batch_size the schedule advances by samples (Megatron-LM's rule): `it` is the samples consumed /
+the full global batch, so a step of batch b moves it by b / train_batch_size (num_samples, an integer, is
+the count; the training loop sets next_batch before each step).
+
 Every optimizer parameter group gets the rate x group["lr_mult"] (default 1). Groups flagged
 `decoupled_lr` (the input embedding and output layer weights, when decoupled_lr is set) follow the same
 schedule with decoupled_lr as peak and decoupled_min_lr (default min_lr) as minimum, as Megatron-LM's.
@@ -109,7 +113,8 @@ class AnnealingLR:
                  use_checkpoint_lr_scheduler: bool = False, warmup_init: Optional[float] = None,
                  wsd_decay_style: str = "exponential", wsd_decay_iters: Optional[int] = None,
                  decoupled_lr: Optional[float] = None, decoupled_min_lr: Optional[float] = None,
-                 weight_decay: Optional[WeightDecaySchedule] = None) -> None:
+                 weight_decay: Optional[WeightDecaySchedule] = None,
+                 samples_per_iteration: Optional[int] = None) -> None:
         if override_lr_scheduler and use_checkpoint_lr_scheduler:
             raise ValueError("override_lr_scheduler and use_checkpoint_lr_scheduler are both true; the first "
                              "ignores the checkpoint's schedule and the second uses it, so choose one")
@@ -128,7 +133,13 @@ class AnnealingLR:
         self._check()
         self.override_lr_scheduler = override_lr_scheduler
         self.use_checkpoint_lr_scheduler = use_checkpoint_lr_scheduler
-        self.num_iters = int(last_iter)
+        self.num_iters: float = int(last_iter)
+        self.samples_per_iteration = samples_per_iteration
+        """With rampup_batch_size: the full global batch. Progress is then counted in samples (num_samples) and
+        num_iters = num_samples / samples_per_iteration; the loop sets next_batch before each step."""
+        if samples_per_iteration is not None:
+            self.num_samples = int(last_iter) * samples_per_iteration
+            self.next_batch = samples_per_iteration
         if weight_decay is not None:  # groups that start without decay (norms, biases) never decay
             for group in optimizer.param_groups:
                 group.setdefault("wd_mult", 1.0 if group.get("weight_decay", 0.0) > 0 else 0.0)
@@ -201,8 +212,16 @@ class AnnealingLR:
 
     def step(self, step_num: Optional[int] = None) -> None:
         """Advance one iteration (or jump to `step_num`) and set the groups' learning rates."""
-        self.num_iters = self.num_iters + 1 if step_num is None else int(step_num)
+        if self.samples_per_iteration is None:
+            self.num_iters = self.num_iters + 1 if step_num is None else int(step_num)
+        else:
+            self._set_samples(self.num_samples + self.next_batch if step_num is None
+                              else int(step_num) * self.samples_per_iteration)
         self._apply()
+
+    def _set_samples(self, samples: int) -> None:
+        self.num_samples = int(samples)
+        self.num_iters = self.num_samples / self.samples_per_iteration  # exact from the integer count, never summed
 
     def _apply(self) -> None:
         lr = self.get_lr()
@@ -223,7 +242,10 @@ class AnnealingLR:
         return {**settings, **{key: wd.get(key) for key in ("start_wd", "end_wd", "wd_incr_style", "wd_incr_iters")}}
 
     def state_dict(self) -> Dict[str, Any]:
-        return {**self._settings(), "num_iters": self.num_iters}
+        state = {**self._settings(), "num_iters": self.num_iters}
+        if self.samples_per_iteration is not None:
+            state["num_samples"] = self.num_samples
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         missing = [key for key in CHECKED_KEYS + ("num_iters",) if key not in state]
@@ -256,7 +278,13 @@ class AnnealingLR:
                 for group in self.optimizer.param_groups:
                     group.setdefault("wd_mult", 1.0 if group.get("weight_decay", 0.0) > 0 else 0.0)
             self._check()
-        self.num_iters = int(state["num_iters"])
+        if self.samples_per_iteration is None:
+            if state["num_iters"] != int(state["num_iters"]):
+                raise ValueError(f"the checkpoint's learning-rate schedule is {state['num_iters']} iterations in, "
+                                 f"counted by samples under rampup_batch_size; keep rampup_batch_size to resume it")
+            self.num_iters = int(state["num_iters"])
+        else:  # a checkpoint from before the ramp was configured counts whole iterations
+            self._set_samples(state.get("num_samples", round(state["num_iters"] * self.samples_per_iteration)))
         self._apply()
 
 
@@ -277,7 +305,7 @@ def weight_decay_schedule(neox_args: Any, schedule: TrainingSchedule, base: floa
         return None
     start = base if start is None else start
     end = base if end is None else end
-    return WeightDecaySchedule(start, end, neox_args.weight_decay_incr_style, schedule.train_iters)
+    return WeightDecaySchedule(start, end, neox_args.weight_decay_incr_style, schedule.length or schedule.train_iters)
 
 
 def build_lr_scheduler(neox_args: Any, schedule: TrainingSchedule, optimizer: torch.optim.Optimizer) -> AnnealingLR:
@@ -298,4 +326,5 @@ def build_lr_scheduler(neox_args: Any, schedule: TrainingSchedule, optimizer: to
                        warmup_init=neox_args.lr_warmup_init, wsd_decay_style=neox_args.lr_wsd_decay_style,
                        wsd_decay_iters=neox_args.lr_wsd_decay_iters, decoupled_lr=neox_args.decoupled_lr,
                        decoupled_min_lr=neox_args.decoupled_min_lr,
-                       weight_decay=weight_decay_schedule(neox_args, schedule, base_weight_decay(neox_args)))
+                       weight_decay=weight_decay_schedule(neox_args, schedule, base_weight_decay(neox_args)),
+                       samples_per_iteration=schedule.train_batch_size if schedule.rampup is not None else None)

@@ -1,7 +1,8 @@
 """The pretraining loop: model + optimizer + LR schedule under deepspeed.initialize, the train / eval
 loop, checkpoints, logging and clean shutdown on SIGTERM / SIGINT.
 
-One train step is one optimizer step over gradient_accumulation_steps micro-batches. Without a pipeline
+One train step is one optimizer step over gradient_accumulation_steps micro-batches (with
+rampup_batch_size, over those of the step's batch: set_batch_size). Without a pipeline
 the DeepSpeed engine is driven micro-batch by micro-batch (forward, backward, step — DeepSpeed steps the
 optimizer and the LR schedule at the accumulation boundary); with a pipeline, DeepSpeed's
 PipelineEngine.train_batch runs the whole schedule."""
@@ -130,6 +131,15 @@ def current_lr(lr_scheduler) -> float:
     return float(lr_scheduler.get_last_lr()[0])
 
 
+def set_batch_size(engine, lr_scheduler, batch_size: int) -> None:
+    """rampup_batch_size: the next step takes `batch_size` samples, as batch_size / (micro batch x data-parallel
+    size) micro-batches (DeepSpeed's set_train_batch_size, which also scales the loss by the new count), and
+    moves the learning-rate schedule by that many samples."""
+    if engine.train_batch_size() != batch_size:
+        engine.set_train_batch_size(batch_size)
+    lr_scheduler.next_batch = batch_size
+
+
 def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
     """Without ZeRO or a pipeline, DeepSpeed all-reduces the gradients after every backward through one
     flat buffer: every gradient copied in and back out, even over a single data-parallel rank, where the
@@ -222,8 +232,9 @@ def _loss_of(engine, batch) -> torch.Tensor:
 
 def aux_loss_scale(engine, neox_args) -> float:
     """What the engine multiplies the LM loss by before its backward, for the MoE auxiliary loss's gradient
-    (megatron.model.moe.stats): 1 / gradient_accumulation_steps, times the current loss scale under fp16."""
-    scale = 1.0 / neox_args.gradient_accumulation_steps
+    (megatron.model.moe.stats): 1 / gradient_accumulation_steps (the engine's: rampup_batch_size changes it),
+    times the current loss scale under fp16."""
+    scale = 1.0 / engine.gradient_accumulation_steps()
     if engine.fp16_enabled():
         optimizer = engine.optimizer
         scale *= float(getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", 1.0))
@@ -249,10 +260,15 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
             loss = engine.train_batch(data_iter=batches)
     else:
         losses = []
-        for micro in range(neox_args.gradient_accumulation_steps):
+        steps = engine.gradient_accumulation_steps()
+        for micro in range(steps):
+            if neox_args.rampup_batch_size is not None:
+                # DeepSpeed finds the boundary from its running micro-step count modulo the accumulation steps,
+                # which no longer lines up once the ramp changes them: say where it is
+                engine.set_gradient_accumulation_boundary(micro == steps - 1)
             loss = _loss_of(engine, next(batches))
             engine.backward(loss)
-            if micro == neox_args.gradient_accumulation_steps - 1:
+            if micro == steps - 1:
                 if neox_args.zero_stage == 0 and not neox_args.gradient_clipping:  # else DeepSpeed computes it
                     grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
                 if debug:
@@ -472,6 +488,9 @@ def pretrain(neox_args) -> Dict[str, Any]:
         while do_train and iteration < schedule.train_iters:
             started = time.perf_counter()
             debug = wants_debug and (iteration + 1) % neox_args.log_interval == 0
+            batch_size = schedule.batch_size_at(position["consumed_train_samples"])
+            if schedule.rampup is not None:
+                set_batch_size(engine, lr_scheduler, batch_size)
             timers("train_step").start()
             loss, skipped, grad_norm, extras = train_step(neox_args, engine, train_batches, ctx, optimizer, debug)
             timers("train_step").stop()
@@ -481,7 +500,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
                 raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
             if memory_profiler is not None and debug:
                 memory_profiler.dump(iteration)
-            position["consumed_train_samples"] += neox_args.train_batch_size
+            position["consumed_train_samples"] += batch_size
             summary["losses"].append(loss)
             if iteration % neox_args.log_interval == 0:
                 extras.update({f"time_ms/{k}": v for k, v in
@@ -491,7 +510,8 @@ def pretrain(neox_args) -> Dict[str, Any]:
                 extras.update(_moe_metrics(neox_args, ctx, engine, iteration - last_moe_report))
                 last_moe_report = iteration
             logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
-                             step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
+                             step_time=time.perf_counter() - started, skipped=skipped, extras=extras,
+                             batch_size=batch_size)
             if iteration in schedule.save_iters:
                 save(iteration)
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:

@@ -431,3 +431,32 @@ def test_a_gpt_neox_checkpoint_without_the_new_keys_loads():
     assert sched.num_iters == 30
     with pytest.raises(ValueError, match="decoupled_lr: config 0.002 vs checkpoint None"):
         _scheduler("cosine", decoupled_lr=2e-3).load_state_dict(neox_state)
+
+
+def test_under_a_batch_ramp_the_schedule_advances_by_samples_and_resumes_mid_ramp():
+    """With samples_per_iteration (the full batch, 12) each step moves the schedule by its batch / 12: the rate is
+    the closed form at it = samples consumed / 12, and a scheduler loaded mid-ramp continues identically."""
+    def build() -> AnnealingLR:
+        return AnnealingLR(_optimizer(), start_lr=1e-3, warmup_iter=2, total_iters=7, decay_style="cosine",
+                           min_lr=1e-4, samples_per_iteration=12)
+
+    batches = [4, 4, 4, 8, 8, 12, 12, 12, 12]
+    sched, consumed = build(), 0
+    for step, batch in enumerate(batches):
+        if step == 4:
+            resumed = build()
+            resumed.load_state_dict(sched.state_dict())
+            assert resumed.num_samples == 20 and resumed.get_last_lr() == sched.get_last_lr()
+        sched.next_batch = batch
+        sched.step()
+        consumed += batch
+        assert sched.num_iters == consumed / 12
+        assert math.isclose(sched.get_last_lr()[0], _gpt_neox_lr(min(consumed / 12, 7), 1e-3, 1e-4, 2.0, 7, "cosine"),
+                            rel_tol=1e-12), step
+    for batch in batches[4:]:
+        resumed.next_batch = batch
+        resumed.step()
+    assert resumed.state_dict() == sched.state_dict() and resumed.get_last_lr() == sched.get_last_lr()
+    with pytest.raises(ValueError, match="keep rampup_batch_size to resume"):
+        AnnealingLR(_optimizer(), start_lr=1e-3, warmup_iter=2, total_iters=7, decay_style="cosine",
+                    min_lr=1e-4).load_state_dict(build().state_dict() | {"num_iters": 20 / 12})

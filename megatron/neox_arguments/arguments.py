@@ -36,10 +36,10 @@ from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG
                                               ranks_from_environment)
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
 from megatron.neox_arguments.typecheck import coerce, describe
-from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, model_problems,
-                                                not_supported_problems, not_supported_setting_problems,
-                                                lr_schedule_problems, parallelism_problems, training_problems,
-                                                unknown_key_problems)
+from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
+                                                model_problems, not_supported_problems,
+                                                not_supported_setting_problems, parallelism_problems,
+                                                rampup_problems, training_problems, unknown_key_problems)
 
 
 class NeoXArgs(NeoXArgsSchema):
@@ -113,6 +113,7 @@ class NeoXArgs(NeoXArgsSchema):
         problems += model_problems(self)
         problems += training_problems(self)
         problems += lr_schedule_problems(self, provided)
+        problems += rampup_problems(self)
         problems += parallelism_problems(self)
         if not problems:
             self.deepspeed_config, ds_problems = build_deepspeed_config(self)

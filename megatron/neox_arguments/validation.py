@@ -247,10 +247,11 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         "iterations)")
     elif args.lr_wsd_decay_iters < 1:
         problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} must be >= 1")
-    elif args.train_iters is not None or (args.train_samples is not None and args.train_batch_size):
-        from megatron.training_schedule import decay_and_warmup_iters, training_iterations
+    elif args.train_iters is not None or (args.train_samples is not None and args.train_batch_size
+                                          and not rampup_problems(args)):
+        from megatron.training_schedule import decay_and_warmup_iters, schedule_length, training_iterations
 
-        decay, warmup = decay_and_warmup_iters(args, training_iterations(args))
+        decay, warmup = decay_and_warmup_iters(args, schedule_length(args, training_iterations(args)))
         if args.lr_wsd_decay_iters > decay - warmup:
             problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} is longer than the decay iterations after "
                             f"warmup ({decay} - {warmup:g}); the stable phase would start inside the warmup")
@@ -276,6 +277,41 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     if args.weight_decay_incr_style == "constant" and start != end:
         problems.append(f"start_weight_decay={start} and end_weight_decay={end} differ but weight_decay_incr_style is "
                         f"'constant'; set weight_decay_incr_style: linear or cosine")
+    return problems
+
+
+def rampup_problems(args: NeoXArgsSchema) -> List[str]:
+    """rampup_batch_size [start, increment, samples]: whole micro-batches per data-parallel rank at every
+    size, and only where the batch can change between steps."""
+    ramp = args.rampup_batch_size
+    if ramp is None:
+        return []
+    if len(ramp) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in ramp):
+        return [f"rampup_batch_size={ramp!r} must be three integers [start, increment, samples]"]
+    start, increment, samples = ramp
+    problems = []
+    if args.pipe_parallel_size >= 1:
+        problems.append(f"rampup_batch_size with pipe_parallel_size={args.pipe_parallel_size} is not supported yet "
+                        f"(the pipeline engine's micro-batch count is not varied here); set pipe_parallel_size: 0 "
+                        f"or remove rampup_batch_size")
+    if args.train_samples is None and (args.train_iters is not None or args.train_epochs is not None):
+        problems.append("rampup_batch_size needs the run's length as train_samples (as in Megatron-LM): under a ramp "
+                        "iterations and samples differ; replace train_iters / train_epochs by train_samples")
+    if args.scheduler is not None:
+        problems.append("rampup_batch_size with a DeepSpeed `scheduler` dict is not supported: its schedulers count "
+                        "steps, not samples; use the built-in schedule (lr_decay_style, ...)")
+    global_batch, micro, dp = args.train_batch_size, args.train_micro_batch_size_per_gpu, args.data_parallel_size
+    if start < 1 or increment < 1 or samples < 0:
+        problems.append(f"rampup_batch_size={ramp}: start and increment must be >= 1 and samples >= 0")
+    elif global_batch is not None and micro is not None and dp is not None:
+        unit = micro * dp
+        if start > global_batch or (global_batch - start) % increment:
+            problems.append(f"rampup_batch_size={ramp}: the batch must grow from start={start} to train_batch_size="
+                            f"{global_batch} in whole increments of {increment}")
+        if start % unit or increment % unit:
+            problems.append(f"rampup_batch_size={ramp}: start and increment must be multiples of "
+                            f"train_micro_batch_size_per_gpu x data-parallel size = {micro} x {dp} = {unit} (the "
+                            f"ramp changes the number of micro-batches, not their size)")
     return problems
 
 

@@ -3,7 +3,7 @@
 Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import List, Literal, Optional
 
 
 @dataclass
@@ -388,6 +388,19 @@ class NeoXArgsTraining:
     num_workers: int = 2
     """
     Dataloader number of workers.
+    """
+
+    rampup_batch_size: Optional[List[int]] = None
+    """
+    Batch-size ramp-up [start, increment, samples] (Megatron-LM's --rampup-batch-size): the global batch
+    starts at `start` and grows by `increment` after every samples / ((train_batch_size - start) /
+    increment) samples consumed until it reaches train_batch_size. The micro batch stays
+    train_micro_batch_size_per_gpu; the number of micro-batches (gradient accumulation) changes, so start
+    and increment must be multiples of micro batch x data-parallel size and train_batch_size - start a
+    multiple of increment. The learning-rate schedule then advances by samples (each step by its batch
+    / train_batch_size iterations; lr_decay_iters, warmup and lr_wsd_decay_iters keep counting full-batch
+    iterations); with train_samples the run ends when those samples are consumed. Logged as batch_size.
+    Not with pipeline parallelism, train_epochs or a DeepSpeed `scheduler` dict yet.
     """
 
     exit_interval: Optional[int] = None
