@@ -230,7 +230,7 @@ def _model_tracker(config: ModelConfig, parallel_state, rng_tracker):
     streams, so any other tracker would give different dropout masks in the backward pass. Otherwise the
     given tracker, or a new one seeded from config.seed.
     """
-    if config.checkpoint_activations:
+    if config.checkpoint_activations or config.recompute_granularity == "selective":
         configure_activation_checkpointing(config, parallel_state)
         return checkpointing_rng_tracker(config, parallel_state)
     if rng_tracker is not None:

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 from megatron.neox_arguments.aliases import apply_aliases
 from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model,
                                                 derive_moe, derive_optimizer_and_zero, derive_precision,
-                                                derive_scheduler, derive_world)
+                                                derive_recompute, derive_scheduler, derive_world)
 from megatron.neox_arguments.deepspeed_config import (build_deepspeed_config, fold_deepspeed_extra_args,
                                                       note_extra_args_origin)
 from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
@@ -109,6 +109,7 @@ class NeoXArgs(NeoXArgsSchema):
         problems += derive_batch(self, provided)
         problems += derive_model(self)
         problems += derive_moe(self, provided)
+        problems += derive_recompute(self, provided)
         problems += derive_activation_checkpointing(self, provided)
         problems += model_problems(self)
         problems += training_problems(self)

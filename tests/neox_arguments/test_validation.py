@@ -6,6 +6,7 @@ import pytest
 
 from megatron.model_config import ModelConfig
 from megatron.neox_arguments import ConfigError, NeoXArgs, NeoXConfigWarning
+from megatron.neox_arguments.validation import DERIVED_ONLY
 from tests.neox_arguments.helpers import TINY, problems_of, tiny
 
 
@@ -81,6 +82,16 @@ def test_required_model_fields():
     ({"train_samples": 0}, "train_samples=0 must be >= 1"),
     ({"exit_duration_in_mins": 0}, "exit_duration_in_mins=0.0 must be > 0 (minutes)"),
     ({"rampup_batch_size": [4, 4]}, "rampup_batch_size=[4, 4] must be three integers"),
+    ({"recompute_num_layers": 2}, "recompute_num_layers=2 needs recompute_granularity: full"),
+    ({"recompute_granularity": "selective", "recompute_method": "uniform"},
+     "recompute_method='uniform' is a setting of recompute_granularity 'full', not 'selective'"),
+    ({"recompute_granularity": "selective", "checkpoint_activations": True},
+     "recompute_granularity 'selective' with checkpoint_activations: true"),
+    ({"recompute_granularity": "full", "recompute_method": "block"}, "recompute_method 'block'"),
+    ({"recompute_granularity": "full", "checkpoint_activations": False},
+     "recompute_granularity 'full' with checkpoint_activations: false"),
+    ({"recompute_granularity": "full", "recompute_num_layers": 2, "checkpoint_num_layers": 1},
+     "recompute_num_layers=2 and checkpoint_num_layers=1 are one setting"),
     ({"rampup_batch_size": [2, 2, 10], "train_iters": 10, "train_batch_size": 8},
      "rampup_batch_size needs the run's length as train_samples"),
     ({"rampup_batch_size": [2, 4, 10], "train_samples": 10, "train_batch_size": 8},
@@ -300,3 +311,14 @@ def test_megatron_schedule_keys_are_accepted_where_they_are_read():
                 optimizer={"type": "Adam", "params": {"lr": 1e-4}})
     assert (args.lr_decay_style, args.lr_wsd_decay_iters, args.decoupled_lr) == ("wsd", 30, 1e-3)
     assert tiny(lr_decay_style="inverse_sqrt").lr_decay_style == "inverse_sqrt"
+
+
+def test_recompute_full_is_checkpoint_activations_and_round_trips():
+    args = tiny(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)
+    assert (args.checkpoint_activations, args.checkpoint_num_layers) == (True, 2)
+    assert args.activation_checkpointing["number_checkpoints"] == 1  # 2 layers in chunks of 2
+    again = NeoXArgs.from_dict({k: v for k, v in args.to_dict().items() if k not in DERIVED_ONLY})
+    assert again.to_dict() == args.to_dict()
+    selective = tiny(recompute_granularity="selective")
+    assert not selective.checkpoint_activations
+    assert ModelConfig.from_neox_args(selective).recompute_granularity == "selective"

@@ -442,6 +442,28 @@ class NeoXArgsTraining:
     Chunk size (number of layers) for checkpointing.
     """
 
+    recompute_granularity: Optional[Literal['full', 'selective']] = None
+    """
+    Megatron-LM's --recompute-granularity. 'full' is checkpoint_activations (whole transformer layers,
+    recompute_num_layers per chunk, as checkpoint_num_layers); 'selective' recomputes only the attention
+    core (softmax(QK^T)V with its dropout) in the backward pass, keeping every other activation: much of the
+    memory of long sequences for a small part of the compute. Selective is not combined with
+    checkpoint_activations, recompute_method or recompute_num_layers.
+    """
+
+    recompute_method: Optional[Literal['uniform', 'block']] = None
+    """
+    Megatron-LM's --recompute-method, with recompute_granularity 'full': 'uniform' checkpoints every chunk
+    of recompute_num_layers layers (GPT-NeoX's checkpoint_num_layers); 'block' (only the first
+    recompute_num_layers layers of each stage) is not supported yet.
+    """
+
+    recompute_num_layers: Optional[int] = None
+    """
+    Megatron-LM's --recompute-num-layers, with recompute_granularity 'full': the layers per checkpointed
+    chunk (the same setting as checkpoint_num_layers; set one of them).
+    """
+
     deepspeed_activation_checkpointing: bool = True
     """
     Deprecated (always true): activation checkpointing is always DeepSpeed's.
