@@ -225,8 +225,9 @@ def _shared_rpe(config: ModelConfig, parallel_state, init: Initializer):
 def _model_tracker(config: ModelConfig, parallel_state, rng_tracker):
     """The RNG tracker the model's dropout uses.
 
-    With checkpoint_activations it is always DeepSpeed's tracker (configured here, seeded from
-    config.seed like ``model_parallel_seed``): DeepSpeed's recomputation replays only its own tracker's
+    With checkpoint_activations or recompute_granularity 'selective' it is always DeepSpeed's tracker
+    (configured here, seeded from config.seed like ``model_parallel_seed``): DeepSpeed's recomputation replays
+    only its own tracker's
     streams, so any other tracker would give different dropout masks in the backward pass. Otherwise the
     given tracker, or a new one seeded from config.seed.
     """
