@@ -227,9 +227,8 @@ def _model_tracker(config: ModelConfig, parallel_state, rng_tracker):
 
     With checkpoint_activations or recompute_granularity 'selective' it is always DeepSpeed's tracker
     (configured here, seeded from config.seed like ``model_parallel_seed``): DeepSpeed's recomputation replays
-    only its own tracker's
-    streams, so any other tracker would give different dropout masks in the backward pass. Otherwise the
-    given tracker, or a new one seeded from config.seed.
+    only its own tracker's streams, so any other tracker would give different dropout masks in the backward
+    pass. Otherwise the given tracker, or a new one seeded from config.seed.
     """
     if config.checkpoint_activations or config.recompute_granularity == "selective":
         configure_activation_checkpointing(config, parallel_state)
