@@ -271,7 +271,10 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
             problems.append(f"{name}={value} must be >= 0")
     from megatron.optimizers import base_weight_decay
 
-    base = base_weight_decay(args)
+    try:
+        base = base_weight_decay(args)
+    except (TypeError, ValueError, AttributeError):
+        return problems  # a malformed optimizer dict; building the optimizer names it
     start = base if args.start_weight_decay is None else args.start_weight_decay
     end = base if args.end_weight_decay is None else args.end_weight_decay
     if args.weight_decay_incr_style == "constant" and start != end:
