@@ -33,7 +33,7 @@ def main() -> int:
             raise
         print(f"error: {lost}", file=sys.stderr, flush=True)
         return 1
-    if "stopped_by" in summary:  # saved and stopped by a signal: not a finished run (megatron.launch_signals)
+    if "signal" in summary:  # saved and stopped by a signal: not a finished run (megatron.launch_signals)
         return interrupted_exit_code(summary["signal"])
     return 0
 

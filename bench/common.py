@@ -48,6 +48,16 @@ def train_with_deepy(config: Dict, directory: str, name: str, port: int) -> Tupl
     return records, result
 
 
+def step_time_and_peak(records: List[Dict], result: Dict, warmup: int) -> Dict:
+    """{'step_time': median seconds of the steps after `warmup`, 'peak_mb': peak GPU memory on a GPU, else the
+    process tree's peak resident memory} of one train_with_deepy run."""
+    out = {"step_time": median([r["iteration_time_s"] for r in records if r["iteration"] > warmup]),
+           "peak_mb": result["peak_rss_mb"]}
+    if "gpu_max_allocated_gb" in records[-1]:
+        out["peak_mb"] = records[-1]["gpu_max_allocated_gb"] * 1024
+    return out
+
+
 def last_json_line(text: str) -> Dict:
     """Workers print their result as the last JSON line of stdout."""
     for line in reversed(text.strip().splitlines()):

@@ -24,7 +24,8 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import machine_description, median, print_table, train_with_deepy  # noqa: E402
+from bench.common import (machine_description, median, print_table, step_time_and_peak,  # noqa: E402
+                          train_with_deepy)
 from bench.train_throughput import write_data  # noqa: E402
 
 SIZES = {"tiny": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},     # smoke test of the script
@@ -53,11 +54,7 @@ def train_config(args, kind: str, data: Dict[str, str], directory: str) -> Dict:
 
 def train(args, kind: str, data: Dict[str, str], directory: str) -> Dict:
     records, result = train_with_deepy(train_config(args, kind, data, directory), directory, kind, args.port)
-    out = {"step_time": median([r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]),
-           "peak_mb": result["peak_rss_mb"]}
-    if "gpu_max_allocated_gb" in records[-1]:
-        out["peak_mb"] = records[-1]["gpu_max_allocated_gb"] * 1024
-    return out
+    return step_time_and_peak(records, result, args.warmup)
 
 
 def decode(args, kind: str) -> Dict:

@@ -51,7 +51,8 @@ stack sums each layer's), so ``forward = sum over layers of layer(type) + 2 h V`
     the s x s square whatever kernel computes it.
 
 Training = forward + backward = 3 x forward; with activation checkpointing the forward is recomputed
-during backward, so 4 x forward (checkpoint_activations).
+during backward, so 4 x forward (checkpoint_activations); selective recompute adds the attention core's
+forward (4 s h per token and attention layer) once more.
 
 Choices, stated so the numbers can be compared:
 * Causal attention is counted as the full s x s square, as Megatron-LM's and PaLM's MFU formulas do;
@@ -178,8 +179,15 @@ def rwkv_layer_flops(config: ModelConfig) -> int:
 
 def training_flops_per_token(config: ModelConfig) -> int:
     """3 x forward (forward + backward), or 4 x forward when activations are recomputed
-    (checkpoint_activations)."""
-    return (4 if config.checkpoint_activations else 3) * forward_flops_per_token(config)
+    (checkpoint_activations); with recompute_granularity 'selective', 3 x forward plus the attention core
+    (the two s x s products, 4 s h per token) of every attention layer once more."""
+    if config.checkpoint_activations:
+        return 4 * forward_flops_per_token(config)
+    extra = 0
+    if config.recompute_granularity == "selective":
+        types = config.attention_types or ("global",) * config.num_layers
+        extra = sum(4 * config.seq_length * config.hidden_size for kind in types if kind not in ("mamba", "rwkv"))
+    return 3 * forward_flops_per_token(config) + extra
 
 
 def tflops_per_device(flops_per_token: float, tokens_per_second: float, num_devices: int) -> float:

@@ -8,7 +8,8 @@ tokens/s, samples/s, TFLOP/s per device, MFU, ETA) to
 * TensorBoard (`tensorboard_dir`), Comet (`use_comet`) on the logging rank,
 * W&B (`use_wandb`) on the logging rank, or on every rank with `wandb_init_all_ranks`.
 
-Throughput is tokens = iterations x train_batch_size x seq_length over the interval's training time;
+Throughput is tokens = the interval's samples (iterations x train_batch_size, or the ramped batches of
+rampup_batch_size, logged as batch_size) x seq_length over the interval's training time;
 TFLOP/s and MFU use megatron.flops (stated formula there). The functions at the end compute the optional
 debugging values (log_grad_norm, log_param_norm, log_grad_pct_zeros, log_optimizer_states,
 memory_profiling) to pass as `extras`.
@@ -223,7 +224,6 @@ class TrainingLogger:
         self.is_logging_rank = self.rank == 0 if is_logging_rank is None else is_logging_rank
         self.log_interval = max(1, int(neox_args.log_interval))
         self.train_iters = train_iters if train_iters is not None else neox_args.train_iters
-        self.tokens_per_iteration = neox_args.train_batch_size * neox_args.seq_length
         self.num_devices = int(getattr(neox_args, "global_num_gpus", None) or getattr(neox_args, "world_size", None)
                                or 1)
         if flops_per_token is None:
@@ -249,6 +249,8 @@ class TrainingLogger:
         self._skipped = 0
         self._timed_seconds = 0.0
         self._timed_iterations = 0
+        self._samples = 0
+        self._batch_size = self.args.train_batch_size
 
     def restart_clock(self, iteration: Optional[int] = None) -> None:
         """Start a fresh interval now (after resuming, or when the first step is about to run)."""
@@ -256,11 +258,13 @@ class TrainingLogger:
 
     # ---- what the loop calls ----------------------------------------------------------------------
     def log_train(self, iteration: int, lm_loss: Any, lr: float, grad_norm: Any = None, skipped: bool = False,
-                  step_time: Optional[float] = None, extras: Optional[Dict[str, Any]] = None
-                  ) -> Optional[Dict[str, Any]]:
+                  step_time: Optional[float] = None, extras: Optional[Dict[str, Any]] = None,
+                  batch_size: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """Record iteration `iteration` (1-based count of steps done; `step_time` its seconds, optional);
         returns the record when one is written (every log_interval iterations and at train_iters)."""
         loss = _number(lm_loss)
+        self._batch_size = batch_size if batch_size is not None else self.args.train_batch_size
+        self._samples += self._batch_size
         if skipped:
             self._skipped += 1
         elif loss is not None:
@@ -286,14 +290,15 @@ class TrainingLogger:
         else:
             seconds = self._clock() - self._last_time
         seconds = max(seconds, 1e-9)
-        tokens_per_sec = iterations * self.tokens_per_iteration / seconds
+        samples = self._samples or iterations * self.args.train_batch_size  # the batches of the interval
+        tokens_per_sec = samples * self.args.seq_length / seconds
         tflops = tflops_per_device(self.flops_per_token, tokens_per_sec, self.num_devices)
         record: Dict[str, Any] = {
             "type": "train", "iteration": iteration,
             "lm_loss": self._loss_sum / self._loss_count if self._loss_count else None,
             "lr": float(lr), "grad_norm": _number(grad_norm),
             "tokens_per_sec": tokens_per_sec,
-            "samples_per_sec": iterations * self.args.train_batch_size / seconds,
+            "samples_per_sec": samples / seconds, "batch_size": self._batch_size,
             "tflops": tflops, "mfu": mfu(tflops, self.peak),
             "iteration_time_s": seconds / iterations, "skipped_iterations": self._skipped,
         }
@@ -341,6 +346,8 @@ class TrainingLogger:
             parts.append(f"moe_aux_loss {record['moe_aux_loss']:.6E}")
         if record["grad_norm"] is not None:
             parts.append(f"grad_norm {record['grad_norm']:.4f}")
+        if getattr(self.args, "rampup_batch_size", None) is not None:
+            parts.append(f"batch_size {record['batch_size']}")
         parts += [f"tokens/s {record['tokens_per_sec']:.1f}", f"samples/s {record['samples_per_sec']:.2f}",
                   f"TFLOP/s/device {record['tflops']:.3f}",
                   "MFU n/a" if record["mfu"] is None

@@ -265,6 +265,12 @@ class ModelConfig:
     pipe_partition_method: str = "type:transformer|mlp"
     checkpoint_activations: bool = False
     checkpoint_num_layers: int = 1
+    recompute_granularity: Optional[str] = None
+    """'selective': the attention layers checkpoint their core (megatron.model.attention); 'full' arrives as
+    checkpoint_activations."""
+    recompute_method: Optional[str] = None
+    recompute_num_layers: Optional[int] = None
+    """With 'full': 'uniform' chunks of recompute_num_layers (= checkpoint_num_layers, which the model uses)."""
     number_checkpoints: Optional[int] = None
     partition_activations: bool = False
     contiguous_checkpointing: bool = False
@@ -488,6 +494,14 @@ class ModelConfig:
                             f"pipeline stages; use pipe_parallel_size 0 or 1")
         if self.checkpoint_num_layers < 1:
             problems.append(f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
+        if self.recompute_method == "block":
+            problems.append("recompute_method 'block' (checkpoint only the first recompute_num_layers layers of each "
+                            "stage) is not supported yet; use recompute_method: uniform")
+        if self.recompute_num_layers is not None and (self.recompute_num_layers != self.checkpoint_num_layers
+                                                      or not self.checkpoint_activations):
+            problems.append(f"recompute_num_layers={self.recompute_num_layers} is the chunk size of full recomputation "
+                            f"(checkpoint_activations with checkpoint_num_layers={self.checkpoint_num_layers}); "
+                            f"set recompute_granularity: full and one of the two sizes")
         return problems
 
     def device_problems(self, cuda_available: bool) -> List[str]:

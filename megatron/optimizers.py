@@ -13,7 +13,9 @@ deepspeed.initialize(optimizer=...). optimizer.type (lower-cased in neox_args.op
 
 optimizer.params may hold lr (already in neox_args.lr), the optimizer's own keys, and weight_decay (else
 neox_args.weight_decay); any other key is an error naming it. Weight decay is applied only to the
-parameters `get_param_groups` says should decay."""
+parameters `get_param_groups` says should decay (with a weight-decay schedule, start_weight_decay /
+end_weight_decay, the LR scheduler sets its value each step). With decoupled_lr the input-embedding and
+output-layer weights get groups of their own."""
 
 import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -50,7 +52,13 @@ own optimizer group."""
 MOE_GROUP_NAME = "moe_experts"
 
 
-def get_param_groups(model: nn.Module, weight_decay: float, moe_param_group: bool = False) -> List[Dict[str, Any]]:
+EMBEDDING_OR_OUTPUT_FLAG = "_embedding_or_output"
+"""Set on the input-embedding and output-layer weights (megatron.model.embedding / head): with decoupled_lr
+``get_param_groups`` puts them in groups of their own (Megatron-LM's is_embedding_or_output_parameter)."""
+
+
+def get_param_groups(model: nn.Module, weight_decay: float, moe_param_group: bool = False,
+                     decoupled_lr: bool = False) -> List[Dict[str, Any]]:
     """[{params to decay, weight_decay}, {params not to decay, weight_decay: 0}], empty groups dropped.
 
     Not decayed: every parameter of a module whose class name contains "Norm" (LayerNorm, RMSNorm, ...),
@@ -58,10 +66,12 @@ def get_param_groups(model: nn.Module, weight_decay: float, moe_param_group: boo
     a parameter shared by several modules (tied embeddings) appears once.
     With ``moe_param_group`` (create_moe_param_group) the experts' weights (flagged ``_moe_expert``) form a third
     group of their own, named ``moe_experts``, decayed with ``weight_decay`` (they are weight matrices; they never
-    share a group with the norms and biases)."""
-    decay: List[nn.Parameter] = []
-    no_decay: List[nn.Parameter] = []
-    experts: List[nn.Parameter] = []
+    share a group with the norms and biases).
+    With ``decoupled_lr`` the parameters flagged ``_embedding_or_output`` form decay / no-decay groups of their own,
+    after the others, marked ``decoupled_lr: True`` (megatron.learning_rates gives them decoupled_lr)."""
+    from megatron.learning_rates import DECOUPLED_GROUP
+
+    buckets: Dict[Tuple[str, bool], List[nn.Parameter]] = {}
     seen = set()
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -69,26 +79,45 @@ def get_param_groups(model: nn.Module, weight_decay: float, moe_param_group: boo
                 continue
             seen.add(id(param))
             if moe_param_group and getattr(param, MOE_EXPERT_FLAG, False):
-                experts.append(param)
+                kind = "experts"
             elif weight_decay != 0.0 and not _excluded_from_decay(module, name, param):
-                decay.append(param)
+                kind = "decay"
             else:
-                no_decay.append(param)
-    groups = [{"params": decay, "weight_decay": float(weight_decay)}, {"params": no_decay, "weight_decay": 0.0},
-              {"params": experts, "weight_decay": float(weight_decay), "name": MOE_GROUP_NAME}]
-    return [group for group in groups if group["params"]]
+                kind = "no_decay"
+            own = decoupled_lr and bool(getattr(param, EMBEDDING_OR_OUTPUT_FLAG, False))
+            buckets.setdefault((kind, own), []).append(param)
+    settings = {"decay": {"weight_decay": float(weight_decay)}, "no_decay": {"weight_decay": 0.0},
+                "experts": {"weight_decay": float(weight_decay), "name": MOE_GROUP_NAME}}
+    groups = []
+    for own in (False, True):
+        for kind in ("decay", "no_decay", "experts"):
+            if buckets.get((kind, own)):
+                groups.append({"params": buckets[(kind, own)], **settings[kind],
+                               **({DECOUPLED_GROUP: True} if own else {})})
+    return groups
 
 
-def deepspeed_moe_param_groups(model: nn.Module, weight_decay: float) -> List[Dict[str, Any]]:
+def base_weight_decay(neox_args: Any) -> float:
+    """The optimizer's weight decay: optimizer.params.weight_decay, else weight_decay."""
+    params = (neox_args.optimizer or {}).get("params") or {}
+    return float(params.get("weight_decay", neox_args.weight_decay))
+
+
+def deepspeed_moe_param_groups(model: nn.Module, weight_decay: float,
+                               decoupled_lr: bool = False) -> List[Dict[str, Any]]:
     """create_moe_param_group with DeepSpeed's MoE layer (moe_type deepspeed): ``get_param_groups``' decay and
     no-decay groups, each with its experts moved to a group of their own marked ``moe`` (DeepSpeed's
     split_params_into_different_moe_groups_for_optimizer, which its engine and ZeRO expect: expert gradients
     are reduced over the expert-data-parallel group)."""
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
-    groups = get_param_groups(model, weight_decay)
-    for group, name in zip(groups, ("decay", "no_decay") if len(groups) == 2 else ("params",)):
-        group["name"] = name
+    from megatron.learning_rates import DECOUPLED_GROUP
+
+    groups = get_param_groups(model, weight_decay, decoupled_lr=decoupled_lr)
+    plain = [group for group in groups if not group.get(DECOUPLED_GROUP)]
+    for group in groups:
+        name = ("decay" if group["weight_decay"] else "no_decay") if len(plain) == 2 else "params"
+        group["name"] = name + ("_decoupled" if group.get(DECOUPLED_GROUP) else "")
     return [group for group in split_params_into_different_moe_groups_for_optimizer(groups) if group["params"]]
 
 
@@ -300,12 +329,18 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
     if kind not in ACCEPTED_PARAMS:
         raise ValueError(f"optimizer type {kind!r} is not one of {', '.join(ACCEPTED_PARAMS)}, onebitadam")
     params = _optimizer_params(neox_args, kind)
-    weight_decay = float(params.pop("weight_decay", neox_args.weight_decay))
+    params.pop("weight_decay", None)
+    weight_decay = base_weight_decay(neox_args)
+    schedule = [v for v in (neox_args.start_weight_decay, neox_args.end_weight_decay) if v is not None]
+    if schedule or neox_args.weight_decay_incr_style != "constant":
+        # the groups that decay are chosen as for a non-zero decay; the LR scheduler sets their value each step
+        weight_decay = max(schedule + [weight_decay])
+    decoupled = neox_args.decoupled_lr is not None
     moe_group = bool(getattr(neox_args, "create_moe_param_group", False) and getattr(neox_args, "moe_num_experts", 1) > 1)
     if moe_group and getattr(neox_args, "moe_type", None) == "deepspeed":
-        groups = deepspeed_moe_param_groups(model, weight_decay)
+        groups = deepspeed_moe_param_groups(model, weight_decay, decoupled_lr=decoupled)
     else:
-        groups = get_param_groups(model, weight_decay, moe_param_group=moe_group)
+        groups = get_param_groups(model, weight_decay, moe_param_group=moe_group, decoupled_lr=decoupled)
     if not groups:
         raise ValueError("the model has no trainable parameters to optimize")
     if kind == "adam":

@@ -1,7 +1,8 @@
 """The pretraining loop: model + optimizer + LR schedule under deepspeed.initialize, the train / eval
 loop, checkpoints, logging and clean shutdown on SIGTERM / SIGINT.
 
-One train step is one optimizer step over gradient_accumulation_steps micro-batches. Without a pipeline
+One train step is one optimizer step over gradient_accumulation_steps micro-batches (with
+rampup_batch_size, over those of the step's batch: set_batch_size). Without a pipeline
 the DeepSpeed engine is driven micro-batch by micro-batch (forward, backward, step — DeepSpeed steps the
 optimizer and the LR schedule at the accumulation boundary); with a pipeline, DeepSpeed's
 PipelineEngine.train_batch runs the whole schedule."""
@@ -55,12 +56,14 @@ class StopRequested:
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def any_rank(self) -> bool:
-        """Agreed across ranks, so that every rank saves (a save is collective)."""
-        flag = torch.tensor([1.0 if self.signal_name else 0.0])
+    def any_rank(self, deadline: Optional[float] = None) -> Tuple[bool, bool]:
+        """(a signal arrived, time.time() is past `deadline`) on any rank, agreed across ranks in one
+        all-reduce so that every rank saves (a save is collective)."""
+        flags = torch.tensor([1.0 if self.signal_name else 0.0,
+                              1.0 if deadline is not None and time.time() >= deadline else 0.0])
         if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return bool(flags[0].item()), bool(flags[1].item())
 
 
 def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
@@ -130,6 +133,15 @@ def current_lr(lr_scheduler) -> float:
     if isinstance(lr_scheduler, AnnealingLR):
         return lr_scheduler.get_lr()
     return float(lr_scheduler.get_last_lr()[0])
+
+
+def set_batch_size(engine, lr_scheduler, batch_size: int) -> None:
+    """rampup_batch_size: the next step takes `batch_size` samples, as batch_size / (micro batch x data-parallel
+    size) micro-batches (DeepSpeed's set_train_batch_size, which also scales the loss by the new count), and
+    moves the learning-rate schedule by that many samples."""
+    if engine.train_batch_size() != batch_size:
+        engine.set_train_batch_size(batch_size)
+    lr_scheduler.next_batch = batch_size
 
 
 def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
@@ -224,8 +236,9 @@ def _loss_of(engine, batch) -> torch.Tensor:
 
 def aux_loss_scale(engine, neox_args) -> float:
     """What the engine multiplies the LM loss by before its backward, for the MoE auxiliary loss's gradient
-    (megatron.model.moe.stats): 1 / gradient_accumulation_steps, times the current loss scale under fp16."""
-    scale = 1.0 / neox_args.gradient_accumulation_steps
+    (megatron.model.moe.stats): 1 / gradient_accumulation_steps (the engine's: rampup_batch_size changes it),
+    times the current loss scale under fp16."""
+    scale = 1.0 / engine.gradient_accumulation_steps()
     if engine.fp16_enabled():
         optimizer = engine.optimizer
         scale *= float(getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", 1.0))
@@ -251,10 +264,15 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
             loss = engine.train_batch(data_iter=batches)
     else:
         losses = []
-        for micro in range(neox_args.gradient_accumulation_steps):
+        steps = engine.gradient_accumulation_steps()
+        for micro in range(steps):
+            if neox_args.rampup_batch_size is not None:
+                # DeepSpeed finds the boundary from its running micro-step count modulo the accumulation steps,
+                # which no longer lines up once the ramp changes them: say where it is
+                engine.set_gradient_accumulation_boundary(micro == steps - 1)
             loss = _loss_of(engine, next(batches))
             engine.backward(loss)
-            if micro == neox_args.gradient_accumulation_steps - 1:
+            if micro == steps - 1:
                 if neox_args.zero_stage == 0 and not neox_args.gradient_clipping:  # else DeepSpeed computes it
                     grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
                 if debug:
@@ -453,6 +471,8 @@ def pretrain(neox_args) -> Dict[str, Any]:
         from megatron.neox_arguments import ConfigError
 
         raise ConfigError(problems)
+    started_at = time.time()
+    deadline = None if neox_args.exit_duration_in_mins is None else started_at + 60.0 * neox_args.exit_duration_in_mins
     ctx = initialize_megatron(neox_args)
     do_train = neox_args.do_train if neox_args.do_train is not None else True
     lock = _claim_save_directory(neox_args) if do_train and neox_args.save else None
@@ -524,6 +544,9 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         while do_train and iteration < schedule.train_iters:
             started = time.perf_counter()
             debug = wants_debug and (iteration + 1) % neox_args.log_interval == 0
+            batch_size = schedule.batch_size_at(position["consumed_train_samples"])
+            if schedule.rampup is not None:
+                set_batch_size(engine, lr_scheduler, batch_size)
             timers("train_step").start()
             loss, skipped, grad_norm, extras = train_step(neox_args, engine, train_batches, ctx, optimizer, debug)
             timers("train_step").stop()
@@ -533,7 +556,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                 raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
             if memory_profiler is not None and debug:
                 memory_profiler.dump(iteration)
-            position["consumed_train_samples"] += neox_args.train_batch_size
+            position["consumed_train_samples"] += batch_size
             summary["losses"].append(loss)
             if iteration % neox_args.log_interval == 0:
                 extras.update({f"time_ms/{k}": v for k, v in
@@ -543,7 +566,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                 extras.update(_moe_metrics(neox_args, ctx, engine, iteration - last_moe_report))
                 last_moe_report = iteration
             logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
-                             step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
+                             step_time=time.perf_counter() - started, skipped=skipped, extras=extras,
+                             batch_size=batch_size)
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
                 if valid_batches is not None:
                     evaluate_split(valid_batches, "validation")
@@ -560,13 +584,19 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
             # are those the uninterrupted run continues with: a resumed run replays the same validation batches
             if iteration in schedule.save_iters:
                 save(iteration)
-            if stop.any_rank():
+            signalled, out_of_time = stop.any_rank(deadline)
+            if signalled or out_of_time:
                 save(iteration)
-                summary["stopped_by"] = stop.signal_name or "another rank's signal"
-                summary["signal"] = stop.signal_name
+                summary["stopped_by"] = ((stop.signal_name or "another rank's signal") if signalled
+                                         else "exit_duration_in_mins")
+                if signalled:  # train.py exits 128 + the signal (megatron.launch_signals); out of time: 0
+                    summary["signal"] = stop.signal_name
                 if logger.is_logging_rank:
-                    print(f"received {summary['stopped_by']}: saved a checkpoint at iteration {iteration} in "
-                          f"{neox_args.save}, exiting", flush=True)
+                    reason = (f"received {summary['stopped_by']}" if signalled else
+                              f"exit_duration_in_mins={neox_args.exit_duration_in_mins} passed")
+                    saved = (f"saved a checkpoint at iteration {iteration} in {neox_args.save}" if neox_args.save
+                             else f"no checkpoint saved (save is not set) at iteration {iteration}")
+                    print(f"{reason}: {saved}, exiting", flush=True)
                 break
             if (neox_args.exit_interval and iteration % neox_args.exit_interval == 0
                     and iteration < schedule.train_iters):

@@ -7,11 +7,14 @@ iterations to save at, the samples each split needs) is computed here, once, by
 logger. Also here: the guard that stops fp16 runs stuck in loss-scale overflow.
 
 Rules (as GPT-NeoX documents them):
-* train_iters, or with train_epochs: ceil(epochs x training samples / train_batch_size), where training
-  samples = tokens of the training documents (the train part of `split`, or all of train_data_paths) //
-  seq_length.
+* train_iters, or with train_samples: ceil(train_samples / train_batch_size), or with train_epochs:
+  ceil(epochs x training samples / train_batch_size), where training samples = tokens of the training
+  documents (the train part of `split`, or all of train_data_paths) // seq_length.
 * decay iterations T = int(lr_decay_fraction x train_iters) if lr_decay_fraction is set (it "overrides
-  lr_decay_iters"), else lr_decay_iters, else train_iters; at least 1. Warmup iterations W = warmup x T.
+  lr_decay_iters"), else lr_decay_iters, else train_iters; at least 1. Warmup iterations W = lr_warmup_iters
+  when set, else warmup x T.
+* rampup_batch_size [start, increment, samples]: the global batch of each step from the samples consumed
+  before it (BatchRampup); train_samples then counts the ramp's smaller steps.
 * checkpoints at every checkpoint_factor iterations (checkpoint_scale linear) or at its powers (log),
   plus extra_save_iters.
 * samples: train train_iters x B, valid (train_iters // eval_interval + 1) x eval_iters x B, test
@@ -73,6 +76,82 @@ def iterations_for_epochs(neox_args) -> int:
     return math.ceil(neox_args.train_epochs * samples / neox_args.train_batch_size)
 
 
+def decay_and_warmup_iters(neox_args, train_iters: int) -> Tuple[int, float]:
+    """The learning-rate decay length T and warmup length W of a run of `train_iters` (module docstring)."""
+    if neox_args.lr_decay_fraction is not None:
+        decay = int(neox_args.lr_decay_fraction * train_iters)
+    elif neox_args.lr_decay_iters is not None:
+        decay = int(neox_args.lr_decay_iters)
+    else:
+        decay = train_iters
+    decay = max(1, decay)
+    if neox_args.lr_warmup_iters is not None:
+        return decay, float(neox_args.lr_warmup_iters)
+    return decay, float(neox_args.warmup) * decay
+
+
+@dataclass(frozen=True)
+class BatchRampup:
+    """rampup_batch_size [start, increment, samples] toward the global batch (Megatron-LM's
+    RampupBatchsizeNumMicroBatches): after c consumed samples the batch is
+    min(start + increment x floor(c / (samples / n)), global) with n = (global - start) / increment."""
+
+    start: int
+    increment: int
+    samples: int
+    global_batch: int
+
+    def batch_size(self, consumed_samples: int) -> int:
+        increments = (self.global_batch - self.start) // self.increment
+        if increments == 0:
+            return self.global_batch
+        steps = int(consumed_samples / (self.samples / increments)) if self.samples > 0 else increments
+        return min(self.start + steps * self.increment, self.global_batch)
+
+    def iterations_for(self, train_samples: int) -> int:
+        """Steps until `train_samples` are consumed: the ramp step by step, then full batches."""
+        consumed = iterations = 0
+        while consumed < train_samples:
+            batch = self.batch_size(consumed)
+            if batch == self.global_batch:
+                return iterations + math.ceil((train_samples - consumed) / batch)
+            consumed += batch
+            iterations += 1
+        return iterations
+
+
+def batch_rampup(neox_args) -> Optional[BatchRampup]:
+    """The config's rampup_batch_size, None without one."""
+    if neox_args.rampup_batch_size is None:
+        return None
+    start, increment, samples = (int(v) for v in neox_args.rampup_batch_size)
+    return BatchRampup(start, increment, samples, int(neox_args.train_batch_size))
+
+
+def training_iterations(neox_args, count_epochs: bool = True) -> Optional[int]:
+    """The run's iterations: train_iters, or ceil(train_samples / train_batch_size) (with rampup_batch_size:
+    the steps that consume train_samples), or those of train_epochs (counted over the training data's index;
+    None when `count_epochs` is false)."""
+    if neox_args.train_iters is not None:
+        return int(neox_args.train_iters)
+    if neox_args.train_samples is not None:
+        rampup = batch_rampup(neox_args)
+        if rampup is not None:
+            return rampup.iterations_for(int(neox_args.train_samples))
+        return math.ceil(neox_args.train_samples / neox_args.train_batch_size)
+    if neox_args.train_epochs is None:
+        raise ValueError("the training schedule needs train_iters, train_samples or train_epochs")
+    return iterations_for_epochs(neox_args) if count_epochs else None
+
+
+def schedule_length(neox_args, train_iters: int) -> int:
+    """The full-batch iterations the learning-rate and weight-decay schedules span: train_iters, or with
+    rampup_batch_size (progress counted in samples) ceil(train_samples / train_batch_size)."""
+    if neox_args.rampup_batch_size is None or neox_args.train_samples is None:
+        return train_iters
+    return math.ceil(neox_args.train_samples / neox_args.train_batch_size)
+
+
 @dataclass(frozen=True)
 class TrainingSchedule:
     """The run's iteration counts and the steps at which things happen (see the module docstring)."""
@@ -84,29 +163,27 @@ class TrainingSchedule:
     save_iters: Tuple[int, ...] = ()
     eval_interval: int = 1000
     eval_iters: int = 100
+    rampup: Optional[BatchRampup] = None
+    length: Optional[int] = None
+    """Full-batch iterations of the schedules (schedule_length); train_iters when None."""
 
     @classmethod
     def from_neox_args(cls, neox_args, train_iters: Optional[int] = None) -> "TrainingSchedule":
         """The schedule of a validated config; ``train_iters`` when already known, else the config's, else
         counted from train_epochs over the training data (reads the dataset's index)."""
         if train_iters is None:
-            train_iters = neox_args.train_iters
-        if train_iters is None:
-            if neox_args.train_epochs is None:
-                raise ValueError("the training schedule needs train_iters or train_epochs")
-            train_iters = iterations_for_epochs(neox_args)
-        if neox_args.lr_decay_fraction is not None:
-            decay = int(neox_args.lr_decay_fraction * train_iters)
-        elif neox_args.lr_decay_iters is not None:
-            decay = int(neox_args.lr_decay_iters)
-        else:
-            decay = train_iters
-        decay = max(1, decay)
+            train_iters = training_iterations(neox_args)
+        decay, warmup = decay_and_warmup_iters(neox_args, schedule_length(neox_args, int(train_iters)))
         return cls(train_iters=int(train_iters), train_batch_size=int(neox_args.train_batch_size),
-                   decay_iters=decay, warmup_iters=float(neox_args.warmup) * decay,
+                   decay_iters=decay, warmup_iters=warmup,
                    save_iters=checkpoint_iterations(neox_args.checkpoint_factor, neox_args.checkpoint_scale,
                                                     neox_args.extra_save_iters, int(train_iters)),
-                   eval_interval=int(neox_args.eval_interval), eval_iters=int(neox_args.eval_iters))
+                   eval_interval=int(neox_args.eval_interval), eval_iters=int(neox_args.eval_iters),
+                   rampup=batch_rampup(neox_args), length=schedule_length(neox_args, int(train_iters)))
+
+    def batch_size_at(self, consumed_samples: int) -> int:
+        """The global batch of the step that starts after `consumed_samples` (rampup_batch_size)."""
+        return self.train_batch_size if self.rampup is None else self.rampup.batch_size(consumed_samples)
 
     def split_samples(self) -> Tuple[int, int, int]:
         """Samples the train, valid and test datasets must provide (GPT-NeoX's counts)."""

@@ -32,6 +32,8 @@ def test_tiny_dense_model_by_hand():
     assert forward_flops_per_token(_config()) == 229376
     assert training_flops_per_token(_config()) == 3 * 229376 == 688128
     assert training_flops_per_token(_config(checkpoint_activations=True)) == 4 * 229376
+    # selective recompute: the attention core (8192 per layer) of both layers once more
+    assert training_flops_per_token(_config(recompute_granularity="selective")) == 3 * 229376 + 2 * attention
 
 
 def test_grouped_query_attention_counts_fewer_kv_heads():

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from megatron.learning_rates import AnnealingLR
+from megatron.learning_rates import CHECKED_KEYS, AnnealingLR
 from megatron.learning_rates import build_lr_scheduler as _build
 from megatron.training_schedule import TrainingSchedule
 from tests.distributed_helpers import run_distributed
@@ -29,7 +29,7 @@ def build_lr_scheduler(args, optimizer) -> AnnealingLR:
 
 def _scheduler(style: str, **overrides) -> AnnealingLR:
     values = {"optimizer": ADAM, "train_iters": 100, "warmup": 0.1, "lr_decay_style": style, "min_lr": 1.0e-4}
-    args = tiny(**{**values, **overrides})
+    args = tiny(**{key: value for key, value in {**values, **overrides}.items() if value is not None})  # None: unset
     return build_lr_scheduler(args, _optimizer())
 
 
@@ -273,3 +273,190 @@ def test_deepspeed_applies_the_rate_at_the_steps_taken_before_each_optimizer_ste
     want = [_expected(k, 1.0, 0.1, 4.0, 10, "cosine") for k in range(14)]
     assert rates == [pytest.approx(w, rel=1e-6) for w in want]  # fp32 weights
     assert rates[0] == pytest.approx(0.25) and rates[1] == pytest.approx(0.25)  # lr / W twice
+
+
+# ---- Megatron-LM's schedules: inverse_sqrt, wsd, lr_warmup_iters / lr_warmup_init, decoupled_lr, weight decay ----
+
+def _warmup(it: float, peak: float, warmup_iters: float, init) -> float:
+    if init is None:
+        return peak * max(1, it) / warmup_iters
+    return init + (peak - init) * it / warmup_iters
+
+
+def _inverse_sqrt(it: int, lr: float, min_lr: float, warmup_iters: int, decay_iters: int) -> float:
+    it = min(it, decay_iters)
+    if it <= warmup_iters:
+        return _warmup(it, lr, warmup_iters, None)
+    return max(lr * (warmup_iters / it) ** 0.5, min_lr)
+
+
+def _wsd(it: int, lr: float, min_lr: float, warmup_iters: int, decay_iters: int, wsd_iters: int, style: str,
+         init=None) -> float:
+    """Megatron-LM's OptimizerParamScheduler.get_lr for 'WSD', held after the decay."""
+    it = min(it, decay_iters)
+    if it <= warmup_iters:
+        return _warmup(it, lr, warmup_iters, init)
+    r = max(it - (decay_iters - wsd_iters), 0) / wsd_iters
+    coeff = {"linear": 1 - r, "cosine": (math.cos(math.pi * r) + 1) / 2, "exponential": 2 * 0.5 ** r - 1}[style]
+    return min_lr + coeff * (lr - min_lr)
+
+
+def _steps(sched: AnnealingLR, iterations: int):
+    """(iteration, each group's lr, each group's weight decay) from the scheduler as built through `iterations`."""
+    for it in range(iterations + 1):
+        if it:
+            sched.step()
+        yield it, [g["lr"] for g in sched.optimizer.param_groups], [g["weight_decay"]
+                                                                  for g in sched.optimizer.param_groups]
+
+
+@pytest.mark.parametrize("min_lr", [0.0, 4.0e-4])  # 4e-4: lr * sqrt(10 / it) reaches it at it = 62.5
+def test_inverse_sqrt_every_step_equals_its_closed_form_then_holds(min_lr):
+    sched = _scheduler("inverse_sqrt", warmup=None, lr_warmup_iters=10, min_lr=min_lr)
+    assert (sched.warmup_iter, sched.end_iter) == (10.0, 100)
+    for it, (lr,), _ in _steps(sched, 130):
+        assert math.isclose(lr, _inverse_sqrt(it, 1e-3, min_lr, 10, 100), rel_tol=1e-12), it
+    assert _lr_at(sched, 40) == pytest.approx(5e-4)  # 1e-3 * sqrt(10 / 40)
+    assert _lr_at(sched, 90) == pytest.approx(max(min_lr, 1e-3 / 3))
+
+
+@pytest.mark.parametrize("style,init", itertools.product(["exponential", "linear", "cosine"], [None, 2.0e-5]))
+def test_wsd_every_step_equals_megatron_closed_form(style, init):
+    """Warmup 10 iterations (GPT-NeoX's rule, or from lr_warmup_init), stable at lr to 70, decay over the last
+    30 of 100 to min_lr in the wsd style, then held."""
+    sched = _scheduler("wsd", warmup=None, lr_warmup_iters=10, lr_wsd_decay_iters=30, lr_wsd_decay_style=style,
+                       lr_warmup_init=init)
+    for it, (lr,), _ in _steps(sched, 120):
+        assert math.isclose(lr, _wsd(it, 1e-3, 1e-4, 10, 100, 30, style, init), rel_tol=1e-12), it
+    assert [_lr_at(sched, it) for it in (11, 40, 70)] == [pytest.approx(1e-3)] * 3  # the stable phase
+    halfway = {"linear": 0.5, "cosine": 0.5, "exponential": 2 ** 0.5 - 1}[style]
+    assert _lr_at(sched, 85) == pytest.approx(1e-4 + halfway * 9e-4)
+    assert _lr_at(sched, 100) == pytest.approx(1e-4) and _lr_at(sched, 150) == pytest.approx(1e-4)
+
+
+def test_lr_warmup_init_is_the_first_steps_rate_and_lr_warmup_iters_the_length():
+    sched = _scheduler("linear", warmup=None, lr_warmup_iters=4, lr_warmup_init=1e-4)
+    assert [_lr_at(sched, it) for it in range(5)] == [pytest.approx(v) for v in (1e-4, 3.25e-4, 5.5e-4, 7.75e-4, 1e-3)]
+    gpt_neox = _scheduler("linear", warmup=None, lr_warmup_iters=4)  # no init: lr * max(1, it) / W
+    assert [_lr_at(gpt_neox, it) for it in range(3)] == [pytest.approx(v) for v in (2.5e-4, 2.5e-4, 5e-4)]
+
+
+def _tiny_model(tied: bool = False):
+    from megatron.model import build_model
+    from megatron.mpu import SingleProcessState
+    from tests.model.helpers import tiny_config
+
+    return build_model(tiny_config(no_weight_tying=not tied), SingleProcessState())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_decoupled_lr_gives_the_embedding_and_output_weights_their_own_schedule(tied):
+    from megatron.optimizers import build_optimizer
+
+    model = _tiny_model(tied)
+    args = tiny(optimizer=ADAM, train_iters=50, warmup=0.2, lr_decay_style="cosine", min_lr=1e-4,
+                decoupled_lr=5e-3, decoupled_min_lr=5e-4)
+    opt = build_optimizer(args, model)
+    sched = build_lr_scheduler(args, opt)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decoupled = [names[id(p)] for g in opt.param_groups if g.get("decoupled_lr") for p in g["params"]]
+    assert sorted(decoupled) == sorted(n for n in names.values() if n.endswith(("word_embeddings.weight",
+                                                                                 "final_linear.weight")))
+    assert len(decoupled) == (1 if tied else 2) and sum(len(g["params"]) for g in opt.param_groups) == len(names)
+    for it, rates, _ in _steps(sched, 60):
+        for group, lr in zip(opt.param_groups, rates):
+            peak, floor = (5e-3, 5e-4) if group.get("decoupled_lr") else (1e-3, 1e-4)
+            assert math.isclose(lr, _gpt_neox_lr(min(it, 50), peak, floor, 10.0, 50, "cosine"), rel_tol=1e-12), it
+
+
+@pytest.mark.parametrize("style", ["linear", "cosine"])
+def test_weight_decay_increment_every_step_and_norms_never_decay(style):
+    from megatron.optimizers import build_optimizer
+
+    args = tiny(optimizer=ADAM, train_iters=40, weight_decay=0.0, start_weight_decay=0.01, end_weight_decay=0.1,
+                weight_decay_incr_style=style)
+    opt = build_optimizer(args, _tiny_model())
+    sched = build_lr_scheduler(args, opt)
+    decays = [g["weight_decay"] > 0 for g in opt.param_groups]
+    assert decays == [True, False]  # decay chosen as for a non-zero decay although weight_decay is 0
+    for it, _, (wd, none) in _steps(sched, 50):
+        r = min(it, 40) / 40
+        coeff = r if style == "linear" else (math.cos(math.pi * (1 - r)) + 1) / 2
+        assert math.isclose(wd, 0.01 + coeff * 0.09, rel_tol=1e-12) and none == 0.0, it
+
+
+RESUMED = {"wsd": dict(lr_decay_style="wsd", lr_warmup_iters=10, lr_wsd_decay_iters=30),
+           "inverse_sqrt": dict(lr_decay_style="inverse_sqrt", lr_warmup_init=1e-5),
+           "decoupled_and_wd": dict(lr_decay_style="cosine", decoupled_lr=3e-3, start_weight_decay=0.0,
+                                    end_weight_decay=0.1, weight_decay_incr_style="cosine")}
+
+
+@pytest.mark.parametrize("kind,stop", [("wsd", 45), ("wsd", 80), ("inverse_sqrt", 33), ("decoupled_and_wd", 61)])
+def test_resumes_exactly_from_a_state_dict_mid_schedule(kind, stop):
+    """A scheduler rebuilt from the config and loaded from the state at `stop` (stable phase 45, WSD decay 80)
+    gives the uninterrupted scheduler's rates and weight decays at every later step."""
+    from megatron.optimizers import build_optimizer
+
+    args = tiny(optimizer=ADAM, train_iters=100, **RESUMED[kind])
+    first = build_lr_scheduler(args, build_optimizer(args, _tiny_model()))
+    first.step(stop)
+    resumed = build_lr_scheduler(args, build_optimizer(args, _tiny_model()))
+    assert resumed.num_iters == 0 and resumed.get_last_lr() != first.get_last_lr()
+    resumed.load_state_dict(first.state_dict())
+    for _ in range(stop, 110):
+        assert resumed.num_iters == first.num_iters
+        assert [(g["lr"], g["weight_decay"]) for g in resumed.optimizer.param_groups] == \
+            [(g["lr"], g["weight_decay"]) for g in first.optimizer.param_groups]
+        first.step()
+        resumed.step()
+
+
+def test_a_checkpoint_with_other_megatron_settings_is_refused_or_taken():
+    saved = _scheduler("wsd", warmup=None, lr_warmup_iters=10, lr_wsd_decay_iters=30)
+    saved.step(80)
+    state = saved.state_dict()
+    with pytest.raises(ValueError, match="wsd_decay_iters: config 20 vs checkpoint 30"):
+        _scheduler("wsd", warmup=None, lr_warmup_iters=10, lr_wsd_decay_iters=20).load_state_dict(state)
+    taken = _scheduler("wsd", warmup=None, lr_warmup_iters=10, lr_wsd_decay_iters=20,
+                       use_checkpoint_lr_scheduler=True)
+    taken.load_state_dict(state)
+    assert taken.wsd_decay_iters == 30 and taken.get_last_lr() == saved.get_last_lr()
+
+
+def test_a_gpt_neox_checkpoint_without_the_new_keys_loads():
+    sched = _scheduler("cosine")
+    neox_state = {key: value for key, value in _scheduler("cosine").state_dict().items()
+                  if key in CHECKED_KEYS + ("num_iters",)}
+    sched.load_state_dict({**neox_state, "num_iters": 30})
+    assert sched.num_iters == 30
+    with pytest.raises(ValueError, match="decoupled_lr: config 0.002 vs checkpoint None"):
+        _scheduler("cosine", decoupled_lr=2e-3).load_state_dict(neox_state)
+
+
+def test_under_a_batch_ramp_the_schedule_advances_by_samples_and_resumes_mid_ramp():
+    """With samples_per_iteration (the full batch, 12) each step moves the schedule by its batch / 12: the rate is
+    the closed form at it = samples consumed / 12, and a scheduler loaded mid-ramp continues identically."""
+    def build() -> AnnealingLR:
+        return AnnealingLR(_optimizer(), start_lr=1e-3, warmup_iter=2, total_iters=7, decay_style="cosine",
+                           min_lr=1e-4, samples_per_iteration=12)
+
+    batches = [4, 4, 4, 8, 8, 12, 12, 12, 12]
+    sched, consumed = build(), 0
+    for step, batch in enumerate(batches):
+        if step == 4:
+            resumed = build()
+            resumed.load_state_dict(sched.state_dict())
+            assert resumed.num_samples == 20 and resumed.get_last_lr() == sched.get_last_lr()
+        sched.next_batch = batch
+        sched.step()
+        consumed += batch
+        assert sched.num_iters == consumed / 12
+        assert math.isclose(sched.get_last_lr()[0], _gpt_neox_lr(min(consumed / 12, 7), 1e-3, 1e-4, 2.0, 7, "cosine"),
+                            rel_tol=1e-12), step
+    for batch in batches[4:]:
+        resumed.next_batch = batch
+        resumed.step()
+    assert resumed.state_dict() == sched.state_dict() and resumed.get_last_lr() == sched.get_last_lr()
+    with pytest.raises(ValueError, match="keep rampup_batch_size to resume"):
+        AnnealingLR(_optimizer(), start_lr=1e-3, warmup_iter=2, total_iters=7, decay_style="cosine",
+                    min_lr=1e-4).load_state_dict(build().state_dict() | {"num_iters": 20 / 12})

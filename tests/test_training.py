@@ -118,3 +118,77 @@ def test_token_ids_beyond_the_vocabulary_are_a_data_error_naming_the_files():
                                         r"is beyond the model's vocabulary of 128 ids \(the tokenizer "
                                         r"/tok/tokenizer.json"):
         next(batches)
+
+
+RAMP_BATCHES = [2, 2, 4, 6, 6]
+"""Global batches of a ramp toward 6 on 2 data-parallel ranks with micro batch 1: 1, 1, 2, 3, 3 micro-batches per
+rank. After 4 micro-steps DeepSpeed's own count would put the boundary of the 3-micro-batch step after 2."""
+
+
+def _ramp_sample(step: int, index: int) -> tuple:
+    """Sample `index` (0 .. batch - 1) of step `step`: (x, target)."""
+    return float(1 + (7 * step + 3 * index) % 5), float((step + index) % 3) - 1.0
+
+
+class _Line(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.full((1,), 0.5))
+
+    def forward(self, inputs: tuple) -> torch.Tensor:  # the model's inputs come as one tuple
+        return self.weight * inputs[0]
+
+    @staticmethod
+    def loss_fn(prediction: torch.Tensor, labels: tuple) -> torch.Tensor:
+        return ((prediction - labels[0]) ** 2).mean()
+
+
+def _ramped_weights(rank: int, world_size: int, zero_stage: int) -> list:
+    """train_step under a DeepSpeed engine whose batch set_batch_size changes each step, as pretrain does."""
+    import types
+
+    import deepspeed
+
+    from megatron.learning_rates import AnnealingLR
+    from megatron.mpu import SingleProcessState
+    from megatron.training import set_batch_size, train_step
+
+    model = _Line()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    sched = AnnealingLR(opt, start_lr=0.05, warmup_iter=0, total_iters=100, decay_style="constant",
+                        samples_per_iteration=6)
+    config = {"train_batch_size": 6, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 3,
+              "steps_per_print": 10 ** 6, "zero_optimization": {"stage": zero_stage}, "gradient_clipping": 0.0,
+              "zero_allow_untested_optimizer": True}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=config,
+                                           dist_init_required=False)
+    args = types.SimpleNamespace(moe_num_experts=1, is_pipe_parallel=False, rampup_batch_size=[2, 2, 8],
+                                 zero_stage=zero_stage, gradient_clipping=0.0)
+    ctx = types.SimpleNamespace(parallel_state=SingleProcessState())
+    weights = []
+    for step, batch in enumerate(RAMP_BATCHES):
+        set_batch_size(engine, sched, batch)
+        micro = [_ramp_sample(step, m * world_size + rank) for m in range(batch // world_size)]
+        batches = iter([((torch.tensor([x]),), (torch.tensor([t]),)) for x, t in micro])
+        train_step(args, engine, batches, ctx, opt)
+        weights.append(model.weight.item())
+    return weights
+
+
+def _ramped_weights_per_stage(rank: int, world_size: int, stages) -> list:
+    """Several engines one after another in one process (each spawn costs seconds of imports)."""
+    return [_ramped_weights(rank, world_size, zero_stage) for zero_stage in stages]
+
+
+def test_a_batch_ramp_steps_on_the_mean_gradient_of_each_steps_samples():
+    """Every step equals SGD on the mean squared-error gradient over exactly that step's samples (all ranks,
+    all micro-batches), for the sizes 2, 4, 6: the loss is scaled by the step's own micro-batch count and the
+    optimizer steps at the step's last micro-batch. Without ZeRO and with ZeRO-1."""
+    weight, want = 0.5, []
+    for step, batch in enumerate(RAMP_BATCHES):
+        samples = [_ramp_sample(step, i) for i in range(batch)]
+        weight -= 0.05 * sum(2 * (weight * x - t) * x for x, t in samples) / batch
+        want.append(weight)
+    ranks = run_distributed(_ramped_weights_per_stage, world_size=2, args=((0, 1),))
+    for zero_stage, weights in zip((0, 1), zip(*ranks)):
+        assert weights[0] == weights[1] == pytest.approx(want, rel=1e-5), zero_stage

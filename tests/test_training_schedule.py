@@ -71,7 +71,7 @@ def test_frozen():
 
 
 def test_needs_iterations_or_epochs_and_enough_data(tmp_path):
-    with pytest.raises(ValueError, match="train_iters or train_epochs"):
+    with pytest.raises(ValueError, match="train_iters, train_samples or train_epochs"):
         TrainingSchedule.from_neox_args(tiny())
     prefix = write_dataset(tmp_path / "small", [10])
     with pytest.raises(ValueError, match="less than one sample"):
@@ -85,3 +85,32 @@ def test_overflow_guard_stops_after_the_limit_in_a_row():
     assert guard.total == 4 and guard.in_a_row == 2
     with pytest.raises(FloatingPointError, match="3 optimizer steps in a row"):
         guard.record(True, 6)
+
+
+def test_train_samples_give_the_iterations_rounded_up():
+    args = tiny(train_samples=9, train_micro_batch_size_per_gpu=2, lr_decay_fraction=0.5, lr_warmup_iters=1)
+    schedule = TrainingSchedule.from_neox_args(args)
+    assert (schedule.train_iters, schedule.decay_iters, schedule.warmup_iters) == (5, 2, 1.0)  # ceil(9 / 2)
+    assert args.train_iters is None and schedule.split_samples()[0] == 10
+
+
+def test_batch_rampup_follows_megatron_and_counts_the_iterations_of_train_samples():
+    """[4, 4, 24] toward 12: two increments of 4, one every 24 / 2 = 12 samples consumed."""
+    from megatron.training_schedule import BatchRampup
+
+    ramp = BatchRampup(start=4, increment=4, samples=24, global_batch=12)
+    assert [ramp.batch_size(c) for c in (0, 4, 8, 11, 12, 20, 23, 24, 28, 1000)] == [4, 4, 4, 4, 8, 8, 8, 12, 12, 12]
+    consumed, sizes = 0, []
+    for _ in range(ramp.iterations_for(76)):
+        sizes.append(ramp.batch_size(consumed))
+        consumed += sizes[-1]
+    assert sizes == [4, 4, 4, 8, 8, 12, 12, 12, 12] and consumed == 76  # 28 in the ramp, then 48 = 4 x 12
+    assert ramp.iterations_for(77) == 10 and BatchRampup(12, 4, 24, 12).batch_size(0) == 12
+
+
+def test_rampup_schedule_spans_the_samples_in_full_batch_iterations():
+    args = tiny(train_samples=76, train_micro_batch_size_per_gpu=4, gradient_accumulation_steps=3,
+                rampup_batch_size=[4, 4, 24], lr_warmup_iters=2)
+    schedule = TrainingSchedule.from_neox_args(args)
+    assert (schedule.train_iters, schedule.length, schedule.decay_iters, schedule.warmup_iters) == (9, 7, 7, 2.0)
+    assert [schedule.batch_size_at(c) for c in (0, 12, 24)] == [4, 8, 12]

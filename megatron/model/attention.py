@@ -31,6 +31,11 @@ With attention_softmax_in_fp32 or apply_query_key_layer_scaling in half precisio
 computed explicitly and soft-maxed in fp32 (layer scaling divides by the layer number before the
 product and multiplies it back in fp32, which is exact in real arithmetic).
 
+With recompute_granularity 'selective' (Megatron-LM's selective recompute) the attention core (``_core``: the
+scores, softmax, dropout and the product with v, whose [batch, heads, seq, seq] activations dominate at long
+sequences) runs under DeepSpeed's checkpoint in training: only q, k, v are kept and the core is recomputed
+in the backward pass, with the same dropout masks (the model then draws dropout from DeepSpeed's RNG tracker).
+
 Fused kernels (megatron.model.fused): rope_fusion rotates q and k with the Triton rotary kernel (in the
 [batch, seq, heads, head_dim] layout it expects, before the heads move to dim 1). With
 scaled_upper_triang_masked_softmax_fusion or scaled_masked_softmax_fusion, every layer but "flash" takes
@@ -52,6 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.model.activation_checkpointing import checkpoint_function
 from megatron.model.block_sparse import BlockSparseMask, layer_seed
 from megatron.model.flash import FlashAttention
 from megatron.model.fused import model_fused_ops
@@ -139,6 +145,7 @@ class ParallelSelfAttention(nn.Module):
         self.layer_scaling = config.apply_query_key_layer_scaling
         self.softmax_fp32 = config.attention_softmax_in_fp32 or self.layer_scaling
         self.force_explicit = False  # tests flip this to compare the explicit path with SDPA
+        self.selective_recompute = config.recompute_granularity == "selective"
         self.flash = FlashAttention.load(self.head_dim) if self.attention_type == "flash" and \
             self.pos_emb != "rpe" else None
 
@@ -223,6 +230,19 @@ class ParallelSelfAttention(nn.Module):
         if self.pos_emb == "rotary":
             cos, sin = self.rotary_emb.tables(offset, s, x.device)
             q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
+        if self.selective_recompute and self.training and kv_cache is None and torch.is_grad_enabled():
+            # recompute_granularity 'selective': keep only q, k, v for the backward pass; DeepSpeed's checkpoint
+            # replays the dropout streams of its RNG tracker, which the model uses in this mode
+            return checkpoint_function()(self._core, q, k, v, attention_mask)
+        return self._core(q, k, v, attention_mask, kv_cache)
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor],
+              kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+        """The attention core, softmax(q k^T) v with its mask, bias and dropout: [batch, seq, local heads *
+        head_dim] from q, k, v in [batch, seq, heads, head_dim] (after the rotation)."""
+        b, s, d = q.size(0), q.size(1), self.head_dim
+        g = self.group_size
+        offset = kv_cache.length if kv_cache is not None else 0
         if self._flash_applies(q, s, attention_mask, kv_cache):
             return self._flash_context(q, k, v, kv_cache).reshape(b, s, self.local_heads * d)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -238,8 +258,8 @@ class ParallelSelfAttention(nn.Module):
                 context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=s > 1,
                                                          enable_gqa=gqa)
             return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
-        q_pos = torch.arange(offset, offset + s, device=x.device)
-        k_pos = torch.arange(k.size(2), device=x.device)
+        q_pos = torch.arange(offset, offset + s, device=q.device)
+        k_pos = torch.arange(k.size(2), device=q.device)
         allowed = self._mask(q_pos, k_pos, attention_mask)
         bias = self._bias(q_pos, k_pos)
         with self.rng_tracker.fork():

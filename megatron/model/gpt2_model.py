@@ -254,12 +254,12 @@ def _shared_rpe(config: ModelConfig, parallel_state, init: Initializer):
 def _model_tracker(config: ModelConfig, parallel_state, rng_tracker):
     """The RNG tracker the model's dropout uses.
 
-    With checkpoint_activations it is always DeepSpeed's tracker (configured here, seeded from
-    config.seed like ``model_parallel_seed``): DeepSpeed's recomputation replays only its own tracker's
-    streams, so any other tracker would give different dropout masks in the backward pass. Otherwise the
-    given tracker, or a new one seeded from config.seed.
+    With checkpoint_activations or recompute_granularity 'selective' it is always DeepSpeed's tracker
+    (configured here, seeded from config.seed like ``model_parallel_seed``): DeepSpeed's recomputation replays
+    only its own tracker's streams, so any other tracker would give different dropout masks in the backward
+    pass. Otherwise the given tracker, or a new one seeded from config.seed.
     """
-    if config.checkpoint_activations:
+    if config.checkpoint_activations or config.recompute_granularity == "selective":
         configure_activation_checkpointing(config, parallel_state)
         return checkpointing_rng_tracker(config, parallel_state)
     if rng_tracker is not None:

@@ -18,6 +18,7 @@ from megatron.model.norms import build_norm
 from megatron.model.transformer import sequence_parallel_on
 from megatron.model_config import ModelConfig
 from megatron.mpu import ColumnParallelLinear, copy_to_model_parallel_region, gather_from_sequence_parallel_region
+from megatron.optimizers import EMBEDDING_OR_OUTPUT_FLAG
 
 
 def tied_logits(embedding: Embedding, hidden: torch.Tensor) -> torch.Tensor:
@@ -52,6 +53,7 @@ class OutputHead(nn.Module):
             config.hidden_size, config.padded_vocab_size, parallel_state,
             initializer.weight(config.num_layers, "final_linear"), bias=False,
             sequence_parallel=sequence_parallel_on(config, parallel_state))
+        setattr(self.final_linear.weight, EMBEDDING_OR_OUTPUT_FLAG, True)  # decoupled_lr reads it
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.final_linear(hidden)

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 from megatron.neox_arguments.aliases import apply_aliases
 from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model,
                                                 derive_moe, derive_optimizer_and_zero, derive_precision,
-                                                derive_scheduler, derive_world)
+                                                derive_recompute, derive_scheduler, derive_world)
 from megatron.neox_arguments.deepspeed_config import (build_deepspeed_config, fold_deepspeed_extra_args,
                                                       note_extra_args_origin)
 from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
@@ -36,9 +36,10 @@ from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG
                                               ranks_from_environment)
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
 from megatron.neox_arguments.typecheck import coerce, describe
-from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, model_problems,
-                                                not_supported_problems, not_supported_setting_problems,
-                                                parallelism_problems, training_problems, unknown_key_problems)
+from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
+                                                model_problems, not_supported_problems,
+                                                not_supported_setting_problems, parallelism_problems,
+                                                rampup_problems, training_problems, unknown_key_problems)
 
 
 class NeoXArgs(NeoXArgsSchema):
@@ -108,9 +109,12 @@ class NeoXArgs(NeoXArgsSchema):
         problems += derive_batch(self, provided)
         problems += derive_model(self)
         problems += derive_moe(self, provided)
+        problems += derive_recompute(self, provided)
         problems += derive_activation_checkpointing(self, provided)
         problems += model_problems(self)
         problems += training_problems(self)
+        problems += lr_schedule_problems(self, provided)
+        problems += rampup_problems(self)
         problems += parallelism_problems(self)
         if not problems:
             self.deepspeed_config, ds_problems = build_deepspeed_config(self)
@@ -121,8 +125,8 @@ class NeoXArgs(NeoXArgsSchema):
     def training_problems(self) -> List[str]:
         """What train.py needs beyond a valid config (generate.py and eval.py do not need these)."""
         problems = []
-        if self.train_iters is None and self.train_epochs is None:
-            problems.append("train_iters (or train_epochs) is required for training")
+        if self.train_iters is None and self.train_epochs is None and self.train_samples is None:
+            problems.append("train_iters (or train_samples, or train_epochs) is required for training")
         if self.train_batch_size is None:
             problems.append("no batch size: set train_micro_batch_size_per_gpu (and optionally "
                             "gradient_accumulation_steps or train_batch_size)")

@@ -249,6 +249,33 @@ def derive_optimizer_and_zero(args: NeoXArgsSchema, provided: Set[str]) -> List[
     return problems
 
 
+def derive_recompute(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
+    """Megatron-LM's recompute keys onto GPT-NeoX's: recompute_granularity 'full' (method 'uniform') is
+    checkpoint_activations with checkpoint_num_layers = recompute_num_layers ('block' is refused by
+    ModelConfig.problems); 'selective' is read by the attention layers (ModelConfig.recompute_granularity)."""
+    granularity, layers = args.recompute_granularity, args.recompute_num_layers
+    if granularity is None:
+        return [f"{name}={getattr(args, name)!r} needs recompute_granularity: full" for name in
+                ("recompute_method", "recompute_num_layers") if getattr(args, name) is not None]
+    if granularity == "selective":
+        problems = [f"{name}={getattr(args, name)!r} is a setting of recompute_granularity 'full', not 'selective' "
+                    f"(which recomputes the attention core of every layer)" for name in
+                    ("recompute_method", "recompute_num_layers") if getattr(args, name) is not None]
+        if args.checkpoint_activations:
+            problems.append("recompute_granularity 'selective' with checkpoint_activations: true; full-layer "
+                            "checkpointing already recomputes the attention core, choose one")
+        return problems
+    if "checkpoint_activations" in provided and not args.checkpoint_activations:
+        return ["recompute_granularity 'full' with checkpoint_activations: false; they are one setting, keep one"]
+    if layers is not None:
+        if "checkpoint_num_layers" in provided and args.checkpoint_num_layers != layers:
+            return [f"recompute_num_layers={layers} and checkpoint_num_layers={args.checkpoint_num_layers} are one "
+                    f"setting with two values; keep one"]
+        args.checkpoint_num_layers = layers
+    args.checkpoint_activations = True
+    return []
+
+
 def derive_activation_checkpointing(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     """The top-level activation-checkpointing flags and DeepSpeed's activation_checkpointing dict as one setting;
     number_checkpoints (DeepSpeed's buffer count for contiguous checkpointing) defaults to the number of
@@ -281,7 +308,10 @@ SCHEDULER_TYPES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 """DeepSpeed schedulers a `scheduler` dict may name (DeepSpeed builds it and steps it after each optimizer step)."""
 
 BUILT_IN_SCHEDULE_ARGUMENTS = ("lr_decay_style", "lr_decay_iters", "lr_decay_fraction", "min_lr", "warmup",
-                               "override_lr_scheduler", "use_checkpoint_lr_scheduler")
+                               "override_lr_scheduler", "use_checkpoint_lr_scheduler", "lr_wsd_decay_style",
+                               "lr_wsd_decay_iters", "lr_warmup_iters", "lr_warmup_init", "decoupled_lr",
+                               "decoupled_min_lr", "start_weight_decay", "end_weight_decay",
+                               "weight_decay_incr_style")
 """Arguments of the built-in schedule (AnnealingLR), which a `scheduler` dict replaces."""
 
 

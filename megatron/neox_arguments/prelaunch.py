@@ -131,7 +131,12 @@ def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
     if done is None:
         return None
     train_iters, limit = args.train_iters, f"train_iters={args.train_iters}"
-    if train_iters is None and args.train_epochs is not None:
+    if train_iters is None and args.train_samples is not None and args.train_batch_size:
+        from megatron.training_schedule import training_iterations
+
+        train_iters = training_iterations(args)
+        limit = f"train_samples={args.train_samples} ({train_iters} iterations)"
+    elif train_iters is None and args.train_epochs is not None:
         from megatron.training_schedule import iterations_for_epochs
 
         try:
@@ -141,7 +146,7 @@ def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
         limit = f"train_epochs={args.train_epochs} ({train_iters} iterations)"
     if train_iters is None or done < train_iters:
         return None
-    further = "train_iters" if args.train_iters is not None else "train_epochs"
+    further = next(name for name in ("train_iters", "train_samples", "train_epochs") if getattr(args, name) is not None)
     return (f"nothing to train: the checkpoint in load='{args.load}' is at iteration {done} and {limit}; "
             f"raise {further} to train further (with override_lr_scheduler: true to stretch the learning-rate "
             f"schedule), or point save / load at a new directory to start again")

@@ -177,10 +177,14 @@ def model_problems(args: NeoXArgsSchema) -> List[str]:
 
 def training_problems(args: NeoXArgsSchema) -> List[str]:
     problems = []
-    if args.train_iters is not None and args.train_epochs is not None:
-        problems.append(f"train_iters={args.train_iters} and train_epochs={args.train_epochs} are both set; "
-                        f"set one")
-    for name in ("train_iters", "train_epochs"):
+    lengths = [f"{name}={getattr(args, name)}" for name in ("train_iters", "train_epochs", "train_samples")
+               if getattr(args, name) is not None]
+    if len(lengths) > 1:
+        problems.append(f"{' and '.join(lengths)} are {'both' if len(lengths) == 2 else 'all'} set; train_iters, "
+                        f"train_samples and train_epochs are three ways to give the run's length, set one")
+    if args.exit_duration_in_mins is not None and args.exit_duration_in_mins <= 0:
+        problems.append(f"exit_duration_in_mins={args.exit_duration_in_mins} must be > 0 (minutes)")
+    for name in ("train_iters", "train_epochs", "train_samples"):
         value = getattr(args, name)
         if value is not None and value < 1:
             problems.append(f"{name}={value} must be >= 1")
@@ -211,6 +215,101 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                                    "sgd", "lion"):
         problems.append(f"optimizer.type={args.optimizer_type!r} must be one of Adam, OneBitAdam, CPU_Adam, "
                         f"CPU_torch_Adam, SM3, madgrad_wd, SGD, Lion")
+    return problems
+
+
+WSD_ONLY = ("lr_wsd_decay_style", "lr_wsd_decay_iters")
+
+
+def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
+    """The Megatron-LM schedule keys (warmup in iterations and its start value, wsd, decoupled_lr, the
+    weight-decay schedule): each set only where it is read, and in range."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    changed = {name for name in provided if getattr(args, name) != defaults[name]}  # to_dict() round-trips
+    problems = []
+    if args.lr_warmup_iters is not None and "warmup" in changed:
+        problems.append(f"lr_warmup_iters={args.lr_warmup_iters} and warmup={args.warmup} are both set; they are "
+                        f"two ways to give the warmup length (iterations, fraction of the decay), keep one")
+    if args.lr_warmup_iters is not None and args.lr_warmup_iters < 0:
+        problems.append(f"lr_warmup_iters={args.lr_warmup_iters} must be >= 0")
+    if args.lr_warmup_init is not None and args.lr is not None and not 0 <= args.lr_warmup_init <= args.lr:
+        problems.append(f"lr_warmup_init={args.lr_warmup_init} must be in [0, lr={args.lr}]")
+    if args.lr_decay_style != "wsd":
+        problems += [f"{name} is only read by lr_decay_style 'wsd' (lr_decay_style is {args.lr_decay_style!r}); "
+                     f"remove it or set lr_decay_style: wsd" for name in WSD_ONLY if name in changed]
+    elif args.lr_wsd_decay_iters is None:
+        problems.append("lr_decay_style 'wsd' needs lr_wsd_decay_iters (the length of its final decay, in "
+                        "iterations)")
+    elif args.lr_wsd_decay_iters < 1:
+        problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} must be >= 1")
+    elif args.train_iters is not None or (args.train_samples is not None and args.train_batch_size
+                                          and not rampup_problems(args)):
+        from megatron.training_schedule import decay_and_warmup_iters, schedule_length, training_iterations
+
+        decay, warmup = decay_and_warmup_iters(args, schedule_length(args, training_iterations(args)))
+        if args.lr_wsd_decay_iters > decay - warmup:
+            problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} is longer than the decay iterations after "
+                            f"warmup ({decay} - {warmup:g}); the stable phase would start inside the warmup")
+    if args.decoupled_min_lr is not None and args.decoupled_lr is None:
+        problems.append(f"decoupled_min_lr={args.decoupled_min_lr} needs decoupled_lr (the peak rate of the input "
+                        f"and output layers)")
+    if args.decoupled_lr is not None:
+        floor = args.min_lr if args.decoupled_min_lr is None else args.decoupled_min_lr
+        if args.decoupled_lr < 0 or floor < 0 or floor > args.decoupled_lr:
+            problems.append(f"decoupled_lr={args.decoupled_lr} and decoupled_min_lr={args.decoupled_min_lr} (unset: "
+                            f"min_lr) must be >= 0 with decoupled_min_lr <= decoupled_lr")
+        if args.lr_warmup_init is not None and args.lr_warmup_init > args.decoupled_lr:
+            problems.append(f"lr_warmup_init={args.lr_warmup_init} must be <= decoupled_lr={args.decoupled_lr}")
+    for name in ("start_weight_decay", "end_weight_decay"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            problems.append(f"{name}={value} must be >= 0")
+    from megatron.optimizers import base_weight_decay
+
+    try:
+        base = base_weight_decay(args)
+    except (TypeError, ValueError, AttributeError):
+        return problems  # a malformed optimizer dict; building the optimizer names it
+    start = base if args.start_weight_decay is None else args.start_weight_decay
+    end = base if args.end_weight_decay is None else args.end_weight_decay
+    if args.weight_decay_incr_style == "constant" and start != end:
+        problems.append(f"start_weight_decay={start} and end_weight_decay={end} differ but weight_decay_incr_style is "
+                        f"'constant'; set weight_decay_incr_style: linear or cosine")
+    return problems
+
+
+def rampup_problems(args: NeoXArgsSchema) -> List[str]:
+    """rampup_batch_size [start, increment, samples]: whole micro-batches per data-parallel rank at every
+    size, and only where the batch can change between steps."""
+    ramp = args.rampup_batch_size
+    if ramp is None:
+        return []
+    if len(ramp) != 3 or any(isinstance(v, bool) or not isinstance(v, int) for v in ramp):
+        return [f"rampup_batch_size={ramp!r} must be three integers [start, increment, samples]"]
+    start, increment, samples = ramp
+    problems = []
+    if args.pipe_parallel_size >= 1:
+        problems.append(f"rampup_batch_size with pipe_parallel_size={args.pipe_parallel_size} is not supported yet "
+                        f"(the pipeline engine's micro-batch count is not varied here); set pipe_parallel_size: 0 "
+                        f"or remove rampup_batch_size")
+    if args.train_samples is None and (args.train_iters is not None or args.train_epochs is not None):
+        problems.append("rampup_batch_size needs the run's length as train_samples (as in Megatron-LM): under a ramp "
+                        "iterations and samples differ; replace train_iters / train_epochs by train_samples")
+    if args.scheduler is not None:
+        problems.append("rampup_batch_size with a DeepSpeed `scheduler` dict is not supported: its schedulers count "
+                        "steps, not samples; use the built-in schedule (lr_decay_style, ...)")
+    global_batch, micro, dp = args.train_batch_size, args.train_micro_batch_size_per_gpu, args.data_parallel_size
+    if start < 1 or increment < 1 or samples < 0:
+        problems.append(f"rampup_batch_size={ramp}: start and increment must be >= 1 and samples >= 0")
+    elif global_batch is not None and micro is not None and dp is not None:
+        unit = micro * dp
+        if start > global_batch or (global_batch - start) % increment:
+            problems.append(f"rampup_batch_size={ramp}: the batch must grow from start={start} to train_batch_size="
+                            f"{global_batch} in whole increments of {increment}")
+        if start % unit or increment % unit:
+            problems.append(f"rampup_batch_size={ramp}: start and increment must be multiples of "
+                            f"train_micro_batch_size_per_gpu x data-parallel size = {micro} x {dp} = {unit} (the "
+                            f"ramp changes the number of micro-batches, not their size)")
     return problems
 
 

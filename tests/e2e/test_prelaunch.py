@@ -149,6 +149,12 @@ def test_re_running_a_finished_run_says_it_is_at_train_iters(deepy_main, files, 
     assert f"nothing to train: the checkpoint in load='{ckpt}' is at iteration 8 and train_iters=8" in err
     code, _, launched = deepy_main({**BASE, **files, "load": str(ckpt), "save": str(ckpt), "train_iters": 12})
     assert code == 0 and len(launched) == 1
+    samples = {**BASE, **files, "load": str(ckpt), "save": str(ckpt), "train_iters": None}
+    code, err, launched = deepy_main({**samples, "train_samples": 8 * 2 - 1})  # rounds up to 8 iterations
+    assert code == 0 and len(launched) == 1  # the runner's calls so far: only the train_iters=12 one
+    assert f"is at iteration 8 and train_samples=15 (8 iterations); raise train_samples" in err
+    code, _, launched = deepy_main({**samples, "train_samples": 8 * 2 + 1})
+    assert code == 0 and len(launched) == 2
 
 
 def test_re_running_a_finished_epoch_run_says_so(deepy_main, tmp_path):

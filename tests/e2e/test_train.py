@@ -230,3 +230,35 @@ def test_eval_tasks_run_during_training(data, tmp_path):
     assert [r["iteration"] for r in records] == [2, 4]
     assert any(k.startswith("neox_mc_local/acc") for k in records[0])
     assert all(0.0 <= v <= 1.0 for k, v in records[-1].items() if k.startswith("neox_mc_local/acc"))
+
+
+def test_megatron_schedules_batch_rampup_train_samples_and_exit_duration_resume(data, tmp_path):
+    """rampup_batch_size [4, 4, 24] toward 12 (micro batch 4, 3 micro-batches at full size) with train_samples=76:
+    batches 4, 4, 4, 8, 8, then 12 until 76 samples (9 iterations), logged as batch_size. wsd with lr_warmup_iters,
+    decoupled_lr and a weight-decay ramp run under DeepSpeed, the schedule advancing by samples (it = samples / 12,
+    decay over ceil(76 / 12) = 7 full batches). exit_duration_in_mins stops after the first iteration, mid-ramp,
+    with a checkpoint; the relaunch resumes there with the same batches and the closed-form rates."""
+    peak, floor = TINY_MODEL["optimizer"]["params"]["lr"], TINY_MODEL["min_lr"]
+    run = TrainingRun(tmp_path, data, num_gpus=1, gradient_accumulation_steps=3, train_samples=76,
+                      rampup_batch_size=[4, 4, 24], warmup=0.01, lr_warmup_iters=2, lr_decay_style="wsd",
+                      lr_wsd_decay_iters=3, lr_wsd_decay_style="linear", decoupled_lr=1e-3,
+                      start_weight_decay=0.0, end_weight_decay=0.1, weight_decay_incr_style="linear")
+    run.launch(exit_duration_in_mins=1e-9)
+    run.assert_ok()
+    assert "exit_duration_in_mins=1e-09 passed: saved a checkpoint at iteration 1" in run.result.stdout
+    assert run.latest() == "global_step1" and list(run.losses()) == [1]
+    run.launch()
+    run.assert_ok()
+    assert "batch_size 8" in run.result.stdout
+    records = {r["iteration"]: r for r in run.records()}  # the resumed run's records win
+    batches = [4, 4, 4, 8, 8, 12, 12, 12, 12]
+    assert sorted(records) == list(range(1, 10)) and [records[i]["batch_size"] for i in range(1, 10)] == batches
+
+    def wsd(it: float) -> float:  # W = 2, T = 7, decay over the last 3
+        if it <= 2:
+            return peak * max(it, 1) / 2
+        return peak if it <= 4 else floor + (peak - floor) * (1 - (min(it, 7) - 4) / 3)
+
+    consumed = [sum(batches[:i]) for i in range(1, 10)]  # the rate logged at iteration i is that after its step
+    assert [records[i]["lr"] for i in range(1, 10)] == pytest.approx([wsd(c / 12) for c in consumed], rel=1e-6)
+    assert falls(run.losses(), by=0.05)

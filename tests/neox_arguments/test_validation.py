@@ -6,6 +6,7 @@ import pytest
 
 from megatron.model_config import ModelConfig
 from megatron.neox_arguments import ConfigError, NeoXArgs, NeoXConfigWarning
+from megatron.neox_arguments.validation import DERIVED_ONLY
 from tests.neox_arguments.helpers import TINY, problems_of, tiny
 
 
@@ -77,6 +78,30 @@ def test_required_model_fields():
     ({"min_lr": -0.1, "optimizer": {"type": "Adam", "params": {"lr": -0.01}}}, "lr=-0.01 must be >= 0"),
     ({"min_lr": -0.1, "optimizer": {"type": "Adam", "params": {"lr": -0.01}}}, "min_lr=-0.1 must be >= 0"),
     ({"train_iters": 10, "train_epochs": 1}, "train_iters=10 and train_epochs=1 are both set"),
+    ({"train_iters": 10, "train_samples": 40}, "train_iters=10 and train_samples=40 are both set"),
+    ({"train_samples": 0}, "train_samples=0 must be >= 1"),
+    ({"exit_duration_in_mins": 0}, "exit_duration_in_mins=0.0 must be > 0 (minutes)"),
+    ({"rampup_batch_size": [4, 4]}, "rampup_batch_size=[4, 4] must be three integers"),
+    ({"recompute_num_layers": 2}, "recompute_num_layers=2 needs recompute_granularity: full"),
+    ({"recompute_granularity": "selective", "recompute_method": "uniform"},
+     "recompute_method='uniform' is a setting of recompute_granularity 'full', not 'selective'"),
+    ({"recompute_granularity": "selective", "checkpoint_activations": True},
+     "recompute_granularity 'selective' with checkpoint_activations: true"),
+    ({"recompute_granularity": "full", "recompute_method": "block"}, "recompute_method 'block'"),
+    ({"recompute_granularity": "full", "checkpoint_activations": False},
+     "recompute_granularity 'full' with checkpoint_activations: false"),
+    ({"recompute_granularity": "full", "recompute_num_layers": 2, "checkpoint_num_layers": 1},
+     "recompute_num_layers=2 and checkpoint_num_layers=1 are one setting"),
+    ({"rampup_batch_size": [2, 2, 10], "train_iters": 10, "train_batch_size": 8},
+     "rampup_batch_size needs the run's length as train_samples"),
+    ({"rampup_batch_size": [2, 4, 10], "train_samples": 10, "train_batch_size": 8},
+     "the batch must grow from start=2 to train_batch_size=8 in whole increments of 4"),
+    ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8, "num_gpus": 2},
+     "must be multiples of train_micro_batch_size_per_gpu x data-parallel size = 2 x 2 = 4"),
+    ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8, "pipe_parallel_size": 1},
+     "rampup_batch_size with pipe_parallel_size=1 is not supported yet"),
+    ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8,
+      "scheduler": {"type": "WarmupLR", "params": {}}}, "rampup_batch_size with a DeepSpeed `scheduler` dict"),
     ({"data_path": "a", "train_data_paths": ["b"], "valid_data_paths": ["c"], "test_data_paths": ["d"]},
      "data_path and train_data_paths"),
     ({"train_data_paths": ["b"]}, "without valid_data_paths, test_data_paths"),
@@ -141,6 +166,23 @@ def test_required_model_fields():
     ({"bias_gelu_fusion": True, "activation": "swiglu"}, "bias_gelu_fusion=true fuses activation='gelu'"),
     ({"use_flashattn_swiglu": True, "activation": "geglu"}, "use_flashattn_swiglu=true replaces activation='swiglu'"),
     ({"make_vocab_size_divisible_by": 0}, "make_vocab_size_divisible_by=0 must be >= 1"),
+    ({"lr_warmup_iters": 10, "warmup": 0.02}, "lr_warmup_iters=10 and warmup=0.02 are both set"),
+    ({"lr_warmup_iters": -1}, "lr_warmup_iters=-1 must be >= 0"),
+    ({"lr": 1e-3, "lr_warmup_init": 2e-3}, "lr_warmup_init=0.002 must be in [0, lr=0.001]"),
+    ({"lr_decay_style": "wsd"}, "lr_decay_style 'wsd' needs lr_wsd_decay_iters"),
+    ({"lr_wsd_decay_iters": 5}, "lr_wsd_decay_iters is only read by lr_decay_style 'wsd'"),
+    ({"lr_wsd_decay_style": "linear", "lr_decay_style": "cosine"}, "lr_wsd_decay_style is only read by"),
+    ({"lr_decay_style": "wsd", "lr_wsd_decay_iters": 0}, "lr_wsd_decay_iters=0 must be >= 1"),
+    ({"lr_decay_style": "wsd", "lr_wsd_decay_iters": 95, "train_iters": 100, "lr_warmup_iters": 10},
+     "lr_wsd_decay_iters=95 is longer than the decay iterations after warmup (100 - 10)"),
+    ({"decoupled_min_lr": 1e-4}, "decoupled_min_lr=0.0001 needs decoupled_lr"),
+    ({"decoupled_lr": 1e-4, "decoupled_min_lr": 2e-4}, "decoupled_min_lr <= decoupled_lr"),
+    ({"start_weight_decay": -0.1, "weight_decay_incr_style": "linear"}, "start_weight_decay=-0.1 must be >= 0"),
+    ({"start_weight_decay": 0.0, "end_weight_decay": 0.1}, "differ but weight_decay_incr_style is 'constant'"),
+    ({"end_weight_decay": 0.2, "optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.1}}},
+     "start_weight_decay=0.1 and end_weight_decay=0.2 differ"),  # the start is the optimizer's weight_decay
+    ({"scheduler": {"type": "WarmupLR", "params": {}}, "decoupled_lr": 1e-3},
+     "decoupled_lr=0.001 configures the built-in learning-rate schedule"),
 ])
 def test_rule(overrides, needle):
     assert needle in problems_of(**overrides)
@@ -265,3 +307,23 @@ def test_moe_settings_reach_the_model_config():
               moe_min_capacity=2, pipe_parallel_size=0)
     config = ModelConfig.from_neox_args(ds, padded_vocab_size=128)
     assert (ds.moe_router_type, config.moe_train_capacity_factor, config.moe_min_capacity) == ("topk", 1.5, 2)
+
+
+def test_megatron_schedule_keys_are_accepted_where_they_are_read():
+    args = tiny(lr_decay_style="wsd", lr_wsd_decay_iters=30, lr_wsd_decay_style="cosine", train_iters=100,
+                lr_warmup_iters=10, lr_warmup_init=0.0, decoupled_lr=1e-3, decoupled_min_lr=1e-5,
+                start_weight_decay=0.0, end_weight_decay=0.1, weight_decay_incr_style="linear",
+                optimizer={"type": "Adam", "params": {"lr": 1e-4}})
+    assert (args.lr_decay_style, args.lr_wsd_decay_iters, args.decoupled_lr) == ("wsd", 30, 1e-3)
+    assert tiny(lr_decay_style="inverse_sqrt").lr_decay_style == "inverse_sqrt"
+
+
+def test_recompute_full_is_checkpoint_activations_and_round_trips():
+    args = tiny(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2)
+    assert (args.checkpoint_activations, args.checkpoint_num_layers) == (True, 2)
+    assert args.activation_checkpointing["number_checkpoints"] == 1  # 2 layers in chunks of 2
+    again = NeoXArgs.from_dict({k: v for k, v in args.to_dict().items() if k not in DERIVED_ONLY})
+    assert again.to_dict() == args.to_dict()
+    selective = tiny(recompute_granularity="selective")
+    assert not selective.checkpoint_activations
+    assert ModelConfig.from_neox_args(selective).recompute_granularity == "selective"

@@ -3,7 +3,7 @@
 Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import List, Literal, Optional
 
 
 @dataclass
@@ -346,6 +346,14 @@ class NeoXArgsTraining:
     currently compatible with data reweighing, pairwise datasets, and packing other than 'packed'
     """
 
+    train_samples: Optional[int] = None
+    """
+    Number of samples to train on (Megatron-LM's --train-samples), instead of train_iters or
+    train_epochs (set one of the three): the run takes ceil(train_samples / train_batch_size) iterations,
+    so its last batch may hold more samples than are left. Schedule lengths (lr_decay_iters,
+    lr_warmup_iters, checkpoint_factor, ...) stay in iterations.
+    """
+
     eval_iters: int = 100
     """
     Number of iterations to run for evaluation validation/test for.
@@ -382,11 +390,32 @@ class NeoXArgsTraining:
     Dataloader number of workers.
     """
 
+    rampup_batch_size: Optional[List[int]] = None
+    """
+    Batch-size ramp-up [start, increment, samples] (Megatron-LM's --rampup-batch-size): the global batch
+    starts at `start` and grows by `increment` after every samples / ((train_batch_size - start) /
+    increment) samples consumed until it reaches train_batch_size. The micro batch stays
+    train_micro_batch_size_per_gpu; the number of micro-batches (gradient accumulation) changes, so start
+    and increment must be multiples of micro batch x data-parallel size and train_batch_size - start a
+    multiple of increment. The learning-rate schedule then advances by samples (each step by its batch
+    / train_batch_size iterations; lr_decay_iters, warmup and lr_wsd_decay_iters keep counting full-batch
+    iterations); with train_samples the run ends when those samples are consumed. Logged as batch_size.
+    Not with pipeline parallelism, train_epochs or a DeepSpeed `scheduler` dict yet.
+    """
+
     exit_interval: Optional[int] = None
     """
     Exit the program after the iteration is divisible by this value: a checkpoint is saved (when save is set)
     and the process exits with status 0, without the end-of-training validation and test evaluations (the
     run is not finished; relaunch the same command to continue).
+    """
+
+    exit_duration_in_mins: Optional[float] = None
+    """
+    Stop training once this many minutes have passed since training started (Megatron-LM's
+    --exit-duration-in-mins), e.g. just under a cluster job's time limit: after the first iteration that
+    ends past it (every rank agrees, the slowest clock decides) a checkpoint is saved when `save` is set
+    and the run exits with status 0 without the final validation / test evaluation; launched again it resumes there.
     """
 
     attention_dropout: float = 0.0
@@ -412,6 +441,28 @@ class NeoXArgsTraining:
     checkpoint_num_layers: int = 1
     """
     Chunk size (number of layers) for checkpointing.
+    """
+
+    recompute_granularity: Optional[Literal['full', 'selective']] = None
+    """
+    Megatron-LM's --recompute-granularity. 'full' is checkpoint_activations (whole transformer layers,
+    recompute_num_layers per chunk, as checkpoint_num_layers); 'selective' recomputes only the attention
+    core (softmax(QK^T)V with its dropout) in the backward pass, keeping every other activation: much of the
+    memory of long sequences for a small part of the compute. Selective is not combined with
+    checkpoint_activations, recompute_method or recompute_num_layers.
+    """
+
+    recompute_method: Optional[Literal['uniform', 'block']] = None
+    """
+    Megatron-LM's --recompute-method, with recompute_granularity 'full': 'uniform' checkpoints every chunk
+    of recompute_num_layers layers (GPT-NeoX's checkpoint_num_layers); 'block' (only the first
+    recompute_num_layers layers of each stage) is not supported yet.
+    """
+
+    recompute_num_layers: Optional[int] = None
+    """
+    Megatron-LM's --recompute-num-layers, with recompute_granularity 'full': the layers per checkpointed
+    chunk (the same setting as checkpoint_num_layers; set one of them).
     """
 
     deepspeed_activation_checkpointing: bool = True
