@@ -39,7 +39,7 @@ import random
 import shutil
 import glob
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -234,8 +234,10 @@ def file_layout(path: str) -> Tuple[int, int]:
 
 
 def save_checkpoint(neox_args, model_config, iteration: int, engine,
-                    extra_state: Optional[Dict[str, Any]] = None) -> str:
-    """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position."""
+                    extra_state: Optional[Dict[str, Any]] = None,
+                    write_extra: Optional[Callable[[str], None]] = None) -> str:
+    """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position;
+    `write_extra(directory)` (every rank) adds files before the checkpoint is marked complete (DPO's reference)."""
     save_dir = neox_args.save
     tag = tag_for(iteration)
     path = os.path.join(save_dir, tag)
@@ -252,6 +254,8 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     os.makedirs(path, exist_ok=True)
     if not neox_args.no_save_rng:
         torch.save(_rng_states(), os.path.join(path, f"rng_state_rank{rank}.pt"))
+    if write_extra is not None:
+        write_extra(path)
     if rank == 0:
         with open(os.path.join(path, ARGS_FILE), "w", encoding="utf-8") as handle:
             json.dump(saved_args(neox_args, model_config), handle, indent=1, sort_keys=True, default=str)

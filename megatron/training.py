@@ -101,6 +101,11 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     from megatron.optimizers import build_optimizer
 
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
+    if neox_args.train_impl == "dpo":
+        from megatron.post_training import DPOLoss
+
+        model.loss_fn = DPOLoss(neox_args.dpo_beta, neox_args.dpo_reference_free, neox_args.dpo_fp32,
+                                ctx.parallel_state.get_model_parallel_group())
     optimizer = build_optimizer(neox_args, model)
     lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
@@ -141,7 +146,7 @@ def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
 
 
 def _batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consumed_train: int,
-                   consumed_valid: int):
+                   consumed_valid: int, reference=None):
     """(train, valid, test) streams of model batches, None for a split without data. Every rank builds the
     datasets (rank 0 builds the index maps, the others wait); only model-parallel rank 0 reads samples and
     broadcasts them to its tensor-parallel group."""
@@ -158,13 +163,17 @@ def _batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consu
             continue
         samples = repeating_iterator(make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed)) \
             if reads_data else None
-        streams.append(_ModelBatches(neox_args, ctx, samples, source=_data_source(neox_args, split)))
+        streams.append(_ModelBatches(neox_args, ctx, samples, source=_data_source(neox_args, split),
+                                     reference=reference))
     return streams
 
 
 def _data_source(neox_args, split: str) -> str:
     """Names the files of one split, for messages about their contents."""
     paths = getattr(neox_args, f"{split}_data_paths") or ([neox_args.data_path] if neox_args.data_path else [])
+    if neox_args.dataset_impl == "pairwise":
+        paths = [*(getattr(neox_args, f"pos_{split}_data_paths") or []),
+                 *(getattr(neox_args, f"neg_{split}_data_paths") or [])]
     return f"the {split} data ({', '.join(map(str, paths))})"
 
 
@@ -172,17 +181,23 @@ def batch_options(neox_args):
     """The batch-building settings of the config (megatron.model.batch.BatchOptions)."""
     from megatron.model import BatchOptions
 
-    return BatchOptions(labels=bool(neox_args.train_label_data_paths), eod_mask_loss=neox_args.eod_mask_loss,
+    return BatchOptions(labels=bool(neox_args.train_label_data_paths) or neox_args.dataset_impl == "pairwise",
+                        eod_mask_loss=neox_args.eod_mask_loss,
                         reset_position_ids=neox_args.reset_position_ids,
                         reset_attention_mask=neox_args.reset_attention_mask)
 
 
 class _ModelBatches:
-    """Turns {'text': ...} samples into the model's batch format (shared inside the TP group)."""
+    """Turns {'text': ...} samples into the model's batch format (shared inside the TP group).
 
-    def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator], source: str = "the data") -> None:
+    Pairwise samples ({'pos', 'neg', ...}) become one batch of the chosen rows then the rejected rows; with a
+    DPO `reference` model, its log-probabilities of each row join the labels tuple (megatron.post_training)."""
+
+    def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator], source: str = "the data",
+                 reference=None) -> None:
         self.options, self.ctx, self.samples, self.source = batch_options(neox_args), ctx, samples, source
         self.tokenizer_file = neox_args.vocab_file
+        self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
 
     def __iter__(self):
         return self
@@ -205,11 +220,18 @@ class _ModelBatches:
         from megatron.model import get_batch
 
         data = next(self.samples) if self.samples is not None else None
+        if data is not None and self.pairwise:
+            from megatron.data.pairwise_dataset import as_text_and_labels
+
+            data = as_text_and_labels(data)
         if data is not None:
             self._check_token_ids(data["text"])
         inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
         move = lambda t: t.to(self.ctx.device, non_blocking=True)
-        return tuple(map(move, inputs)), tuple(map(move, labels))
+        inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
+        if self.reference is not None:
+            labels = labels + (self.reference.logps(inputs, *labels),)
+        return inputs, labels
 
 
 def _loss_of(engine, batch) -> torch.Tensor:
@@ -262,7 +284,25 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
     if ds_norm is not None:
         grad_norm = float(ds_norm)
     skipped = not engine.was_step_applied()
+    extras.update(objective_metrics(engine))
     return _data_parallel_mean(loss, engine), skipped, grad_norm, extras
+
+
+def objective_metrics(engine) -> Dict[str, float]:
+    """What the loss function measured since the last call (DPO's rewards, accuracy and margin; nothing for
+    language modelling), averaged over the data-parallel ranks."""
+    take = getattr(engine.module.loss_fn, "take_metrics", None)
+    metrics = take() if take is not None else {}
+    if not metrics:
+        return {}
+    names = sorted(metrics)
+    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
+    if dist.is_initialized():
+        group = engine.grid.get_data_parallel_group() if getattr(engine, "is_pipe_parallel", False) \
+            else engine.mpu.get_data_parallel_group() if getattr(engine, "mpu", None) else None
+        dist.all_reduce(values, group=group)
+        values /= dist.get_world_size(group=group)
+    return dict(zip(names, values.tolist()))
 
 
 def _moe_metrics(neox_args, ctx: RunContext, engine, iterations: int) -> Dict[str, float]:
@@ -370,7 +410,8 @@ def tokens_per_char(tokens: int, chars: int) -> Optional[float]:
 
 @torch.no_grad()
 def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: int) -> Optional[Dict[str, float]]:
-    """{'lm_loss': mean lm loss over `iterations` global batches} and, with char_level_ppl,
+    """{'lm_loss': mean loss over `iterations` global batches (the DPO loss under train_impl 'dpo', with its
+    metrics beside it)} and, with char_level_ppl,
     'lm_loss_char_lvl_ppl': exp(lm_loss x tokens per character) (GPT-NeoX's character-level perplexity)."""
     if batches is None or iterations <= 0:
         return None
@@ -395,7 +436,7 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
         if counter is not None:
             batches.samples = counter.samples
     engine.train()
-    result = {"lm_loss": sum(losses) / len(losses)}
+    result = {"lm_loss": sum(losses) / len(losses), **objective_metrics(engine)}
     if neox_args.char_level_ppl:
         from megatron.logging import PPL_LOSS_CAP
 
@@ -403,6 +444,21 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
         if ratio is not None:
             result["lm_loss_char_lvl_ppl"] = math.exp(min(result["lm_loss"] * ratio, PPL_LOSS_CAP))
     return result
+
+
+def _start_reference(neox_args, ctx: RunContext, engine, iteration: int):
+    """DPO's frozen reference model (megatron.post_training.reference), None when the run needs none."""
+    if neox_args.train_impl != "dpo" or neox_args.dpo_reference_free:
+        return None
+    from megatron.checkpointing import resolve_checkpoint
+    from megatron.post_training.reference import ReferenceModel, start_reference
+
+    reference = ReferenceModel(ctx.model_config, ctx.parallel_state, neox_args.dpo_fp32).to(ctx.device)
+    resumed = os.path.join(*resolve_checkpoint(neox_args, ctx.model_config)) if iteration else None
+    source = start_reference(reference, engine.module, resumed)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"DPO reference model: {source}", flush=True)
+    return reference
 
 
 def pretrain(neox_args) -> Dict[str, Any]:
@@ -422,11 +478,12 @@ def pretrain(neox_args) -> Dict[str, Any]:
     engine, optimizer, lr_scheduler = setup_model_and_optimizer(neox_args, ctx, schedule)
     iteration, client_state = load_checkpoint(neox_args, ctx.model_config, engine)
     loaded_rng = rng_states() if iteration else None
+    reference = _start_reference(neox_args, ctx, engine, iteration)
     position = {"consumed_train_samples": client_state.get("consumed_train_samples",
                                                            iteration * neox_args.train_batch_size),
                 "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
     train_batches, valid_batches, test_batches = _batch_streams(
-        neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"])
+        neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"], reference)
     if loaded_rng is not None:
         # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
         # router jitter and dropout draw the same noise), whatever building the batch streams drew
@@ -450,7 +507,8 @@ def pretrain(neox_args) -> Dict[str, Any]:
         nonlocal last_saved
         if neox_args.save and last_saved != at:
             timers("save").start()
-            save_checkpoint(neox_args, ctx.model_config, at, engine, dict(position))
+            save_checkpoint(neox_args, ctx.model_config, at, engine, dict(position),
+                            write_extra=reference.save if reference is not None else None)
             timers("save").stop()
             last_saved = at
 

@@ -5,9 +5,10 @@ flags and file names. Each JSONL key (`messages`, `chosen`, `rejected`, ...) hol
 {"role", "content"} turns and becomes `{key}_document` (tokens) and `{key}_label_document` (int32 labels,
 aligned with the tokens, not shifted: the training batch shifts them).
 
-Labels are made by rendering the conversation one turn longer at a time: the tokens a turn adds (with the
-generation prompt of the next turn when the model speaks next) are trained on when the turn is the
-generation role's, and -100 otherwise. The sequence ends with the tokenizer's EOS, trained on when the last
+Labels: the conversation is rendered once and tokenized; rendering it one turn longer at a time gives where
+each turn's text ends (the next turn's generation prompt counts with the turn before it). A token belongs to the
+turn that holds its last character (so a word merged with the space before it belongs to the answer), and is
+trained on when that turn is the generation role's, -100 otherwise. The sequence ends with the tokenizer's EOS, trained on when the last
 turn is. `only_last` trains on the last turn only; `for_rm` trains on nothing but the final EOS (the
 position a reward model scores); `no_mask` trains on everything. A `reward_key` adds `{key}_reward_document`:
 one value per conversation (int32 +1/-1 with `binary_reward`, else float32), as KTO data needs.
@@ -73,19 +74,28 @@ def chat_tokens_and_labels(turns: list[dict[str, Any]], tok: Any, generation_rol
     if for_rm:
         tokens = _ids(tok.apply_chat_template(turns, tokenize=True)) + [eos, eos]
         return tokens, [IGNORE_INDEX] * (len(tokens) - 1) + [eos]
-    tokens: list[int] = []
-    labels: list[int] = []
-    for i, turn in enumerate(turns):
+    text = tok.apply_chat_template(turns, tokenize=False)
+    ends: list[int] = []  # where each turn's text (with the next turn's generation prompt) ends in `text`
+    for i in range(len(turns)):
         model_speaks_next = i + 1 < len(turns) and turns[i + 1]["role"] == generation_role
-        rendered = _ids(tok.apply_chat_template(turns[: i + 1], tokenize=True,
-                                                add_generation_prompt=model_speaks_next))
-        if rendered[: len(tokens)] != tokens:
+        prefix = tok.apply_chat_template(turns[: i + 1], tokenize=False, add_generation_prompt=model_speaks_next)
+        if not text.startswith(prefix):
             raise DataError("the chat template renders a conversation's beginning differently once later turns are "
                             "added, so turns cannot be masked separately; use --no-mask or another template")
-        new = rendered[len(tokens):]
-        trained = turn["role"] == generation_role and (not only_last or i == len(turns) - 1)
-        tokens += new
-        labels += new if trained else [IGNORE_INDEX] * len(new)
+        ends.append(len(prefix))
+    trained = [turn["role"] == generation_role and (not only_last or i == len(turns) - 1)
+               for i, turn in enumerate(turns)]
+    if not getattr(tok, "is_fast", False):
+        raise DataError("masking turns needs a fast (Rust) tokenizer with offsets: give --tokenizer-path a folder "
+                        "with tokenizer.json")
+    encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    tokens = list(encoded["input_ids"])
+    labels: list[int] = []
+    turn = 0
+    for token, (_, stop) in zip(tokens, encoded["offset_mapping"]):
+        while turn + 1 < len(ends) and stop > ends[turn]:  # a token belongs to the turn of its last character
+            turn += 1
+        labels.append(token if trained[turn] else IGNORE_INDEX)
     tokens.append(eos)
     labels.append(eos if labels and labels[-1] != IGNORE_INDEX else IGNORE_INDEX)
     return tokens, labels

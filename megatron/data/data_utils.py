@@ -137,6 +137,35 @@ def _split_blend(
     return BlendableDataset(parts, w, num_samples)
 
 
+def _pairwise_split(name: str, num_samples: int, neox_args: Any) -> torch.utils.data.Dataset | None:
+    """One split of dataset_impl 'pairwise' from pos_/neg_{split}_data_paths (+ label paths), blended by
+    {split}_data_weights when there are several."""
+    from megatron.data.pairwise_dataset import PairwiseDataset
+
+    def paths(kind: str, label: str = "") -> list[str]:
+        value = getattr(neox_args, f"{kind}_{name}_{label}data_paths") or []
+        return [value] if isinstance(value, str) else list(value)
+
+    pos, neg, pos_label, neg_label = paths("pos"), paths("neg"), paths("pos", "label_"), paths("neg", "label_")
+    if not pos or num_samples <= 0:
+        return None
+    opened = [(_open(p, neox_args), _open(n, neox_args),
+               _open(pos_label[k], neox_args) if pos_label else None,
+               _open(neg_label[k], neox_args) if neg_label else None) for k, (p, n) in enumerate(zip(pos, neg))]
+    weights = getattr(neox_args, f"{name}_data_weights")
+    w = normalize_weights(weights) if weights else np.full(len(pos), 1.0 / len(pos))
+
+    def one(parts, n: int) -> PairwiseDataset:
+        p, q, pl, ql = parts
+        return PairwiseDataset(name, np.arange(len(p)), p, q, n, neox_args.seq_length, neox_args.seed,
+                               neox_args.allow_chopped, pl, ql)
+
+    if len(opened) == 1:
+        return one(opened[0], num_samples)
+    return BlendableDataset([one(parts, max(1, int(math.ceil(num_samples * wk * BLEND_MARGIN)) + 1))
+                             for parts, wk in zip(opened, w)], w, num_samples)
+
+
 def build_train_valid_test_datasets(
     neox_args: Any, num_samples: tuple[int, int, int], group: Any = None
 ) -> tuple[torch.utils.data.Dataset | None, torch.utils.data.Dataset | None, torch.utils.data.Dataset | None]:
@@ -149,6 +178,8 @@ def build_train_valid_test_datasets(
     """
     counts = num_samples
     data_path = neox_args.data_path
+    if neox_args.dataset_impl == "pairwise":
+        return tuple(_pairwise_split(name, n, neox_args) for name, n in zip(SPLIT_NAMES, counts))
     if neox_args.train_data_paths:
         out = []
         for name, n in zip(SPLIT_NAMES, counts):

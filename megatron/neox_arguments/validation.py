@@ -28,10 +28,11 @@ def _not_default(key: str) -> Callable[[Any], bool]:
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
-    ("train_impl", lambda v: v != "normal", "only train_impl 'normal' (language-model pretraining) is built; "
-                                             "dpo / rm / kto / reinforce are not supported yet"),
-    ("dataset_impl", lambda v: v != "gpt2", "only dataset_impl 'gpt2' is built; 'pairwise' and 'online' are not "
-                                            "supported yet"),
+    ("train_impl", lambda v: v not in ("normal", "dpo"), "only train_impl 'normal' (language-model training) "
+                                                          "and 'dpo' are built; rm / kto / reinforce are not "
+                                                          "supported yet"),
+    ("dataset_impl", lambda v: v == "online", "dataset_impl 'online' is not supported yet; use 'gpt2' or "
+                                              "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
                                                   "config key; use use_comet and the comet_* keys"),
     ("use_mup", bool, "muP (use_mup) is not supported yet"),
@@ -95,14 +96,11 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
     ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
-    ("DPO / KTO training (train_impl 'dpo' / 'kto')",
-     ("dpo_fp32", "dpo_reference_free", "dpo_beta", "kto_fp32", "kto_desirable_weight", "kto_undesirable_weight",
-      "kto_beta")),
+    ("KTO training (train_impl 'kto')", ("kto_fp32", "kto_desirable_weight", "kto_undesirable_weight", "kto_beta")),
     ("precomputing logprobs (text_gen_type 'precompute')", ("precompute_model_name",)),
     ("curriculum_learning", ("curriculum_seqlen",)),
-    ("pairwise and reward datasets (dataset_impl 'pairwise', train_impl 'rm' / 'dpo' / 'kto')",
-     tuple(f"{kind}{split}_{data}data_paths" for split in ("train", "valid", "test")
-           for kind, data in (("", "reward_"), ("pos_", ""), ("neg_", ""), ("pos_", "label_"), ("neg_", "label_")))),
+    ("reward datasets (train_impl 'rm' / 'kto')",
+     tuple(f"{split}_reward_data_paths" for split in ("train", "valid", "test"))),
     ("parameter sharing (num_unique_layers)", ("param_sharing_style",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
@@ -219,6 +217,68 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
+DPO_SETTINGS = ("dpo_fp32", "dpo_reference_free", "dpo_beta")
+PAIRWISE_PATHS = tuple(f"{kind}_{split}_{label}data_paths" for split in ("train", "valid", "test")
+                       for label in ("", "label_") for kind in ("pos", "neg"))
+
+
+def post_training_problems(args: NeoXArgsSchema) -> List[str]:
+    """train_impl 'dpo' and dataset_impl 'pairwise' (megatron/post_training): which keys go together, and the
+    layouts DPO runs on (the frozen reference model is a sequential copy of the policy on each rank)."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    problems = []
+    if args.train_impl != "dpo":
+        problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl 'dpo'; set train_impl: dpo or "
+                     f"remove it" for name in DPO_SETTINGS if getattr(args, name) != defaults[name]]
+    if args.dataset_impl != "pairwise":
+        problems += [f"{name} is pairwise data: set dataset_impl: pairwise or remove it"
+                     for name in PAIRWISE_PATHS if getattr(args, name)]
+        if args.train_impl == "dpo":
+            problems.append("train_impl 'dpo' trains on chosen / rejected pairs: set dataset_impl: pairwise with "
+                            "pos_train_data_paths and neg_train_data_paths")
+        return problems
+    if args.train_impl != "dpo":
+        problems.append(f"dataset_impl 'pairwise' is read by train_impl 'dpo' only (train_impl={args.train_impl!r} "
+                        f"would train on it as plain text); set train_impl: dpo")
+    if args.pack_impl != "unpacked":
+        problems.append(f"pack_impl={args.pack_impl!r}: dataset_impl 'pairwise' takes one chosen / rejected pair per "
+                        f"sample; set pack_impl: unpacked")
+    if args.train_epochs is not None:
+        problems.append("train_epochs with dataset_impl 'pairwise' is not supported yet; set train_iters")
+    if not args.pos_train_data_paths and not args.neg_train_data_paths and args.do_train is not False:
+        problems.append("dataset_impl 'pairwise' needs pos_train_data_paths (chosen) and neg_train_data_paths "
+                        "(rejected)")
+    for name in ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths"):
+        if getattr(args, name):
+            problems.append(f"{name} is not read with dataset_impl 'pairwise'; give pos_*/neg_* data paths instead")
+    for split in ("train", "valid", "test"):
+        for label in ("", "label_"):
+            pos, neg = getattr(args, f"pos_{split}_{label}data_paths"), getattr(args, f"neg_{split}_{label}data_paths")
+            if bool(pos) != bool(neg):
+                have, missing = ("pos", "neg") if pos else ("neg", "pos")
+                problems.append(f"{have}_{split}_{label}data_paths is set but {missing}_{split}_{label}data_paths is "
+                                f"not: every chosen (pos_*) dataset needs its rejected (neg_*) one")
+            elif pos and len(pos) != len(neg):
+                problems.append(f"pos_{split}_{label}data_paths has {len(pos)} entries but neg_{split}_{label}"
+                                f"data_paths has {len(neg)}")
+        data, labels = getattr(args, f"pos_{split}_data_paths"), getattr(args, f"pos_{split}_label_data_paths")
+        if labels and (not data or len(labels) != len(data)):
+            problems.append(f"pos_{split}_label_data_paths has {len(labels)} entries but pos_{split}_data_paths has "
+                            f"{len(data or [])}")
+    if args.train_impl == "dpo":
+        if args.pipe_parallel_size > 1:
+            problems.append(f"train_impl 'dpo' with pipe_parallel_size={args.pipe_parallel_size} is not supported yet "
+                            f"(the reference model runs whole on each rank); use pipe_parallel_size 0 or 1")
+        if args.zero_stage is not None and args.zero_stage >= 3:
+            problems.append("train_impl 'dpo' with ZeRO stage 3 is not supported yet (the reference model copies "
+                            "the policy's full weights); use zero_optimization.stage 0-2")
+        if args.dpo_beta <= 0:
+            problems.append(f"dpo_beta={args.dpo_beta} must be > 0")
+    return problems
+
+
 def _split_problems(split: str) -> List[str]:
     try:
         parts = [float(p) for p in split.replace("/", ",").split(",") if p.strip()]
@@ -241,6 +301,8 @@ def _data_path_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"{', '.join(s + '_data_paths' for s in given)} set without {', '.join(missing)}; "
                         f"give all three lists")
     for split_name, paths in separate.items():
+        if args.dataset_impl == "pairwise":
+            paths = getattr(args, f"pos_{split_name}_data_paths")
         weights = getattr(args, f"{split_name}_data_weights")
         if weights is not None:
             if not paths:

@@ -10,25 +10,12 @@ import numpy as np
 import pytest
 
 from megatron.data.indexed_dataset import MMapIndexedDataset
-from tests.tokenizer.tokenizer_files import make_hf_tokenizer_files
+from tests.data.chat_helpers import TEMPLATE, hf_folder
 from tests.tools.tool_runner import load_tool
 
-TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}[assistant] {% endif %}")
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"},
         {"role": "assistant", "content": "goodbye"}]
-
-
-def hf_folder(directory: Path, template: str | None = TEMPLATE) -> Path:
-    from transformers import PreTrainedTokenizerFast
-
-    files = make_hf_tokenizer_files(directory)
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(files["tokenizer_json"]), eos_token="<|endoftext|>")
-    if template:
-        tok.chat_template = template
-    tok.save_pretrained(directory / "hf")
-    return directory / "hf"
 
 
 @pytest.fixture(scope="module")
