@@ -84,10 +84,42 @@ def test_tiny_model_dpo_loss_equals_the_hand_computation(tmp_path) -> None:
         ref = token_logps_by_hand(reference.model(inputs), labels, loss_mask)
     loss = loss_fn(policy(inputs), (labels, loss_mask, ref_logps))
     expected = sum(by_hand(float(pi[i]), float(pi[i + 2]), float(ref[i]), float(ref[i + 2]), 0.1) for i in range(2)) / 2
-    assert float(loss) == pytest.approx(expected, abs=1e-5) and abs(expected - math.log(2)) > 1e-3
+    assert float(loss.detach()) == pytest.approx(expected, abs=1e-5) and abs(expected - math.log(2)) > 1e-3
     assert loss_fn.take_metrics()["reward_accuracy"] == 1.0  # one gradient step already prefers the chosen rows
     reference.save(str(tmp_path))
     again = ReferenceModel(config, state)
     assert start_reference(again, policy, str(tmp_path)).startswith("the reference weights saved")
     assert torch.equal(again.logps(inputs, labels, loss_mask), ref_logps)
     assert not ReferenceModel(config, state).load(str(tmp_path / "elsewhere"))
+
+
+def _tensor_parallel_dpo(rank: int, world_size: int) -> None:
+    from megatron.mpu import ParallelState
+    from tests.model.tp_helpers import expected_local
+
+    config = tiny_config(model_parallel_size=2, hidden_dropout=0.0, attention_dropout=0.0)
+    inputs, (labels, loss_mask) = pair_batch(seed=1)
+    results = []
+    for state in (SingleProcessState(), ParallelState(pipe_parallel_size=0, model_parallel_size=2)):
+        torch.manual_seed(0)
+        policy, reference = build_model(config, state), ReferenceModel(config, state)
+        start_reference(reference, policy, None)
+        loss_fn = DPOLoss(0.2, False, True, state.get_model_parallel_group())
+        loss = loss_fn(policy(inputs), (labels, loss_mask, reference.logps(inputs, labels, loss_mask)))
+        loss.backward()
+        torch.optim.SGD(policy.parameters(), lr=0.5).step()
+        policy.zero_grad()
+        loss = loss_fn(policy(inputs), (labels, loss_mask, reference.logps(inputs, labels, loss_mask)))
+        loss.backward()
+        results.append((policy, float(loss.detach()), loss_fn.take_metrics()))
+    (full, full_loss, full_metrics), (split, split_loss, split_metrics) = results
+    assert abs(full_loss - math.log(2)) > 1e-3 and split_loss == pytest.approx(full_loss, abs=1e-5)
+    assert split_metrics == pytest.approx(full_metrics, abs=1e-5)
+    for name, (want, got) in expected_local(full, split, rank, 2, grads=True).items():
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"grad {name}")
+
+
+def test_tensor_parallel_dpo_matches_one_rank() -> None:
+    from tests.distributed_helpers import run_distributed
+
+    run_distributed(_tensor_parallel_dpo, world_size=2)
