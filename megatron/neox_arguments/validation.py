@@ -28,9 +28,9 @@ def _not_default(key: str) -> Callable[[Any], bool]:
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
-    ("train_impl", lambda v: v not in ("normal", "dpo"), "only train_impl 'normal' (language-model training) "
-                                                          "and 'dpo' are built; rm / kto / reinforce are not "
-                                                          "supported yet"),
+    ("train_impl", lambda v: v not in ("normal", "dpo", "rm"), "only train_impl 'normal' (language-model "
+                                                                "training), 'dpo' and 'rm' are built; kto / "
+                                                                "reinforce are not supported yet"),
     ("dataset_impl", lambda v: v == "online", "dataset_impl 'online' is not supported yet; use 'gpt2' or "
                                               "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
@@ -223,8 +223,9 @@ PAIRWISE_PATHS = tuple(f"{kind}_{split}_{label}data_paths" for split in ("train"
 
 
 def post_training_problems(args: NeoXArgsSchema) -> List[str]:
-    """train_impl 'dpo' and dataset_impl 'pairwise' (megatron/post_training): which keys go together, and the
-    layouts DPO runs on (the frozen reference model is a sequential copy of the policy on each rank)."""
+    """train_impl 'dpo' / 'rm' and dataset_impl 'pairwise' (megatron/post_training): which keys go together, and
+    the layouts they run on (DPO's frozen reference model is a sequential copy of the policy on each rank; a
+    reward model's value head is replicated over whole sequences)."""
     import dataclasses
 
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
@@ -235,13 +236,13 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
     if args.dataset_impl != "pairwise":
         problems += [f"{name} is pairwise data: set dataset_impl: pairwise or remove it"
                      for name in PAIRWISE_PATHS if getattr(args, name)]
-        if args.train_impl == "dpo":
-            problems.append("train_impl 'dpo' trains on chosen / rejected pairs: set dataset_impl: pairwise with "
-                            "pos_train_data_paths and neg_train_data_paths")
+        if args.train_impl in ("dpo", "rm"):
+            problems.append(f"train_impl {args.train_impl!r} trains on chosen / rejected pairs: set dataset_impl: "
+                            f"pairwise with pos_train_data_paths and neg_train_data_paths")
         return problems
-    if args.train_impl != "dpo":
-        problems.append(f"dataset_impl 'pairwise' is read by train_impl 'dpo' only (train_impl={args.train_impl!r} "
-                        f"would train on it as plain text); set train_impl: dpo")
+    if args.train_impl not in ("dpo", "rm"):
+        problems.append(f"dataset_impl 'pairwise' is read by train_impl 'dpo' and 'rm' only (train_impl="
+                        f"{args.train_impl!r} would train on it as plain text); set train_impl: dpo or rm")
     if args.pack_impl != "unpacked":
         problems.append(f"pack_impl={args.pack_impl!r}: dataset_impl 'pairwise' takes one chosen / rejected pair per "
                         f"sample; set pack_impl: unpacked")
@@ -267,13 +268,18 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
         if labels and (not data or len(labels) != len(data)):
             problems.append(f"pos_{split}_label_data_paths has {len(labels)} entries but pos_{split}_data_paths has "
                             f"{len(data or [])}")
-    if args.train_impl == "dpo":
+    if args.train_impl in ("dpo", "rm"):
+        impl = args.train_impl
         if args.pipe_parallel_size > 1:
-            problems.append(f"train_impl 'dpo' with pipe_parallel_size={args.pipe_parallel_size} is not supported yet "
-                            f"(the reference model runs whole on each rank); use pipe_parallel_size 0 or 1")
+            problems.append(f"train_impl {impl!r} with pipe_parallel_size={args.pipe_parallel_size} is not supported "
+                            f"yet; use pipe_parallel_size 0 or 1")
         if args.zero_stage is not None and args.zero_stage >= 3:
-            problems.append("train_impl 'dpo' with ZeRO stage 3 is not supported yet (the reference model copies "
-                            "the policy's full weights); use zero_optimization.stage 0-2")
+            problems.append(f"train_impl {impl!r} with ZeRO stage 3 is not supported yet; use "
+                            f"zero_optimization.stage 0-2")
+    if args.train_impl == "rm" and args.sequence_parallel:
+        problems.append("train_impl 'rm' with sequence_parallel is not supported yet (the value head scores whole "
+                        "sequences); set sequence_parallel: false")
+    if args.train_impl == "dpo":
         if args.dpo_beta <= 0:
             problems.append(f"dpo_beta={args.dpo_beta} must be > 0")
     return problems

@@ -14,14 +14,13 @@ sets ref_* to 0 (and no reference model is built). dpo_fp32 computes the log-sof
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from megatron.mpu import vocab_parallel_cross_entropy
-
-METRICS = ("chosen_rewards", "rejected_rewards", "reward_accuracy", "reward_margin")
+from megatron.post_training.metrics import MetricSums, preference_metrics
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor, group=None,
@@ -46,22 +45,17 @@ def dpo_loss(policy_logps: torch.Tensor, reference_logps: Optional[torch.Tensor]
     ref_chosen, ref_rejected = ref.chunk(2)
     chosen = beta * (pi_chosen - ref_chosen)
     rejected = beta * (pi_rejected - ref_rejected)
-    loss = -F.logsigmoid(chosen - rejected).mean()
-    margin = (chosen - rejected).detach()
-    return loss, {"chosen_rewards": chosen.detach().mean(), "rejected_rewards": rejected.detach().mean(),
-                  "reward_accuracy": (margin > 0).float().mean(), "reward_margin": margin.mean()}
+    return -F.logsigmoid(chosen - rejected).mean(), preference_metrics(chosen, rejected)
 
 
-class DPOLoss:
+class DPOLoss(MetricSums):
     """The model's ``loss_fn(logits, (labels, loss_mask, reference_logps))`` under train_impl 'dpo'.
 
-    Keeps the sum of each metric over the micro-batches since ``take_metrics`` last ran (the pipeline engine
-    calls the loss function itself, so the metrics cannot be returned beside the loss)."""
+    Keeps its metrics until ``take_metrics`` (megatron.post_training.metrics)."""
 
     def __init__(self, beta: float, reference_free: bool, fp32: bool, group=None) -> None:
+        super().__init__()
         self.beta, self.reference_free, self.fp32, self.group = beta, reference_free, fp32, group
-        self._sums: Dict[str, float] = {}
-        self._count = 0
 
     def __call__(self, logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor, ...]) -> torch.Tensor:
         if len(labels_and_mask) != 3 and not self.reference_free:
@@ -71,13 +65,5 @@ class DPOLoss:
         reference_logps = labels_and_mask[2] if len(labels_and_mask) == 3 else None
         policy = sequence_logps(logits, labels, loss_mask, self.group, self.fp32)
         loss, metrics = dpo_loss(policy, reference_logps, self.beta, self.reference_free)
-        for name, value in metrics.items():
-            self._sums[name] = self._sums.get(name, 0.0) + float(value)
-        self._count += 1
+        self.add(metrics)
         return loss
-
-    def take_metrics(self) -> Dict[str, float]:
-        """Mean of each metric over the micro-batches since the last call (this rank's), and start again."""
-        out = {name: total / self._count for name, total in self._sums.items()} if self._count else {}
-        self._sums, self._count = {}, 0
-        return out
