@@ -188,8 +188,9 @@ class NeoXArgsTraining:
     train_impl: Literal['normal', 'dpo', 'rm', 'kto', 'reinforce'] = 'normal'
     """
     Training implementation, can be one of "normal", "dpo", "kto", "reinforce", or "rm". "dpo" trains on
-    dataset_impl "pairwise" against a frozen reference model (the policy's weights when the run starts); "kto",
-    "reinforce" and "rm" are not supported yet.
+    dataset_impl "pairwise" against a frozen reference model (the policy's weights when the run starts); "rm"
+    trains a reward model (a scalar value head, Bradley-Terry loss) on dataset_impl "pairwise"; "kto" and
+    "reinforce" are not supported yet.
     """
 
     dpo_fp32: bool = True
