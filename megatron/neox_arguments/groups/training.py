@@ -181,8 +181,8 @@ class NeoXArgsTraining:
     dataset_impl: Literal['gpt2', 'pairwise', 'online'] = 'gpt2'
     """
     Dataset implementation, can be one of "gpt2", "pairwise", or "online". "pairwise" reads chosen / rejected
-    pairs from the pos_* / neg_* data paths, one pair per sample (needs pack_impl "unpacked"); "online" is not
-    supported yet.
+    pairs from the pos_* / neg_* data paths, one pair per sample (needs pack_impl "unpacked" and train_impl
+    "dpo" or "rm"); "online" is not supported yet.
     """
 
     train_impl: Literal['normal', 'dpo', 'rm', 'kto', 'reinforce'] = 'normal'
