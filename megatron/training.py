@@ -106,6 +106,11 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
 
         model.loss_fn = DPOLoss(neox_args.dpo_beta, neox_args.dpo_reference_free, neox_args.dpo_fp32,
                                 ctx.parallel_state.get_model_parallel_group())
+    elif neox_args.train_impl == "kto":
+        from megatron.post_training import KTOLoss
+
+        model.loss_fn = KTOLoss(neox_args.kto_beta, neox_args.kto_desirable_weight, neox_args.kto_undesirable_weight,
+                                neox_args.kto_fp32, ctx.parallel_state.get_model_parallel_group())
     optimizer = build_optimizer(neox_args, model)
     lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
@@ -182,7 +187,7 @@ def batch_options(neox_args):
     from megatron.model import BatchOptions
 
     return BatchOptions(labels=bool(neox_args.train_label_data_paths) or neox_args.dataset_impl == "pairwise",
-                        eod_mask_loss=neox_args.eod_mask_loss,
+                        rewards=neox_args.train_impl == "kto", eod_mask_loss=neox_args.eod_mask_loss,
                         reset_position_ids=neox_args.reset_position_ids,
                         reset_attention_mask=neox_args.reset_attention_mask)
 
@@ -230,7 +235,7 @@ class _ModelBatches:
         move = lambda t: t.to(self.ctx.device, non_blocking=True)
         inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
         if self.reference is not None:
-            labels = labels + (self.reference.logps(inputs, *labels),)
+            labels = labels + (self.reference.logps(inputs, labels[0], labels[1]),)
         return inputs, labels
 
 
@@ -447,17 +452,18 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
 
 
 def _start_reference(neox_args, ctx: RunContext, engine, iteration: int):
-    """DPO's frozen reference model (megatron.post_training.reference), None when the run needs none."""
-    if neox_args.train_impl != "dpo" or neox_args.dpo_reference_free:
+    """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none."""
+    if neox_args.train_impl not in ("dpo", "kto") or (neox_args.train_impl == "dpo" and neox_args.dpo_reference_free):
         return None
     from megatron.checkpointing import resolve_checkpoint
     from megatron.post_training.reference import ReferenceModel, start_reference
 
-    reference = ReferenceModel(ctx.model_config, ctx.parallel_state, neox_args.dpo_fp32).to(ctx.device)
+    fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
+    reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
     resumed = os.path.join(*resolve_checkpoint(neox_args, ctx.model_config)) if iteration else None
     source = start_reference(reference, engine.module, resumed)
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"DPO reference model: {source}", flush=True)
+        print(f"{neox_args.train_impl.upper()} reference model: {source}", flush=True)
     return reference
 
 

@@ -72,9 +72,11 @@ def _gpt2_dataset(
     indexed: MMapIndexedDataset | None = None,
     label_prefix: str | None = None,
     group: Any = None,
+    reward_prefix: str | None = None,
 ) -> GPT2Dataset:
     indexed = indexed if indexed is not None else _open(prefix, neox_args)
     labels = _open(label_prefix, neox_args) if label_prefix else None
+    rewards = _open(reward_prefix, neox_args) if reward_prefix else None
     return GPT2Dataset(
         name,
         prefix,
@@ -88,6 +90,7 @@ def _gpt2_dataset(
         label_dataset=labels,
         use_shared_fs=neox_args.use_shared_fs,
         group=group,
+        reward_dataset=rewards,
     )
 
 
@@ -99,6 +102,7 @@ def _split_blend(
     num_samples: int,
     neox_args: Any,
     group: Any = None,
+    reward_paths: Sequence[str] | None = None,
 ) -> torch.utils.data.Dataset | None:
     """One split from its own list of data paths, blended by weight when there are several."""
     if not paths or num_samples <= 0:
@@ -120,6 +124,7 @@ def _split_blend(
             indexed[0],
             label_paths[0] if label_paths else None,
             group,
+            reward_paths[0] if reward_paths else None,
         )
     parts = [
         _gpt2_dataset(
@@ -131,6 +136,7 @@ def _split_blend(
             d,
             label_paths[k] if label_paths else None,
             group,
+            reward_paths[k] if reward_paths else None,
         )
         for k, (p, d, wk) in enumerate(zip(paths, indexed, w))
     ]
@@ -194,6 +200,7 @@ def build_train_valid_test_datasets(
                     n,
                     neox_args,
                     group,
+                    getattr(neox_args, f"{name}_reward_data_paths"),
                 )
             )
         return out[0], out[1], out[2]

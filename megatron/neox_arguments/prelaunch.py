@@ -39,17 +39,17 @@ def script_name(args: NeoXArgsSchema) -> str:
 
 # ---- files ---------------------------------------------------------------------------------------------------
 def data_problems(args: NeoXArgsSchema) -> List[str]:
-    """Every data path (data_path, {train,valid,test}_data_paths, their pos_/neg_ pairwise forms, *_label_data_paths)
-    whose .bin/.idx is missing."""
+    """Every data path (data_path, {train,valid,test}_data_paths, their pos_/neg_ pairwise forms,
+    *_label_data_paths, *_reward_data_paths) whose .bin/.idx is missing."""
     from megatron.data.indexed_dataset import dataset_path_problem
 
     paths: List[Tuple[str, str]] = []
     if args.data_path:
         paths.append(("data_path", args.data_path))
     for split in ("train", "valid", "test"):
-        for key in (f"{pair}{split}_{kind}" for kind in ("data_paths", "label_data_paths")
+        for key in (f"{pair}{split}_{kind}" for kind in ("data_paths", "label_data_paths", "reward_data_paths")
                     for pair in ("", "pos_", "neg_")):
-            value = getattr(args, key)
+            value = getattr(args, key, None)
             for path in ([value] if isinstance(value, str) else value or []):
                 paths.append((key, path))
     problems = [dataset_path_problem(path, key) for key, path in paths]

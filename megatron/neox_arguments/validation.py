@@ -28,9 +28,8 @@ def _not_default(key: str) -> Callable[[Any], bool]:
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
-    ("train_impl", lambda v: v not in ("normal", "dpo", "rm"), "only train_impl 'normal' (language-model "
-                                                                "training), 'dpo' and 'rm' are built; kto / "
-                                                                "reinforce are not supported yet"),
+    ("train_impl", lambda v: v == "reinforce", "train_impl 'reinforce' is not supported yet (normal, dpo, rm and "
+                                               "kto are built)"),
     ("dataset_impl", lambda v: v == "online", "dataset_impl 'online' is not supported yet; use 'gpt2' or "
                                               "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
@@ -96,11 +95,8 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
     ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
-    ("KTO training (train_impl 'kto')", ("kto_fp32", "kto_desirable_weight", "kto_undesirable_weight", "kto_beta")),
     ("precomputing logprobs (text_gen_type 'precompute')", ("precompute_model_name",)),
     ("curriculum_learning", ("curriculum_seqlen",)),
-    ("reward datasets (train_impl 'rm' / 'kto')",
-     tuple(f"{split}_reward_data_paths" for split in ("train", "valid", "test"))),
     ("parameter sharing (num_unique_layers)", ("param_sharing_style",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
@@ -218,6 +214,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
 
 
 DPO_SETTINGS = ("dpo_fp32", "dpo_reference_free", "dpo_beta")
+KTO_SETTINGS = ("kto_fp32", "kto_desirable_weight", "kto_undesirable_weight", "kto_beta")
 PAIRWISE_PATHS = tuple(f"{kind}_{split}_{label}data_paths" for split in ("train", "valid", "test")
                        for label in ("", "label_") for kind in ("pos", "neg"))
 
@@ -230,9 +227,11 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
 
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
     problems = []
-    if args.train_impl != "dpo":
-        problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl 'dpo'; set train_impl: dpo or "
-                     f"remove it" for name in DPO_SETTINGS if getattr(args, name) != defaults[name]]
+    for impl, settings in (("dpo", DPO_SETTINGS), ("kto", KTO_SETTINGS)):
+        if args.train_impl != impl:
+            problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl '{impl}'; set train_impl: "
+                         f"{impl} or remove it" for name in settings if getattr(args, name) != defaults[name]]
+    problems += _kto_problems(args)
     if args.dataset_impl != "pairwise":
         problems += [f"{name} is pairwise data: set dataset_impl: pairwise or remove it"
                      for name in PAIRWISE_PATHS if getattr(args, name)]
@@ -282,6 +281,44 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
     if args.train_impl == "dpo":
         if args.dpo_beta <= 0:
             problems.append(f"dpo_beta={args.dpo_beta} must be > 0")
+    return problems
+
+
+def _kto_problems(args: NeoXArgsSchema) -> List[str]:
+    """train_impl 'kto': completions with a desirable / undesirable reward each (megatron.post_training.kto)."""
+    splits = ("train", "valid", "test")
+    if args.train_impl != "kto":
+        return [f"{split}_reward_data_paths is read by train_impl 'kto' only; set train_impl: kto or remove it"
+                for split in splits if getattr(args, f"{split}_reward_data_paths")]
+    problems = []
+    if args.dataset_impl != "gpt2":
+        problems.append(f"train_impl 'kto' reads dataset_impl 'gpt2' (completions with rewards), not "
+                        f"{args.dataset_impl!r}")
+    if args.pack_impl != "unpacked":
+        problems.append(f"pack_impl={args.pack_impl!r}: train_impl 'kto' takes one completion (one reward) per "
+                        f"sample; set pack_impl: unpacked")
+    if not args.train_data_paths:
+        problems.append("train_impl 'kto' needs train_data_paths (with train_label_data_paths) and "
+                        "train_reward_data_paths (preprocess_data_with_chat_template.py --reward-key)")
+    for split in splits:
+        paths, rewards = getattr(args, f"{split}_data_paths"), getattr(args, f"{split}_reward_data_paths")
+        if paths and not rewards:
+            problems.append(f"train_impl 'kto' needs {split}_reward_data_paths beside {split}_data_paths (one "
+                            f"desirable / undesirable reward per completion)")
+        elif rewards and len(rewards) != len(paths or []):
+            problems.append(f"{split}_reward_data_paths has {len(rewards)} entries but {split}_data_paths has "
+                            f"{len(paths or [])}")
+    micro = args.train_micro_batch_size_per_gpu
+    if micro is not None and (micro < 2 or micro % 2):
+        problems.append(f"train_micro_batch_size_per_gpu={micro}: train_impl 'kto' estimates its KL reference "
+                        f"point from the other half of each micro-batch; use an even size >= 2")
+    if args.pipe_parallel_size > 1:
+        problems.append(f"train_impl 'kto' with pipe_parallel_size={args.pipe_parallel_size} is not supported yet; "
+                        f"use pipe_parallel_size 0 or 1")
+    if args.zero_stage is not None and args.zero_stage >= 3:
+        problems.append("train_impl 'kto' with ZeRO stage 3 is not supported yet; use zero_optimization.stage 0-2")
+    if args.kto_beta <= 0:
+        problems.append(f"kto_beta={args.kto_beta} must be > 0")
     return problems
 
 

@@ -1,10 +1,10 @@
-"""The frozen reference model of DPO: a second copy of the policy's architecture (the same ModelConfig, split
-over the same tensor-parallel ranks), never trained.
+"""The frozen reference model of DPO and KTO: a second copy of the policy's architecture (the same ModelConfig,
+split over the same tensor-parallel ranks), never trained.
 
-Its weights are the policy's when the DPO run starts: those loaded from `load` (e.g. an SFT checkpoint, with
+Its weights are the policy's when the run starts: those loaded from `load` (e.g. an SFT checkpoint, with
 `finetune: true`) or, with nothing to load, the initial ones. Each checkpoint of the run stores them beside the
-policy (`dpo_reference_mp_rank_XX.pt`, one per tensor-parallel rank), so a resumed run compares with the same
-reference, not with the policy it resumes.
+policy (`dpo_reference_mp_rank_XX.pt`, one per tensor-parallel rank, for KTO too), so a resumed run compares
+with the same reference, not with the policy it resumes.
 """
 
 from __future__ import annotations
@@ -70,4 +70,4 @@ def start_reference(reference: ReferenceModel, policy: torch.nn.Module, resumed_
     if resumed_dir and reference.load(resumed_dir):
         return f"the reference weights saved in {resumed_dir}"
     reference.copy_from(policy)
-    return "the policy's weights at the start of DPO"
+    return "the policy's weights at the start of the run"

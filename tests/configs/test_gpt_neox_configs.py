@@ -299,7 +299,7 @@ NOT_BUILT = {
                "sparse attention (sparsity_config) is not supported yet"),
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     "mup": ('"use_mup": true,', "muP (use_mup) is not supported yet"),
-    "kto": ('"train_impl": "kto",', "kto / reinforce are not supported yet"),
+    "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
     "curriculum": ('"curriculum_learning": {"enabled": true, "curriculum_type": "seqlen"},',
                    "curriculum_learning is not supported yet"),
     "autotuning": ('"autotuning": {"enabled": true},', "DeepSpeed autotuning is not supported yet"),

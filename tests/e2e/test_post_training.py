@@ -43,7 +43,7 @@ def test_dpo_tensor_parallel_learns_the_preference_and_resumes_exactly(pairs, tm
                       checkpoint_factor=4, dpo_beta=0.5, train_micro_batch_size_per_gpu=4)
     run.launch()
     run.assert_ok()
-    assert "DPO reference model: the policy's weights at the start of DPO" in run.result.stdout
+    assert "DPO reference model: the policy's weights at the start of the run" in run.result.stdout
     records = run.records()
     first = records[0]
     assert first["iteration"] == 1 and abs(first["lm_loss"] - math.log(2)) < 1e-4

@@ -34,7 +34,9 @@ class NeoXArgsTraining:
 
     train_reward_data_paths: Optional[list] = None
     """
-    List of paths to train reward datasets
+    List of paths to train reward datasets (train_impl "kto"): one reward per sequence of train_data_paths, its
+    sign marking the completion desirable or undesirable ({prefix}_{key}_reward_document from
+    preprocess_data_with_chat_template.py --reward-key).
     """
 
     test_data_paths: Optional[list] = None
@@ -189,8 +191,9 @@ class NeoXArgsTraining:
     """
     Training implementation, can be one of "normal", "dpo", "kto", "reinforce", or "rm". "dpo" trains on
     dataset_impl "pairwise" against a frozen reference model (the policy's weights when the run starts); "rm"
-    trains a reward model (a scalar value head, Bradley-Terry loss) on dataset_impl "pairwise"; "kto" and
-    "reinforce" are not supported yet.
+    trains a reward model (a scalar value head, Bradley-Terry loss) on dataset_impl "pairwise"; "kto" trains
+    on completions with train_reward_data_paths (desirable or not) against DPO's reference model; "reinforce" is
+    not supported yet.
     """
 
     dpo_fp32: bool = True
