@@ -52,8 +52,35 @@ def data_problems(args: NeoXArgsSchema) -> List[str]:
             value = getattr(args, key, None)
             for path in ([value] if isinstance(value, str) else value or []):
                 paths.append((key, path))
-    problems = [dataset_path_problem(path, key) for key, path in paths]
-    return [p for p in problems if p]
+    problems = [p for p in (dataset_path_problem(path, key) for key, path in paths) if p]
+    return problems or pairwise_length_problems(args)
+
+
+def pairwise_length_problems(args: NeoXArgsSchema) -> List[str]:
+    """dataset_impl 'pairwise': each chosen (pos_*) dataset must hold as many sequences as its rejected (neg_*)
+    one, and labels as many as their data (read from the .idx headers, before any worker starts)."""
+    from megatron.data.errors import DataError
+    from megatron.data.indexed_dataset import MMapIndexedDataset
+
+    if args.dataset_impl != "pairwise":
+        return []
+    problems = []
+    for split in ("train", "valid", "test"):
+        for label in ("", "label_"):
+            pos = getattr(args, f"pos_{split}_{label}data_paths") or []
+            neg = getattr(args, f"neg_{split}_{label}data_paths") or []
+            for p, n in zip(pos, neg):
+                try:
+                    sizes = [len(MMapIndexedDataset(path, skip_warmup=True)) for path in (p, n)]
+                except (DataError, OSError, TypeError) as exc:
+                    problems.append(f"pos_{split}_{label}data_paths / neg_{split}_{label}data_paths: {exc}")
+                    continue
+                if sizes[0] != sizes[1]:
+                    problems.append(f"pos_{split}_{label}data_paths '{p}' has {sizes[0]} sequences but "
+                                    f"neg_{split}_{label}data_paths '{n}' has {sizes[1]}: each chosen sequence needs "
+                                    f"its rejected one (make both from one JSONL file with "
+                                    f"preprocess_data_with_chat_template.py --jsonl-keys chosen rejected)")
+    return problems
 
 
 def tokenizer_problems(args: NeoXArgsSchema) -> List[str]:
