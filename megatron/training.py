@@ -203,6 +203,7 @@ class _ModelBatches:
         self.options, self.ctx, self.samples, self.source = batch_options(neox_args), ctx, samples, source
         self.tokenizer_file = neox_args.vocab_file
         self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
+        self.precomputed = neox_args.train_impl == "dpo" and bool(neox_args.precompute_model_name)
 
     def __iter__(self):
         return self
@@ -236,6 +237,11 @@ class _ModelBatches:
         inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
         if self.reference is not None:
             labels = labels + (self.reference.logps(inputs, labels[0], labels[1]),)
+        elif self.precomputed:
+            from megatron.mpu import broadcast_data
+
+            ref = broadcast_data(["ref"], data, torch.float32, self.ctx.parallel_state)["ref"].to(self.ctx.device)
+            labels = labels + ((ref[:, 1:] * labels[1]).sum(dim=-1),)
         return inputs, labels
 
 
@@ -453,8 +459,9 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
 
 def _start_reference(neox_args, ctx: RunContext, engine, iteration: int):
     """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none."""
-    if neox_args.train_impl not in ("dpo", "kto") or (neox_args.train_impl == "dpo" and neox_args.dpo_reference_free):
-        return None
+    if neox_args.train_impl not in ("dpo", "kto") or (neox_args.train_impl == "dpo" and (
+            neox_args.dpo_reference_free or neox_args.precompute_model_name)):
+        return None  # none needed, or read from precomputed files (megatron.post_training.precompute)
     from megatron.checkpointing import resolve_checkpoint
     from megatron.post_training.reference import ReferenceModel, start_reference
 

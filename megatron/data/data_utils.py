@@ -144,8 +144,9 @@ def _split_blend(
 
 
 def _pairwise_split(name: str, num_samples: int, neox_args: Any) -> torch.utils.data.Dataset | None:
-    """One split of dataset_impl 'pairwise' from pos_/neg_{split}_data_paths (+ label paths), blended by
-    {split}_data_weights when there are several."""
+    """One split of dataset_impl 'pairwise' from pos_/neg_{split}_data_paths (+ label paths, + the precomputed
+    reference log-probabilities `{path}_{precompute_model_name}` under DPO), blended by {split}_data_weights when
+    there are several."""
     from megatron.data.pairwise_dataset import PairwiseDataset
 
     def paths(kind: str, label: str = "") -> list[str]:
@@ -155,16 +156,20 @@ def _pairwise_split(name: str, num_samples: int, neox_args: Any) -> torch.utils.
     pos, neg, pos_label, neg_label = paths("pos"), paths("neg"), paths("pos", "label_"), paths("neg", "label_")
     if not pos or num_samples <= 0:
         return None
+    model_name = neox_args.precompute_model_name if neox_args.train_impl == "dpo" else None
     opened = [(_open(p, neox_args), _open(n, neox_args),
                _open(pos_label[k], neox_args) if pos_label else None,
-               _open(neg_label[k], neox_args) if neg_label else None) for k, (p, n) in enumerate(zip(pos, neg))]
+               _open(neg_label[k], neox_args) if neg_label else None,
+               _open(f"{p}_{model_name}", neox_args) if model_name else None,
+               _open(f"{n}_{model_name}", neox_args) if model_name else None)
+              for k, (p, n) in enumerate(zip(pos, neg))]
     weights = getattr(neox_args, f"{name}_data_weights")
     w = normalize_weights(weights) if weights else np.full(len(pos), 1.0 / len(pos))
 
     def one(parts, n: int) -> PairwiseDataset:
-        p, q, pl, ql = parts
+        p, q, pl, ql, pr, qr = parts
         return PairwiseDataset(name, np.arange(len(p)), p, q, n, neox_args.seq_length, neox_args.seed,
-                               neox_args.allow_chopped, pl, ql)
+                               neox_args.allow_chopped, pl, ql, pos_ref=pr, neg_ref=qr)
 
     if len(opened) == 1:
         return one(opened[0], num_samples)

@@ -1,6 +1,7 @@
 """PairwiseDataset (dataset_impl: pairwise): aligned chosen / rejected sequences for DPO and reward models.
 
-`ds[i]` is {"pos": int64[seq_length + 1], "neg": ...} and, with label datasets, "pos_label" / "neg_label":
+`ds[i]` is {"pos": int64[seq_length + 1], "neg": ...} and, with label datasets, "pos_label" / "neg_label"
+(with precomputed reference log-probabilities, float32 "pos_ref" / "neg_ref", megatron.post_training.precompute):
 pair k of the chosen (pos_*) dataset goes with pair k of the rejected (neg_*) one, as
 preprocess_data_with_chat_template.py writes them from one JSONL file. One pair per sample (never packed):
 shorter sequences are padded with -100, which the batch masks out of every loss. A pair with a sequence
@@ -42,14 +43,22 @@ class PairwiseDataset(torch.utils.data.Dataset):
     def __init__(self, name: str, documents: np.ndarray, pos: MMapIndexedDataset, neg: MMapIndexedDataset,
                  num_samples: int, seq_length: int, seed: int, allow_chopped: bool = True,
                  pos_label: Optional[MMapIndexedDataset] = None, neg_label: Optional[MMapIndexedDataset] = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, pos_ref: Optional[MMapIndexedDataset] = None,
+                 neg_ref: Optional[MMapIndexedDataset] = None) -> None:
         if (pos_label is None) != (neg_label is None):
             raise DataError("pairwise data needs label datasets for both chosen and rejected sequences, or neither "
                             "(pos_*_label_data_paths and neg_*_label_data_paths)")
         check_aligned(pos, neg, pos_label, neg_label, f"'{pos.path_prefix}' / '{neg.path_prefix}'")
         self.name, self.seq_length = name, seq_length
         self.parts = {"pos": pos, "neg": neg, **({"pos_label": pos_label, "neg_label": neg_label}
-                                                 if pos_label is not None else {})}
+                                                 if pos_label is not None else {}),
+                      **({"pos_ref": pos_ref, "neg_ref": neg_ref} if pos_ref is not None else {})}
+        for data, ref in ((pos, pos_ref), (neg, neg_ref)):
+            if ref is not None and (len(ref) != len(data) or
+                                    np.any(ref.sizes != np.minimum(data.sizes, seq_length + 1))):
+                raise DataError(f"precomputed reference log-probabilities '{ref.path_prefix}' do not match "
+                                f"'{data.path_prefix}' at seq_length {seq_length}; compute them again (generate.py "
+                                f"with text_gen_type: precompute)")
         documents = np.asarray(documents, dtype=np.int64)
         limit = seq_length + 1
         too_long = (pos.sizes[documents] > limit) | (neg.sizes[documents] > limit)
@@ -75,7 +84,8 @@ class PairwiseDataset(torch.utils.data.Dataset):
         out = {}
         for key, ds in self.parts.items():
             seq = ds.get(pair, 0, min(int(ds.sizes[pair]), self.seq_length + 1))
-            sample = np.full(self.seq_length + 1, PAD, dtype=np.int64)
+            sample = np.zeros(self.seq_length + 1, dtype=np.float32) if key.endswith("_ref") else \
+                np.full(self.seq_length + 1, PAD, dtype=np.int64)
             sample[: len(seq)] = seq
             out[key] = sample
         return out
@@ -86,4 +96,7 @@ def as_text_and_labels(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     the rejected answers of rows 0..b-1); labels are the label datasets' or, without them, the tokens."""
     text = torch.cat([data["pos"], data["neg"]])
     label = torch.cat([data["pos_label"], data["neg_label"]]) if "pos_label" in data else text
-    return {"text": text, "label": label}
+    out = {"text": text, "label": label}
+    if "pos_ref" in data:
+        out["ref"] = torch.cat([data["pos_ref"], data["neg_ref"]])
+    return out

@@ -58,13 +58,24 @@ def data_problems(args: NeoXArgsSchema) -> List[str]:
 
 def pairwise_length_problems(args: NeoXArgsSchema) -> List[str]:
     """dataset_impl 'pairwise': each chosen (pos_*) dataset must hold as many sequences as its rejected (neg_*)
-    one, and labels as many as their data (read from the .idx headers, before any worker starts)."""
+    one, and labels as many as their data (read from the .idx headers, before any worker starts); DPO with
+    precompute_model_name needs the precomputed reference log-probabilities."""
     from megatron.data.errors import DataError
     from megatron.data.indexed_dataset import MMapIndexedDataset
 
     if args.dataset_impl != "pairwise":
         return []
     problems = []
+    if args.train_impl == "dpo" and args.precompute_model_name and args.text_gen_type != "precompute":
+        from megatron.data.indexed_dataset import dataset_exists
+        from megatron.post_training.precompute import pairwise_paths, precomputed_path
+
+        name = args.precompute_model_name
+        missing = [path for path in (precomputed_path(p, name) for p in pairwise_paths(args))
+                   if not dataset_exists(path)]
+        problems += [f"precompute_model_name={name!r}: '{path}' (.bin/.idx) not found; write the reference "
+                     f"log-probabilities first: python deepy.py generate.py with the same config and text_gen_type: "
+                     f"precompute" for path in missing]
     for split in ("train", "valid", "test"):
         for label in ("", "label_"):
             pos = getattr(args, f"pos_{split}_{label}data_paths") or []

@@ -62,7 +62,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("sparsity_config", lambda v: v is not None, "sparse attention (sparsity_config) is not supported yet"),
     ("checkpoint_validation_with_forward_pass", bool,
      "checkpoint_validation_with_forward_pass is not supported yet"),
-    ("text_gen_type", lambda v: v == "precompute", "text_gen_type 'precompute' is not supported yet"),
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
@@ -95,7 +94,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
     ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
-    ("precomputing logprobs (text_gen_type 'precompute')", ("precompute_model_name",)),
     ("curriculum_learning", ("curriculum_seqlen",)),
     ("parameter sharing (num_unique_layers)", ("param_sharing_style",)),
 )
@@ -231,7 +229,7 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
         if args.train_impl != impl:
             problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl '{impl}'; set train_impl: "
                          f"{impl} or remove it" for name in settings if getattr(args, name) != defaults[name]]
-    problems += _kto_problems(args)
+    problems += _kto_problems(args) + _precompute_problems(args)
     if args.dataset_impl != "pairwise":
         problems += [f"{name} is pairwise data: set dataset_impl: pairwise or remove it"
                      for name in PAIRWISE_PATHS if getattr(args, name)]
@@ -282,6 +280,29 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
         if args.dpo_beta <= 0:
             problems.append(f"dpo_beta={args.dpo_beta} must be > 0")
     return problems
+
+
+def _precompute_problems(args: NeoXArgsSchema) -> List[str]:
+    """text_gen_type 'precompute' writes the reference log-probabilities of the pairwise data that DPO with
+    precompute_model_name reads (megatron.post_training.precompute)."""
+    name = args.precompute_model_name
+    if args.text_gen_type == "precompute":
+        problems = [] if name else ["text_gen_type 'precompute' needs precompute_model_name (the suffix of the "
+                                    "files it writes: {data path}_{precompute_model_name})"]
+        if args.dataset_impl != "pairwise" or not args.pos_train_data_paths:
+            problems.append("text_gen_type 'precompute' computes the reference log-probabilities of pairwise data: "
+                            "set dataset_impl: pairwise with the pos_* / neg_* data paths of the DPO run (KTO and "
+                            "plain data are not supported yet)")
+        if args.pipe_parallel_size > 1:
+            problems.append(f"text_gen_type 'precompute' with pipe_parallel_size={args.pipe_parallel_size} is not "
+                            f"supported yet; use 0 or 1 (the log-probabilities are the same)")
+        return problems
+    if name and args.train_impl != "dpo":
+        return [f"precompute_model_name={name!r} is read by train_impl 'dpo' (precomputed reference "
+                f"log-probabilities) and text_gen_type 'precompute' (which writes them)"
+                + ("; KTO with precomputed log-probabilities is not supported yet" if args.train_impl == "kto"
+                   else "")]
+    return []
 
 
 def _kto_problems(args: NeoXArgsSchema) -> List[str]:
