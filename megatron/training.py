@@ -100,17 +100,12 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     from megatron.model import build_model
     from megatron.optimizers import build_optimizer
 
+    from megatron.post_training import preference_loss
+
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
-    if neox_args.train_impl == "dpo":
-        from megatron.post_training import DPOLoss
-
-        model.loss_fn = DPOLoss(neox_args.dpo_beta, neox_args.dpo_reference_free, neox_args.dpo_fp32,
-                                ctx.parallel_state.get_model_parallel_group())
-    elif neox_args.train_impl == "kto":
-        from megatron.post_training import KTOLoss
-
-        model.loss_fn = KTOLoss(neox_args.kto_beta, neox_args.kto_desirable_weight, neox_args.kto_undesirable_weight,
-                                neox_args.kto_fp32, ctx.parallel_state.get_model_parallel_group())
+    loss_fn = preference_loss(neox_args, ctx.parallel_state.get_model_parallel_group())
+    if loss_fn is not None:  # DPO / KTO: the model's own loss (the LM loss, or a reward model's) is replaced
+        model.loss_fn = loss_fn
     optimizer = build_optimizer(neox_args, model)
     lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
@@ -195,8 +190,9 @@ def batch_options(neox_args):
 class _ModelBatches:
     """Turns {'text': ...} samples into the model's batch format (shared inside the TP group).
 
-    Pairwise samples ({'pos', 'neg', ...}) become one batch of the chosen rows then the rejected rows; with a
-    DPO `reference` model, its log-probabilities of each row join the labels tuple (megatron.post_training)."""
+    Pairwise samples ({'pos', 'neg', ...}) become one batch of the chosen rows then the rejected rows; the
+    reference log-probabilities of each row (from the DPO / KTO `reference` model, or read from precomputed files)
+    join the labels tuple (megatron.post_training)."""
 
     def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator], source: str = "the data",
                  reference=None) -> None:
