@@ -471,9 +471,10 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
         _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
     try:
         # a reward model fine-tuned from a language model keeps its new value head and drops the vocabulary head
+        lenient = {"load_module_strict": False} if finetune and model_config.value_head else {}
         loaded_path, client_state = engine.load_checkpoint(
             load_dir, tag=tag, load_optimizer_states=load_optim, load_lr_scheduler_states=load_optim,
-            load_module_only=finetune, load_module_strict=not (finetune and model_config.value_head))
+            load_module_only=finetune, **lenient)
     except (RuntimeError, KeyError, OSError, EOFError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {os.path.join(load_dir, tag)} could not be loaded: {exc}") from exc
     if loaded_path is None:
