@@ -9,7 +9,10 @@ text_gen_type (left unset: input-file when sample_input_file / -i is given, else
   input-file     one sample per prompt of sample_input_file (prompts separated by prompt_end, a newline
                  when empty);
   interactive    prompts read from standard input, one per line, until EOF or an empty line; each
-                 sample is printed as well as written.
+                 sample is printed as well as written;
+  precompute     no samples: the loaded model's log-probabilities of every pos_* / neg_* data path P are
+                 written to P_{precompute_model_name}, which DPO training then reads instead of running a
+                 reference model (megatron/post_training/precompute.py).
 
 Every sample is one JSON line of sample_output_file: {"context", "text", "length" (new tokens),
 "finished" (stopped at the end-of-document token), "duration_seconds" (decoding time of the batch the
@@ -162,7 +165,12 @@ def main() -> int:
 
         SamplingParams.from_args(neox_args)  # bad sampling options fail before the model is built
         engine, ctx, _ = setup_for_inference(neox_args)
-        generate_samples(neox_args, engine, ctx)
+        if neox_args.text_gen_type == "precompute":
+            from megatron.post_training.precompute import precompute_reference_logps
+
+            precompute_reference_logps(neox_args, engine, ctx)
+        else:
+            generate_samples(neox_args, engine, ctx)
         ctx.destroy()
     except (ConfigError, CheckpointError, DataError, TokenizerError, MissingOptionalDependency,
             GenerationError) as err:

@@ -43,7 +43,7 @@ import random
 import shutil
 import glob
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -288,8 +288,10 @@ def _save_failure(path: str, exc: BaseException) -> CheckpointError:
 
 
 def save_checkpoint(neox_args, model_config, iteration: int, engine,
-                    extra_state: Optional[Dict[str, Any]] = None) -> str:
-    """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position."""
+                    extra_state: Optional[Dict[str, Any]] = None,
+                    write_extra: Optional[Callable[[str], None]] = None) -> str:
+    """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position;
+    `write_extra(directory)` (every rank) adds files before the checkpoint is marked complete (DPO's reference)."""
     save_dir = neox_args.save
     tag = tag_for(iteration)
     path = os.path.join(save_dir, tag)
@@ -314,6 +316,8 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
             for name, text in (neox_args.config_files or {}).items():
                 with open(os.path.join(path, "configs", os.path.basename(name)), "w", encoding="utf-8") as handle:
                     handle.write(text)
+        if write_extra is not None:
+            write_extra(path)
     except (OSError, RuntimeError) as exc:  # disk full: torch reports it as "[enforce fail at inline_container.cc]"
         error = _save_failure(path, exc)
         shutil.rmtree(path, ignore_errors=True)  # never loaded (no COMPLETE), and it holds the space
@@ -587,9 +591,11 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     if load_optim and checkpoint_kind(os.path.join(load_dir, tag)) == GPT_NEOX:
         _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
     try:
+        # a reward model fine-tuned from a language model keeps its new value head and drops the vocabulary head
+        lenient = {"load_module_strict": False} if finetune and model_config.value_head else {}
         loaded_path, client_state = engine.load_checkpoint(
             load_dir, tag=tag, load_optimizer_states=load_optim, load_lr_scheduler_states=load_optim,
-            load_module_only=finetune)
+            load_module_only=finetune, **lenient)
     except (RuntimeError, KeyError, OSError, EOFError, ValueError, ZeRORuntimeException) as exc:
         raise CheckpointError(f"checkpoint {os.path.join(load_dir, tag)} could not be loaded: {exc}") from exc
     if loaded_path is None:

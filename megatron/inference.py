@@ -86,6 +86,12 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
     checkpoint's iteration)."""
     from megatron.model import build_model
 
+    if neox_args.train_impl == "rm":
+        from megatron.neox_arguments import ConfigError
+
+        raise ConfigError(["train_impl 'rm': a reward model scores sequences and has no vocabulary head, so "
+                           "generate.py / eval.py cannot use it; score with the model converted to transformers' "
+                           "*ForSequenceClassification (tools/ckpts/convert_neox_to_hf.py)"])
     ctx = initialize_megatron(neox_args)
     ctx = dataclasses.replace(ctx, model_config=ctx.model_config.replace(sequence_parallel=False))
     resolved = resolve_checkpoint(neox_args, ctx.model_config, layout_must_match=False)

@@ -200,6 +200,7 @@ class ModelConfig:
     gpt_j_residual: bool = False
     gpt_j_tied: bool = False
     no_weight_tying: bool = False
+    train_impl: str = "normal"  # "rm": a scalar value head replaces the output head (reward models)
     soft_prompt_tokens: Optional[int] = None
     soft_prompt_init_range: float = 0.5
     # recurrent layers: mamba (megatron.model.mamba) and rwkv (megatron.model.rwkv), GPT-NeoX's keys
@@ -372,8 +373,14 @@ class ModelConfig:
 
     # ---- views ------------------------------------------------------------------------------------
     @property
+    def value_head(self) -> bool:
+        """A reward model (train_impl 'rm'): the last slot is a scalar value head, not a vocabulary head."""
+        return self.train_impl == "rm"
+
+    @property
     def tied_embeddings(self) -> bool:
-        return not self.no_weight_tying
+        """The output head is the word embedding (never for a reward model, whose head is its value head)."""
+        return not self.no_weight_tying and not self.value_head
 
     @property
     def is_pipe_parallel(self) -> bool:

@@ -105,7 +105,12 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     from megatron.model import build_model
     from megatron.optimizers import build_optimizer
 
+    from megatron.post_training import preference_loss
+
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
+    loss_fn = preference_loss(neox_args, ctx.parallel_state.get_model_parallel_group())
+    if loss_fn is not None:  # DPO / KTO: the model's own loss (the LM loss, or a reward model's) is replaced
+        model.loss_fn = loss_fn
     optimizer = build_optimizer(neox_args, model)
     lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
@@ -157,7 +162,7 @@ def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
 
 
 def _batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consumed_train: int,
-                   consumed_valid: int):
+                   consumed_valid: int, reference=None):
     """(train, valid, test) streams of model batches, None for a split without data. Every rank builds the
     datasets (rank 0 builds the index maps, the others wait); only model-parallel rank 0 reads samples and
     broadcasts them to its tensor-parallel group."""
@@ -174,13 +179,17 @@ def _batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consu
             continue
         samples = repeating_iterator(make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed)) \
             if reads_data else None
-        streams.append(_ModelBatches(neox_args, ctx, samples, source=_data_source(neox_args, split)))
+        streams.append(_ModelBatches(neox_args, ctx, samples, source=_data_source(neox_args, split),
+                                     reference=reference))
     return streams
 
 
 def _data_source(neox_args, split: str) -> str:
     """Names the files of one split, for messages about their contents."""
     paths = getattr(neox_args, f"{split}_data_paths") or ([neox_args.data_path] if neox_args.data_path else [])
+    if neox_args.dataset_impl == "pairwise":
+        paths = [*(getattr(neox_args, f"pos_{split}_data_paths") or []),
+                 *(getattr(neox_args, f"neg_{split}_data_paths") or [])]
     return f"the {split} data ({', '.join(map(str, paths))})"
 
 
@@ -188,17 +197,25 @@ def batch_options(neox_args):
     """The batch-building settings of the config (megatron.model.batch.BatchOptions)."""
     from megatron.model import BatchOptions
 
-    return BatchOptions(labels=bool(neox_args.train_label_data_paths), eod_mask_loss=neox_args.eod_mask_loss,
+    return BatchOptions(labels=bool(neox_args.train_label_data_paths) or neox_args.dataset_impl == "pairwise",
+                        rewards=neox_args.train_impl == "kto", eod_mask_loss=neox_args.eod_mask_loss,
                         reset_position_ids=neox_args.reset_position_ids,
                         reset_attention_mask=neox_args.reset_attention_mask)
 
 
 class _ModelBatches:
-    """Turns {'text': ...} samples into the model's batch format (shared inside the TP group)."""
+    """Turns {'text': ...} samples into the model's batch format (shared inside the TP group).
 
-    def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator], source: str = "the data") -> None:
+    Pairwise samples ({'pos', 'neg', ...}) become one batch of the chosen rows then the rejected rows; the
+    reference log-probabilities of each row (from the DPO / KTO `reference` model, or read from precomputed files)
+    join the labels tuple (megatron.post_training)."""
+
+    def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator], source: str = "the data",
+                 reference=None) -> None:
         self.options, self.ctx, self.samples, self.source = batch_options(neox_args), ctx, samples, source
         self.tokenizer_file = neox_args.vocab_file
+        self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
+        self.precomputed = neox_args.train_impl == "dpo" and bool(neox_args.precompute_model_name)
 
     def __iter__(self):
         return self
@@ -221,11 +238,23 @@ class _ModelBatches:
         from megatron.model import get_batch
 
         data = next(self.samples) if self.samples is not None else None
+        if data is not None and self.pairwise:
+            from megatron.data.pairwise_dataset import as_text_and_labels
+
+            data = as_text_and_labels(data)
         if data is not None:
             self._check_token_ids(data["text"])
         inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
         move = lambda t: t.to(self.ctx.device, non_blocking=True)
-        return tuple(map(move, inputs)), tuple(map(move, labels))
+        inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
+        if self.reference is not None:
+            labels = labels + (self.reference.logps(inputs, labels[0], labels[1]),)
+        elif self.precomputed:
+            from megatron.mpu import broadcast_data
+
+            ref = broadcast_data(["ref"], data, torch.float32, self.ctx.parallel_state)["ref"].to(self.ctx.device)
+            labels = labels + ((ref[:, 1:] * labels[1]).sum(dim=-1),)
+        return inputs, labels
 
 
 def _loss_of(engine, batch) -> torch.Tensor:
@@ -284,7 +313,25 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
     if ds_norm is not None:
         grad_norm = float(ds_norm)
     skipped = not engine.was_step_applied()
+    extras.update(objective_metrics(engine))
     return _data_parallel_mean(loss, engine), skipped, grad_norm, extras
+
+
+def objective_metrics(engine) -> Dict[str, float]:
+    """What the loss function measured since the last call (DPO's rewards, accuracy and margin; nothing for
+    language modelling), averaged over the data-parallel ranks."""
+    take = getattr(engine.module.loss_fn, "take_metrics", None)
+    metrics = take() if take is not None else {}
+    if not metrics:
+        return {}
+    names = sorted(metrics)
+    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
+    if dist.is_initialized():
+        group = engine.grid.get_data_parallel_group() if getattr(engine, "is_pipe_parallel", False) \
+            else engine.mpu.get_data_parallel_group() if getattr(engine, "mpu", None) else None
+        dist.all_reduce(values, group=group)
+        values /= dist.get_world_size(group=group)
+    return dict(zip(names, values.tolist()))
 
 
 def _moe_metrics(neox_args, ctx: RunContext, engine, iterations: int) -> Dict[str, float]:
@@ -392,7 +439,8 @@ def tokens_per_char(tokens: int, chars: int) -> Optional[float]:
 
 @torch.no_grad()
 def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: int) -> Optional[Dict[str, float]]:
-    """{'lm_loss': mean lm loss over `iterations` global batches} and, with char_level_ppl,
+    """{'lm_loss': mean loss over `iterations` global batches (the DPO loss under train_impl 'dpo', with its
+    metrics beside it)} and, with char_level_ppl,
     'lm_loss_char_lvl_ppl': exp(lm_loss x tokens per character) (GPT-NeoX's character-level perplexity)."""
     if batches is None or iterations <= 0:
         return None
@@ -417,7 +465,7 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
         if counter is not None:
             batches.samples = counter.samples
     engine.train()
-    result = {"lm_loss": sum(losses) / len(losses)}
+    result = {"lm_loss": sum(losses) / len(losses), **objective_metrics(engine)}
     if neox_args.char_level_ppl:
         from megatron.logging import PPL_LOSS_CAP
 
@@ -464,6 +512,23 @@ def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
         raise CheckpointError(problem)
 
 
+def _start_reference(neox_args, ctx: RunContext, engine, iteration: int):
+    """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none."""
+    if neox_args.train_impl not in ("dpo", "kto") or (neox_args.train_impl == "dpo" and (
+            neox_args.dpo_reference_free or neox_args.precompute_model_name)):
+        return None  # none needed, or read from precomputed files (megatron.post_training.precompute)
+    from megatron.checkpointing import resolve_checkpoint
+    from megatron.post_training.reference import ReferenceModel, start_reference
+
+    fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
+    reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
+    resumed = os.path.join(*resolve_checkpoint(neox_args, ctx.model_config)) if iteration else None
+    source = start_reference(reference, engine.module, resumed)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"{neox_args.train_impl.upper()} reference model: {source}", flush=True)
+    return reference
+
+
 def pretrain(neox_args) -> Dict[str, Any]:
     """Train (and evaluate) as the config says; returns a summary (iterations, losses, evaluations)."""
     problems = neox_args.training_problems()
@@ -499,11 +564,12 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         raise
     iteration, client_state = load_checkpoint(neox_args, ctx.model_config, engine)
     loaded_rng = rng_states() if iteration else None
+    reference = _start_reference(neox_args, ctx, engine, iteration)
     position = {"consumed_train_samples": client_state.get("consumed_train_samples",
                                                            iteration * neox_args.train_batch_size),
                 "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
     train_batches, valid_batches, test_batches = _batch_streams(
-        neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"])
+        neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"], reference)
     if loaded_rng is not None:
         # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
         # router jitter and dropout draw the same noise), whatever building the batch streams drew
@@ -527,7 +593,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         nonlocal last_saved
         if neox_args.save and last_saved != at:
             timers("save").start()
-            save_checkpoint(neox_args, ctx.model_config, at, engine, dict(position))
+            save_checkpoint(neox_args, ctx.model_config, at, engine, dict(position),
+                            write_extra=reference.save if reference is not None else None)
             timers("save").stop()
             last_saved = at
 

@@ -1,4 +1,5 @@
-"""Our GPT <-> Hugging Face GPTNeoXForCausalLM.
+"""Our GPT <-> Hugging Face GPTNeoXForCausalLM (a reward model's value head: GPTNeoXForSequenceClassification's
+`score`, num_labels 1).
 
 The fused QKV layout of multi-head attention (per head [q | k | v]) and the rotate-half rotary on the
 first rotary_pct of each head are GPTNeoX's own, so tensors convert by renaming. GPT-J parallel residual
@@ -73,7 +74,9 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> Tuple[Any, 
                     hf[f"gpt_neox.layers.{i}.{theirs}{kind}"] = state[name]
     hf["gpt_neox.final_layer_norm.weight"] = take(state, "final_norm.norm.weight", src)
     hf["gpt_neox.final_layer_norm.bias"] = take(state, "final_norm.norm.bias", src)
-    if not config.tied_embeddings:
+    if config.value_head:
+        hf["score.weight"] = take(state, "head.value_head.weight", src)
+    elif not config.tied_embeddings:
         hf["embed_out.weight"] = take(state, "head.final_linear.weight", src)
     vocab, hidden = hf["gpt_neox.embed_in.weight"].shape
     hf_config = GPTNeoXConfig(
@@ -86,7 +89,7 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> Tuple[Any, 
         rotary_pct=float(config.rotary_pct), rotary_emb_base=int(config.rotary_emb_base),
         attention_bias=config.use_bias_in_attn_linear, tie_word_embeddings=config.tied_embeddings,
         initializer_range=float(config.init_method_std), attention_dropout=0.0, hidden_dropout=0.0,
-        bos_token_id=None, eos_token_id=None)
+        bos_token_id=None, eos_token_id=None, **({"num_labels": 1} if config.value_head else {}))
     return hf_config, hf
 
 

@@ -133,7 +133,9 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
         hf[f"{theirs}input_layernorm.weight"] = take(state, f"{ours}input_layernorm.scale", src)
         hf[f"{theirs}post_attention_layernorm.weight"] = take(state, f"{ours}post_attention_layernorm.scale", src)
     hf["model.norm.weight"] = take(state, "final_norm.norm.scale", src)
-    if not config.tied_embeddings:
+    if config.value_head:
+        hf["score.weight"] = take(state, "head.value_head.weight", src)
+    elif not config.tied_embeddings:
         hf["lm_head.weight"] = take(state, "head.final_linear.weight", src)
     vocab, hidden = hf["model.embed_tokens.weight"].shape
     common = dict(
@@ -145,7 +147,7 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
         max_position_embeddings=config.positions, rms_norm_eps=float(config.rms_norm_epsilon),
         rope_parameters=rope_parameters(float(config.rotary_emb_base)), rope_theta=float(config.rotary_emb_base),
         tie_word_embeddings=config.tied_embeddings, initializer_range=float(config.init_method_std),
-        attention_dropout=0.0, bos_token_id=None, eos_token_id=None)
+        attention_dropout=0.0, bos_token_id=None, eos_token_id=None, **({"num_labels": 1} if config.value_head else {}))
     window = config.sliding_window_width
     if architecture == "mistral":
         return MistralConfig(**common, sliding_window=None if window is None else int(window) + 1), hf

@@ -39,7 +39,7 @@ def run_tokenizer(args: Mapping[str, Any]) -> Optional[Any]:
 
 def special_token_ids(tokenizer: Any) -> Dict[str, int]:
     """config.json's eos_token_id and bos_token_id: the end-of-document token, as GPT-NeoX's converter sets
-    them (pad_token_id it sets only for reward models, which are not built here)."""
+    them (pad_token_id, which a reward model's *ForSequenceClassification needs, is --pad-token-id)."""
     return {"eos_token_id": int(tokenizer.eod), "bos_token_id": int(tokenizer.eod)}
 
 

@@ -72,9 +72,11 @@ def _gpt2_dataset(
     indexed: MMapIndexedDataset | None = None,
     label_prefix: str | None = None,
     group: Any = None,
+    reward_prefix: str | None = None,
 ) -> GPT2Dataset:
     indexed = indexed if indexed is not None else _open(prefix, neox_args)
     labels = _open(label_prefix, neox_args) if label_prefix else None
+    rewards = _open(reward_prefix, neox_args) if reward_prefix else None
     return GPT2Dataset(
         name,
         prefix,
@@ -88,6 +90,7 @@ def _gpt2_dataset(
         label_dataset=labels,
         use_shared_fs=neox_args.use_shared_fs,
         group=group,
+        reward_dataset=rewards,
     )
 
 
@@ -99,6 +102,7 @@ def _split_blend(
     num_samples: int,
     neox_args: Any,
     group: Any = None,
+    reward_paths: Sequence[str] | None = None,
 ) -> torch.utils.data.Dataset | None:
     """One split from its own list of data paths, blended by weight when there are several."""
     if not paths or num_samples <= 0:
@@ -120,6 +124,7 @@ def _split_blend(
             indexed[0],
             label_paths[0] if label_paths else None,
             group,
+            reward_paths[0] if reward_paths else None,
         )
     parts = [
         _gpt2_dataset(
@@ -131,10 +136,45 @@ def _split_blend(
             d,
             label_paths[k] if label_paths else None,
             group,
+            reward_paths[k] if reward_paths else None,
         )
         for k, (p, d, wk) in enumerate(zip(paths, indexed, w))
     ]
     return BlendableDataset(parts, w, num_samples)
+
+
+def _pairwise_split(name: str, num_samples: int, neox_args: Any) -> torch.utils.data.Dataset | None:
+    """One split of dataset_impl 'pairwise' from pos_/neg_{split}_data_paths (+ label paths, + the precomputed
+    reference log-probabilities `{path}_{precompute_model_name}` under DPO), blended by {split}_data_weights when
+    there are several."""
+    from megatron.data.pairwise_dataset import PairwiseDataset
+
+    def paths(kind: str, label: str = "") -> list[str]:
+        value = getattr(neox_args, f"{kind}_{name}_{label}data_paths") or []
+        return [value] if isinstance(value, str) else list(value)
+
+    pos, neg, pos_label, neg_label = paths("pos"), paths("neg"), paths("pos", "label_"), paths("neg", "label_")
+    if not pos or num_samples <= 0:
+        return None
+    model_name = neox_args.precompute_model_name if neox_args.train_impl == "dpo" else None
+    opened = [(_open(p, neox_args), _open(n, neox_args),
+               _open(pos_label[k], neox_args) if pos_label else None,
+               _open(neg_label[k], neox_args) if neg_label else None,
+               _open(f"{p}_{model_name}", neox_args) if model_name else None,
+               _open(f"{n}_{model_name}", neox_args) if model_name else None)
+              for k, (p, n) in enumerate(zip(pos, neg))]
+    weights = getattr(neox_args, f"{name}_data_weights")
+    w = normalize_weights(weights) if weights else np.full(len(pos), 1.0 / len(pos))
+
+    def one(parts, n: int) -> PairwiseDataset:
+        p, q, pl, ql, pr, qr = parts
+        return PairwiseDataset(name, np.arange(len(p)), p, q, n, neox_args.seq_length, neox_args.seed,
+                               neox_args.allow_chopped, pl, ql, pos_ref=pr, neg_ref=qr)
+
+    if len(opened) == 1:
+        return one(opened[0], num_samples)
+    return BlendableDataset([one(parts, max(1, int(math.ceil(num_samples * wk * BLEND_MARGIN)) + 1))
+                             for parts, wk in zip(opened, w)], w, num_samples)
 
 
 def build_train_valid_test_datasets(
@@ -149,6 +189,8 @@ def build_train_valid_test_datasets(
     """
     counts = num_samples
     data_path = neox_args.data_path
+    if neox_args.dataset_impl == "pairwise":
+        return tuple(_pairwise_split(name, n, neox_args) for name, n in zip(SPLIT_NAMES, counts))
     if neox_args.train_data_paths:
         out = []
         for name, n in zip(SPLIT_NAMES, counts):
@@ -163,6 +205,7 @@ def build_train_valid_test_datasets(
                     n,
                     neox_args,
                     group,
+                    getattr(neox_args, f"{name}_reward_data_paths"),
                 )
             )
         return out[0], out[1], out[2]

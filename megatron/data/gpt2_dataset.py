@@ -57,7 +57,8 @@ def _load_maps(paths: dict[str, str]) -> IndexMaps:
 
 
 class GPT2Dataset(torch.utils.data.Dataset):
-    """`ds[i]` is {"text": int64[seq_length + 1]} (and "label" when a label dataset is given).
+    """`ds[i]` is {"text": int64[seq_length + 1]} (and "label" when a label dataset is given; with a reward
+    dataset, "reward": int64[1], the sign of its document's reward, for KTO).
 
     Shorter unpacked / pack_until_overflow samples are padded with PAD_TOKEN (-100) in both.
     len(ds) is every sample the built epochs hold, at least `num_samples`.
@@ -78,10 +79,19 @@ class GPT2Dataset(torch.utils.data.Dataset):
         label_dataset: MMapIndexedDataset | None = None,
         use_shared_fs: bool = True,
         group: Any = None,
+        reward_dataset: MMapIndexedDataset | None = None,
     ) -> None:
         self.name = name
         self.indexed_dataset = indexed_dataset
         self.label_dataset = label_dataset
+        self.reward_dataset = reward_dataset
+        if reward_dataset is not None:
+            if pack_impl != "unpacked":
+                raise DataError(f"reward data ('{reward_dataset.path_prefix}') needs pack_impl 'unpacked' (one "
+                                f"document, hence one reward, per sample)")
+            if len(reward_dataset) != len(indexed_dataset) or np.any(reward_dataset.sizes < 1):
+                raise DataError(f"reward dataset '{reward_dataset.path_prefix}' needs one reward per sequence of "
+                                f"'{data_prefix}' ({len(indexed_dataset)}); it has {len(reward_dataset)}")
         self.seq_length = seq_length
         self.pack_impl = pack_impl
         self.allow_chopped = allow_chopped
@@ -181,4 +191,17 @@ class GPT2Dataset(torch.utils.data.Dataset):
         out = {"text": self._sample(self.indexed_dataset, i)}
         if self.label_dataset is not None:
             out["label"] = self._sample(self.label_dataset, i)
+        if self.reward_dataset is not None:
+            out["reward"] = np.asarray([np.sign(float(self.reward_dataset.get(self._document_of(i))[0]))],
+                                       dtype=np.int64)
         return out
+
+    def _document_of(self, i: int) -> int:
+        """The document of unpacked sample `i` (the first of its range that was not left out)."""
+        limit = self.seq_length + 1
+        for pos in range(int(self.maps.sample_idx[i, 0]), int(self.maps.sample_idx[i, 1])):
+            doc = int(self.maps.doc_idx[pos])
+            size = int(self.indexed_dataset.sizes[doc])
+            if size and (size <= limit or self.allow_chopped):
+                return doc
+        raise DataError(f"sample {i} of {self.name} holds no document")

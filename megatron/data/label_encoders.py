@@ -91,7 +91,7 @@ class ChatEncoderSpec:
     token_dtype: type = np.int32
 
     def output_dtypes(self) -> dict[str, type]:
-        return {f"{self.key}_document": self.token_dtype, f"{self.key}_label": np.int32}
+        return {f"{self.key}_document": self.token_dtype, f"{self.key}_label_document": np.int32}
 
     def build(self) -> Callable[[list[dict[str, Any]]], list[dict[str, np.ndarray]]]:
         from megatron.tokenizer import build_tokenizer_from
@@ -121,7 +121,7 @@ class ChatEncoderSpec:
                     labels += [IGNORE_INDEX] * (len(content) + len(tail))
             return {
                 f"{self.key}_document": np.asarray(ids, dtype=self.token_dtype),
-                f"{self.key}_label": np.asarray(labels, dtype=np.int32),
+                f"{self.key}_label_document": np.asarray(labels, dtype=np.int32),
             }
 
         return lambda docs: [encode_one(d) for d in docs]

@@ -266,16 +266,17 @@ def vocab_size_of(tokenizer_type: str, vocab_file: str | None, merge_file: str |
     return build_tokenizer_from(tokenizer_type, vocab_file, merge_file).vocab_size
 
 
-def tokenizer_args(parser: argparse.ArgumentParser) -> None:
-    """The tokenizer options shared by all preprocessing tools."""
+def tokenizer_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._ArgumentGroup:
+    """The tokenizer options shared by all preprocessing tools (`required`: --tokenizer-type must be given)."""
     from megatron.tokenizer import TOKENIZER_TYPES
 
     g = parser.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
+    g.add_argument("--tokenizer-type", required=required, choices=TOKENIZER_TYPES)
     g.add_argument("--vocab-file", default=None, help="tokenizer.json, vocab.json, .model or .tiktoken")
     g.add_argument("--merge-file", default=None, help="merges.txt (GPT2BPETokenizer)")
     g.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
     g.add_argument("--ftfy", action="store_true", help="fix broken unicode with ftfy before tokenizing")
+    return g
 
 
 def runtime_args(parser: argparse.ArgumentParser) -> None:

@@ -53,9 +53,11 @@ def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_m
 @dataclass(frozen=True)
 class BatchOptions:
     """How samples become model batches (GPT-NeoX's eod_mask_loss, reset_position_ids, reset_attention_mask;
-    ``labels``: the data carries a label dataset, i.e. train_label_data_paths is set)."""
+    ``labels``: the data carries a label dataset, i.e. train_label_data_paths is set; ``rewards``: a reward per
+    sample, [b, 1], which joins the labels tuple: (labels, loss_mask, rewards), for KTO)."""
 
     labels: bool = False
+    rewards: bool = False
     eod_mask_loss: bool = False
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
@@ -64,7 +66,7 @@ class BatchOptions:
 def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], parallel_state,
               eod_token: Optional[int] = None):
     """Model batch from a data sample; ``data`` is read only on model-parallel rank 0."""
-    keys = ["text", "label"] if options.labels else ["text"]
+    keys = (["text", "label"] if options.labels else ["text"]) + (["reward"] if options.rewards else [])
     sample = broadcast_data(keys, data, torch.int64, parallel_state)
     text = sample["text"]
     tokens = text[:, :-1].clamp(min=0)  # -100 padding is never attended to as a label; any id embeds
@@ -75,4 +77,6 @@ def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], pa
     if bool(negative.any()):
         loss_mask = loss_mask.masked_fill(negative, 0.0)
         labels = labels.clamp(min=0)
+    if options.rewards:
+        return (tokens, position_ids, attention_mask), (labels, loss_mask, sample["reward"].reshape(-1))
     return (tokens, position_ids, attention_mask), (labels, loss_mask)

@@ -8,7 +8,7 @@ checkpoints move between GPT-NeoX and this project unchanged):
     L + 2         a parameter-free slot (GPT-NeoX's post-transformer function)
     L + 3         FinalNorm, the final norm
     L + 4         the output head: OutputHead, or the embedding again (TiedLayerSpec) unless
-                  no_weight_tying
+                  no_weight_tying; a reward model's ValueHead (train_impl rm)
 Inside each slot the parameter names and layouts are GPT-NeoX's too (see megatron/model/attention.py,
 norms.py, embedding.py, transformer.py), so a model's state dict is the state dict GPT-NeoX's model of the
 same config has, entry for entry. With pos_emb rpe one relative-position table is shared by all layers (as
@@ -45,7 +45,7 @@ from torch import nn
 
 from megatron.model.attention import build_relative_position_bias
 from megatron.model.embedding import Embedding
-from megatron.model.head import FinalNorm, OutputHead, tied_logits
+from megatron.model.head import FinalNorm, OutputHead, ValueHead, tied_logits
 from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache, LayerKeyedCache
@@ -80,7 +80,12 @@ def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor
 
 
 def loss_function(config: ModelConfig, parallel_state):
-    """The model's loss: ``loss_fn(logits, (labels, loss_mask))``."""
+    """The model's loss: ``loss_fn(logits, (labels, loss_mask))``; a reward model's is the Bradley-Terry loss
+    on pairs (megatron.post_training.reward_model)."""
+    if config.value_head:
+        from megatron.post_training.reward_model import RewardLoss
+
+        return RewardLoss()
     return partial(cross_entropy_loss, group=parallel_state.get_model_parallel_group(),
                    half_precision_loss=config.fp16_lm_cross_entropy)
 
@@ -174,7 +179,7 @@ class GPT2ModelSequential(nn.Module):
             owner = config.layer_owners[i]
             layers.append(block_class(config, i)(config, parallel_state, init, i, rng_tracker, rpe) if owner == i
                           else SharedLayer(layers[owner], i))
-        head = None if config.tied_embeddings else OutputHead(config, parallel_state, init)
+        head = None if config.tied_embeddings else _head_class(config)(config, parallel_state, init)
         self._assemble(Embedding(config, parallel_state, init, rng_tracker), layers,
                        FinalNorm(config, parallel_state), head, loss_function(config, parallel_state),
                        config.checkpoint_num_layers if config.checkpoint_activations else 0)
@@ -287,8 +292,13 @@ def gpt2_layer_specs(config: ModelConfig, parallel_state, rng_tracker) -> List[o
         specs.append(TiedLayerSpec("embed", Embedding, config, parallel_state, init, rng_tracker,
                                    forward_fn=tied_logits, tied_weight_attr="word_embeddings.weight"))
     else:
-        specs.append(LayerSpec(OutputHead, config, parallel_state, init))
+        specs.append(LayerSpec(_head_class(config), config, parallel_state, init))
     return specs
+
+
+def _head_class(config: ModelConfig) -> type:
+    """The untied head: the vocabulary head, or a reward model's value head (train_impl 'rm')."""
+    return ValueHead if config.value_head else OutputHead
 
 
 DEFAULT_PARTITION_METHOD = "type:transformer|mlp"

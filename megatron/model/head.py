@@ -5,6 +5,7 @@ linear over the (padded) vocabulary, or, with tied weights, the word embedding m
 (``tied_logits``); both give this rank's vocabulary shard of the logits.
 
 Checkpoint names are GPT-NeoX's: ``norm.*`` (its NormPipe), ``final_linear.weight`` (its ParallelLinearPipe).
+A reward model (train_impl 'rm') ends in ValueHead (``value_head.weight``, one score per position) instead.
 """
 from __future__ import annotations
 
@@ -57,3 +58,19 @@ class OutputHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.final_linear(hidden)
+
+
+class ValueHead(nn.Module):
+    """A reward model's head (train_impl 'rm'): one score per position, [batch, seq, 1]. The final norm's output
+    is whole on every tensor-parallel rank, so the head is replicated (as GPT-NeoX's rm head, a linear to one
+    output without bias); transformers' *ForSequenceClassification calls it `score`."""
+
+    def __init__(self, config: ModelConfig, parallel_state, initializer) -> None:
+        super().__init__()
+        if sequence_parallel_on(config, parallel_state):
+            raise ValueError("a reward model's value head needs sequence_parallel=False")
+        self.value_head = nn.Linear(config.hidden_size, 1, bias=False)
+        initializer.weight(config.num_layers, "final_linear")(self.value_head.weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.value_head(hidden)

@@ -39,7 +39,8 @@ from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
                                                 model_problems, not_supported_problems,
                                                 not_supported_setting_problems, parallelism_problems,
-                                                rampup_problems, training_problems, unknown_key_problems)
+                                                post_training_problems, rampup_problems, training_problems,
+                                                unknown_key_problems)
 
 
 class NeoXArgs(NeoXArgsSchema):
@@ -115,6 +116,7 @@ class NeoXArgs(NeoXArgsSchema):
         problems += training_problems(self)
         problems += lr_schedule_problems(self, provided)
         problems += rampup_problems(self)
+        problems += post_training_problems(self)
         problems += parallelism_problems(self)
         if not problems:
             self.deepspeed_config, ds_problems = build_deepspeed_config(self)
@@ -133,7 +135,8 @@ class NeoXArgs(NeoXArgsSchema):
         if self.optimizer is None:
             problems.append("an optimizer dict is required for training, e.g. "
                             "optimizer: {type: Adam, params: {lr: 0.0006, betas: [0.9, 0.95], eps: 1.0e-8}}")
-        has_data = self.data_path or self.train_data_paths
+        has_data = self.data_path or self.train_data_paths or (self.dataset_impl == "pairwise"
+                                                               and self.pos_train_data_paths)
         if not has_data:
             problems.append("no training data: set data_path (or train_data_paths, valid_data_paths and "
                             "test_data_paths)")

@@ -39,20 +39,59 @@ def script_name(args: NeoXArgsSchema) -> str:
 
 # ---- files ---------------------------------------------------------------------------------------------------
 def data_problems(args: NeoXArgsSchema) -> List[str]:
-    """Every data path (data_path, {train,valid,test}_data_paths, *_label_data_paths) whose .bin/.idx is missing."""
+    """Every data path (data_path, {train,valid,test}_data_paths, their pos_/neg_ pairwise forms,
+    *_label_data_paths, *_reward_data_paths) whose .bin/.idx is missing."""
     from megatron.data.indexed_dataset import dataset_path_problem
 
     paths: List[Tuple[str, str]] = []
     if args.data_path:
         paths.append(("data_path", args.data_path))
     for split in ("train", "valid", "test"):
-        for kind in ("data_paths", "label_data_paths"):
-            key = f"{split}_{kind}"
-            value = getattr(args, key)
+        for key in (f"{pair}{split}_{kind}" for kind in ("data_paths", "label_data_paths", "reward_data_paths")
+                    for pair in ("", "pos_", "neg_")):
+            value = getattr(args, key, None)
             for path in ([value] if isinstance(value, str) else value or []):
                 paths.append((key, path))
-    problems = [dataset_path_problem(path, key) for key, path in paths]
-    return [p for p in problems if p]
+    problems = [p for p in (dataset_path_problem(path, key) for key, path in paths) if p]
+    return problems or pairwise_length_problems(args)
+
+
+def pairwise_length_problems(args: NeoXArgsSchema) -> List[str]:
+    """dataset_impl 'pairwise': each chosen (pos_*) dataset must hold as many sequences as its rejected (neg_*)
+    one, and labels as many as their data (read from the .idx headers, before any worker starts); DPO with
+    precompute_model_name needs the precomputed reference log-probabilities."""
+    from megatron.data.errors import DataError
+    from megatron.data.indexed_dataset import MMapIndexedDataset
+
+    if args.dataset_impl != "pairwise":
+        return []
+    problems = []
+    if args.train_impl == "dpo" and args.precompute_model_name and args.text_gen_type != "precompute":
+        from megatron.data.indexed_dataset import dataset_exists
+        from megatron.post_training.precompute import pairwise_paths, precomputed_path
+
+        name = args.precompute_model_name
+        missing = [path for path in (precomputed_path(p, name) for p in pairwise_paths(args))
+                   if not dataset_exists(path)]
+        problems += [f"precompute_model_name={name!r}: '{path}' (.bin/.idx) not found; write the reference "
+                     f"log-probabilities first: python deepy.py generate.py with the same config and text_gen_type: "
+                     f"precompute" for path in missing]
+    for split in ("train", "valid", "test"):
+        for label in ("", "label_"):
+            pos = getattr(args, f"pos_{split}_{label}data_paths") or []
+            neg = getattr(args, f"neg_{split}_{label}data_paths") or []
+            for p, n in zip(pos, neg):
+                try:
+                    sizes = [len(MMapIndexedDataset(path, skip_warmup=True)) for path in (p, n)]
+                except (DataError, OSError, TypeError) as exc:
+                    problems.append(f"pos_{split}_{label}data_paths / neg_{split}_{label}data_paths: {exc}")
+                    continue
+                if sizes[0] != sizes[1]:
+                    problems.append(f"pos_{split}_{label}data_paths '{p}' has {sizes[0]} sequences but "
+                                    f"neg_{split}_{label}data_paths '{n}' has {sizes[1]}: each chosen sequence needs "
+                                    f"its rejected one (make both from one JSONL file with "
+                                    f"preprocess_data_with_chat_template.py --jsonl-keys chosen rejected)")
+    return problems
 
 
 def tokenizer_problems(args: NeoXArgsSchema) -> List[str]:

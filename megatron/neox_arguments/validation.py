@@ -27,10 +27,10 @@ def _not_default(key: str) -> Callable[[Any], bool]:
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
-    ("train_impl", lambda v: v != "normal", "only train_impl 'normal' (language-model pretraining) is built; "
-                                             "dpo / rm / kto / reinforce are not supported yet"),
-    ("dataset_impl", lambda v: v != "gpt2", "only dataset_impl 'gpt2' is built; 'pairwise' and 'online' are not "
-                                            "supported yet"),
+    ("train_impl", lambda v: v == "reinforce", "train_impl 'reinforce' is not supported yet (normal, dpo, rm and "
+                                               "kto are built)"),
+    ("dataset_impl", lambda v: v == "online", "dataset_impl 'online' is not supported yet; use 'gpt2' or "
+                                              "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
                                                   "config key; use use_comet and the comet_* keys"),
     ("use_mup", bool, "muP (use_mup) is not supported yet"),
@@ -62,7 +62,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
                                                   "sparse_variable, bigbird, bslongformer) in attention_config"),
     ("checkpoint_validation_with_forward_pass", bool,
      "checkpoint_validation_with_forward_pass is not supported yet"),
-    ("text_gen_type", lambda v: v == "precompute", "text_gen_type 'precompute' is not supported yet"),
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
@@ -93,14 +92,7 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
     ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
-    ("DPO / KTO training (train_impl 'dpo' / 'kto')",
-     ("dpo_fp32", "dpo_reference_free", "dpo_beta", "kto_fp32", "kto_desirable_weight", "kto_undesirable_weight",
-      "kto_beta")),
-    ("precomputing logprobs (text_gen_type 'precompute')", ("precompute_model_name",)),
     ("curriculum_learning", ("curriculum_seqlen",)),
-    ("pairwise and reward datasets (dataset_impl 'pairwise', train_impl 'rm' / 'dpo' / 'kto')",
-     tuple(f"{kind}{split}_{data}data_paths" for split in ("train", "valid", "test")
-           for kind, data in (("", "reward_"), ("pos_", ""), ("neg_", ""), ("pos_", "label_"), ("neg_", "label_")))),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
 anything but its default, since nothing would read it."""
@@ -313,6 +305,138 @@ def rampup_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
+DPO_SETTINGS = ("dpo_fp32", "dpo_reference_free", "dpo_beta")
+KTO_SETTINGS = ("kto_fp32", "kto_desirable_weight", "kto_undesirable_weight", "kto_beta")
+PAIRWISE_PATHS = tuple(f"{kind}_{split}_{label}data_paths" for split in ("train", "valid", "test")
+                       for label in ("", "label_") for kind in ("pos", "neg"))
+
+
+def post_training_problems(args: NeoXArgsSchema) -> List[str]:
+    """train_impl 'dpo' / 'rm' and dataset_impl 'pairwise' (megatron/post_training): which keys go together, and
+    the layouts they run on (DPO's frozen reference model is a sequential copy of the policy on each rank; a
+    reward model's value head is replicated over whole sequences)."""
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    problems = []
+    for impl, settings in (("dpo", DPO_SETTINGS), ("kto", KTO_SETTINGS)):
+        if args.train_impl != impl:
+            problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl '{impl}'; set train_impl: "
+                         f"{impl} or remove it" for name in settings if getattr(args, name) != defaults[name]]
+    problems += _kto_problems(args) + _precompute_problems(args)
+    if args.dataset_impl != "pairwise":
+        problems += [f"{name} is pairwise data: set dataset_impl: pairwise or remove it"
+                     for name in PAIRWISE_PATHS if getattr(args, name)]
+        if args.train_impl in ("dpo", "rm"):
+            problems.append(f"train_impl {args.train_impl!r} trains on chosen / rejected pairs: set dataset_impl: "
+                            f"pairwise with pos_train_data_paths and neg_train_data_paths")
+        return problems
+    if args.train_impl not in ("dpo", "rm"):
+        problems.append(f"dataset_impl 'pairwise' is read by train_impl 'dpo' and 'rm' only (train_impl="
+                        f"{args.train_impl!r} would train on it as plain text); set train_impl: dpo or rm")
+    if args.pack_impl != "unpacked":
+        problems.append(f"pack_impl={args.pack_impl!r}: dataset_impl 'pairwise' takes one chosen / rejected pair per "
+                        f"sample; set pack_impl: unpacked")
+    if args.train_epochs is not None:
+        problems.append("train_epochs with dataset_impl 'pairwise' is not supported yet; set train_iters")
+    if not args.pos_train_data_paths and not args.neg_train_data_paths and args.do_train is not False:
+        problems.append("dataset_impl 'pairwise' needs pos_train_data_paths (chosen) and neg_train_data_paths "
+                        "(rejected)")
+    for name in ("data_path", "train_data_paths", "valid_data_paths", "test_data_paths"):
+        if getattr(args, name):
+            problems.append(f"{name} is not read with dataset_impl 'pairwise'; give pos_*/neg_* data paths instead")
+    for split in ("train", "valid", "test"):
+        for label in ("", "label_"):
+            pos, neg = getattr(args, f"pos_{split}_{label}data_paths"), getattr(args, f"neg_{split}_{label}data_paths")
+            if bool(pos) != bool(neg):
+                have, missing = ("pos", "neg") if pos else ("neg", "pos")
+                problems.append(f"{have}_{split}_{label}data_paths is set but {missing}_{split}_{label}data_paths is "
+                                f"not: every chosen (pos_*) dataset needs its rejected (neg_*) one")
+            elif pos and len(pos) != len(neg):
+                problems.append(f"pos_{split}_{label}data_paths has {len(pos)} entries but neg_{split}_{label}"
+                                f"data_paths has {len(neg)}")
+        data, labels = getattr(args, f"pos_{split}_data_paths"), getattr(args, f"pos_{split}_label_data_paths")
+        if labels and (not data or len(labels) != len(data)):
+            problems.append(f"pos_{split}_label_data_paths has {len(labels)} entries but pos_{split}_data_paths has "
+                            f"{len(data or [])}")
+    if args.train_impl in ("dpo", "rm"):
+        impl = args.train_impl
+        if args.pipe_parallel_size > 1:
+            problems.append(f"train_impl {impl!r} with pipe_parallel_size={args.pipe_parallel_size} is not supported "
+                            f"yet; use pipe_parallel_size 0 or 1")
+        if args.zero_stage is not None and args.zero_stage >= 3:
+            problems.append(f"train_impl {impl!r} with ZeRO stage 3 is not supported yet; use "
+                            f"zero_optimization.stage 0-2")
+    if args.train_impl == "rm" and args.sequence_parallel:
+        problems.append("train_impl 'rm' with sequence_parallel is not supported yet (the value head scores whole "
+                        "sequences); set sequence_parallel: false")
+    if args.train_impl == "dpo":
+        if args.dpo_beta <= 0:
+            problems.append(f"dpo_beta={args.dpo_beta} must be > 0")
+    return problems
+
+
+def _precompute_problems(args: NeoXArgsSchema) -> List[str]:
+    """text_gen_type 'precompute' writes the reference log-probabilities of the pairwise data that DPO with
+    precompute_model_name reads (megatron.post_training.precompute)."""
+    name = args.precompute_model_name
+    if args.text_gen_type == "precompute":
+        problems = [] if name else ["text_gen_type 'precompute' needs precompute_model_name (the suffix of the "
+                                    "files it writes: {data path}_{precompute_model_name})"]
+        if args.dataset_impl != "pairwise" or not args.pos_train_data_paths:
+            problems.append("text_gen_type 'precompute' computes the reference log-probabilities of pairwise data: "
+                            "set dataset_impl: pairwise with the pos_* / neg_* data paths of the DPO run (KTO and "
+                            "plain data are not supported yet)")
+        if args.pipe_parallel_size > 1:
+            problems.append(f"text_gen_type 'precompute' with pipe_parallel_size={args.pipe_parallel_size} is not "
+                            f"supported yet; use 0 or 1 (the log-probabilities are the same)")
+        return problems
+    if name and args.train_impl != "dpo":
+        return [f"precompute_model_name={name!r} is read by train_impl 'dpo' (precomputed reference "
+                f"log-probabilities) and text_gen_type 'precompute' (which writes them)"
+                + ("; KTO with precomputed log-probabilities is not supported yet" if args.train_impl == "kto"
+                   else "")]
+    return []
+
+
+def _kto_problems(args: NeoXArgsSchema) -> List[str]:
+    """train_impl 'kto': completions with a desirable / undesirable reward each (megatron.post_training.kto)."""
+    splits = ("train", "valid", "test")
+    if args.train_impl != "kto":
+        return [f"{split}_reward_data_paths is read by train_impl 'kto' only; set train_impl: kto or remove it"
+                for split in splits if getattr(args, f"{split}_reward_data_paths")]
+    problems = []
+    if args.dataset_impl != "gpt2":
+        problems.append(f"train_impl 'kto' reads dataset_impl 'gpt2' (completions with rewards), not "
+                        f"{args.dataset_impl!r}")
+    if args.pack_impl != "unpacked":
+        problems.append(f"pack_impl={args.pack_impl!r}: train_impl 'kto' takes one completion (one reward) per "
+                        f"sample; set pack_impl: unpacked")
+    if not args.train_data_paths:
+        problems.append("train_impl 'kto' needs train_data_paths (with train_label_data_paths) and "
+                        "train_reward_data_paths (preprocess_data_with_chat_template.py --reward-key)")
+    for split in splits:
+        paths, rewards = getattr(args, f"{split}_data_paths"), getattr(args, f"{split}_reward_data_paths")
+        if paths and not rewards:
+            problems.append(f"train_impl 'kto' needs {split}_reward_data_paths beside {split}_data_paths (one "
+                            f"desirable / undesirable reward per completion)")
+        elif rewards and len(rewards) != len(paths or []):
+            problems.append(f"{split}_reward_data_paths has {len(rewards)} entries but {split}_data_paths has "
+                            f"{len(paths or [])}")
+    micro = args.train_micro_batch_size_per_gpu
+    if micro is not None and (micro < 2 or micro % 2):
+        problems.append(f"train_micro_batch_size_per_gpu={micro}: train_impl 'kto' estimates its KL reference "
+                        f"point from the other half of each micro-batch; use an even size >= 2")
+    if args.pipe_parallel_size > 1:
+        problems.append(f"train_impl 'kto' with pipe_parallel_size={args.pipe_parallel_size} is not supported yet; "
+                        f"use pipe_parallel_size 0 or 1")
+    if args.zero_stage is not None and args.zero_stage >= 3:
+        problems.append("train_impl 'kto' with ZeRO stage 3 is not supported yet; use zero_optimization.stage 0-2")
+    if args.kto_beta <= 0:
+        problems.append(f"kto_beta={args.kto_beta} must be > 0")
+    return problems
+
+
 def _split_problems(split: str) -> List[str]:
     try:
         parts = [float(p) for p in split.replace("/", ",").split(",") if p.strip()]
@@ -335,6 +459,8 @@ def _data_path_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"{', '.join(s + '_data_paths' for s in given)} set without {', '.join(missing)}; "
                         f"give all three lists")
     for split_name, paths in separate.items():
+        if args.dataset_impl == "pairwise":
+            paths = getattr(args, f"pos_{split_name}_data_paths")
         weights = getattr(args, f"{split_name}_data_weights")
         if weights is not None:
             if not paths:

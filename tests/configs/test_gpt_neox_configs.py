@@ -372,7 +372,7 @@ NOT_BUILT = {
                             "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     "mup": ('"use_mup": true,', "muP (use_mup) is not supported yet"),
-    "dpo": ('"train_impl": "dpo",', "dpo / rm / kto / reinforce are not supported yet"),
+    "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
     "curriculum": ('"curriculum_learning": {"enabled": true, "curriculum_type": "seqlen"},',
                    "curriculum_learning is not supported yet"),
     "autotuning": ('"autotuning": {"enabled": true},', "DeepSpeed autotuning is not supported yet"),

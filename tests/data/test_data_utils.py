@@ -88,7 +88,7 @@ def test_label_paths_and_unsupported_options(tmp_path: Path) -> None:
                   test_data_paths=[text], seq_length=8, train_iters=5, train_batch_size=2, eval_iters=0)
     train, valid, _ = datasets(**config)
     assert valid is None and np.array_equal(train[3]["label"], train[3]["text"] + 7)
-    with pytest.raises(ConfigError, match="dataset_impl='pairwise'"):
+    with pytest.raises(ConfigError, match="dataset_impl 'pairwise' is read by train_impl 'dpo' and 'rm' only"):
         datasets(**{**config, "dataset_impl": "pairwise"})
     with pytest.raises(DataError, match="no data"):
         datasets(seq_length=8, train_iters=5, train_batch_size=2)

@@ -106,7 +106,7 @@ def test_chat_template_trains_only_assistant_turns(tmp_path: Path, tok_file: Pat
             "--no-progress",
         ]
         assert tool.main(argv + (["--only-last-turn"] if only_last else [])) == 0
-        (tokens,), (labels,) = _docs(f"{out}_messages_document"), _docs(f"{out}_messages_label")
+        (tokens,), (labels,) = _docs(f"{out}_messages_document"), _docs(f"{out}_messages_label_document")
         assert with_eod_marks(tok, tokens) == (
             "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\nhello<|endoftext|>"
             "<|user|>\nbye\n<|assistant|>\ngoodbye<|endoftext|>"

@@ -12,7 +12,9 @@ configs/*.yml) describes the model.
 --architecture neox gives GPTNeoXForCausalLM; llama / mistral give LlamaForCausalLM / MistralForCausalLM
 for rmsnorm + swiglu + rotary models; mixtral gives MixtralForCausalLM for such models with a dropless
 mixture of experts in every layer (top-k routing, k >= 2); mamba gives MambaForCausalLM for pure-Mamba models
-(rmsnorm without bias, pos_emb none). What a target cannot represent is refused with the reason.
+(rmsnorm without bias, pos_emb none). A reward model (train_impl rm) becomes GPTNeoX / Llama / Mistral's
+*ForSequenceClassification (--pad-token-id: the id it skips to find the scored last token). What a target
+cannot represent is refused with the reason.
 """
 from __future__ import annotations
 
@@ -39,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output_dir", required=True)
     p.add_argument("--architecture", choices=ARCHITECTURES, default="neox")
     p.add_argument("--precision", choices=tuple(DTYPES), default="fp32")
+    p.add_argument("--pad-token-id", "--pad_token_id", dest="pad_token_id", type=int, default=None,
+                   help="pad_token_id of config.json; a reward model's *ForSequenceClassification scores the last "
+                        "token that is not this one (GPT-NeoX's flag)")
     return p.parse_args(argv)
 
 
@@ -46,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         kind = convert_neox_to_hf(args.input_dir, args.output_dir, args.config_file, args.architecture,
-                                  args.precision)
+                                  args.precision, args.pad_token_id)
     except (ConversionError, MissingOptionalDependency) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

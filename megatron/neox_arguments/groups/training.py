@@ -34,7 +34,9 @@ class NeoXArgsTraining:
 
     train_reward_data_paths: Optional[list] = None
     """
-    List of paths to train reward datasets
+    List of paths to train reward datasets (train_impl "kto"): one reward per sequence of train_data_paths, its
+    sign marking the completion desirable or undesirable ({prefix}_{key}_reward_document from
+    preprocess_data_with_chat_template.py --reward-key).
     """
 
     test_data_paths: Optional[list] = None
@@ -69,6 +71,8 @@ class NeoXArgsTraining:
 
     pos_train_data_paths: Optional[list] = None
     """
+    List of paths to the chosen sequences of preference pairs (dataset_impl 'pairwise'), pair k with sequence k
+    of neg_train_data_paths; e.g. {prefix}_chosen_document from preprocess_data_with_chat_template.py.
     """
 
     neg_train_data_paths: Optional[list] = None
@@ -78,6 +82,8 @@ class NeoXArgsTraining:
 
     pos_train_label_data_paths: Optional[list] = None
     """
+    List of paths to the label datasets of pos_train_data_paths (-100 where no loss is taken), e.g.
+    {prefix}_chosen_label_document.
     """
 
     neg_train_label_data_paths: Optional[list] = None
@@ -87,6 +93,7 @@ class NeoXArgsTraining:
 
     pos_valid_data_paths: Optional[list] = None
     """
+    List of paths to the chosen sequences of validation preference pairs (dataset_impl 'pairwise').
     """
 
     neg_valid_data_paths: Optional[list] = None
@@ -96,6 +103,7 @@ class NeoXArgsTraining:
 
     pos_valid_label_data_paths: Optional[list] = None
     """
+    List of paths to the label datasets of pos_valid_data_paths.
     """
 
     neg_valid_label_data_paths: Optional[list] = None
@@ -105,6 +113,7 @@ class NeoXArgsTraining:
 
     pos_test_data_paths: Optional[list] = None
     """
+    List of paths to the chosen sequences of test preference pairs (dataset_impl 'pairwise').
     """
 
     neg_test_data_paths: Optional[list] = None
@@ -114,6 +123,7 @@ class NeoXArgsTraining:
 
     pos_test_label_data_paths: Optional[list] = None
     """
+    List of paths to the label datasets of pos_test_data_paths.
     """
 
     neg_test_label_data_paths: Optional[list] = None
@@ -172,27 +182,34 @@ class NeoXArgsTraining:
 
     dataset_impl: Literal['gpt2', 'pairwise', 'online'] = 'gpt2'
     """
-    Dataset implementation, can be one of "gpt2", "pairwise", or "online"
+    Dataset implementation, can be one of "gpt2", "pairwise", or "online". "pairwise" reads chosen / rejected
+    pairs from the pos_* / neg_* data paths, one pair per sample (needs pack_impl "unpacked" and train_impl
+    "dpo" or "rm"); "online" is not supported yet.
     """
 
     train_impl: Literal['normal', 'dpo', 'rm', 'kto', 'reinforce'] = 'normal'
     """
-    Training implementation, can be one of "normal", "dpo", "kto", "reinforce", or "rm"
+    Training implementation, can be one of "normal", "dpo", "kto", "reinforce", or "rm". "dpo" trains on
+    dataset_impl "pairwise" against a frozen reference model (the policy's weights when the run starts); "rm"
+    trains a reward model (a scalar value head, Bradley-Terry loss) on dataset_impl "pairwise"; "kto" trains
+    on completions with train_reward_data_paths (desirable or not) against DPO's reference model; "reinforce" is
+    not supported yet.
     """
 
     dpo_fp32: bool = True
     """
-    Whether to cast logits to fp32 for DPO loss calculation.
+    Whether to cast logits to fp32 for DPO loss calculation (else the log-softmax runs in the logits' dtype).
     """
 
     dpo_reference_free: bool = False
     """
-    Whether to use reference-free DPO.
+    Whether to use reference-free DPO (the reference log-probabilities are 0 and no reference model is built).
     """
 
     dpo_beta: float = 0.1
     """
-    Beta value for DPO
+    Beta value for DPO: loss = -log sigmoid(beta * ((policy - reference log-prob) of chosen minus that of
+    rejected)); the logged rewards are beta * (policy - reference log-prob).
     """
 
     kto_fp32: bool = True
@@ -245,7 +262,8 @@ class NeoXArgsTraining:
     allow_chopped: bool = True
     """
     WARNING: if your packing impl is packed, this is ignored. Allow chopped samples in the dataset. (e.g
-    if your sequence length is 1024 and you have a sample of length 1026, it will be chopped to 1024)
+    if your sequence length is 1024 and you have a sample of length 1026, it will be chopped to 1024). False
+    leaves such samples (with dataset_impl "pairwise": such pairs) out, and the log says how many.
     """
 
     mmap_warmup: bool = False

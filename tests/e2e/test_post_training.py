@@ -1,0 +1,69 @@
+"""DPO end to end through deepy.py on two CPU ranks (tensor parallel): preference pairs made by the chat-template
+tool, a first step where policy == reference (loss ln 2, rewards 0), reward accuracy rising on a separable set,
+and an exact resume that compares with the saved reference, not with the resumed policy."""
+
+import json
+import math
+
+import pytest
+
+from tests.data.chat_helpers import hf_folder
+from tests.e2e.training_run import TrainingRun
+from tests.tools.tool_runner import load_tool
+
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "piano", "candle", "forest", "rocket", "garden", "silver",
+         "winter", "mirror", "castle", "button", "pencil"]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """Separable preferences: the chosen answer repeats the word, the rejected one says 'no idea'."""
+    directory = tmp_path_factory.mktemp("pairs")
+    folder = hf_folder(directory)
+    rows = []
+    for word in WORDS:
+        prompt = [{"role": "user", "content": f"say {word}"}]
+        rows.append({"chosen": prompt + [{"role": "assistant", "content": f"{word} {word}"}],
+                     "rejected": prompt + [{"role": "assistant", "content": "no idea, sorry"}]})
+    (directory / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prefix = str(directory / "dpo")
+    assert load_tool("tools/datasets/preprocess_data_with_chat_template.py").main(
+        ["--input", str(directory / "pairs.jsonl"), "--output-prefix", prefix, "--tokenizer-path", str(folder),
+         "--jsonl-keys", "chosen", "rejected", "--only-last", "--no-progress"]) == 0
+    return {"tokenizer_type": "HFTokenizer", "vocab_file": str(folder / "tokenizer.json"),
+            "dataset_impl": "pairwise", "train_impl": "dpo", "pack_impl": "unpacked",
+            "pos_train_data_paths": [f"{prefix}_chosen_document"],
+            "neg_train_data_paths": [f"{prefix}_rejected_document"],
+            "pos_train_label_data_paths": [f"{prefix}_chosen_label_document"],
+            "neg_train_label_data_paths": [f"{prefix}_rejected_label_document"]}
+
+
+def test_dpo_tensor_parallel_learns_the_preference_and_resumes_exactly(pairs, tmp_path):
+    run = TrainingRun(tmp_path / "run", pairs, num_gpus=2, model_parallel_size=2, train_iters=8,
+                      checkpoint_factor=4, dpo_beta=0.5, train_micro_batch_size_per_gpu=4)
+    run.launch()
+    run.assert_ok()
+    assert "DPO reference model: the policy's weights at the start of the run" in run.result.stdout
+    records = run.records()
+    first = records[0]
+    assert first["iteration"] == 1 and abs(first["lm_loss"] - math.log(2)) < 1e-4
+    assert abs(first["chosen_rewards"]) < 1e-6 and abs(first["rejected_rewards"]) < 1e-6
+    assert first["reward_accuracy"] == 0.0  # a zero margin is no preference
+    last = records[-3:]
+    assert sum(r["reward_accuracy"] for r in last) / 3 > 0.9, [r["reward_accuracy"] for r in records]
+    assert sum(r["lm_loss"] for r in last) / 3 < math.log(2) - 0.1
+    assert all(r["reward_margin"] > 0 and r["chosen_rewards"] > r["rejected_rewards"] for r in last)
+    saved = sorted(p.name for p in (tmp_path / "run" / "ckpt" / "global_step4").iterdir())
+    assert {"dpo_reference_mp_rank_00.pt", "dpo_reference_mp_rank_01.pt"} <= set(saved)
+
+    resumed = TrainingRun(tmp_path / "resumed", pairs, num_gpus=2, model_parallel_size=2, train_iters=8,
+                          checkpoint_factor=4, dpo_beta=0.5, train_micro_batch_size_per_gpu=4,
+                          load=str(tmp_path / "run" / "ckpt"), iteration=4)
+    resumed.launch()
+    resumed.assert_ok()
+    assert "DPO reference model: the reference weights saved in" in resumed.result.stdout
+    again = resumed.records()
+    assert [r["iteration"] for r in again] == list(range(5, 9))
+    for before, after in zip(records[4:], again):
+        for key in ("lm_loss", "chosen_rewards", "rejected_rewards", "reward_margin"):
+            assert after[key] == pytest.approx(before[key], abs=1e-6), (key, before, after)
