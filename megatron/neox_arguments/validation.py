@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, List, Set, Tuple
 from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
+from megatron.zero_offload import offload_problems
 
 
 TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha")
@@ -276,4 +277,6 @@ def parallelism_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"pipe_partition_method={method!r} must be 'parameters', 'uniform' or 'type:REGEX'")
     if (args.comment or args.account) and args.launcher != "slurm":
         problems.append(f"comment / account are slurm options; launcher is {args.launcher!r}")
+    problems += offload_problems(args.zero_stage, args.zero_optimization, args.optimizer_type,
+                                 args.deepspeed_extra_args)
     return problems
