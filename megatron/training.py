@@ -17,6 +17,8 @@ import torch.distributed as dist
 
 from megatron.checkpoint_files import use_safe_loading
 from megatron.checkpointing import load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from megatron.comms_logging import CommsReporter
+from megatron.deepspeed_comm import collectives
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
 
@@ -323,7 +325,7 @@ def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> Optional[f
         if split or parallel_state.get_model_parallel_rank() == 0:
             total += param.grad.detach().float().pow(2).sum().cpu()
     if dist.is_initialized() and parallel_state.get_model_parallel_world_size() > 1:
-        dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
+        collectives().all_reduce(total, group=parallel_state.get_model_parallel_group())
     return float(total.sqrt())
 
 
@@ -334,7 +336,7 @@ def _data_parallel_mean(loss: torch.Tensor, engine) -> float:
         if getattr(engine, "is_pipe_parallel", False):
             # the pipeline engine already broadcast the loss to all stages; average over data-parallel ranks
             group = engine.grid.get_data_parallel_group()
-        dist.all_reduce(loss, group=group)
+        collectives().all_reduce(loss, group=group)
         loss /= dist.get_world_size(group=group)
     return loss.item()
 
@@ -435,6 +437,10 @@ def pretrain(neox_args) -> Dict[str, Any]:
     logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0,
                             train_iters=schedule.train_iters)
     logger.restart_clock(iteration)
+    if logger.is_logging_rank and engine.monitor.enabled:
+        from megatron.logging import DeepSpeedMonitorSink
+
+        logger.out.add(DeepSpeedMonitorSink(engine))
     summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
     overflow = OverflowGuard()
     wants_debug = any((neox_args.log_grad_norm, neox_args.log_param_norm, neox_args.log_grad_pct_zeros,
@@ -445,6 +451,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
 
         memory_profiler = MemoryProfiler(neox_args)
     last_saved = last_moe_report = iteration
+    comms = CommsReporter(neox_args.comms_logger)
 
     def save(at: int) -> None:
         nonlocal last_saved
@@ -488,6 +495,8 @@ def pretrain(neox_args) -> Dict[str, Any]:
                 last_moe_report = iteration
             logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras)
+            if comms.due(iteration):
+                logger.log_comms(iteration, comms.report())
             if iteration in schedule.save_iters:
                 save(iteration)
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
@@ -513,6 +522,8 @@ def pretrain(neox_args) -> Dict[str, Any]:
                 break
         if do_train:
             save(iteration)
+            if comms.enabled and not comms.due(iteration):
+                logger.log_comms(iteration, comms.report())
         if "stopped_by" not in summary:
             if neox_args.do_valid and valid_batches is not None:
                 evaluate_split(valid_batches, "validation")

@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
+from megatron.comms_logging import comms_logger_problems
 from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
@@ -212,6 +213,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"hidden_dropout={args.hidden_dropout} and attention_dropout={args.attention_dropout} "
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
+    problems += comms_logger_problems(args.comms_logger)
     problems += _data_path_problems(args)
     if args.optimizer_type not in ("adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd",
                                    "sgd", "lion"):
