@@ -16,11 +16,11 @@ import argparse
 import os
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import median, print_table, train_with_deepy  # noqa: E402
+from bench.common import median, median_of_turning_runs, print_table, train_with_deepy  # noqa: E402
 from bench.train_throughput import SIZES, ours_config, write_data  # noqa: E402
 
 CONTENDERS = {
@@ -32,17 +32,21 @@ CONTENDERS = {
 }
 
 
+def contender_config(name: str, args, data: Dict[str, str], directory: str) -> Dict:
+    """The training benchmark's config with this contender's ZeRO section and CPU_Adam."""
+    return {**ours_config(args, data, directory), "zero_optimization": CONTENDERS[name][1],
+            "optimizer": {"type": "CPU_Adam", "params": {"lr": 1.0e-4}}}
+
+
 def run(args, name: str, data: Dict[str, str], directory: str) -> Dict:
-    config = {**ours_config(args, data, directory), "zero_optimization": CONTENDERS[name][1],
-              "optimizer": {"type": "CPU_Adam", "params": {"lr": 1.0e-4}}}
-    records, result = train_with_deepy(config, directory, name, args.port)
+    records, result = train_with_deepy(contender_config(name, args, data, directory), directory, name, args.port)
     times = [r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]
     gpu = records[-1].get("gpu_max_allocated_gb")
     return {"step_time": median(times), "peak_mb": gpu * 1024 if gpu is not None else result["peak_rss_mb"],
             "loss": records[-1]["lm_loss"]}
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--seq", type=int, default=512)
@@ -53,19 +57,17 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--fused", action="store_true")
     parser.add_argument("--port", type=int, default=29741)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     names = list(CONTENDERS)
-    runs: Dict[str, List[Dict]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as directory:
         data = write_data(directory, args.batch * args.seq * (args.warmup + args.steps + 2) * 2)
-        for repeat in range(args.repeats):
-            turn = repeat % len(names)
-            for name in names[turn:] + names[:turn]:
-                result = run(args, name, data, directory)
-                runs[name].append(result)
-                print(f"run {repeat + 1}/{args.repeats} {name}: step {result['step_time']:.3f}s, "
-                      f"peak {result['peak_mb']:.0f} MB, last loss {result['loss']:.6f}", flush=True)
-    summary = {name: {key: median([r[key] for r in rs]) for key in rs[0]} for name, rs in runs.items()}
+        summary = median_of_turning_runs(
+            names, args.repeats, lambda name: run(args, name, data, directory),
+            lambda r: f"step {r['step_time']:.3f}s, peak {r['peak_mb']:.0f} MB, last loss {r['loss']:.6f}")
     on_gpu = "cuda" in os.environ.get("DS_ACCELERATOR", "cuda") and _cuda()
     rows = []
     for name in names:
