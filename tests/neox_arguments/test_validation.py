@@ -260,3 +260,13 @@ def test_moe_settings_reach_the_model_config():
               moe_min_capacity=2, pipe_parallel_size=0)
     config = ModelConfig.from_neox_args(ds, padded_vocab_size=128)
     assert (ds.moe_router_type, config.moe_train_capacity_factor, config.moe_min_capacity) == ("topk", 1.5, 2)
+
+
+@pytest.mark.parametrize("kind", ["OneBitAdam", "ZeroOneAdam", "OneBitLamb"])
+def test_communication_compressed_optimizers_are_refused_naming_the_backend(kind):
+    message = problems_of(optimizer={"type": kind, "params": {"lr": 1e-3}})
+    assert f"optimizer.type='{kind}'" in message and "NCCL or MPI" in message and "no gloo path" in message
+
+
+def test_lamb_is_refused_until_built():
+    assert "FusedLamb" in problems_of(optimizer={"type": "Lamb", "params": {"lr": 1e-3}})
