@@ -57,7 +57,7 @@ CASES = {"zero2": {"stage": 2}, "zero2_offload_optimizer": {"stage": 2, "offload
                                 "offload_param": {"device": "cpu"}}}
 
 
-def _engine(zero, state):
+def _engine(zero, state, world_size: int = 2):
     import deepspeed
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -65,7 +65,7 @@ def _engine(zero, state):
 
     torch.manual_seed(0)
     model = build_model(tiny_config(), state)
-    config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    config = {"train_batch_size": 2 * world_size, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
               "steps_per_print": 10 ** 6, "gradient_clipping": 1.0, "zero_optimization": zero}
     optimizer = DeepSpeedCPUAdam(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config, mpu=state)
@@ -112,3 +112,36 @@ def test_offload_gives_the_losses_without_offload_and_resumes_exactly(tmp_path):
     for offloaded, plain in (("zero2_offload_optimizer", "zero2"), ("zero3_offload_both", "zero3")):
         assert results[offloaded] == pytest.approx(results[plain], rel=1e-5), offloaded
         assert results[offloaded + "_resumed"] == results[offloaded][SAVE_AT:], offloaded
+
+
+def _async_io_compatible() -> bool:
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    return bool(AsyncIOBuilder().is_compatible(verbose=False))
+
+
+def _nvme_losses(rank: int, world_size: int, nvme_path: str):
+    from megatron.deepspeed_comm import init_deepspeed_comm
+    from megatron.mpu import ParallelState
+
+    init_deepspeed_comm("gloo", dist_init_required=False)
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=1)
+    results = {}
+    for device in ("cpu", "nvme"):
+        where = {"device": device, **({"nvme_path": nvme_path} if device == "nvme" else {})}
+        engine, model = _engine({"stage": 3, "offload_optimizer": where, "offload_param": where}, state, world_size)
+        results[device] = _train(engine, model, rank, range(3))
+    state.destroy()
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _async_io_compatible(), reason="NVMe offload needs libaio (apt-get install libaio-dev) for "
+                                                       "DeepSpeed's async_io op; it is refused where it is missing")
+def test_nvme_offload_gives_the_losses_of_cpu_offload(tmp_path):
+    """Where DeepSpeed's async_io op builds (libaio installed; its first build takes minutes), ZeRO-3 with optimizer
+    and parameters swapped to NVMe through it trains exactly as with them offloaded to CPU memory."""
+    results = run_distributed(_nvme_losses, world_size=1, args=(str(tmp_path),))[0]
+    assert results["nvme"] == pytest.approx(results["cpu"], rel=1e-6)
+    swapped = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("zero_stage_3/*/rank0"))
+    assert len(swapped) == 2 and swapped[1] == "zero_stage_3/optimizer/rank0", swapped  # DeepSpeed's swap folders
