@@ -8,7 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,6 +68,20 @@ def last_json_line(text: str) -> Dict:
 
 def median(values: List[float]) -> float:
     return statistics.median(values)
+
+
+def median_of_turning_runs(names: Sequence[str], repeats: int, measure: Callable[[str], Dict[str, float]],
+                           describe: Callable[[Dict[str, float]], str]) -> Dict[str, Dict[str, float]]:
+    """Run `measure(name)` `repeats` times for every name, the order turning every repeat (no contender always goes
+    first), printing `describe(result)` after each; returns {name: {key: median over the repeats}}."""
+    runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in names}
+    for repeat in range(repeats):
+        turn = repeat % len(names)
+        for name in list(names[turn:]) + list(names[:turn]):
+            result = measure(name)
+            runs[name].append(result)
+            print(f"run {repeat + 1}/{repeats} {name}: {describe(result)}", flush=True)
+    return {name: {key: median([r[key] for r in rs]) for key in rs[0]} for name, rs in runs.items()}
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

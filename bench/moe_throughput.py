@@ -18,11 +18,12 @@ import argparse
 import os
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import machine_description, median, print_table, train_with_deepy  # noqa: E402
+from bench.common import (machine_description, median, median_of_turning_runs, print_table,  # noqa: E402
+                          train_with_deepy)
 from bench.train_throughput import SIZES, ours_config, write_data  # noqa: E402
 
 LABELS = {"dense": "(a) dense, same active parameters", "megablocks": "(b) dropless MoE (megablocks)",
@@ -77,17 +78,11 @@ def main() -> None:
     args = parse_args()
     tokens_per_step = args.batch * args.seq
     contenders = [c for c in LABELS if c in args.only.split(",")]
-    runs: Dict[str, List[Dict]] = {c: [] for c in contenders}
     with tempfile.TemporaryDirectory() as directory:
         data = write_data(directory, tokens_per_step * (args.warmup + args.steps + 2) * 2)
-        for repeat in range(args.repeats):
-            turn = repeat % len(contenders)
-            for name in contenders[turn:] + contenders[:turn]:
-                result = measure(name, args, data, directory)
-                runs[name].append(result)
-                print(f"run {repeat + 1}/{args.repeats} {name}: step {result['step_time']:.3f}s, "
-                      f"peak {result['peak_rss_mb']:.0f} MB", flush=True)
-    summary = {name: {key: median([r[key] for r in rs]) for key in rs[0]} for name, rs in runs.items()}
+        summary = median_of_turning_runs(
+            contenders, args.repeats, lambda name: measure(name, args, data, directory),
+            lambda r: f"step {r['step_time']:.3f}s, peak {r['peak_rss_mb']:.0f} MB")
     reference = summary.get("dense")
     rows = []
     for name, s in summary.items():

@@ -15,3 +15,12 @@ def init_deepspeed_comm(dist_backend: str, **kwargs) -> None:
     if not torch.cuda.is_available():
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=dist_backend, **kwargs)
+
+
+def collectives():
+    """The module the project's own collectives go through: ``deepspeed.comm`` once it is started, so that its
+    comms_logger (config section ``comms_logger``) times and counts them beside ZeRO's and the pipeline engine's;
+    ``torch.distributed`` in a world started without DeepSpeed (unit tests), whose calls have the same form."""
+    import deepspeed.comm as ds_comm
+
+    return ds_comm if ds_comm.is_initialized() else torch.distributed

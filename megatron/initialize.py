@@ -16,6 +16,7 @@ import torch
 from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.model_config import ModelConfig, padded_vocab_size
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
+from megatron.zero_offload import offload_device_problems
 
 
 @dataclasses.dataclass
@@ -100,6 +101,7 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
 
     tee_rank_output(neox_args.log_dir, neox_args.rank)
     problems = ModelConfig.from_neox_args(neox_args).device_problems(torch.cuda.is_available())
+    problems += offload_device_problems(neox_args.zero_optimization)
     if problems:
         raise ConfigError(problems)
     if torch.cuda.is_available() and neox_args.local_rank is not None:

@@ -6,7 +6,10 @@ tokens/s, samples/s, TFLOP/s per device, MFU, ETA) to
 
 * the console and `<log_dir>/metrics.jsonl` (one JSON object per line) on the logging rank,
 * TensorBoard (`tensorboard_dir`), Comet (`use_comet`) on the logging rank,
-* W&B (`use_wandb`) on the logging rank, or on every rank with `wandb_init_all_ranks`.
+* W&B (`use_wandb`) on the logging rank, or on every rank with `wandb_init_all_ranks`,
+* DeepSpeed's monitors (its `csv_monitor`, `tensorboard`, `wandb`, `comet` sections) during training, beside the
+  engine's own timer events (DeepSpeedMonitorSink),
+* and DeepSpeed's communication summary as `comms` records when `comms_logger` is on (megatron.comms_logging).
 
 Throughput is tokens = the interval's samples (iterations x train_batch_size, or the ramped batches of
 rampup_batch_size, logged as batch_size) x seq_length over the interval's training time;
@@ -163,6 +166,24 @@ class CometSink:
         self.experiment.end()
 
 
+class DeepSpeedMonitorSink:
+    """DeepSpeed's monitors (config sections csv_monitor, tensorboard, wandb, comet). The engine feeds them only its
+    own timers and learning rate (and, in a pipeline, its train_loss); the training and evaluation records go to
+    them too, as events '<Split>/Samples/<key>' at the engine's count of samples, DeepSpeed's own naming."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def log(self, prefix: str, metrics: Dict[str, float], step: int) -> None:
+        if metrics:
+            samples = int(self.engine.global_samples)
+            self.engine.monitor.write_events([(f"{prefix.capitalize()}/Samples/{key}", value, samples)
+                                              for key, value in metrics.items()])
+
+    def close(self) -> None:
+        pass  # the engine owns its monitors
+
+
 class MetricSinks:
     """Every destination the config asks for: metrics.jsonl (log_dir), tensorboard (tensorboard_dir) and
     comet (use_comet) on the logging rank, wandb (use_wandb) there or on every rank with
@@ -181,6 +202,10 @@ class MetricSinks:
                 self.sinks.append(CometSink(neox_args, config))
         if neox_args.use_wandb and (is_logging_rank or neox_args.wandb_init_all_ranks):
             self.sinks.append(WandbSink(neox_args, rank, config))
+
+    def add(self, sink: Any) -> None:
+        """One more destination for the records' numbers (e.g. DeepSpeedMonitorSink once the engine exists)."""
+        self.sinks.append(sink)
 
     def write(self, prefix: str, record: Dict[str, Any]) -> None:
         """The whole record to metrics.jsonl; its numbers as '<prefix>/<key>' scalars at record['iteration']."""
@@ -333,6 +358,10 @@ class TrainingLogger:
             scores = " | ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, (int, float)))
             self.console.write(f"eval_tasks at iteration {iteration} | {scores}\n")
             self.console.flush()
+
+    def log_comms(self, iteration: int, ops: Dict[str, Any]) -> None:
+        """Write DeepSpeed's communication summary (megatron.comms_logging; type 'comms'); rank 0 printed it."""
+        self._write("comms", {"type": "comms", "iteration": iteration, "ops": ops})
 
     def _write(self, prefix: str, record: Dict[str, Any]) -> None:
         self.out.write(prefix, record)

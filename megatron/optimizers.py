@@ -9,7 +9,7 @@ deepspeed.initialize(optimizer=...). optimizer.type (lower-cased in neox_args.op
 * cpu_torch_adam  torch.optim.AdamW / Adam, not fused.
 * sgd             torch.optim.SGD (momentum, dampening, nesterov from params).
 * sm3, madgrad_wd, lion   the implementations below.
-* onebitadam      refused: 1-bit Adam needs NCCL/CUDA collectives, and the installed DeepSpeed has none.
+* OneBitAdam, ZeroOneAdam, OneBitLamb, Lamb   refused by validation (megatron.neox_arguments.validation).
 
 optimizer.params may hold lr (already in neox_args.lr), the optimizer's own keys, and weight_decay (else
 neox_args.weight_decay); any other key is an error naming it. Weight decay is applied only to the
@@ -323,11 +323,8 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
     Build it after the model is on its device (CPU or CUDA) and pass it to deepspeed.initialize(optimizer=...).
     With ZeRO-Offload, DeepSpeed requires optimizer type CPU_Adam."""
     kind = neox_args.optimizer_type
-    if kind == "onebitadam":
-        raise ValueError("optimizer type 'onebitadam' (OneBitAdam) is not supported: 1-bit Adam needs NCCL/CUDA "
-                         "collectives and the installed DeepSpeed no longer provides it; use type Adam")
-    if kind not in ACCEPTED_PARAMS:
-        raise ValueError(f"optimizer type {kind!r} is not one of {', '.join(ACCEPTED_PARAMS)}, onebitadam")
+    if kind not in ACCEPTED_PARAMS:  # OneBitAdam & co. are refused by validation (COMPRESSED_OPTIMIZERS)
+        raise ValueError(f"optimizer type {kind!r} is not one of {', '.join(ACCEPTED_PARAMS)}")
     params = _optimizer_params(neox_args, kind)
     params.pop("weight_decay", None)
     weight_decay = base_weight_decay(neox_args)

@@ -19,6 +19,8 @@ import torch.distributed as dist
 from megatron.checkpoint_files import use_safe_loading
 from megatron.checkpointing import (CheckpointError, estimated_checkpoint_bytes, load_checkpoint, rng_states,
                                    save_checkpoint, set_rng_states, space_problem)
+from megatron.comms_logging import CommsReporter
+from megatron.deepspeed_comm import collectives
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
@@ -392,7 +394,7 @@ def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> Optional[f
         if split or parallel_state.get_model_parallel_rank() == 0:
             total += param.grad.detach().float().pow(2).sum().cpu()
     if dist.is_initialized() and parallel_state.get_model_parallel_world_size() > 1:
-        dist.all_reduce(total, group=parallel_state.get_model_parallel_group())
+        collectives().all_reduce(total, group=parallel_state.get_model_parallel_group())
     return float(total.sqrt())
 
 
@@ -403,7 +405,7 @@ def _data_parallel_mean(loss: torch.Tensor, engine) -> float:
         if getattr(engine, "is_pipe_parallel", False):
             # the pipeline engine already broadcast the loss to all stages; average over data-parallel ranks
             group = engine.grid.get_data_parallel_group()
-        dist.all_reduce(loss, group=group)
+        collectives().all_reduce(loss, group=group)
         loss /= dist.get_world_size(group=group)
     return loss.item()
 
@@ -578,6 +580,10 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0,
                             train_iters=schedule.train_iters)
     logger.restart_clock(iteration)
+    if logger.is_logging_rank and engine.monitor.enabled:
+        from megatron.logging import DeepSpeedMonitorSink
+
+        logger.out.add(DeepSpeedMonitorSink(engine))
     summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
     overflow = OverflowGuard()
     wants_debug = any((neox_args.log_grad_norm, neox_args.log_param_norm, neox_args.log_grad_pct_zeros,
@@ -588,6 +594,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
 
         memory_profiler = MemoryProfiler(neox_args)
     last_saved = last_moe_report = iteration
+    comms = CommsReporter(neox_args.comms_logger)
 
     def save(at: int) -> None:
         nonlocal last_saved
@@ -635,6 +642,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
             logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras,
                              batch_size=batch_size)
+            if comms.due(iteration):
+                logger.log_comms(iteration, comms.report())
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
                 if valid_batches is not None:
                     evaluate_split(valid_batches, "validation")
@@ -671,6 +680,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                 break
         if do_train:
             save(iteration)
+            if comms.enabled and not comms.due(iteration):
+                logger.log_comms(iteration, comms.report())
         if "stopped_by" not in summary and "exited_at_interval" not in summary:
             if neox_args.do_valid and valid_batches is not None:
                 evaluate_split(valid_batches, "validation")

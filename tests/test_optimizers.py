@@ -99,8 +99,8 @@ def test_each_own_optimizer_is_built():
 def test_unknown_param_and_onebitadam_are_clear_errors():
     with pytest.raises(ValueError, match=r"\['momentum'\] are not accepted by optimizer type 'lion'"):
         build_optimizer(_args("Lion", momentum=0.9), Toy())
-    with pytest.raises(ValueError, match="onebitadam"):
-        build_optimizer(_args("OneBitAdam"), Toy())
+    with pytest.raises(ValueError, match="OneBitAdam.*NCCL or MPI"):  # refused when the arguments are validated
+        _args("OneBitAdam")
     with pytest.raises(ValueError, match="bias_correction"):
         build_optimizer(_args("Adam", bias_correction=False), Toy())
 

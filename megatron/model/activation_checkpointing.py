@@ -5,9 +5,11 @@ the one place that configures them from the ModelConfig and the ParallelState. W
 model draws model-parallel dropout from DeepSpeed's tracker, so that recomputation in the backward pass
 replays exactly the dropout masks of the forward pass.
 
-Options: checkpoint_activations (on/off), checkpoint_num_layers (transformer layers per checkpoint),
+Options (one setting with DeepSpeed's ``activation_checkpointing`` dict, see megatron.neox_arguments.derivation):
+checkpoint_activations (on/off), checkpoint_num_layers (transformer layers per checkpoint),
 partition_activations (split saved inputs across the model-parallel group), contiguous_checkpointing
-(needs partition_activations), checkpoint_in_cpu, synchronize_each_layer, profile_backward.
+(needs partition_activations), checkpoint_in_cpu (keep the saved inputs in CPU memory; on DeepSpeed's CPU
+accelerator they are there already), synchronize_each_layer, profile_backward, number_checkpoints.
 """
 from __future__ import annotations
 
@@ -34,10 +36,20 @@ def configure_activation_checkpointing(config: ModelConfig, parallel_state) -> N
         partition_activations=config.partition_activations,
         contiguous_checkpointing=config.contiguous_checkpointing,
         num_checkpoints=config.activation_checkpoints,
-        checkpoint_in_cpu=config.checkpoint_in_cpu,
+        checkpoint_in_cpu=config.checkpoint_in_cpu and (config.partition_activations or not _on_cpu_accelerator()),
         synchronize=config.synchronize_each_layer,
         profile=config.profile_backward,
     )
+
+
+def _on_cpu_accelerator() -> bool:
+    """On DeepSpeed's CPU accelerator the activations already live in CPU memory, and DeepSpeed 0.19's
+    cpu_checkpointing without partition_activations empties the very tensor it means to keep there (its "copy" to
+    the CPU is the tensor itself), so the backward fails: there checkpoint_in_cpu is satisfied as it is and is not
+    passed on (with partition_activations DeepSpeed copies the partition, and it is)."""
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().device_name() == "cpu"
 
 
 def checkpointing_rng_tracker(config: ModelConfig, parallel_state):

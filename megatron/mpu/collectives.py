@@ -22,6 +22,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from megatron.deepspeed_comm import collectives
+
 
 def group_size(group) -> int:
     """World size of ``group``; 1 for ``None`` (no distributed world)."""
@@ -34,13 +36,15 @@ def group_rank(group) -> int:
 
 
 def _all_gather_single(out: torch.Tensor, inp: torch.Tensor, group) -> None:
-    # torch 2.13 names it all_gather_single; older releases only have all_gather_into_tensor.
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    comm = collectives()
+    # torch 2.13 names it all_gather_single; older releases (and deepspeed.comm) only have all_gather_into_tensor.
+    fn = getattr(comm, "all_gather_single", None) or comm.all_gather_into_tensor
     fn(out, inp, group=group)
 
 
 def _reduce_scatter_single(out: torch.Tensor, inp: torch.Tensor, group) -> None:
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    comm = collectives()
+    fn = getattr(comm, "reduce_scatter_single", None) or comm.reduce_scatter_tensor
     fn(out, inp, group=group)
 
 
@@ -48,7 +52,7 @@ def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     if group_size(group) == 1:
         return x
     x = x.contiguous()
-    dist.all_reduce(x, group=group)
+    collectives().all_reduce(x, group=group)
     return x
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megatron.deepspeed_comm import collectives
+
 from megatron.mpu.collectives import group_rank, group_size
 
 
@@ -25,7 +27,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         world = group_size(group)
         logits_max = logits.max(dim=-1).values
         if world > 1:
-            dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
+            collectives().all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
         shifted = logits - logits_max.unsqueeze(-1)
         per_rank = shifted.size(-1)
         start = group_rank(group) * per_rank
@@ -35,8 +37,9 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         exp = shifted.exp_()  # `shifted` is our own temporary: reuse its memory ([tokens, vocab] is large)
         sum_exp = exp.sum(dim=-1)
         if world > 1:
-            dist.all_reduce(predicted, group=group)
-            dist.all_reduce(sum_exp, group=group)
+            comm = collectives()
+            comm.all_reduce(predicted, group=group)
+            comm.all_reduce(sum_exp, group=group)
         loss = sum_exp.log() - predicted
         softmax = exp.div_(sum_exp.unsqueeze(-1))
         ctx.save_for_backward(softmax, local_target, outside)

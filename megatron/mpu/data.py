@@ -10,6 +10,8 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from megatron.deepspeed_comm import collectives
+
 
 def broadcast_data(keys: List[str], data: Optional[Dict[str, torch.Tensor]], dtype: torch.dtype,
                    parallel_state) -> Dict[str, torch.Tensor]:
@@ -41,14 +43,14 @@ def broadcast_data(keys: List[str], data: Optional[Dict[str, torch.Tensor]], dty
                 raise ValueError(f"broadcast_data supports at most {max_dims} dims, {key!r} has {len(shape)}")
             sizes[i, : len(shape)] = torch.tensor(shape, dtype=torch.long)
             sizes[i, len(shape):] = -1
-    dist.broadcast(sizes, src=src, group=group)
+    collectives().broadcast(sizes, src=src, group=group)
     shapes = [tuple(int(d) for d in row if d >= 0) for row in sizes.tolist()]
     numels = [int(torch.Size(s).numel()) for s in shapes]
     if is_src:
         flat = torch.cat([data[key].to(device=device, dtype=dtype).reshape(-1) for key in keys])
     else:
         flat = torch.empty(sum(numels), dtype=dtype, device=device)
-    dist.broadcast(flat, src=src, group=group)
+    collectives().broadcast(flat, src=src, group=group)
     out, offset = {}, 0
     for key, shape, numel in zip(keys, shapes, numels):
         out[key] = flat[offset: offset + numel].view(shape)

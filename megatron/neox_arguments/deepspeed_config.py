@@ -18,6 +18,7 @@ module writes that value.
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Set, Tuple
 
+from megatron.comms_logging import deepspeed_section as comms_logger_section
 from megatron.neox_arguments.groups import NeoXArgsSchema
 
 
@@ -158,6 +159,8 @@ def build_deepspeed_config(args: NeoXArgsSchema) -> Tuple[Dict[str, Any], List[s
         value = getattr(args, section)
         if value is not None:
             config[section] = value
+    if args.comms_logger is not None:
+        config["comms_logger"] = comms_logger_section(args.comms_logger)
     if args.communication_data_type is not None:
         config["communication_data_type"] = args.communication_data_type
     elif args.fp32_allreduce:

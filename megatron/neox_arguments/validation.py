@@ -7,9 +7,11 @@ import dataclasses
 import difflib
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
+from megatron.comms_logging import comms_logger_problems
 from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
+from megatron.zero_offload import offload_problems
 
 
 TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha")
@@ -17,6 +19,8 @@ TRANSFORMER_ENGINE_FP8_SETTINGS = ("te_fp8_format", "te_fp8_wgrad", "te_fp8_amax
                                    "te_fp8_amax_compute_algo", "te_fp8_margin")
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
 DERIVED_ONLY = ("data_parallel_size", "deepspeed_config", "is_pipe_parallel", "save_iters")
+COMPRESSED_OPTIMIZERS = {"onebitadam": "OneBitAdam", "zerooneadam": "ZeroOneAdam", "onebitlamb": "OneBitLamb"}
+"""DeepSpeed's 1-bit / 0-1 optimizers (optimizer.type lower-cased -> its spelling), refused with the reason."""
 
 _MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(NeoXArgsModel)}
 
@@ -202,11 +206,18 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"hidden_dropout={args.hidden_dropout} and attention_dropout={args.attention_dropout} "
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
+    problems += comms_logger_problems(args.comms_logger)
     problems += _data_path_problems(args)
-    if args.optimizer_type not in ("adam", "onebitadam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd",
-                                   "sgd", "lion"):
-        problems.append(f"optimizer.type={args.optimizer_type!r} must be one of Adam, OneBitAdam, CPU_Adam, "
-                        f"CPU_torch_Adam, SM3, madgrad_wd, SGD, Lion")
+    if args.optimizer_type in COMPRESSED_OPTIMIZERS:
+        problems.append(f"optimizer.type={COMPRESSED_OPTIMIZERS[args.optimizer_type]!r}: DeepSpeed's "
+                        f"communication-compressed optimizers need its compressed-allreduce backends (NCCL or MPI "
+                        f"with CUDA; there is no gloo path for CPU ranks), and the installed DeepSpeed (0.19) no "
+                        f"longer ships them or the optimizers; use type Adam")
+    elif args.optimizer_type == "lamb":
+        problems.append("optimizer.type='Lamb' (DeepSpeed's FusedLamb, a CUDA op) is not supported yet; use Adam")
+    elif args.optimizer_type not in ("adam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"):
+        problems.append(f"optimizer.type={args.optimizer_type!r} must be one of Adam, CPU_Adam, CPU_torch_Adam, SM3, "
+                        f"madgrad_wd, SGD, Lion")
     return problems
 
 
@@ -496,4 +507,6 @@ def parallelism_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"pipe_partition_method={method!r} must be 'parameters', 'uniform' or 'type:REGEX'")
     if (args.comment or args.account) and args.launcher != "slurm":
         problems.append(f"comment / account are slurm options; launcher is {args.launcher!r}")
+    problems += offload_problems(args.zero_stage, args.zero_optimization, args.optimizer_type,
+                                 args.deepspeed_extra_args)
     return problems

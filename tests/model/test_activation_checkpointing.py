@@ -1,5 +1,6 @@
 """Activation checkpointing (DeepSpeed, configured with our ParallelState) gives the same loss and
-gradients as the plain model at TP=2, dropout included (the RNG streams are replayed)."""
+gradients as the plain model at TP=2, dropout included (the RNG streams are replayed); partition_activations halves
+the inputs the checkpoints keep, and cpu_checkpointing moves them off the GPU."""
 
 import pytest
 import torch
@@ -77,13 +78,76 @@ def _compare(rank: int, world_size: int) -> None:
     with pytest.raises(ValueError, match="partition_activations"):
         build_model(tiny_config(checkpoint_activations=True, contiguous_checkpointing=True), state)
     state.destroy()
+    return _saved_activation_bytes(rank, world_size, "cpu")  # in the same processes: a spawn costs seconds
 
 
 @pytest.mark.slow
-def test_checkpointed_equals_plain_with_dropout_at_tp2():
-    run_distributed(_compare, world_size=2)
+def test_checkpointed_equals_plain_with_dropout_at_tp2_and_partitioning_halves_the_saved_inputs():
+    """Each of the 4 checkpoints of the second model keeps its [4, 16, 32] fp32 input (8 KiB); partitioned over 2
+    ranks, half of it, with equal losses. checkpoint_in_cpu on the CPU accelerator keeps them where they are (and
+    trains: DeepSpeed's own CPU copy would empty them)."""
+    results = run_distributed(_compare, world_size=2)[0]
+    full = 4 * 16 * 32 * 4
+    assert results["checkpointed"][0] == 4 * full
+    assert results["partitioned"][0] == 4 * full // 2
+    assert results["partitioned_in_cpu"][0] == results["partitioned"][0]
+    losses = {name: loss for name, (_, loss) in results.items()}
+    assert len(set(losses.values())) == 1, losses
 
 
 def test_checkpointing_needs_a_world_and_valid_options():
     with pytest.raises(RuntimeError, match="torch.distributed"):
         build_model(tiny_config(checkpoint_activations=True), SingleProcessState())
+
+
+def saved_checkpoint_bytes(model, inputs, labels, device_type: str):
+    """(bytes that DeepSpeed's checkpoints keep on ``device_type`` for the backward of one step, the loss): the
+    floating-point inputs (activations; not masks or DeepSpeed's size records) saved by every CheckpointFunction
+    node of the autograd graph."""
+    loss = model.loss_fn(model(inputs), labels)
+    total, seen, stack = 0, set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if "CheckpointFunction" in type(node).__name__:
+            for tensor in node.deepspeed_saved_tensors:  # a moved or partitioned input keeps its data in saved_data
+                kept = getattr(tensor, "saved_data", None) if torch.is_tensor(tensor) else None
+                kept = tensor if kept is None else kept
+                if torch.is_tensor(kept) and kept.is_floating_point() and kept.device.type == device_type:
+                    total += kept.numel() * kept.element_size()
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    loss.backward()
+    return total, loss.item()
+
+
+SAVED_CASES = {"checkpointed": {}, "partitioned": dict(partition_activations=True),
+               "in_cpu": dict(checkpoint_in_cpu=True), "partitioned_in_cpu": dict(partition_activations=True,
+                                                                                   checkpoint_in_cpu=True)}
+
+
+def _saved_activation_bytes(rank: int, world_size: int, device_type: str):
+    """{case: (saved bytes on device_type, loss)} for the SAVED_CASES at TP=world_size."""
+    inputs, labels = random_batch(batch=4, seq=16)
+    if device_type == "cuda":
+        inputs, labels = [tuple(t.cuda() for t in part) for part in (inputs, labels)]
+    results = {}
+    for name, extra in SAVED_CASES.items():
+        state = ParallelState(pipe_parallel_size=0, model_parallel_size=world_size)
+        torch.manual_seed(0)
+        config = tiny_config(num_layers=4, model_parallel_size=world_size, checkpoint_activations=True, **extra)
+        model = build_model(config, state, RNGStatesTracker())
+        results[name] = saved_checkpoint_bytes(model.to(device_type), inputs, labels, device_type)
+        state.destroy()
+    return results
+
+
+@pytest.mark.gpu
+def test_cpu_checkpointing_moves_the_saved_inputs_off_the_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    results = run_distributed(_saved_activation_bytes, world_size=1, args=("cuda",))[0]
+    assert results["checkpointed"][0] == 4 * 4 * 16 * 32 * 4
+    assert results["in_cpu"][0] == 0
+    assert results["in_cpu"][1] == pytest.approx(results["checkpointed"][1], rel=1e-6)

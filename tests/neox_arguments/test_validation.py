@@ -333,3 +333,13 @@ def test_recompute_full_is_checkpoint_activations_and_round_trips():
     selective = tiny(recompute_granularity="selective")
     assert not selective.checkpoint_activations
     assert ModelConfig.from_neox_args(selective).recompute_granularity == "selective"
+
+
+@pytest.mark.parametrize("kind", ["OneBitAdam", "ZeroOneAdam", "OneBitLamb"])
+def test_communication_compressed_optimizers_are_refused_naming_the_backend(kind):
+    message = problems_of(optimizer={"type": kind, "params": {"lr": 1e-3}})
+    assert f"optimizer.type='{kind}'" in message and "NCCL or MPI" in message and "no gloo path" in message
+
+
+def test_lamb_is_refused_until_built():
+    assert "FusedLamb" in problems_of(optimizer={"type": "Lamb", "params": {"lr": 1e-3}})

@@ -109,6 +109,10 @@ class NeoXArgsDeepspeedConfig:
     """
     Configuration for using ZeRO optimization. Multi-level dictionary as described in Deepspeed
     documentation: https://www.deepspeed.ai/docs/config-json/#zero-optimization-options
+    ZeRO-Offload: offload_optimizer (stages 1-3) and offload_param (stage 3) with device cpu, or nvme with
+    nvme_path (needs DeepSpeed's async_io op, which builds where libaio is installed: apt-get install
+    libaio-dev; refused where the workers start otherwise). Offloading the optimizer needs optimizer type
+    CPU_Adam, or deepspeed_extra_args {zero_force_ds_cpu_optimizer: false}.
     """
 
     curriculum_learning: Optional[dict] = None
@@ -139,6 +143,8 @@ class NeoXArgsDeepspeedConfig:
     """
     Configuration for using FLOPS profiler. Dictionary as described in Deepspeed documentation:
     https://www.deepspeed.ai/docs/config-json/#flops-profiler
+    The profile is printed (or written to output_file) by rank 0 at DeepSpeed's global step profile_step,
+    which counts from 0 (profile_step: 1 profiles iteration 2).
     """
 
     communication_data_type: Optional[Literal['fp32', 'fp16', 'bf16']] = None
@@ -175,6 +181,8 @@ class NeoXArgsDeepspeedConfig:
     """
     Configuration for using tensorboard. Dictionary as described in Deepspeed documentation:
     https://www.deepspeed.ai/docs/config-json/#monitoring-module-tensorboard-wandb-csv
+    DeepSpeed's monitors (tensorboard, wandb, csv_monitor) receive the engine's timers and learning rate and
+    every training and evaluation record of this project ('Train/Samples/lm_loss', ...), on rank 0.
     """
 
     wandb: Optional[dict] = None
@@ -184,7 +192,8 @@ class NeoXArgsDeepspeedConfig:
 
     csv_monitor: Optional[dict] = None
     """
-    Configuration for using csv_monitor.
+    Configuration for using csv_monitor (DeepSpeed's; keys enabled, output_path, job_name): one csv file per
+    metric in output_path/job_name, fed as the tensorboard section says.
     """
 
     elasticity: Optional[dict] = None
@@ -197,6 +206,10 @@ class NeoXArgsDeepspeedConfig:
     """
     Configuration for using communication logger. Dictionary as described in Deepspeed documentation:
     https://www.deepspeed.ai/docs/config-json/#communication-logging
+    Counts DeepSpeed's collectives and this project's tensor-parallel ones. The summary (op, message size,
+    count, latency, bandwidth; cumulative) is printed by rank 0 and written to metrics.jsonl ('comms' records)
+    at the end of training and, with prof_interval: N (a key of this project, not passed to DeepSpeed), every
+    N iterations.
     """
 
     compression_training: Optional[dict] = None
