@@ -544,13 +544,15 @@ def pretrain(neox_args) -> Dict[str, Any]:
     do_train = neox_args.do_train if neox_args.do_train is not None else True
     lock = _claim_save_directory(neox_args) if do_train and neox_args.save else None
     try:
-        return _train_and_evaluate(neox_args, ctx, do_train, check_space=lock is not None)
+        return _train_and_evaluate(neox_args, ctx, do_train, check_space=lock is not None, deadline=deadline)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space: bool) -> Dict[str, Any]:
+def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space: bool,
+                        deadline: Optional[float]) -> Dict[str, Any]:
+    """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end."""
     from megatron.logging import TrainingLogger
     from megatron.timers import Timers
 

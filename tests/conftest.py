@@ -25,11 +25,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Counts a test reports with record_property("suite_counts", text) (the fault suite's), printed at the end
-    of the run, also from xdist workers (report properties travel with the reports)."""
-    lines = [value for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", [])
-             for name, value in getattr(report, "user_properties", []) if name == "suite_counts"]
-    if lines:
-        terminalreporter.write_sep("-", "fault suite")
-        for line in lines:
-            terminalreporter.write_line(line)
+    """The fault suite's account (issue 19), printed at the end of the run, also from xdist workers (report
+    keywords and properties travel with the reports): how many `fault`-marked cases passed and failed, and the
+    counts the kill test records with record_property("suite_counts", text)."""
+    reports = [r for key in ("passed", "failed", "error") for r in terminalreporter.stats.get(key, [])
+               if getattr(r, "when", "call") == "call" or r.outcome != "passed"]
+    faults = [r for r in reports if "fault" in getattr(r, "keywords", {})]
+    lines = [value for r in reports for name, value in getattr(r, "user_properties", []) if name == "suite_counts"]
+    if not faults and not lines:
+        return
+    terminalreporter.write_sep("-", "fault suite")
+    passed = sum(r.outcome == "passed" for r in faults)
+    terminalreporter.write_line(f"{passed} fault cases passed, {len(faults) - passed} failed (kills mid-save and "
+                                f"mid-evaluation, signals, lost ranks, damaged / missing / truncated files, a full "
+                                f"disk, a read-only or locked save directory, hostile pickles and launcher values)")
+    for line in lines:
+        terminalreporter.write_line(line)

@@ -26,6 +26,7 @@ def plant(path, marker) -> None:
     torch.save(state, path)
 
 
+@pytest.mark.fault
 def test_a_planted_object_is_refused_and_never_runs(tmp_path):
     marker, path = tmp_path / "ran", tmp_path / "mp_rank_00_model_states.pt"
     torch.save({"module": {"w": torch.ones(2)}}, path)
@@ -51,6 +52,7 @@ def test_numpy_rng_state_and_deepspeed_bookkeeping_load(tmp_path):
     assert loaded["zero_stage"] is ZeroStageEnum.optimizer_states and loaded["loss_scaler"].cur_scale == 2 ** 8
 
 
+@pytest.mark.fault
 def test_a_planted_rng_state_is_refused_on_resume(tmp_path):
     from megatron.checkpoint_integrity import write_manifest
     from tests.test_checkpointing import FakeEngine, args_for, load, save
@@ -66,6 +68,7 @@ def test_a_planted_rng_state_is_refused_on_resume(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+@pytest.mark.fault
 def test_conversion_refuses_a_planted_model_file(tmp_path):
     from megatron.checkpoint_conversion import ConversionError
     from megatron.checkpoint_conversion.neox_checkpoint import _load

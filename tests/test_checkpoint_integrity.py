@@ -16,6 +16,9 @@ from megatron.checkpointing import (CheckpointError, estimated_checkpoint_bytes,
 from tests.test_checkpointing import FakeEngine, args_for, load, resolve, save
 
 
+pytestmark = pytest.mark.fault
+
+
 @pytest.fixture
 def two_checkpoints(tmp_path):
     args = args_for(tmp_path)

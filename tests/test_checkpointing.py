@@ -107,6 +107,7 @@ def test_nothing_to_load_starts_from_scratch(tmp_path):
     assert load(tiny(), FakeEngine()) == (0, {})
 
 
+@pytest.mark.fault
 def test_an_interrupted_save_is_never_latest_and_is_refused_by_name(tmp_path):
     args = args_for(tmp_path)
     save(args, 2, FakeEngine())
@@ -118,6 +119,7 @@ def test_an_interrupted_save_is_never_latest_and_is_refused_by_name(tmp_path):
         resolve(args_for(tmp_path, iteration=9))
 
 
+@pytest.mark.fault
 def test_pruning_orders_tags_by_iteration_and_keeps_the_one_latest_names(tmp_path):
     args = args_for(tmp_path, keep_last_n_checkpoints=2)
     for it in (8, 9, 10):
@@ -126,6 +128,7 @@ def test_pruning_orders_tags_by_iteration_and_keeps_the_one_latest_names(tmp_pat
     assert read_latest(str(tmp_path)) == "global_step10"
 
 
+@pytest.mark.fault
 def test_latest_naming_an_incomplete_directory_is_refused(tmp_path):
     args = args_for(tmp_path)
     save(args, 2, FakeEngine())
@@ -148,6 +151,7 @@ def _failing_write(monkeypatch, name):
     monkeypatch.setattr(megatron.checkpointing, "_write_atomically", dies_on)
 
 
+@pytest.mark.fault
 def test_a_crash_before_complete_leaves_latest_on_the_previous_checkpoint(tmp_path, monkeypatch):
     args = args_for(tmp_path)
     save(args, 4, FakeEngine())
@@ -158,6 +162,7 @@ def test_a_crash_before_complete_leaves_latest_on_the_previous_checkpoint(tmp_pa
     assert resolve(args) == (str(tmp_path), "global_step4")
 
 
+@pytest.mark.fault
 def test_a_crash_between_complete_and_latest_resumes_from_the_newest_complete(tmp_path, monkeypatch, capsys):
     args = args_for(tmp_path)
     save(args, 4, FakeEngine())
@@ -176,6 +181,7 @@ def test_a_crash_between_complete_and_latest_resumes_from_the_newest_complete(tm
 
 @pytest.mark.parametrize("latest", [None, "", "\x00\x8fgarbage", b"\xff\xfe\x9c\x00\xc3", "global_step99"],
                          ids=["deleted", "empty", "garbage", "random-bytes", "a-missing-directory"])
+@pytest.mark.fault
 def test_a_damaged_latest_resumes_from_the_newest_complete_checkpoint(tmp_path, capsys, latest):
     args = args_for(tmp_path)
     for it in (4, 8):
@@ -308,6 +314,7 @@ def test_the_padded_vocabulary_of_a_gpt_neox_checkpoint_comes_from_its_embedding
         _checkpoint_vocabulary(args, tokenizer_vocab=200, vocab=256)
 
 
+@pytest.mark.fault
 def test_resuming_zero_on_another_number_of_data_parallel_ranks_is_refused_with_the_way_out(tmp_path):
     saved_args = args_for(tmp_path, global_num_gpus=2, zero_optimization={"stage": 1})
     assert saved_args.data_parallel_size == 2
@@ -324,6 +331,7 @@ def test_resuming_zero_on_another_number_of_data_parallel_ranks_is_refused_with_
     assert resolve(args_for(tmp_path, global_num_gpus=1)) == (str(tmp_path), "global_step8")
 
 
+@pytest.mark.fault
 def test_another_seq_length_is_refused_on_resume_and_another_batch_size_is_noted(tmp_path, capsys):
     save(args_for(tmp_path), 4, FakeEngine())
     args = args_for(tmp_path)

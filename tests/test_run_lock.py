@@ -12,6 +12,9 @@ from megatron.run_lock import LOCK_FILE, RunLock, lock_problem
 from tests.e2e.launch import REPO
 
 
+pytestmark = pytest.mark.fault
+
+
 def test_a_second_lock_is_refused_naming_the_holder_until_the_first_is_released(tmp_path):
     first, second = RunLock(str(tmp_path / "ckpt")), RunLock(str(tmp_path / "ckpt"))
     assert first.acquire() is None and lock_problem(str(tmp_path / "ckpt")) is not None

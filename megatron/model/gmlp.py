@@ -102,7 +102,7 @@ class SpatialGatingUnit(nn.Module):
         gates = self._normed_gate(gate)
         if state is not None:
             gates = torch.cat([state[0], gates], dim=1)
-        n, end = z.size(1), offset + z.size(1)
+        end = offset + z.size(1)
         if end > self.proj.weight.size(0):
             raise ValueError(f"a gMLP layer mixes at most seq_length={self.proj.weight.size(0)} positions (its "
                              f"spatial projection's size); position {end - 1} is beyond it")

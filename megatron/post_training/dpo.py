@@ -14,7 +14,7 @@ sets ref_* to 0 (and no reference model is built). dpo_fp32 computes the log-sof
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F

@@ -148,6 +148,7 @@ def test_missing_files_name_the_path(tmp_path: Path) -> None:
         MMapIndexedDataset(prefix)
 
 
+@pytest.mark.fault
 def test_truncated_bin_is_named(tmp_path: Path) -> None:
     prefix = _write(tmp_path)
     data = Path(f"{prefix}.bin").read_bytes()
@@ -156,6 +157,7 @@ def test_truncated_bin_is_named(tmp_path: Path) -> None:
         MMapIndexedDataset(prefix)
 
 
+@pytest.mark.fault
 def test_truncated_idx_is_named(tmp_path: Path) -> None:
     prefix = _write(tmp_path)
     data = Path(f"{prefix}.idx").read_bytes()
@@ -167,6 +169,7 @@ def test_truncated_idx_is_named(tmp_path: Path) -> None:
         MMapIndexedDataset(prefix)
 
 
+@pytest.mark.fault
 def test_bad_magic_and_corrupt_pointers(tmp_path: Path) -> None:
     prefix = _write(tmp_path)
     data = bytearray(Path(f"{prefix}.idx").read_bytes())

@@ -19,7 +19,7 @@ import yaml
 from tests.e2e.launch import REPO, deepy_environment
 from tests.e2e.training_run import TINY_MODEL, build_tiny_corpus
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.fault]
 
 
 def test_kills_at_twenty_random_moments_lose_nothing_and_resume_exactly(tmp_path, record_property):

@@ -103,6 +103,7 @@ def test_load_directory_that_does_not_exist(deepy_main, files, tmp_path):
     assert code == 0 and len(launched) == 1
 
 
+@pytest.mark.fault
 def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp_path, monkeypatch):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -120,6 +121,7 @@ def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp
            f"(Read-only file system)" in err
 
 
+@pytest.mark.fault
 def test_a_save_directory_another_run_is_writing_is_refused(deepy_main, files, tmp_path):
     """The run lock (megatron.run_lock) is held by another process: deepy.py names it and starts nothing."""
     ckpt = tmp_path / "ckpt"
@@ -211,6 +213,7 @@ def test_rank_zero_address_is_found_or_asked_for(deepy_main, files, tmp_path):
 
 @pytest.mark.parametrize("hostile", ["10.0.0.1;touch /tmp/neox_pwned", "$(touch /tmp/neox_pwned)", "node\nrm -rf x",
                                      "`id`"])
+@pytest.mark.fault
 def test_hostile_values_never_reach_a_shell(deepy_main, files, tmp_path, monkeypatch, hostile):
     """Values a launcher would pass to a shell unquoted are refused before anything starts: master_addr for every
     launcher; with pdsh also the script path and the forwarded variables, which DeepSpeed's runner writes into each
