@@ -66,9 +66,9 @@ def _install_hooks() -> None:
                                                    checkpointing._write_atomically)
     original_evaluate = training.evaluate
 
-    def save(neox_args, model_config, iteration, engine, extra_state=None):
+    def save(neox_args, model_config, iteration, engine, *args, **kwargs):
         Armed.saving = iteration
-        return original_save(neox_args, model_config, iteration, engine, extra_state)
+        return original_save(neox_args, model_config, iteration, engine, *args, **kwargs)
 
     def rng_states():  # called after DeepSpeed has written its files: the save is half done
         _stop_here("save", Armed.saving)
