@@ -275,6 +275,7 @@ class TrainingLogger:
         self._timed_seconds = 0.0
         self._timed_iterations = 0
         self._samples = 0
+        self._tokens = 0
         self._batch_size = self.args.train_batch_size
 
     def restart_clock(self, iteration: Optional[int] = None) -> None:
@@ -284,12 +285,14 @@ class TrainingLogger:
     # ---- what the loop calls ----------------------------------------------------------------------
     def log_train(self, iteration: int, lm_loss: Any, lr: float, grad_norm: Any = None, skipped: bool = False,
                   step_time: Optional[float] = None, extras: Optional[Dict[str, Any]] = None,
-                  batch_size: Optional[int] = None) -> Optional[Dict[str, Any]]:
-        """Record iteration `iteration` (1-based count of steps done; `step_time` its seconds, optional);
-        returns the record when one is written (every log_interval iterations and at train_iters)."""
+                  batch_size: Optional[int] = None, seq_length: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        """Record iteration `iteration` (1-based count of steps done; `step_time` its seconds, optional;
+        `seq_length` the tokens per sample of this step when a sequence-length curriculum cuts them, else the
+        config's); returns the record when one is written (every log_interval iterations and at train_iters)."""
         loss = _number(lm_loss)
         self._batch_size = batch_size if batch_size is not None else self.args.train_batch_size
         self._samples += self._batch_size
+        self._tokens += self._batch_size * (seq_length if seq_length is not None else self.args.seq_length)
         if skipped:
             self._skipped += 1
         elif loss is not None:
@@ -316,7 +319,8 @@ class TrainingLogger:
             seconds = self._clock() - self._last_time
         seconds = max(seconds, 1e-9)
         samples = self._samples or iterations * self.args.train_batch_size  # the batches of the interval
-        tokens_per_sec = samples * self.args.seq_length / seconds
+        tokens = self._tokens or samples * self.args.seq_length
+        tokens_per_sec = tokens / seconds
         tflops = tflops_per_device(self.flops_per_token, tokens_per_sec, self.num_devices)
         record: Dict[str, Any] = {
             "type": "train", "iteration": iteration,
@@ -377,6 +381,8 @@ class TrainingLogger:
             parts.append(f"grad_norm {record['grad_norm']:.4f}")
         if getattr(self.args, "rampup_batch_size", None) is not None:
             parts.append(f"batch_size {record['batch_size']}")
+        if record.get("curriculum_seqlen") is not None:
+            parts.append(f"curriculum_seqlen {record['curriculum_seqlen']}")
         parts += [f"tokens/s {record['tokens_per_sec']:.1f}", f"samples/s {record['samples_per_sec']:.2f}",
                   f"TFLOP/s/device {record['tflops']:.3f}",
                   "MFU n/a" if record["mfu"] is None

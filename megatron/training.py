@@ -218,6 +218,7 @@ class _ModelBatches:
         self.tokenizer_file = neox_args.vocab_file
         self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
         self.precomputed = neox_args.train_impl == "dpo" and bool(neox_args.precompute_model_name)
+        self.seqlen: Optional[int] = None  # the sequence-length curriculum's current length (set per step)
 
     def __iter__(self):
         return self
@@ -256,7 +257,39 @@ class _ModelBatches:
 
             ref = broadcast_data(["ref"], data, torch.float32, self.ctx.parallel_state)["ref"].to(self.ctx.device)
             labels = labels + ((ref[:, 1:] * labels[1]).sum(dim=-1),)
+        if self.seqlen is not None:
+            from megatron.model.batch import truncate_batch
+
+            inputs, labels = truncate_batch((inputs, labels), self.seqlen)
         return inputs, labels
+
+
+def start_curriculum(neox_args, engine, iteration: int, client_state: Dict[str, Any]):
+    """The sequence-length curriculum (megatron.curriculum) continued after `iteration` steps, None when off.
+    DeepSpeed's pipeline engine caches the activation shapes it sends between stages after the first batch;
+    with a curriculum the shapes change, so it exchanges them with every batch (its dynamic_shape mode)."""
+    from megatron import curriculum
+
+    if not curriculum.enabled(neox_args.curriculum_learning):
+        return None
+    schedule = curriculum.SeqlenCurriculum(neox_args.curriculum_learning)
+    schedule.resume(iteration, client_state.get(curriculum.STATE_KEY))
+    if neox_args.is_pipe_parallel:
+        engine.dynamic_shape = True
+    return schedule
+
+
+def run_state(position: Dict[str, int], schedule=None) -> Dict[str, Any]:
+    """What a checkpoint keeps of the run besides the engine: the data position and the curriculum's state."""
+    from megatron.curriculum import STATE_KEY
+
+    return {**position, **({STATE_KEY: schedule.state_dict()} if schedule is not None else {})}
+
+
+def curriculum_step(schedule, batches: _ModelBatches, iteration: int) -> int:
+    """Cut the training batches of step `iteration + 1` to the curriculum's length for it; returns that length."""
+    batches.seqlen = schedule.seqlen_for_step(iteration + 1)
+    return batches.seqlen
 
 
 def _loss_of(engine, batch) -> torch.Tensor:
@@ -574,6 +607,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                 "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
     train_batches, valid_batches, test_batches = _batch_streams(
         neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"], reference)
+    schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
     if loaded_rng is not None:
         # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
         # router jitter and dropout draw the same noise), whatever building the batch streams drew
@@ -602,7 +636,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         nonlocal last_saved
         if neox_args.save and last_saved != at:
             timers("save").start()
-            save_checkpoint(neox_args, ctx.model_config, at, engine, dict(position),
+            save_checkpoint(neox_args, ctx.model_config, at, engine, run_state(position, schedule_of_lengths),
                             write_extra=reference.save if reference is not None else None)
             timers("save").stop()
             last_saved = at
@@ -623,6 +657,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
             batch_size = schedule.batch_size_at(position["consumed_train_samples"])
             if schedule.rampup is not None:
                 set_batch_size(engine, lr_scheduler, batch_size)
+            seqlen = curriculum_step(schedule_of_lengths, train_batches, iteration) if schedule_of_lengths else None
             timers("train_step").start()
             loss, skipped, grad_norm, extras = train_step(neox_args, engine, train_batches, ctx, optimizer, debug)
             timers("train_step").stop()
@@ -641,9 +676,11 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                                                   or iteration == schedule.train_iters):
                 extras.update(_moe_metrics(neox_args, ctx, engine, iteration - last_moe_report))
                 last_moe_report = iteration
+            if seqlen is not None:
+                extras["curriculum_seqlen"] = seqlen
             logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
                              step_time=time.perf_counter() - started, skipped=skipped, extras=extras,
-                             batch_size=batch_size)
+                             batch_size=batch_size, seq_length=seqlen)
             if comms.due(iteration):
                 logger.log_comms(iteration, comms.report())
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:

@@ -121,6 +121,17 @@ def test_mfu_iteration_times_and_skipped(tmp_path):
     assert record["eta_s"] == pytest.approx(97 * 0.25)
 
 
+def test_a_curriculum_steps_tokens_are_counted_at_its_length(tmp_path):
+    console = io.StringIO()
+    logger = _logger(_args(log_dir=str(tmp_path), log_interval=2), console=console, clock=FakeClock())
+    logger.log_train(1, 2.0, lr=0.1, step_time=0.5, seq_length=8, extras={"curriculum_seqlen": 8})
+    record = logger.log_train(2, 2.0, lr=0.1, step_time=0.5, seq_length=16, extras={"curriculum_seqlen": 16})
+    logger.close()
+    # batch 2: 2 x 8 + 2 x 16 tokens in 1 s, not 2 x 2 x seq_length 32
+    assert record["tokens_per_sec"] == pytest.approx(48.0) and record["curriculum_seqlen"] == 16
+    assert "curriculum_seqlen 16" in console.getvalue().splitlines()[-1]
+
+
 def test_train_records_carry_the_gpu_peak_memory_on_cuda(tmp_path, monkeypatch):
     logger = _logger(_args(log_dir=str(tmp_path), log_interval=1), console=io.StringIO(), clock=FakeClock(),
                             peak=None)

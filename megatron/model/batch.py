@@ -8,6 +8,7 @@
 With a label dataset ('label' [b, s + 1], BatchOptions.labels) labels come from it.
 reset_position_ids restarts positions after each end-of-document token; reset_attention_mask keeps tokens
 from attending across documents (a per-sample [b, 1, s, s] mask).
+truncate_batch cuts a batch to the current length of a sequence-length curriculum.
 """
 from __future__ import annotations
 
@@ -80,3 +81,15 @@ def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], pa
     if options.rewards:
         return (tokens, position_ids, attention_mask), (labels, loss_mask, sample["reward"].reshape(-1))
     return (tokens, position_ids, attention_mask), (labels, loss_mask)
+
+
+def truncate_batch(batch, seqlen: int):
+    """The model batch cut to its first `seqlen` positions (the sequence-length curriculum, megatron.curriculum):
+    tokens, position_ids, the attention mask's last two dimensions, labels and loss_mask; a batch no longer than
+    `seqlen` is returned as is."""
+    (tokens, position_ids, attention_mask), (labels, loss_mask, *rest) = batch
+    if seqlen >= tokens.size(1):
+        return batch
+    cut = lambda t: t[:, :seqlen].contiguous()
+    return ((cut(tokens), cut(position_ids), attention_mask[..., :seqlen, :seqlen].contiguous()),
+            (cut(labels), cut(loss_mask), *rest))

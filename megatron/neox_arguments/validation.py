@@ -8,6 +8,7 @@ import difflib
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
 from megatron.comms_logging import comms_logger_problems
+from megatron.curriculum import curriculum_problems
 from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
@@ -58,9 +59,13 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
      "apex AMP (amp) is not supported; use the bf16 or fp16 dicts"),
     ("autotuning", lambda v: v is not None, "DeepSpeed autotuning is not supported yet"),
     ("autotuning_run", lambda v: v is not None, "DeepSpeed autotuning (autotuning_run) is not supported yet"),
-    ("curriculum_learning", lambda v: v is not None and v.get("enabled", False),
-     "curriculum_learning is not supported yet"),
-    ("data_efficiency", lambda v: v is not None, "DeepSpeed data_efficiency is not supported yet"),
+    ("curriculum_seqlen", lambda v: v != 0,
+     "curriculum_seqlen is GPT-NeoX's run-time record of the current curriculum length, not a setting: the length "
+     "of each step comes from curriculum_learning (and is logged as curriculum_seqlen); delete the key"),
+    ("data_efficiency", lambda v: v is not None and v.get("enabled", True) is not False,
+     "DeepSpeed's data_efficiency library (data_sampling: curriculum sampling by offline-analysed difficulty "
+     "metrics; data_routing: random layerwise token dropping) is not supported yet; for a sequence-length warmup "
+     "use curriculum_learning with curriculum_type 'seqlen'"),
     ("sparse_attention", lambda v: v is not None, "DeepSpeed's sparse_attention section is not supported yet; "
                                                   "set sparsity_config and name the sparse layer types (sparse_fixed, "
                                                   "sparse_variable, bigbird, bslongformer) in attention_config"),
@@ -96,7 +101,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
     ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
-    ("curriculum_learning", ("curriculum_seqlen",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
 anything but its default, since nothing would read it."""
@@ -206,6 +210,8 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"hidden_dropout={args.hidden_dropout} and attention_dropout={args.attention_dropout} "
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
+    problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
+                                    args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)
     problems += _data_path_problems(args)
     if args.optimizer_type in COMPRESSED_OPTIMIZERS:

@@ -373,8 +373,9 @@ NOT_BUILT = {
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     "mup": ('"use_mup": true,', "muP (use_mup) is not supported yet"),
     "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
-    "curriculum": ('"curriculum_learning": {"enabled": true, "curriculum_type": "seqlen"},',
-                   "curriculum_learning is not supported yet"),
+    "data_efficiency": ('"data_efficiency": {"enabled": true, "data_routing": {"enabled": true}},',
+                        "DeepSpeed's data_efficiency library (data_sampling: curriculum sampling by offline-analysed "
+                        "difficulty metrics; data_routing: random layerwise token dropping) is not supported yet"),
     "autotuning": ('"autotuning": {"enabled": true},', "DeepSpeed autotuning is not supported yet"),
 }
 

@@ -1,11 +1,11 @@
-"""get_batch: GPT-NeoX batch format, causal mask, eod loss masking."""
+"""get_batch: GPT-NeoX batch format, causal mask, eod loss masking; truncate_batch (the sequence-length curriculum)."""
 
 import pytest
 import torch
 
 from megatron.model import BatchOptions, get_batch
 from megatron.mpu import SingleProcessState
-from tests.model.helpers import tiny_config
+from tests.model.helpers import random_batch, tiny_config
 
 
 def test_get_batch_format_and_eod_mask():
@@ -55,3 +55,20 @@ def test_negative_labels_are_masked_and_label_datasets_are_used():
                                                     eod_token=0)
     assert tokens.min() >= 0
     assert labels.tolist() == [[0, 5, 6, 0]] and loss_mask.tolist() == [[0.0, 1.0, 1.0, 0.0]]
+
+
+def test_a_truncated_batch_is_the_prefix_and_the_model_sees_only_it():
+    from megatron.model import build_model
+    from megatron.model.batch import truncate_batch
+
+    (tokens, position_ids, mask), (labels, loss_mask) = batch = random_batch(seq=16, seed=3)
+    (t, p, m), (lab, lm) = truncate_batch(batch, 8)
+    assert torch.equal(t, tokens[:, :8]) and torch.equal(p, position_ids[:, :8]) and torch.equal(lab, labels[:, :8])
+    assert torch.equal(lm, loss_mask[:, :8]) and torch.equal(m, mask[:, :, :8, :8]) and m.shape == (1, 1, 8, 8)
+    assert truncate_batch(batch, 16) is batch and truncate_batch(batch, 32) is batch
+    torch.manual_seed(0)
+    model = build_model(tiny_config(hidden_dropout=0.0, attention_dropout=0.0), SingleProcessState()).eval()
+    with torch.no_grad():
+        full, short = model((tokens, position_ids, mask)), model((t, p, m))
+    assert short.shape[1] == 8 and torch.allclose(short, full[:, :8], atol=1e-5)  # causal: the prefix's logits
+    assert not torch.allclose(model.loss_fn(short, (lab, lm)), model.loss_fn(full, (labels, loss_mask)))

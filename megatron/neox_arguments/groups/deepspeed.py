@@ -117,11 +117,22 @@ class NeoXArgsDeepspeedConfig:
 
     curriculum_learning: Optional[dict] = None
     """
+    Sequence-length warmup (DeepSpeed's legacy curriculum learning, as GPT-NeoX passes it): with enabled: true,
+    each training step k uses the first L(k) tokens of every sample (tokens, position ids, attention mask, labels
+    and loss mask are cut; evaluation uses full samples), L(k) from DeepSpeed's CurriculumScheduler: keys
+    curriculum_type ('seqlen', the only type), min_difficulty, max_difficulty (at most seq_length),
+    schedule_type fixed_linear / fixed_root (schedule_config: total_curriculum_step, difficulty_step, and
+    root_degree for fixed_root) or fixed_discrete (schedule_config: difficulty, a list of lengths, and max_step,
+    the last step of each but the last). Example: {enabled: true, curriculum_type: seqlen, min_difficulty: 64,
+    max_difficulty: 2048, schedule_type: fixed_linear, schedule_config: {total_curriculum_step: 20000,
+    difficulty_step: 8}}. The length is logged as curriculum_seqlen and the schedule resumes exactly from
+    checkpoints. Only with train_impl 'normal'.
     """
 
     curriculum_seqlen: int = 0
     """
-    Internal var for tracking the current seqlen
+    GPT-NeoX's internal record of the current curriculum length; not a setting (refused unless 0): the length
+    comes from curriculum_learning and is logged as curriculum_seqlen in the train records.
     """
 
     steps_per_print: int = 10
@@ -175,6 +186,9 @@ class NeoXArgsDeepspeedConfig:
     """
     Configuration for using data efficiency. Dictionary as described in Deepspeed documentation:
     https://www.deepspeed.ai/docs/config-json/#data-efficiency
+    Not supported yet (refused unless enabled: false): neither its data_sampling (curriculum sampling by
+    offline-analysed difficulty metrics) nor its data_routing (random layerwise token dropping). For a
+    sequence-length warmup use curriculum_learning.
     """
 
     tensorboard: Optional[dict] = None
