@@ -251,7 +251,8 @@ class _ModelBatches:
         move = lambda t: t.to(self.ctx.device, non_blocking=True)
         inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
         if self.reference is not None:
-            labels = labels + (self.reference.logps(inputs, labels[0], labels[1]),)
+            if self.reference.holds:  # the last pipeline stage (the others do not read the labels)
+                labels = labels + (self.reference.logps(inputs, labels[0], labels[1]),)
         elif self.precomputed:
             from megatron.mpu import broadcast_data
 
@@ -354,19 +355,27 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
 
 def objective_metrics(engine) -> Dict[str, float]:
     """What the loss function measured since the last call (DPO's rewards, accuracy and margin; nothing for
-    language modelling), averaged over the data-parallel ranks."""
+    language modelling), averaged over the data-parallel ranks. Under pipeline parallelism only the last stage
+    runs the loss: every stage calls this and gets the last stage's values (the logging rank is on the first)."""
     take = getattr(engine.module.loss_fn, "take_metrics", None)
-    metrics = take() if take is not None else {}
-    if not metrics:
+    if take is None:
         return {}
-    names = sorted(metrics)
-    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
-    if dist.is_initialized():
+    pipelined = getattr(engine, "is_pipe_parallel", False)  # the pipeline engine with 2+ stages
+    metrics = take() if not pipelined or engine.is_last_stage() else {}
+    if metrics and dist.is_initialized():
+        names = sorted(metrics)
+        values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
         group = engine.grid.get_data_parallel_group() if getattr(engine, "is_pipe_parallel", False) \
             else engine.mpu.get_data_parallel_group() if getattr(engine, "mpu", None) else None
         dist.all_reduce(values, group=group)
         values /= dist.get_world_size(group=group)
-    return dict(zip(names, values.tolist()))
+        metrics = dict(zip(names, values.tolist()))
+    if pipelined:
+        shared = [metrics]
+        dist.broadcast_object_list(shared, src=engine.grid.stage_to_global(engine.num_stages - 1),
+                                   group=engine.grid.get_pipe_parallel_group())
+        metrics = shared[0]
+    return metrics
 
 
 def _moe_metrics(neox_args, ctx: RunContext, engine, iterations: int) -> Dict[str, float]:

@@ -330,8 +330,8 @@ PAIRWISE_PATHS = tuple(f"{kind}_{split}_{label}data_paths" for split in ("train"
 
 def post_training_problems(args: NeoXArgsSchema) -> List[str]:
     """train_impl 'dpo' / 'rm' and dataset_impl 'pairwise' (megatron/post_training): which keys go together, and
-    the layouts they run on (DPO's frozen reference model is a sequential copy of the policy on each rank; a
-    reward model's value head is replicated over whole sequences)."""
+    the layouts they run on (DPO's frozen reference model is a sequential copy of the policy, on the last pipeline
+    stage under pipeline parallelism; a reward model's value head is replicated over whole sequences)."""
     import dataclasses
 
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
@@ -378,9 +378,6 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
                             f"{len(data or [])}")
     if args.train_impl in ("dpo", "rm"):
         impl = args.train_impl
-        if args.pipe_parallel_size > 1:
-            problems.append(f"train_impl {impl!r} with pipe_parallel_size={args.pipe_parallel_size} is not supported "
-                            f"yet; use pipe_parallel_size 0 or 1")
         if args.zero_stage is not None and args.zero_stage >= 3:
             problems.append(f"train_impl {impl!r} with ZeRO stage 3 is not supported yet; use "
                             f"zero_optimization.stage 0-2")
@@ -444,9 +441,6 @@ def _kto_problems(args: NeoXArgsSchema) -> List[str]:
     if micro is not None and (micro < 2 or micro % 2):
         problems.append(f"train_micro_batch_size_per_gpu={micro}: train_impl 'kto' estimates its KL reference "
                         f"point from the other half of each micro-batch; use an even size >= 2")
-    if args.pipe_parallel_size > 1:
-        problems.append(f"train_impl 'kto' with pipe_parallel_size={args.pipe_parallel_size} is not supported yet; "
-                        f"use pipe_parallel_size 0 or 1")
     if args.zero_stage is not None and args.zero_stage >= 3:
         problems.append("train_impl 'kto' with ZeRO stage 3 is not supported yet; use zero_optimization.stage 0-2")
     if args.kto_beta <= 0:

@@ -1,6 +1,12 @@
 """The frozen reference model of DPO and KTO: a second copy of the policy's architecture (the same ModelConfig,
 split over the same tensor-parallel ranks), never trained.
 
+Under pipeline parallelism (pipe_parallel_size >= 2) only the last stage holds it, whole (every layer): the
+reference log-probabilities join the labels, which only the last stage reads, so the reference runs there beside
+the policy's last stage. Filling it from the policy gathers the stages' weights there once, at the start. That
+costs the last stage one more copy of the whole model's weights (no gradients, no optimizer state); where that
+does not fit, precompute the reference log-probabilities instead (text_gen_type 'precompute').
+
 Its weights are the policy's when the run starts: those loaded from `load` (e.g. an SFT checkpoint, with
 `finetune: true`) or, with nothing to load, the initial ones. Each checkpoint of the run stores them beside the
 policy (`dpo_reference_mp_rank_XX.pt`, one per tensor-parallel rank, for KTO too), so a resumed run compares
@@ -10,63 +16,111 @@ with the same reference, not with the policy it resumes.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
+import torch.distributed as dist
 
 REFERENCE_FILE = "dpo_reference_mp_rank_{:02d}.pt"
 
 
 class ReferenceModel:
     """Builds the reference (a GPT2ModelSequential whatever the policy's class) without touching the default
-    RNG stream, so the policy trains on the random numbers it would draw without it."""
+    RNG stream, so the policy trains on the random numbers it would draw without it. Off the last pipeline stage
+    ``model`` is None (``holds`` False): those ranks only take part in ``copy_from`` and ``load``."""
 
     def __init__(self, config, parallel_state, fp32: bool = True) -> None:
         from megatron.model.gpt2_model import GPT2ModelSequential, cast_model, model_dtype
 
-        with torch.random.fork_rng():
-            model = GPT2ModelSequential(config, parallel_state)
-        self.model = cast_model(model, model_dtype(config)).eval().requires_grad_(False)
         self.parallel_state, self.fp32 = parallel_state, fp32
+        self.model = None
+        if parallel_state.is_last_pipe_stage():
+            with torch.random.fork_rng():
+                model = GPT2ModelSequential(config, parallel_state)
+            self.model = cast_model(model, model_dtype(config)).eval().requires_grad_(False)
+
+    @property
+    def holds(self) -> bool:
+        """Whether this rank computes reference log-probabilities (the last pipeline stage)."""
+        return self.model is not None
 
     def to(self, device) -> "ReferenceModel":
-        self.model.to(device)
+        if self.model is not None:
+            self.model.to(device)
         return self
 
     def copy_from(self, policy: torch.nn.Module) -> None:
-        """Take the policy's current weights (GPT2ModelPipe with one stage, or GPT2ModelSequential)."""
-        sequential = policy.to_sequential() if hasattr(policy, "to_sequential") else policy
-        self.model.load_state_dict(sequential.state_dict())
+        """Take the policy's current weights (GPT2ModelSequential, or GPT2ModelPipe: with several stages every
+        stage of the pipeline group must call this, as it gathers their weights on the last stage)."""
+        if getattr(policy, "num_stages", 1) > 1:
+            state = gather_pipeline_state(policy, self.parallel_state)
+        else:
+            sequential = policy.to_sequential() if hasattr(policy, "to_sequential") else policy
+            state = sequential.state_dict()
+        if self.model is not None:
+            self.model.load_state_dict(state)
 
     def file(self, checkpoint_dir: str) -> str:
         return os.path.join(checkpoint_dir, REFERENCE_FILE.format(self.parallel_state.get_model_parallel_rank()))
 
     def save(self, checkpoint_dir: str) -> None:
-        """Called on every rank inside a checkpoint save; one data-parallel rank writes each shard."""
-        if self.parallel_state.get_data_parallel_rank() == 0:
+        """Called on every rank inside a checkpoint save; one data-parallel rank of the last pipeline stage writes
+        each tensor-parallel shard (whole: the file does not depend on pipe_parallel_size)."""
+        if self.model is not None and self.parallel_state.get_data_parallel_rank() == 0:
             torch.save(self.model.state_dict(), self.file(checkpoint_dir))
 
     def load(self, checkpoint_dir: str) -> bool:
-        """Weights saved by `save` in `checkpoint_dir`; False when it holds none (not a DPO checkpoint)."""
-        path = self.file(checkpoint_dir)
-        if not os.path.isfile(path):
-            return False
-        self.model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        return True
+        """Weights saved by `save` in `checkpoint_dir`; False when it holds none (not a DPO checkpoint). Under
+        pipeline parallelism the last stage looks and tells the other stages (every stage must call this)."""
+        found = False
+        if self.model is not None:
+            path = self.file(checkpoint_dir)
+            found = os.path.isfile(path)
+            if found:
+                self.model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        if self.parallel_state.get_pipe_parallel_world_size() > 1:
+            flag = [found]
+            dist.broadcast_object_list(flag, src=self.parallel_state.group_ranks("pipe")[-1],
+                                       group=self.parallel_state.get_pipe_parallel_group())
+            found = bool(flag[0])
+        return found
 
     @torch.no_grad()
     def logps(self, inputs, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-        """[rows] summed log-probabilities of the labels (see megatron.post_training.dpo.sequence_logps)."""
+        """[rows] summed log-probabilities of the labels (see megatron.post_training.dpo.sequence_logps); on the
+        last pipeline stage only (``holds``)."""
         from megatron.post_training.dpo import sequence_logps
 
+        if self.model is None:
+            raise RuntimeError("the reference model is held by the last pipeline stage only")
         logits = self.model(inputs)
         return sequence_logps(logits, labels, loss_mask, self.parallel_state.get_model_parallel_group(), self.fp32)
 
 
+def gather_pipeline_state(policy: torch.nn.Module, parallel_state) -> Optional[Dict[str, torch.Tensor]]:
+    """The state dict of a GPT2ModelPipe's whole model under GPT2ModelSequential's names, on the last stage of
+    its pipeline group (None on the others; every stage must call it). The tied word embedding, present on the
+    first and the last stage, is taken from the first stage (the one the pipeline trains)."""
+    from megatron.model.gpt2_model import GPT2ModelPipe
+
+    mine = {GPT2ModelPipe.sequential_name(name): value.detach().cpu() for name, value in policy.state_dict().items()}
+    ranks = parallel_state.group_ranks("pipe")
+    last = parallel_state.is_last_pipe_stage()
+    stages = [None] * len(ranks) if last else None
+    dist.gather_object(mine, stages, dst=ranks[-1], group=parallel_state.get_pipe_parallel_group())
+    if not last:
+        return None
+    merged: Dict[str, torch.Tensor] = {}
+    for stage in stages:  # in stage order: the first stage's copy of a tied weight wins
+        for name, value in stage.items():
+            merged.setdefault(name, value)
+    return merged
+
+
 def start_reference(reference: ReferenceModel, policy: torch.nn.Module, resumed_dir: Optional[str]) -> str:
     """Fill the reference at the start of a run: from the checkpoint a run resumes (`resumed_dir`, None for a
-    fresh start or finetune) when it is a DPO checkpoint, else from the policy as loaded. Returns where its
-    weights came from, for the log."""
+    fresh start or finetune) when it is a DPO checkpoint, else from the policy as loaded. Every rank calls it (the
+    stages of a pipeline exchange weights). Returns where its weights came from, for the log."""
     if resumed_dir and reference.load(resumed_dir):
         return f"the reference weights saved in {resumed_dir}"
     reference.copy_from(policy)

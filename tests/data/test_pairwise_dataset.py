@@ -84,5 +84,6 @@ def test_pairs_that_do_not_pair_up(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="set dataset_impl: pairwise"):
         tiny(**{**config(pos, neg), "dataset_impl": "gpt2", "pos_train_data_paths": None,
                 "neg_train_data_paths": None, "data_path": pos})
-    with pytest.raises(ConfigError, match="pipe_parallel_size=2 is not supported yet"):
-        tiny(**config(pos, neg, pipe_parallel_size=2, num_gpus=2))
+    assert tiny(**config(pos, neg, pipe_parallel_size=2, num_gpus=2)).pipe_parallel_size == 2  # DPO in a pipeline
+    with pytest.raises(ConfigError, match="ZeRO stage 3 is not supported yet"):
+        tiny(**config(pos, neg, zero_optimization={"stage": 3}))
