@@ -12,8 +12,8 @@ from megatron.model import build_model
 from megatron.model.block_sparse import make_layout
 from megatron.mpu import SingleProcessState
 from megatron.sparsity_config import SparsitySettings
-from tests.model.helpers import random_batch, tiny_config
-from tests.model.kv_helpers import incremental_logits
+from tests.model.helpers import tiny_config
+from tests.model.kv_helpers import assert_decoding_matches_full_forward
 
 
 def grid(text: str) -> torch.Tensor:
@@ -156,11 +156,7 @@ def test_kv_cache_decoding_equals_full_forward():
                 ("num_different_global_patterns", 2), ("num_local_blocks", 2), ("num_random_blocks", 1))
     model = build_model(tiny_config(num_layers=4, pos_emb="rotary", attention_config=KINDS, sparsity_config=sparsity),
                         SingleProcessState()).eval()
-    inputs, _ = random_batch()
-    with torch.no_grad():
-        full = model(inputs)
-        step = incremental_logits(model, inputs[0], prompt=5)
-    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+    assert_decoding_matches_full_forward(model)
 
 
 def test_positions_beyond_the_layout_are_refused():

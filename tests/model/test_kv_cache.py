@@ -7,7 +7,7 @@ import torch
 from megatron.model import KVCache, build_model
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch
-from tests.model.kv_helpers import incremental_logits
+from tests.model.kv_helpers import assert_decoding_matches_full_forward
 from tests.model.helpers import tiny_config
 
 
@@ -27,11 +27,7 @@ from tests.model.helpers import tiny_config
 )
 def test_kv_cache_matches_full_forward(overrides):
     model = build_model(tiny_config(**overrides), SingleProcessState()).eval()
-    inputs, _ = random_batch()
-    with torch.no_grad():
-        full = model(inputs)
-        step = incremental_logits(model, inputs[0], prompt=5)
-    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+    assert_decoding_matches_full_forward(model)
 
 
 def test_kv_cache_overflow_and_reset():

@@ -12,7 +12,7 @@ from megatron.model import build_model
 from megatron.model_config import shared_layer_owners
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch, tiny_config
-from tests.model.kv_helpers import incremental_logits
+from tests.model.kv_helpers import assert_decoding_matches_full_forward
 
 
 def test_grouped_and_spaced_orders_as_gpt_neox_documents_them():
@@ -72,8 +72,4 @@ def test_kv_cache_decoding_of_a_shared_stack_equals_full_forward():
     model = build_model(tiny_config(num_layers=4, num_unique_layers=2, pos_emb="rotary",
                                     attention_config=["global", "gmlp", "global", "gmlp"]),
                         SingleProcessState()).eval()
-    inputs, _ = random_batch()
-    with torch.no_grad():
-        full = model(inputs)
-        step = incremental_logits(model, inputs[0], prompt=5)
-    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)
+    assert_decoding_matches_full_forward(model)
