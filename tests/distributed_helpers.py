@@ -22,7 +22,6 @@ import os
 import pickle
 import queue
 import time
-import socket
 import traceback
 from datetime import timedelta
 from typing import Any, Callable, List, Sequence
@@ -32,11 +31,7 @@ import torch.multiprocessing as mp
 _DEFAULT_TIMEOUT_S = 240.0
 
 
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.e2e.launch import free_port  # noqa: E402  (one way to pick a port, see its docstring)
 
 
 def _worker(
