@@ -578,11 +578,13 @@ def _checkpoint_path(neox_args) -> Optional[str]:
     return path if path and os.path.isdir(path) else None
 
 
-def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any]]:
-    """Load into `engine`; returns (iteration to continue from, client state). (0, {}) when nothing to load."""
+def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any], Optional[str]]:
+    """Load into `engine`; returns (iteration to continue from, client state, the checkpoint directory loaded).
+    (0, {}, None) when nothing to load. The directory is returned so that callers needing it again (DPO / KTO's
+    reference model) do not resolve, and so checksum, the checkpoint a second time."""
     resolved = resolve_checkpoint(neox_args, model_config)
     if resolved is None:
-        return 0, {}
+        return 0, {}, None
     from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
     load_dir, tag = resolved
@@ -610,4 +612,4 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
                              "torch": client_state["torch_rng_state"],
                              **({"cuda": client_state["cuda_rng_state"]} if "cuda_rng_state" in client_state else {})})
     iteration = 0 if finetune else int(client_state.get("iteration", 0))
-    return iteration, client_state
+    return iteration, client_state, os.path.join(load_dir, tag)

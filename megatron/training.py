@@ -556,17 +556,16 @@ def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
         raise CheckpointError(problem)
 
 
-def _start_reference(neox_args, ctx: RunContext, engine, iteration: int):
-    """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none."""
+def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str]):
+    """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none.
+    ``resumed``: the checkpoint this run resumed training from (None for a fresh or fine-tuning start)."""
     if neox_args.train_impl not in ("dpo", "kto") or (neox_args.train_impl == "dpo" and (
             neox_args.dpo_reference_free or neox_args.precompute_model_name)):
         return None  # none needed, or read from precomputed files (megatron.post_training.precompute)
-    from megatron.checkpointing import resolve_checkpoint
     from megatron.post_training.reference import ReferenceModel, start_reference
 
     fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
     reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
-    resumed = os.path.join(*resolve_checkpoint(neox_args, ctx.model_config)) if iteration else None
     source = start_reference(reference, engine.module, resumed)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(f"{neox_args.train_impl.upper()} reference model: {source}", flush=True)
@@ -608,9 +607,9 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     except BaseException:
         stop.restore()
         raise
-    iteration, client_state = load_checkpoint(neox_args, ctx.model_config, engine)
+    iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine)
     loaded_rng = rng_states() if iteration else None
-    reference = _start_reference(neox_args, ctx, engine, iteration)
+    reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     position = {"consumed_train_samples": client_state.get("consumed_train_samples",
                                                            iteration * neox_args.train_batch_size),
                 "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}

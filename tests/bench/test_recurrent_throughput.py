@@ -1,6 +1,7 @@
 """The recurrent-layer benchmark's configs are ones the project accepts, its decoding measurement runs and sees
-a state that grows with the context for attention only, and (slow) the script prints its table. Speeds are
-read by hand, not asserted (2 shared cores)."""
+a state that grows with the context for attention only, and (slow) the script prints its table — for one layer
+type (each type's training is a deepy.py launch, ~15 s in CI; the configs of all three are checked above). Speeds
+are read by hand, not asserted (2 shared cores)."""
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 from bench.recurrent_throughput import LAYERS, decode, parse_args, train_config
 from bench.train_throughput import write_data
 from megatron.neox_arguments import NeoXArgs
+from tests.e2e.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,8 +35,10 @@ def test_decoding_state_grows_with_the_context_for_attention_only():
 @pytest.mark.slow
 def test_benchmark_prints_the_table():
     out = subprocess.run([sys.executable, "bench/recurrent_throughput.py", "--size", "tiny", "--seq", "32",
-                          "--steps", "1", "--warmup", "1", "--context", "32", "--new", "2", "--port", "29743"],
+                          "--steps", "1", "--warmup", "1", "--context", "32", "--new", "2", "--only", "mamba",
+                          "--port", str(free_port())],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert [row.split("|")[1].strip() for row in rows] == ["attention", "mamba", "rwkv"]
+    assert [row.split("|")[1].strip() for row in rows] == ["mamba"]
+    assert float(rows[0].split("|")[3].replace(",", "")) > 0  # train tokens/s

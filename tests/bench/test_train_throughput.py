@@ -9,6 +9,7 @@ import pytest
 
 from bench.train_throughput import FUSED_OPTIONS, ours_config, parse_args, write_data
 from megatron.neox_arguments import NeoXArgs
+from tests.e2e.launch import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,7 @@ def test_benchmark_config_is_valid(tmp_path, fused):
 @pytest.mark.slow
 def test_benchmark_prints_the_table_for_three_contenders():
     out = subprocess.run([sys.executable, "bench/train_throughput.py", "--size", "tiny", "--seq", "32", "--batch", "2",
-                          "--steps", "1", "--warmup", "1", "--repeats", "1", "--port", "29741"],
+                          "--steps", "1", "--warmup", "1", "--repeats", "1", "--port", str(free_port())],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| (")]

@@ -20,7 +20,8 @@ DEEPSPEED = {"num_layers": 2, "moe_num_experts": 4, "moe_top_k": 2, "moe_type": 
 @pytest.mark.slow
 def test_moe_layers_train_log_the_aux_loss_and_resume_exactly(tmp_path):
     data = build_tiny_corpus(tmp_path / "corpus")
-    straight = TrainingRun(tmp_path / "straight", data, **MOE, save=None, load=None)
+    # the straight runs save on their way; a second launch resumes from that checkpoint and must reproduce them
+    straight = TrainingRun(tmp_path / "straight", data, **MOE, checkpoint_factor=8)
     straight.launch()
     straight.assert_ok()
     losses = straight.losses()
@@ -33,31 +34,26 @@ def test_moe_layers_train_log_the_aux_loss_and_resume_exactly(tmp_path):
             tokens = [record[f"moe_tokens/layer_{layer:02d}/expert_{e:02d}"] for e in range(4)]
             assert sum(tokens) == 8 * 32 * 2 and record[f"moe_dropped/layer_{layer:02d}"] == 0.0
         assert "moe_tokens/layer_01/expert_00" not in record
-
-    stopped = TrainingRun(tmp_path / "stopped", data, **MOE, exit_interval=8)
-    stopped.launch()
-    stopped.assert_ok()
-    assert stopped.latest() == "global_step8" and max(stopped.losses()) == 8
-    slot = torch.load(tmp_path / "stopped" / "ckpt" / "global_step8" / "layer_02-model_00-model_states.pt",
+    slot = torch.load(tmp_path / "straight" / "ckpt" / "global_step8" / "layer_02-model_00-model_states.pt",
                       map_location="cpu", weights_only=True)
     assert slot["mlp.router.layer.weight"].shape == (4, 32)
     assert slot["mlp.experts.mlp.w1"].shape == slot["mlp.experts.mlp.w2"].shape == (4 * 256, 32)
-    stopped.launch()
-    stopped.assert_ok()
-    assert stopped.losses() == losses
+    resumed = straight.resumed_from(8, tmp_path / "resumed")
+    resumed.launch()
+    resumed.assert_ok()
+    assert resumed.losses() == {i: losses[i] for i in range(9, 17)}
 
     # DeepSpeed's layer: tokens over capacity (factor 1) are dropped, the experts are in DeepSpeed's files
-    straight = TrainingRun(tmp_path / "ds_straight", data, **DEEPSPEED, save=None, load=None)
+    straight = TrainingRun(tmp_path / "ds_straight", data, **DEEPSPEED, checkpoint_factor=3)
     straight.launch()
     straight.assert_ok()
     records = straight.records("train")
     assert all(0 < r["moe_dropped/layer_00"] < 0.5 for r in records)
     assert all(sum(r[f"moe_tokens/layer_00/expert_{e:02d}"] for e in range(4)) == 16 * 32 * 2 for r in records)
-    stopped = TrainingRun(tmp_path / "ds_stopped", data, **DEEPSPEED, exit_interval=3)
-    stopped.launch()
-    stopped.assert_ok()
-    files = sorted(p.name for p in (tmp_path / "ds_stopped" / "ckpt" / "global_step3").iterdir())
+    files = sorted(p.name for p in (tmp_path / "ds_straight" / "ckpt" / "global_step3").iterdir())
     assert [f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)] == [f for f in files if "expert" in f]
-    stopped.launch()
-    stopped.assert_ok()
-    assert stopped.losses() == straight.losses() and straight.losses()[6] < straight.losses()[1]
+    resumed = straight.resumed_from(3, tmp_path / "ds_resumed")
+    resumed.launch()
+    resumed.assert_ok()
+    losses = straight.losses()
+    assert resumed.losses() == {i: losses[i] for i in range(4, 7)} and losses[6] < losses[1]

@@ -1,6 +1,6 @@
 """A hybrid model (Mamba, attention and RWKV layers: configs/hybrid_tiny.yml's stack) trains through deepy.py
-train.py on CPU, its loss falls, and a run stopped at step 6 and resumed gives the straight run's losses
-exactly. One test of three launches (~15 s each) covers both recurrent block types; the layers themselves are
+train.py on CPU, its loss falls, and a run resumed from its checkpoint at step 6 gives the straight run's losses
+exactly. One test of two launches (~15 s each) covers both recurrent block types; the layers themselves are
 tested in tests/model/test_mamba.py, test_rwkv.py and test_recurrent_tensor_parallel.py."""
 
 import os
@@ -27,17 +27,13 @@ def test_hybrid_mamba_attention_rwkv_trains_and_resumes_exactly(tmp_path):
     data = build_tiny_corpus(tmp_path / "corpus")
     model = hybrid_model()
     assert model["attention_config"] == ["mamba", "global", "rwkv"]
-    straight = TrainingRun(tmp_path / "straight", data, num_gpus=1, train_iters=12, save=None, load=None,
-                           **model)
+    straight = TrainingRun(tmp_path / "straight", data, num_gpus=1, train_iters=12, checkpoint_factor=6, **model)
     straight.launch()
     straight.assert_ok()
     losses = straight.losses()
     assert sorted(losses) == list(range(1, 13)) and falls(losses), losses
 
-    stopped = TrainingRun(tmp_path / "stopped", data, num_gpus=1, train_iters=12, exit_interval=6, **model)
-    stopped.launch()
-    stopped.assert_ok()
-    assert stopped.latest() == "global_step6" and max(stopped.losses()) == 6
-    stopped.launch()
-    stopped.assert_ok()
-    assert stopped.losses() == losses
+    resumed = straight.resumed_from(6, tmp_path / "resumed")
+    resumed.launch()
+    resumed.assert_ok()
+    assert resumed.losses() == {i: losses[i] for i in range(7, 13)}

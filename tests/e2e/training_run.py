@@ -64,6 +64,16 @@ class TrainingRun:
                                             extra_env=extra_env, timeout=timeout)
         return self.result
 
+    def resumed_from(self, iteration: int, directory: Path, **overrides: Any) -> "TrainingRun":
+        """A run in ``directory`` that resumes from this run's checkpoint at ``iteration`` (saving in its own
+        directory): one launch instead of stopping and relaunching, where the straight run saved at ``iteration``
+        on its way (saving does not change what a run computes after it)."""
+        config = {key: value for key, value in self.config.items()
+                  if key not in ("save", "load", "log_dir", "iteration")}
+        return TrainingRun(directory, {}, **{**config, "load": str(self.directory / "ckpt"), "iteration": iteration,
+                                             "save": str(directory / "ckpt"), "log_dir": str(directory / "logs"),
+                                             **overrides})
+
     def assert_ok(self) -> None:
         assert self.result is not None and self.result.returncode == 0, \
             (self.result.stdout[-6000:] + "\n" + self.result.stderr[-6000:])

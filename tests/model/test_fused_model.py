@@ -53,6 +53,8 @@ CASES: Dict[str, tuple] = {
         ("layer_norm", "rotary", "upper_triang_masked_softmax", "bias_gelu", "bias_dropout_add"),
     ),
 }
+# Triton's interpreter runs each kernel program in Python: one short sequence keeps the fused runs to seconds.
+INTERPRETED = dict(batch=1, seq=8)
 # Decoding token by token through a KV cache (queries shorter than keys: the masked softmax).
 DECODE_CASE = "all-kv-cache"
 DECODE_OPTIONS = dict(pos_emb="rotary", rotary_pct=0.5)
@@ -71,7 +73,7 @@ def _randomize(model: torch.nn.Module, seed: int = 0) -> None:
 
 
 def _run(model: torch.nn.Module) -> Dict[str, Any]:
-    inputs, labels = random_batch()
+    inputs, labels = random_batch(**INTERPRETED)
     logits = model(inputs)
     model.loss_fn(logits, labels).backward()
     return {"logits": logits.detach(), "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
@@ -108,7 +110,7 @@ def _worker(out_path: str) -> None:
         counts.clear()
         results[case] = {"plain": _run(plain), "fused": _run(fused), "calls": dict(counts)}
     plain, fused = _twins(DECODE_OPTIONS, ALL_FLAGS)
-    inputs, _ = random_batch()
+    inputs, _ = random_batch(**INTERPRETED)
     counts.clear()
     with torch.no_grad():
         plain_logits = plain(inputs)
@@ -244,7 +246,7 @@ TP_CONFIGS = [
 def _tp_compare(rank: int, world_size: int) -> None:
     """Fused TP=2 model (weights sharded from a randomized TP=1 model) vs the unfused TP=1 model."""
     os.environ["TRITON_INTERPRET"] = "1"  # before the first fused op imports triton in this process
-    inputs, labels = random_batch()
+    inputs, labels = random_batch(**INTERPRETED)
     for options, flags in TP_CONFIGS:
         args = tiny_config(model_parallel_size=2, **options)
         ref = build_model(args, SingleProcessState())

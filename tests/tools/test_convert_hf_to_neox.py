@@ -27,10 +27,9 @@ def test_converted_checkpoint_loads_through_the_engine_with_the_same_logits(tmp_
     hf = tiny_llama(kv_heads=2) if kind == "llama-gqa" else tiny_gptneox(parallel_residual=True, rotary_pct=0.5)
     hf.save_pretrained(tmp_path / "hf")
     save_tiny_tokenizer(tmp_path / "hf")
-    result = run_tool(TOOL, "--hf_dir", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "ckpt"),
-                      "--config_out", str(tmp_path / "model.yml"), "--model_parallel_size", str(tp),
-                      "--pipe_parallel_size", str(pp))
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_tool(TOOL).main(["--hf_dir", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "ckpt"),
+                                 "--config_out", str(tmp_path / "model.yml"), "--model_parallel_size", str(tp),
+                                 "--pipe_parallel_size", str(pp)]) == 0  # in-process: the tool's CLI is tested below
     tokens = random_tokens(seq=16)
     got = engine_logits([tmp_path / "model.yml", runtime_config(tmp_path / "run")], tokens, tmp_path / "run")
     with torch.no_grad():
@@ -92,9 +91,8 @@ def test_config_out_alone_serves_generate_and_the_reverse_conversion(tmp_path):
     hf.save_pretrained(tmp_path / "hf")
     save_tiny_tokenizer(tmp_path / "hf")
     model_yml = tmp_path / "model.yml"
-    result = run_tool(TOOL, "--hf_dir", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "ckpt"),
-                      "--config_out", str(model_yml))
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_tool(TOOL).main(["--hf_dir", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "ckpt"),
+                                 "--config_out", str(model_yml)]) == 0
     written = set(yaml.safe_load(model_yml.read_text()))
     assert not {"train_micro_batch_size_per_gpu", "optimizer", "train_iters"} & written
 
@@ -112,9 +110,9 @@ def test_config_out_alone_serves_generate_and_the_reverse_conversion(tmp_path):
         want = hf_greedy(hf, ids, record["length"])[0, ids.size(1):].tolist()
         assert record["length"] > 0 and tokenizer.encode(record["text"]).ids == want
 
-    result = run_tool("tools/ckpts/convert_neox_to_hf.py", "--input_dir", str(tmp_path / "ckpt"), "--config_file",
-                      str(model_yml), "--output_dir", str(tmp_path / "back"))
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert load_tool("tools/ckpts/convert_neox_to_hf.py").main([
+        "--input_dir", str(tmp_path / "ckpt"), "--config_file", str(model_yml),
+        "--output_dir", str(tmp_path / "back")]) == 0
     back = load_file(str(tmp_path / "back" / "model.safetensors"))
     original = {k: v for k, v in hf.state_dict().items() if not k.endswith("inv_freq")}
     names = {"lm_head.weight": "embed_out.weight"} if "embed_out.weight" in back else {}
