@@ -289,9 +289,11 @@ def _save_failure(path: str, exc: BaseException) -> CheckpointError:
 
 def save_checkpoint(neox_args, model_config, iteration: int, engine,
                     extra_state: Optional[Dict[str, Any]] = None,
-                    write_extra: Optional[Callable[[str], None]] = None) -> str:
+                    write_extra: Optional[Callable[[str], None]] = None, complete: bool = True) -> str:
     """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position;
-    `write_extra(directory)` (every rank) adds files before the checkpoint is marked complete (DPO's reference)."""
+    `write_extra(directory)` (every rank) adds files before the checkpoint is marked complete (DPO's reference).
+    ``complete=False``: the engine's files may still be being written (async_save's BackgroundWriter); the caller
+    completes the checkpoint with complete_checkpoint once they are (megatron.async_checkpoint)."""
     save_dir = neox_args.save
     tag = tag_for(iteration)
     path = os.path.join(save_dir, tag)
@@ -319,18 +321,32 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
         if write_extra is not None:
             write_extra(path)
     except (OSError, RuntimeError) as exc:  # disk full: torch reports it as "[enforce fail at inline_container.cc]"
-        error = _save_failure(path, exc)
-        shutil.rmtree(path, ignore_errors=True)  # never loaded (no COMPLETE), and it holds the space
-        raise error from None
+        raise failed_save(path, exc) from None
+    if not complete:
+        return path
     _barrier()
     if rank == 0:
-        write_manifest(path)  # every file flushed to disk and checksummed before COMPLETE
-        _write_atomically(os.path.join(path, COMPLETE_MARKER), f"{iteration}\n")
-        _write_atomically(os.path.join(save_dir, LATEST_FILE), tag)
-        _remove_stray_temporaries(save_dir)
-        _prune(save_dir, neox_args.keep_last_n_checkpoints)
+        complete_checkpoint(path, iteration, neox_args.keep_last_n_checkpoints)
     _barrier()
     return path
+
+
+def failed_save(path: str, exc: BaseException) -> CheckpointError:
+    """The error of a save that failed on this rank; its partial directory is removed (it was never complete,
+    so never loaded, and it holds the space)."""
+    error = _save_failure(path, exc)
+    shutil.rmtree(path, ignore_errors=True)
+    return error
+
+
+def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int]) -> None:
+    """Rank 0, once every rank's files of ``path`` are written: checksums, COMPLETE, then `latest` moves."""
+    save_dir = os.path.dirname(path)
+    write_manifest(path)  # every file flushed to disk and checksummed before COMPLETE
+    _write_atomically(os.path.join(path, COMPLETE_MARKER), f"{iteration}\n")
+    _write_atomically(os.path.join(save_dir, LATEST_FILE), os.path.basename(path))
+    _remove_stray_temporaries(save_dir)
+    _prune(save_dir, keep_last)
 
 
 def _remove_stray_temporaries(save_dir: str) -> None:

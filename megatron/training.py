@@ -556,6 +556,18 @@ def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
         raise CheckpointError(problem)
 
 
+def _async_checkpoints(neox_args, engine, ctx: RunContext):
+    """async_save's background writer (megatron.async_checkpoint), None for synchronous saves."""
+    if not (neox_args.async_save and neox_args.save):
+        return None
+    from megatron.async_checkpoint import AsyncCheckpoints
+    from megatron.checkpointing import complete_checkpoint, failed_save
+
+    return AsyncCheckpoints(engine, ctx.device,
+                            complete=lambda path, it: complete_checkpoint(path, it, neox_args.keep_last_n_checkpoints),
+                            failure=failed_save)
+
+
 def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str]):
     """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none.
     ``resumed``: the checkpoint this run resumed training from (None for a fresh or fine-tuning start)."""
@@ -639,13 +651,19 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         memory_profiler = MemoryProfiler(neox_args)
     last_saved = last_moe_report = iteration
     comms = CommsReporter(neox_args.comms_logger)
+    background = _async_checkpoints(neox_args, engine, ctx)
 
     def save(at: int) -> None:
         nonlocal last_saved
         if neox_args.save and last_saved != at:
             timers("save").start()
-            save_checkpoint(neox_args, ctx.model_config, at, engine, run_state(position, schedule_of_lengths),
-                            write_extra=reference.save if reference is not None else None)
+            if background is not None:
+                background.wait()  # the previous checkpoint is complete before the next one starts
+            path = save_checkpoint(neox_args, ctx.model_config, at, engine, run_state(position, schedule_of_lengths),
+                                   write_extra=reference.save if reference is not None else None,
+                                   complete=background is None)
+            if background is not None:
+                background.started(path, at)
             timers("save").stop()
             last_saved = at
 
@@ -671,6 +689,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
             timers("train_step").stop()
             iteration += 1
             overflow.record(skipped, iteration)
+            if background is not None:
+                background.poll()
             if not math.isfinite(loss):
                 raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
             if memory_profiler is not None and debug:
@@ -734,6 +754,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                 evaluate_split(valid_batches, "validation")
             if (neox_args.do_test if neox_args.do_test is not None else True) and test_batches is not None:
                 evaluate_split(test_batches, "test")
+        if background is not None:
+            background.wait()
     finally:
         logger.close()
         stop.restore()

@@ -82,8 +82,9 @@ def test_load_resumes_iteration_state_and_rng(tmp_path):
     expected = random.random()
     random.seed(99)
     engine = FakeEngine()
-    iteration, state = load(args, engine)
+    iteration, state, path = load(args, engine)
     assert (iteration, state["consumed_train_samples"]) == (4, 8)
+    assert path == os.path.join(args.load, "global_step4")  # DPO's reference model starts from it
     assert random.random() == expected
     assert engine.loaded == [("global_step4", True, False)]
 
@@ -103,8 +104,8 @@ def test_no_load_optim_finetune_and_no_load_rng(tmp_path):
 
 
 def test_nothing_to_load_starts_from_scratch(tmp_path):
-    assert load(args_for(tmp_path), FakeEngine()) == (0, {})
-    assert load(tiny(), FakeEngine()) == (0, {})
+    assert load(args_for(tmp_path), FakeEngine()) == (0, {}, None)
+    assert load(tiny(), FakeEngine()) == (0, {}, None)
 
 
 @pytest.mark.fault
@@ -246,7 +247,7 @@ def test_a_gpt_neox_checkpoint_is_recognised_and_loaded(tmp_path):
     assert checkpoint_vocab_size(args) == 128  # from the embedding's rows
     random.seed(0)
     engine = FakeEngine()
-    iteration, state = load(args, engine)
+    iteration, state, _ = load(args, engine)
     assert iteration == 6 and engine.loaded == [("global_step6", True, False)]
     assert random.getstate() == expected  # GPT-NeoX's RNG states are in its client state
 

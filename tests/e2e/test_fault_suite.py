@@ -1,6 +1,7 @@
 """The fault suite (issue 19): a 2-rank ZeRO-1 job killed with SIGKILL at 20 random moments (mid-save, between
 COMPLETE and `latest`, mid-evaluation, at a random time) and resumed after each, against the same job run straight
-through; then one rank killed alone, and one rank hung. tests/e2e/workers/fault_driver.py does it; this test checks
+through; half the killed segments save with async_save (issue 17), and those can also be killed while rank 0's
+background writer is writing a file; then one rank killed alone, and one rank hung. tests/e2e/workers/fault_driver.py does it; this test checks
 its counts and prints them at the end of the run. The seed is random each run (NEOX_FAULT_SEED repeats one).
 
 The other faults have their own tests: a full disk, damaged files and a read-only save directory
@@ -39,13 +40,15 @@ def test_kills_at_twenty_random_moments_lose_nothing_and_resume_exactly(tmp_path
     kills = summary["kills"]
     death, hang = summary["rank_death"], summary["rank_hang"]
     record_property("suite_counts", (
-        f"seed {seed}: {sum(kills.values())} kills survived ({', '.join(f'{n} {k}' for k, n in kills.items())}); "
+        f"seed {seed}: {sum(kills.values())} kills survived ({', '.join(f'{n} {k}' for k, n in kills.items())}; "
+        f"{summary['async_kills']} of them with async_save); "
         f"resumes exact: training {len(summary['train_mismatches']) == 0} ({summary['train_records']} records), "
         f"validation {len(summary['eval_mismatches']) == 0} ({summary['eval_records']} records); checkpoints lost "
         f"{summary['checkpoints_lost']}, damaged {summary['damaged_checkpoints']}; a dead rank stopped the other in "
         f"{death['seconds']} s, a hung one in {hang['seconds']} s (timeout {hang['timeout_seconds']:g} s)"))
     context = f"seed {seed}: {json.dumps(summary)[:3000]}"
     assert sum(kills.values()) == 20 and summary["segment_failures"] == [], context
+    assert summary["async_kills"] == 10, context
     assert summary["straight_exit"] == [0, 0] and summary["final_exit"] == [0, 0], context
     assert summary["final_latest"] == "global_step16", context
     assert summary["checkpoints_lost"] == 0 and summary["damaged_checkpoints"] == 0, context

@@ -382,6 +382,16 @@ class NeoXArgsTraining:
     Number of last checkpoints to keep
     """
 
+    async_save: bool = False
+    """
+    Megatron-LM's --async-save: write checkpoints in the background while training goes on. Each rank copies
+    its state to CPU memory at the save (the only pause) and a writer thread writes and fsyncs the files; the
+    checkpoint becomes COMPLETE and `latest` moves only after every rank has finished writing, so a crash
+    mid-write leaves the previous checkpoint as the one resumed from. A save that comes while the previous one
+    is still being written waits for it, as does the end of the run. Needs host memory for one copy of the
+    rank's checkpoint (weights and optimizer state).
+    """
+
     eval_interval: int = 1000
     """
     Interval between running evaluation on validation set.

@@ -22,6 +22,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, REPO)
 
+import megatron.async_checkpoint as async_checkpoint  # noqa: E402
 import megatron.checkpointing as checkpointing  # noqa: E402
 import megatron.training as training  # noqa: E402
 from megatron.checkpoint_integrity import verification_problems  # noqa: E402
@@ -44,6 +45,8 @@ import_with_lazy_compile(DEEPSPEED_MUON)
 
 KILLS = 20
 POINTS = ("save", "latest", "eval", "time")
+ASYNC_POINTS = POINTS + ("write",)
+"""Half the segments save with async_save; "write" kills those while rank 0's writer thread writes a file."""
 
 
 class Armed:
@@ -94,6 +97,19 @@ def _install_hooks() -> None:
                 _stop_here("eval", self.iteration)
             self.drawn += 1
             return next(self.batches)
+
+    original_submit = async_checkpoint.BackgroundWriter.submit
+
+    def submit(writer, job):
+        saving = Armed.saving
+
+        def armed_job():
+            _stop_here("write", saving)  # in the writer thread: training goes on until the kill
+            job()
+
+        return original_submit(writer, armed_job)
+
+    async_checkpoint.BackgroundWriter.submit = submit
 
     def evaluate(neox_args, engine, batches, iterations):
         iteration = int(getattr(engine, "global_steps", 0))
@@ -193,8 +209,8 @@ def main() -> int:
     base = _args(config_file)
     train_iters, eval_interval = base.train_iters, base.eval_interval
     _install_hooks()
-    summary: Dict[str, Any] = {"seed": seed, "kills": {p: 0 for p in POINTS}, "checkpoints_lost": 0,
-                               "damaged_checkpoints": 0, "segment_failures": []}
+    summary: Dict[str, Any] = {"seed": seed, "kills": {p: 0 for p in ASYNC_POINTS}, "async_kills": 0,
+                               "checkpoints_lost": 0, "damaged_checkpoints": 0, "segment_failures": []}
 
     straight_dir = os.path.join(out_dir, "straight")
     straight = _args(config_file, save=os.path.join(straight_dir, "ckpt"), load=os.path.join(straight_dir, "ckpt"),
@@ -204,11 +220,14 @@ def main() -> int:
     faulty_dir = os.path.join(out_dir, "faulty")
     save = os.path.join(faulty_dir, "ckpt")
     faulty = _args(config_file, save=save, load=save, log_dir=os.path.join(faulty_dir, "logs"))
+    faulty_async = _args(config_file, save=save, load=save, log_dir=os.path.join(faulty_dir, "logs"), async_save=True)
     hit = os.path.join(out_dir, "hit")
     for kill in range(KILLS):
         resume = _newest_complete(save)
         room = resume + 2 < train_iters  # near the end, only kills that do not move the run forward
-        point = rng.choice(POINTS if room else ("save", "eval"))
+        in_background = kill % 2 == 1
+        points = ASYNC_POINTS if in_background else POINTS
+        point = rng.choice(points if room else ("save", "eval"))
         iteration = (resume // eval_interval + 1) * eval_interval
         if point == "eval" and iteration > min(resume + 2, train_iters):
             point = "save"
@@ -217,7 +236,8 @@ def main() -> int:
         if os.path.exists(hit):
             os.remove(hit)
         # a kill at a random time: at the latest mid-save of the iteration chosen
-        segment = Segment(faulty, out_dir, (point if point != "time" else "save", iteration), f"kill{kill:02d}")
+        segment = Segment(faulty_async if in_background else faulty, out_dir,
+                          (point if point != "time" else "save", iteration), f"kill{kill:02d}")
         deadline = time.time() + (rng.uniform(0.1, 2.5) if point == "time" else 300)
         while time.time() < deadline and not os.path.exists(hit) and segment.running():
             time.sleep(0.02)
@@ -227,6 +247,7 @@ def main() -> int:
         if None not in codes:  # it ended before the kill
             summary["segment_failures"].append({"kill": kill, "point": point, "exit": codes})
         summary["kills"][point] += 1
+        summary["async_kills"] += in_background
         after = _newest_complete(save)
         if after < resume:
             summary["checkpoints_lost"] += 1

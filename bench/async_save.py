@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Asynchronous checkpoint saves: what a save costs the training loop with and without async_save.
+
+Both modes train the same model through deepy.py train.py (random tokens, as bench/train_throughput.py) and save
+every --every steps (checkpoint_factor). Read from the run's metrics (wall_clock_breakdown): the time the loop
+stands still for each save (``time_ms/save``: the whole write with synchronous saves — DeepSpeed's own
+checkpoint engine, the competitor — only the copy to CPU memory with async_save), the step time of steps while a
+background write runs (the step right after each save) against steps without one, and the time per iteration
+with the saves included.
+
+    python bench/async_save.py                      # 6 layers, hidden 512: ~300 MB of weights and Adam state
+    python bench/async_save.py --size small --steps 12 --every 3
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import machine_description, median, print_table, train_with_deepy  # noqa: E402
+from bench.train_throughput import write_data  # noqa: E402
+
+SIZES = {"tiny": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},     # smoke test of the script
+         "small": {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8},
+         "medium": {"num_layers": 6, "hidden_size": 512, "num_attention_heads": 8}}
+MODES = {"synchronous (DeepSpeed's engine)": False, "async_save": True}
+
+
+def train_config(args, asynchronous: bool, data: Dict[str, str], directory: str) -> Dict:
+    return {
+        **SIZES[args.size], "seq_length": args.seq, "max_position_embeddings": args.seq, "pos_emb": "rotary",
+        "norm": "layernorm", "activation": "gelu", "no_weight_tying": True, "make_vocab_size_divisible_by": 128,
+        "tokenizer_type": "HFTokenizer", "vocab_file": data["vocab_file"], "data_path": data["data_path"],
+        "split": "100,0,0", "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
+        "train_iters": args.steps, "optimizer": {"type": "Adam", "params": {"lr": 1.0e-4}},
+        "zero_optimization": {"stage": 0}, "num_gpus": 1, "num_workers": 0, "log_interval": 1,
+        "steps_per_print": 1000000, "eval_interval": 1000000, "eval_iters": 0, "do_test": False,
+        "log_dir": os.path.join(directory, "logs"), "save": os.path.join(directory, "ckpt", str(asynchronous)),
+        "checkpoint_factor": args.every, "keep_last_n_checkpoints": 2, "async_save": asynchronous,
+        "wall_clock_breakdown": True, "distributed_backend": "nccl", "seed": 1,
+    }
+
+
+def measure(records: List[Dict], every: int, steps: int) -> Dict[str, float]:
+    """Saves happen after the steps that are multiples of ``every``; the loop's pause for one shows as
+    time_ms/save in the next record (and the final save's is not logged: it is left out)."""
+    saved_after = {i for i in range(every, steps, every)}
+    by_iteration = {r["iteration"]: r for r in records}
+    pauses = [by_iteration[i + 1].get("time_ms/save", 0.0) / 1000 for i in saved_after]
+    during = [by_iteration[i + 1]["iteration_time_s"] for i in saved_after]
+    quiet = [r["iteration_time_s"] for r in records if r["iteration"] - 1 not in saved_after and r["iteration"] > 1]
+    per_iteration = (sum(r["iteration_time_s"] for r in records if r["iteration"] > 1) + sum(pauses)) / (steps - 1)
+    return {"pause": median(pauses), "during": median(during), "quiet": median(quiet), "per_iteration": per_iteration}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="medium")
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=13)
+    parser.add_argument("--every", type=int, default=3, help="checkpoint_factor")
+    parser.add_argument("--port", type=int, default=29763)
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory() as directory:
+        data = write_data(directory, args.batch * args.seq * (args.steps + 2) * 2)
+        for name, asynchronous in MODES.items():
+            records, _ = train_with_deepy(train_config(args, asynchronous, data, directory), directory,
+                                          "async" if asynchronous else "sync", args.port)
+            results[name] = measure(records, args.every, args.steps)
+            print(f"{name}: {results[name]}", flush=True)
+    rows = [[name, f"{r['pause']:.3f}", f"{r['quiet']:.3f}", f"{r['during']:.3f}",
+             f"{r['during'] / r['quiet']:.2f}", f"{r['per_iteration']:.3f}"] for name, r in results.items()]
+    shape = SIZES[args.size]
+    print_table(f"Checkpoint saves every {args.every} steps: {args.size} ({shape['num_layers']} layers, hidden "
+                f"{shape['hidden_size']}), seq {args.seq}, batch {args.batch}, fp32 Adam, on {machine_description()}",
+                ["save", "loop paused per save s", "step s (no save)", "step s (during a write)",
+                 "during / no save", "s per iteration incl. saves"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""async_save (megatron.async_checkpoint): the state is copied at the save, so later steps cannot change what is
+written; the files are written on a thread; the checkpoint is completed (checksums, COMPLETE, latest) only after
+every file is written, and a failed write is an error that leaves `latest` where it was. Killed mid-write on
+two ranks, resumed exactly: the fault suite (tests/e2e/test_fault_suite.py) kills half its segments with
+async_save, some while rank 0's writer is writing."""
+import os
+import threading
+
+import pytest
+import torch
+
+from megatron.async_checkpoint import DONE, FAILED, WRITING, AsyncCheckpoints, BackgroundWriter, snapshot
+from megatron.checkpoint_files import CheckpointError
+from megatron.checkpointing import (COMPLETE_MARKER, LATEST_FILE, complete_checkpoint, complete_tags, failed_save,
+                                    read_latest)
+from megatron.checkpoint_integrity import verification_problems
+
+
+class Inner:
+    """Stands for DeepSpeed's TorchCheckpointEngine (loading and directories are still its)."""
+
+    def create(self, info):
+        pass
+
+    def makedirs(self, path, exist_ok=False):
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def load(self, path, map_location=None):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+    def is_data_parallel_writer(self, dp_rank):
+        return dp_rank == 0
+
+
+class Engine:
+    def __init__(self):
+        self.checkpoint_engine = Inner()
+
+
+def test_the_snapshot_is_not_changed_by_later_steps_and_copies_each_tensor_once():
+    weight = torch.arange(6.0).reshape(2, 3)
+    flat = torch.zeros(10)
+    state = {"module": {"w": weight, "tied": weight}, "optimizer": [{"step": 3, "buffer": flat[2:5]}], "lr": 0.1}
+    copied = snapshot(state)
+    weight.add_(100.0)  # the next optimizer step, in place
+    flat.fill_(7.0)
+    assert torch.equal(copied["module"]["w"], torch.arange(6.0).reshape(2, 3))
+    assert copied["module"]["w"] is copied["module"]["tied"]  # one tensor met twice stays one
+    assert torch.equal(copied["optimizer"][0]["buffer"], torch.zeros(3))
+    assert copied["optimizer"][0]["buffer"].untyped_storage().nbytes() == 3 * 4  # the view alone, not the buffer
+    assert copied["optimizer"][0]["step"] == 3 and copied["lr"] == 0.1
+    leaf = torch.ones(2, requires_grad=True)
+    assert not snapshot({"x": leaf * 2})["x"].requires_grad  # non-leaf tensors (views of flat buffers) copy too
+
+
+def test_files_are_written_on_the_writer_thread_and_errors_are_reported(tmp_path):
+    writer = BackgroundWriter(Inner())
+    release = threading.Event()
+    writer.submit(release.wait)
+    writer.save({"w": torch.ones(3)}, str(tmp_path / "a.pt"))
+    assert writer.status() == WRITING and not (tmp_path / "a.pt").exists()
+    release.set()
+    writer.wait()
+    assert writer.status() == DONE
+    assert torch.equal(writer.load(str(tmp_path / "a.pt"))["w"], torch.ones(3))
+    writer.save({"w": torch.ones(3)}, str(tmp_path / "missing" / "b.pt"))
+    writer.wait()
+    assert writer.status() == FAILED and isinstance(writer.take_error(), (OSError, RuntimeError))
+    assert writer.status() == DONE
+
+
+def _save(saves: AsyncCheckpoints, save_dir, iteration: int, value: float) -> str:
+    """What megatron.checkpointing.save_checkpoint(complete=False) does with the engine's writer."""
+    path = os.path.join(save_dir, f"global_step{iteration}")
+    os.makedirs(path)
+    saves.writer.save({"w": torch.full((4,), value)}, os.path.join(path, "mp_rank_00_model_states.pt"))
+    saves.started(path, iteration)
+    return path
+
+
+def test_the_checkpoint_is_complete_and_latest_moves_only_after_the_writes(tmp_path):
+    engine = Engine()
+    saves = AsyncCheckpoints(engine, torch.device("cpu"),
+                             complete=lambda path, it: complete_checkpoint(path, it, keep_last=2), failure=failed_save)
+    assert engine.checkpoint_engine is saves.writer
+    gate = threading.Event()
+    saves.writer.submit(gate.wait)  # a slow disk: nothing gets written until the gate opens
+    path = _save(saves, tmp_path, 2, 1.0)
+    assert not saves.poll()  # still writing: the step goes on, nothing is complete
+    assert not os.path.exists(os.path.join(path, COMPLETE_MARKER)) and read_latest(str(tmp_path)) is None
+    assert complete_tags(str(tmp_path)) == []  # what a kill now would leave: no checkpoint a resume would load
+    gate.set()
+    saves.writer.wait()
+    assert saves.poll()  # every file written: completed on the writer thread
+    saves.wait()
+    assert read_latest(str(tmp_path)) == "global_step2" and verification_problems(path) == []
+    for iteration in (4, 6):  # a save while one is in flight waits for it; keep_last_n_checkpoints prunes
+        saves.wait()
+        _save(saves, tmp_path, iteration, float(iteration))
+    saves.wait()
+    assert complete_tags(str(tmp_path)) == ["global_step4", "global_step6"]
+    assert read_latest(str(tmp_path)) == "global_step6"
+    saved = torch.load(tmp_path / "global_step6" / "mp_rank_00_model_states.pt", weights_only=True)
+    assert torch.equal(saved["w"], torch.full((4,), 6.0))
+
+
+def test_a_failed_background_write_is_an_error_and_latest_stays(tmp_path):
+    saves = AsyncCheckpoints(Engine(), torch.device("cpu"),
+                             complete=lambda path, it: complete_checkpoint(path, it, keep_last=None),
+                             failure=failed_save)
+    _save(saves, tmp_path, 2, 1.0)
+    saves.wait()
+    path = os.path.join(tmp_path, "global_step4")
+    os.makedirs(path)
+
+    def disk_full():
+        raise OSError(28, "No space left on device")
+
+    saves.writer.submit(disk_full)
+    saves.started(path, 4)
+    with pytest.raises(CheckpointError, match="global_step4 failed.*global_step2.*will be resumed from"):
+        saves.wait()
+    assert not os.path.exists(path) and open(os.path.join(tmp_path, LATEST_FILE)).read() == "global_step2"
