@@ -87,7 +87,7 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
                     lr_decay_style="linear", min_lr=0.0, warmup=0.01,  # the built-in schedule's defaults
                     scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 8,
                                                                     "warmup_type": "linear"}})
-    straight = TrainingRun(tmp_path / "straight", data, save=None, load=None, **settings)
+    straight = TrainingRun(tmp_path / "straight", data, checkpoint_factor=4, **settings)
     straight.launch()
     straight.assert_ok()
     # WarmupDecayLR after optimizer step i (DeepSpeed steps it once per step, from batch iteration 0)
@@ -97,15 +97,13 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
     assert evals and all(1.0 < e["lm_loss_char_lvl_ppl"] < e["lm_loss_ppl"] for e in evals)
     # the checkpoint at 4 is written by checkpoint_factor at an evaluation step (issue 19: it used to record
     # consumed_valid_samples before that evaluation, and the resumed run replayed the wrong validation batches)
-    stopped = TrainingRun(tmp_path / "stopped", data, exit_interval=4, checkpoint_factor=4, **settings)
-    stopped.launch()
-    stopped.assert_ok()
-    assert stopped.latest() == "global_step4" and max(stopped.losses()) == 4  # exit_interval saved and stopped
-    stopped.launch()
-    stopped.assert_ok()
-    assert stopped.losses() == straight.losses()
-    assert stopped.records("eval") == straight.records("eval")  # validation, too, is exact after resume
-    assert [r["lr"] for r in stopped.records()][-4:] == pytest.approx(expected[-4:], rel=1e-6)
+    resumed = straight.resumed_from(4, tmp_path / "resumed")
+    resumed.launch()
+    resumed.assert_ok()
+    losses = straight.losses()
+    assert resumed.losses() == {i: losses[i] for i in range(5, 9)}
+    assert resumed.records("eval") == [e for e in evals if e["iteration"] > 4]  # validation, too, is exact
+    assert [r["lr"] for r in resumed.records()] == pytest.approx(expected[-4:], rel=1e-6)
 
 
 def test_metrics_tensorboard_debug_values_epochs_and_eval_tasks(data, tmp_path):
