@@ -73,9 +73,15 @@ class NeoXArgsDeepspeedRunner:
     Implied by deepspeed_slurm and deepspeed_mpi.
     """
 
-    autotuning_run: Optional[str] = None
+    autotuning_run: Optional[Literal['tune', 'run']] = None
     """
-    Either "tune", "run", or `None`.
+    Either "tune", "run", or `None`. Run DeepSpeed's autotuner over the autotuning dict's search space (ZeRO
+    stages from zero_optimization.stage as a list or 'all', times micro batch sizes): it profiles the model, runs
+    each experiment as a short training launch that exits after autotuning.end_profile_step (no checkpoints; its
+    logs and metrics.json in results_dir/EXPERIMENT), and writes results_dir/summary.txt,
+    ds_config_optimal.json and cmd_optimal.txt. "run" then trains with the optimal config (its micro batch,
+    gradient accumulation and ZeRO settings; saving as configured). Also deepy.py --autotuning tune|run. One
+    node only, pipe_parallel_size 0.
     """
 
     no_ssh_check: bool = False

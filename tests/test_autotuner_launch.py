@@ -1,0 +1,68 @@
+"""The adjustments under which deepy.py runs DeepSpeed's autotuner on one node (megatron/autotuner_launch.py)."""
+
+import os
+
+import pytest
+
+from megatron.autotuner_launch import activation_bytes_per_sample, local_autotuner, with_activation_estimate
+from tests.neox_arguments.helpers import tiny
+
+TUNE = {"autotuning_run": "tune", "autotuning": {"enabled": True, "start_profile_step": 1, "end_profile_step": 2}, "pipe_parallel_size": 0,
+        "zero_optimization": {"stage": [0, 1]}, "num_gpus": 2, "train_iters": 10}
+
+
+def test_activation_estimate_follows_the_transformer_formula():
+    args = tiny(**TUNE)  # 2 layers, seq 32, hidden 64, 4 heads, fp32
+    per_layer_16bit = 32 * 64 * (34 + 5 * 4 * 32 / 64)
+    assert activation_bytes_per_sample(args) == 2 * per_layer_16bit * 2
+    assert activation_bytes_per_sample(tiny(**TUNE, precision="bfloat16")) == 2 * per_layer_16bit
+
+
+@pytest.mark.parametrize("measured,expected", [(None, "estimate"), (0, "estimate"), (-4096, "estimate"),
+                                               (123, 123)])
+def test_the_profile_runs_measurement_is_kept_unless_it_cannot_be_divided_by(measured, expected):
+    args = tiny(**TUNE)
+    info = {"num_params": 10} if measured is None else {"num_params": 10, "activation_mem_per_gpu": measured}
+    result = with_activation_estimate(info, args)
+    assert result["activation_mem_per_gpu"] == (activation_bytes_per_sample(args) if expected == "estimate"
+                                                 else expected)
+    assert result["num_params"] == 10 and with_activation_estimate(None, args) is None
+
+
+def test_local_autotuner_offers_a_slot_per_cpu_rank_skips_pdsh_and_restores_deepspeed(monkeypatch):
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.autotuning import scheduler
+    from deepspeed.autotuning.autotuner import Autotuner
+    from deepspeed.launcher import runner
+
+    monkeypatch.delenv("LOCAL_SIZE", raising=False)
+    monkeypatch.setattr(Autotuner, "model_info_profile_run", lambda self: {"num_params": 7})
+    before = (runner.Autotuner, scheduler.clean_up, scheduler.TIMEOUT)
+    args = tiny(**TUNE)
+    with local_autotuner(args, cuda=False):
+        assert os.environ["LOCAL_SIZE"] == "2" and get_accelerator().device_count() == 2
+        assert issubclass(runner.Autotuner, Autotuner) and runner.Autotuner is not Autotuner
+        tuner = object.__new__(runner.Autotuner)
+        assert tuner.model_info_profile_run()["activation_mem_per_gpu"] == activation_bytes_per_sample(args)
+        assert scheduler.clean_up({"exp_id": 0, "name": "z0_gas1_tmbspg1"}, []) is None  # no pdsh, no pkill
+        assert scheduler.TIMEOUT == 1
+    assert (runner.Autotuner, scheduler.clean_up, scheduler.TIMEOUT) == before
+    assert "LOCAL_SIZE" not in os.environ
+    monkeypatch.setenv("LOCAL_SIZE", "5")
+    with local_autotuner(args, cuda=True):  # GPUs: DeepSpeed counts them itself
+        assert os.environ["LOCAL_SIZE"] == "5"
+    assert os.environ["LOCAL_SIZE"] == "5"
+
+
+def test_packages_the_autotuner_imports_are_checked_before_launch(monkeypatch):
+    import sys
+
+    from megatron.autotuner_launch import missing_packages
+
+    assert missing_packages(tiny(**TUNE)) == [] and missing_packages(tiny()) == []
+    monkeypatch.setitem(sys.modules, "tabulate", None)
+    monkeypatch.setitem(sys.modules, "xgboost", None)
+    model_based = {**TUNE, "autotuning": {**TUNE["autotuning"], "fast": False, "tuner_type": "model_based"}}
+    problems = missing_packages(tiny(**model_based))
+    assert "requirements/requirements-autotuning.txt" in problems[0] and "'xgboost'" in problems[1]
+    assert len(missing_packages(tiny(**TUNE))) == 1  # fast mode tunes micro batches only: no model-based tuner
