@@ -66,3 +66,32 @@ def test_packages_the_autotuner_imports_are_checked_before_launch(monkeypatch):
     problems = missing_packages(tiny(**model_based))
     assert "requirements/requirements-autotuning.txt" in problems[0] and "'xgboost'" in problems[1]
     assert len(missing_packages(tiny(**TUNE))) == 1  # fast mode tunes micro batches only: no model-based tuner
+
+
+def test_train_py_ends_an_autotuning_experiment_that_deepspeed_exits_with_status_0(monkeypatch):
+    """DeepSpeed's engine calls exit() after end_profile_step; train.py passes on any other exit."""
+    import base64
+    import json
+
+    import megatron.training
+    import train
+    from megatron.neox_arguments.autotuning import autotuner_config
+
+    args = tiny(**TUNE, user_script="train.py", data_path="data",
+                optimizer={"type": "Adam", "params": {"lr": 1e-3}})
+    experiment = {**autotuner_config(args), "zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 1}
+    encoded = base64.urlsafe_b64encode(json.dumps(experiment).encode()).decode()
+    monkeypatch.setattr("sys.argv", ["train.py", "--local_rank=0", "--deepspeed_config", encoded])
+    for name, value in {"NEOX_ENCODED_CONFIG": args.encode(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    seen = []
+
+    def engine_exits(neox_args, code=None):
+        seen.append((neox_args.zero_stage, neox_args.train_batch_size))
+        raise SystemExit(code)
+
+    monkeypatch.setattr(megatron.training, "pretrain", engine_exits)
+    assert train.main() == 0 and seen == [(1, 2)]
+    monkeypatch.setattr(megatron.training, "pretrain", lambda neox_args: engine_exits(neox_args, 3))
+    with pytest.raises(SystemExit):
+        train.main()
