@@ -44,7 +44,6 @@ DEFAULT_EXPS_DIR = "autotuning_exps"
 DEFAULT_END_PROFILE_STEP = 5
 OPTIMAL_CONFIG = "ds_config_optimal.json"
 """What the autotuner writes in results_dir: the best experiment's DeepSpeed config (autotuning section removed)."""
-TUNED_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
 def _section(args: NeoXArgsSchema) -> Dict[str, Any]:
@@ -95,15 +94,15 @@ def autotuning_problems(args: NeoXArgsSchema) -> List[str]:
     if args.train_iters is not None and args.train_iters <= end:
         problems.append(f"autotuning.end_profile_step={end} must be < train_iters={args.train_iters}: each "
                         f"experiment trains until the step after end_profile_step, where DeepSpeed measures it")
-    if args.hostfile is not None and os.path.isfile(args.hostfile):
-        from megatron.neox_arguments.launcher import active_hosts
+    if args.moe_num_experts > 1:
+        problems.append("autotuning_run with a mixture of experts (moe_num_experts > 1): DeepSpeed's autotuner profiles "
+                        "the model with ZeRO stage 3, which DeepSpeed's MoE refuses")
+    from megatron.neox_arguments.launcher import multi_node_launch
 
-        if len(active_hosts(args)) > 1:
-            problems.append("autotuning_run on several nodes is not supported yet: DeepSpeed's autotuner starts and "
-                            "cleans up every experiment over pdsh (pkill -f on each host); it runs here on one node")
-    if args.force_multi or args.deepspeed_slurm or args.deepspeed_mpi:
-        problems.append("autotuning_run with force_multi / deepspeed_slurm / deepspeed_mpi is not supported yet: the "
-                        "autotuner launches its experiments with DeepSpeed's own launcher on one node")
+    if multi_node_launch(args):
+        problems.append("autotuning_run on several nodes, or through pdsh / MPI / slurm (force_multi, deepspeed_slurm, "
+                        "deepspeed_mpi), is not supported yet: DeepSpeed's autotuner starts each experiment with its "
+                        "own launcher and cleans up over pdsh (pkill -f on every host); it runs here on one node")
     return problems
 
 

@@ -56,7 +56,9 @@ def test_runner_argv_asks_for_tuning_and_passes_the_config_file_after_the_script
     ({"autotuning": {**AUTOTUNING, "end_profile_step": 1}}, "need 0 <= start < end"),
     ({"train_iters": 2}, "end_profile_step=2 must be < train_iters=2"),
     ({"autotuning": {**AUTOTUNING, "mp_size": 2}}, "autotuning.mp_size=2 must equal model_parallel_size=1"),
-    ({"deepspeed_slurm": True}, "deepspeed_slurm / deepspeed_mpi is not supported yet"),
+    ({"deepspeed_slurm": True}, "through pdsh / MPI / slurm (force_multi, deepspeed_slurm, deepspeed_mpi), is not "
+                                "supported yet"),
+    ({"moe_num_experts": 2}, "autotuning_run with a mixture of experts"),
     ({"rampup_batch_size": [2, 2, 8]}, "autotuning_run with rampup_batch_size"),
 ])
 def test_what_a_tuning_launch_needs_is_checked_before_launch(overrides, needle):
