@@ -171,7 +171,7 @@ def autotune(args: NeoXArgs) -> int:
 
     import torch
 
-    from megatron.autotuner_launch import local_autotuner
+    from megatron.autotuner_launch import AutotuningSignals, local_autotuner
     from megatron.neox_arguments.autotuning import (OPTIMAL_CONFIG, autotuner_config, read_deepspeed_config,
                                                     results_dir, runner_autotuning_argv, tuned_args)
 
@@ -179,8 +179,9 @@ def autotune(args: NeoXArgs) -> int:
         path = os.path.join(folder, "ds_config.json")  # read once, when the autotuner starts
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(autotuner_config(args), handle)
-        with local_autotuner(args, cuda=torch.cuda.is_available()):
-            code = _run_runner(args, runner_autotuning_argv(args, args.get_deepspeed_main_args(), path))
+        signals = AutotuningSignals()
+        with local_autotuner(args, cuda=torch.cuda.is_available(), stopped=lambda: signals.received is not None):
+            code = _run_runner(args, runner_autotuning_argv(args, args.get_deepspeed_main_args(), path), signals)
     if code:
         return code
     optimal = os.path.join(results_dir(args), OPTIMAL_CONFIG)
@@ -200,8 +201,9 @@ def autotune(args: NeoXArgs) -> int:
     return _run_runner(tuned, tuned.get_deepspeed_main_args())
 
 
-def _run_runner(args: NeoXArgs, argv: List[str]) -> int:
-    """DeepSpeed's runner with `argv`, the encoded `args` in the workers' environment, signals forwarded."""
+def _run_runner(args: NeoXArgs, argv: List[str], forwarding: Optional[ForwardSignals] = None) -> int:
+    """DeepSpeed's runner with `argv`, the encoded `args` in the workers' environment, signals forwarded (by
+    `forwarding`, default ForwardSignals: to the ranks of a local launch)."""
     from deepspeed.launcher import runner
     from deepspeed.utils import logger as deepspeed_logger
 
@@ -210,7 +212,7 @@ def _run_runner(args: NeoXArgs, argv: List[str]) -> int:
     forward_variables_to_workers()
     abbreviate = _AbbreviateEncodedConfig(environment[ENCODED_CONFIG_ENV])
     deepspeed_logger.addFilter(abbreviate)
-    forwarding = ForwardSignals().install()
+    forwarding = (forwarding or ForwardSignals()).install()
     try:
         runner.main(argv)
     except (RuntimeError, ValueError) as exc:  # the runner's own refusals, before any worker starts

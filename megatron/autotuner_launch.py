@@ -15,6 +15,9 @@ adjustments, all undone on exit (DeepSpeed's installed files are not touched):
   several nodes).
 * polling: the resource manager looks at its experiments every 5 s; here every second (a tuning of N experiments
   would otherwise idle about 5 N seconds).
+* signals: SIGTERM / SIGINT to deepy.py reach the ranks of the running experiment (`AutotuningSignals`; the
+  experiment's own `deepspeed` runner has no handler and would die leaving them orphaned), and no further
+  experiment starts; deepy.py then exits 128 + the signal without the `run`.
 * activation memory: the profile run measures one micro batch's activation memory as the growth of the
   accelerator's allocated memory during the forward; on CPU that is the process's RSS, which for a small model
   often does not grow at all (the allocator reuses freed pages). The autotuner divides by it, so a measurement
@@ -24,8 +27,9 @@ adjustments, all undone on exit (DeepSpeed's installed files are not touched):
 
 import contextlib
 import os
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from megatron.launch_signals import ForwardSignals, signal_targets
 from megatron.neox_arguments.groups import NeoXArgsSchema
 
 POLL_SECONDS = 1
@@ -70,9 +74,20 @@ def _skip_local_cleanup(exp: Dict[str, Any], reservations: Any) -> None:
     """DeepSpeed's clean_up, on one node: the experiment's launcher has already waited for its ranks."""
 
 
+class AutotuningSignals(ForwardSignals):
+    """ForwardSignals for a tuning: the ranks are two levels down (deepy.py -> each experiment's `deepspeed`
+    runner -> DeepSpeed's launcher -> ranks). With no experiment running, the signal ends deepy.py."""
+
+    def targets(self) -> List[Any]:
+        import psutil
+
+        return [rank for runner in psutil.Process().children() for rank in signal_targets(runner.pid)]
+
+
 @contextlib.contextmanager
-def local_autotuner(args: NeoXArgsSchema, cuda: bool) -> Iterator[None]:
-    """DeepSpeed's runner, for the duration, builds an autotuner adjusted as the module docstring says."""
+def local_autotuner(args: NeoXArgsSchema, cuda: bool, stopped: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """DeepSpeed's runner, for the duration, builds an autotuner adjusted as the module docstring says; once
+    `stopped()` is true, no further experiment is launched."""
     from deepspeed.autotuning import scheduler
     from deepspeed.autotuning.autotuner import Autotuner
     from deepspeed.launcher import runner
@@ -81,18 +96,26 @@ def local_autotuner(args: NeoXArgsSchema, cuda: bool) -> Iterator[None]:
         def model_info_profile_run(self):  # noqa: D102 (DeepSpeed's)
             return with_activation_estimate(super().model_info_profile_run(), args)
 
-    saved = (runner.Autotuner, scheduler.clean_up, scheduler.TIMEOUT, os.environ.get("LOCAL_SIZE"))
+    launch_experiment = scheduler.run_experiment
+
+    def run_unless_stopped(exp: Dict[str, Any], reservations: Any, user_script: str, user_args: List[str]) -> None:
+        if not stopped():  # else the autotuner finds no stderr.log and counts the experiment as failed
+            launch_experiment(exp, reservations, user_script, user_args)
+
+    saved = (runner.Autotuner, scheduler.clean_up, scheduler.TIMEOUT, scheduler.run_experiment,
+             os.environ.get("LOCAL_SIZE"))
     runner.Autotuner, scheduler.clean_up, scheduler.TIMEOUT = NeoXAutotuner, _skip_local_cleanup, POLL_SECONDS
+    scheduler.run_experiment = run_unless_stopped
     if not cuda and args.global_num_gpus:
         os.environ["LOCAL_SIZE"] = str(args.global_num_gpus)
     try:
         yield
     finally:
-        runner.Autotuner, scheduler.clean_up, scheduler.TIMEOUT = saved[:3]
-        if saved[3] is None:
+        runner.Autotuner, scheduler.clean_up, scheduler.TIMEOUT, scheduler.run_experiment = saved[:4]
+        if saved[4] is None:
             os.environ.pop("LOCAL_SIZE", None)
         else:
-            os.environ["LOCAL_SIZE"] = saved[3]
+            os.environ["LOCAL_SIZE"] = saved[4]
 
 
 def finish_experiment() -> None:

@@ -95,3 +95,45 @@ def test_train_py_ends_an_autotuning_experiment_that_deepspeed_exits_with_status
     monkeypatch.setattr(megatron.training, "pretrain", lambda neox_args: engine_exits(neox_args, 3))
     with pytest.raises(SystemExit):
         train.main()
+
+
+def test_after_a_signal_no_further_experiment_starts(monkeypatch):
+    from deepspeed.autotuning import scheduler
+
+    launched = []
+    monkeypatch.setattr(scheduler, "run_experiment", lambda exp, *rest: launched.append(exp["name"]))
+    stop = []
+    with local_autotuner(tiny(**TUNE), cuda=False, stopped=lambda: bool(stop)):
+        scheduler.run_experiment({"name": "z0_gas1_tmbspg1"}, [], "train.py", [])
+        stop.append("SIGTERM")
+        scheduler.run_experiment({"name": "z0_gas1_tmbspg2"}, [], "train.py", [])
+    assert launched == ["z0_gas1_tmbspg1"]
+
+
+def test_signals_reach_the_ranks_under_each_experiments_runner():
+    """deepy.py -> the experiment's `deepspeed` runner -> DeepSpeed's launcher -> ranks: the ranks get the signal
+    (the runner itself would die of it, leaving them orphaned)."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from megatron.autotuner_launch import AutotuningSignals
+
+    # a stand-in runner whose child carries the launcher's module name on its command line and starts one "rank"
+    launcher = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                "time.sleep(60)")
+    runner = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                               f"'-c', {launcher!r}, 'deepspeed.launcher.launch']); time.sleep(60)"])
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and len(psutil.Process(runner.pid).children(recursive=True)) < 2:
+            time.sleep(0.1)
+        launch = psutil.Process(runner.pid).children()[0]
+        assert [p.pid for p in AutotuningSignals().targets()] == [p.pid for p in launch.children()]
+        assert len(launch.children()) == 1
+    finally:
+        for process in psutil.Process(runner.pid).children(recursive=True) + [psutil.Process(runner.pid)]:
+            process.kill()
+        runner.wait()

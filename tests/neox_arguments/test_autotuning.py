@@ -143,3 +143,16 @@ def test_deepy_autotuning_flag_sets_autotuning_run(tmp_path):
     assert deepy.load_args([script, str(path), "--autotuning", "run"]).autotuning_run == "run"
     with pytest.raises(ConfigError, match="set autotuning_run: tune"):
         deepy.load_args([script, str(path)])
+
+
+def test_a_non_fast_experiment_passes_deepspeeds_zero_template_to_the_engine_as_it_is():
+    """Without fast, the autotuner fills its own templates (bucket sizes as floats, stage-3 settings)."""
+    import hjson
+    from deepspeed.autotuning.constants import DEFAULT_TEMPLATE_PATH_ZERO_3
+
+    with open(DEFAULT_TEMPLATE_PATH_ZERO_3, encoding="utf-8") as handle:
+        zero = hjson.load(handle)["zero_optimization"]
+    args = tiny(**{**TUNE, "zero_optimization": {"stage": "all"}})
+    tuned = tuned_args(args, experiment_config(args, zero_optimization=dict(zero)), experiment=True)
+    assert tuned.deepspeed_config["zero_optimization"] == zero
+    assert (tuned.zero_stage, tuned.zero_reduce_bucket_size, tuned.zero_reduce_scatter) == (3, 5e8, True)
