@@ -172,7 +172,7 @@ def autotune(args: NeoXArgs) -> int:
     import torch
 
     from megatron.autotuner_launch import AutotuningSignals, local_autotuner
-    from megatron.neox_arguments.autotuning import (OPTIMAL_CONFIG, autotuner_config, read_deepspeed_config,
+    from megatron.neox_arguments.autotuning import (OPTIMAL_CONFIG, autotuner_config, measured_optimal_config,
                                                     results_dir, runner_autotuning_argv, tuned_args)
 
     with tempfile.TemporaryDirectory(prefix="neox-autotuning-") as folder:
@@ -184,17 +184,17 @@ def autotune(args: NeoXArgs) -> int:
             code = _run_runner(args, runner_autotuning_argv(args, args.get_deepspeed_main_args(), path), signals)
     if code:
         return code
-    optimal = os.path.join(results_dir(args), OPTIMAL_CONFIG)
-    if not os.path.isfile(optimal):
+    optimal = measured_optimal_config(results_dir(args))
+    if optimal is None:
         print(f"error: DeepSpeed's autotuner found no configuration that trained; each experiment's output is in "
               f"{results_dir(args)}/<experiment>/stderr.log and stdout.log", file=sys.stderr)
         return 1
-    print(f"autotuning: the optimal DeepSpeed config is {optimal} (results in {results_dir(args)}/summary.txt)",
-          flush=True)
+    print(f"autotuning: the optimal DeepSpeed config is {os.path.join(results_dir(args), OPTIMAL_CONFIG)} (results "
+          f"in {results_dir(args)}/summary.txt)", flush=True)
     if args.autotuning_run == "tune":
         return 0
     try:
-        tuned = tuned_args(args, read_deepspeed_config(optimal), experiment=False).freeze()
+        tuned = tuned_args(args, optimal, experiment=False).freeze()
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2

@@ -132,6 +132,26 @@ def autotuner_config(args: NeoXArgsSchema) -> Dict[str, Any]:
     return config
 
 
+def measured_optimal_config(folder: str) -> Optional[Dict[str, Any]]:
+    """results_dir/ds_config_optimal.json if an experiment with that config wrote its metrics, else None: DeepSpeed
+    records an experiment that failed with the metric 0 and, when no experiment ran, writes that one as optimal."""
+    try:
+        with open(os.path.join(folder, OPTIMAL_CONFIG), encoding="utf-8") as handle:
+            optimal = json.load(handle)
+        entries = list(os.scandir(folder))
+    except (OSError, ValueError):
+        return None
+    for entry in entries:
+        config_path, metrics = os.path.join(entry.path, "ds_config.json"), os.path.join(entry.path, "metrics.json")
+        if os.path.isfile(config_path) and os.path.isfile(metrics):
+            with open(config_path, encoding="utf-8") as handle:
+                config = json.load(handle)
+            config.pop("autotuning", None)
+            if config == optimal:
+                return optimal
+    return None
+
+
 def runner_autotuning_argv(args: NeoXArgsSchema, runner_argv: List[str], config_path: str) -> List[str]:
     """The runner's argv for a tuning launch: `--autotuning tune` before the user script, `--deepspeed_config FILE`
     after it (where the autotuner looks for the config; it must end in .json). Always `tune`: deepy.py launches

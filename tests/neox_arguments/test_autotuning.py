@@ -156,3 +156,19 @@ def test_a_non_fast_experiment_passes_deepspeeds_zero_template_to_the_engine_as_
     tuned = tuned_args(args, experiment_config(args, zero_optimization=dict(zero)), experiment=True)
     assert tuned.deepspeed_config["zero_optimization"] == zero
     assert (tuned.zero_stage, tuned.zero_reduce_bucket_size, tuned.zero_reduce_scatter) == (3, 5e8, True)
+
+
+def test_the_optimal_config_counts_only_when_its_experiment_measured_something(tmp_path):
+    """DeepSpeed writes a failed experiment (metric 0) as optimal when none ran; deepy.py must not train with it."""
+    from megatron.neox_arguments.autotuning import measured_optimal_config
+
+    optimal = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}}
+    assert measured_optimal_config(str(tmp_path)) is None
+    (tmp_path / "ds_config_optimal.json").write_text(json.dumps(optimal))
+    for name, config in (("z1_gas1_tmbspg2", optimal), ("z0_gas1_tmbspg2", {**optimal, "zero_optimization": {}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ds_config.json").write_text(json.dumps({**config, "autotuning": {"enabled": True}}))
+    (tmp_path / "z0_gas1_tmbspg2" / "metrics.json").write_text('{"throughput": 5}')
+    assert measured_optimal_config(str(tmp_path)) is None  # the optimal one failed: only another measured
+    (tmp_path / "z1_gas1_tmbspg2" / "metrics.json").write_text('{"throughput": 3}')
+    assert measured_optimal_config(str(tmp_path)) == optimal
