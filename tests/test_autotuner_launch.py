@@ -137,3 +137,40 @@ def test_signals_reach_the_ranks_under_each_experiments_runner():
         for process in psutil.Process(runner.pid).children(recursive=True) + [psutil.Process(runner.pid)]:
             process.kill()
         runner.wait()
+
+
+@pytest.mark.parametrize("mode", ["tune", "run", "nothing_trained"])
+def test_deepy_autotune_hands_the_search_space_to_the_runner_then_trains_with_what_was_measured(tmp_path, monkeypatch,
+                                                                                                mode):
+    """deepy.autotune with DeepSpeed's runner replaced by what the autotuner leaves in results_dir."""
+    import json
+    from pathlib import Path
+
+    import deepy
+
+    results = tmp_path / "results"
+    args = tiny(**{**TUNE, "autotuning_run": "run" if mode == "run" else "tune", "user_script": "train.py",
+                   "autotuning": {**TUNE["autotuning"], "results_dir": str(results)}}).freeze()
+    optimal = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 1}}
+    launches = []
+
+    def runner(launched_args, argv, forwarding=None):
+        launches.append((launched_args, argv))
+        if len(launches) == 1:  # the tuning: DeepSpeed's autotuner reads the config file named after the script
+            config = json.loads(Path(argv[argv.index("--deepspeed_config") + 1]).read_text())
+            assert argv[argv.index("train.py") - 2:argv.index("train.py")] == ["--autotuning", "tune"]
+            assert config["zero_optimization"]["stage"] == [0, 1] and "train_batch_size" not in config
+            (results / "z1_gas1_tmbspg2").mkdir(parents=True)
+            (results / "ds_config_optimal.json").write_text(json.dumps(optimal))
+            (results / "z1_gas1_tmbspg2" / "ds_config.json").write_text(json.dumps({**optimal, "autotuning": {}}))
+            if mode != "nothing_trained":
+                (results / "z1_gas1_tmbspg2" / "metrics.json").write_text('{"throughput": 2.0}')
+        return 0
+
+    monkeypatch.setattr(deepy, "_run_runner", runner)
+    assert deepy.autotune(args) == (1 if mode == "nothing_trained" else 0)
+    assert len(launches) == (2 if mode == "run" else 1)
+    if mode == "run":
+        tuned, argv = launches[1]
+        assert "--autotuning" not in argv and "--deepspeed_config" not in argv
+        assert (tuned.autotuning_run, tuned.zero_stage, tuned.train_batch_size) == (None, 1, 4)
