@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+from megatron.autotuner_launch import missing_packages
 from megatron.launch_signals import ForwardSignals, interrupted_exit_code
 from megatron.neox_arguments import ConfigError, NeoXArgs, prelaunch
 from megatron.neox_arguments.hostfile import is_local_launch
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--master_port", type=int, help="torch.distributed port (one per concurrent launch)")
     runner.add_argument("--master_addr", help="address of rank 0's node")
     runner.add_argument("--launcher", choices=["pdsh", "openmpi", "mvapich", "slurm"], help="multi-node launcher")
+    runner.add_argument("--autotuning", choices=["tune", "run"], dest="autotuning_run",
+                        help="run DeepSpeed's autotuner (the config's autotuning dict); 'run' then trains with the "
+                             "best configuration it found (overrides autotuning_run)")
     wandb = parser.add_argument_group("Weights & Biases")
     wandb.add_argument("--wandb_group", help="group the runs of one experiment")
     wandb.add_argument("--wandb_team", help="wandb team (entity)")
@@ -60,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 OVERRIDE_KEYS = ("hostfile", "include", "exclude", "num_nodes", "num_gpus", "master_port", "master_addr", "launcher",
+                 "autotuning_run",
                  "wandb_group", "wandb_team", "wandb_run_name", "sample_input_file", "sample_output_file",
                  "eval_tasks", "iteration", "eval_results_prefix")
 
@@ -97,6 +102,7 @@ def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Op
     ns = build_parser().parse_args(argv)
     args = _build_args(ns)
     problems = _script_problems(ns, args) + prelaunch.file_problems(args) + prelaunch.host_problems(args)
+    problems += missing_packages(args)
     master_addr, addr_problems = prelaunch.resolve_master_addr(args)
     problems += addr_problems + prelaunch.shell_problems(args, master_addr)
     if problems:
@@ -144,22 +150,71 @@ class _AbbreviateEncodedConfig(logging.Filter):
 
 
 def launch(args: NeoXArgs) -> int:
-    """Hand the validated args to DeepSpeed's runner (which starts the workers and waits for them)."""
+    """Hand the validated args to DeepSpeed's runner (which starts the workers and waits for them); with
+    autotuning_run, to DeepSpeed's autotuner first (autotune)."""
     import torch
-    from deepspeed.launcher import runner
-    from deepspeed.utils import logger as deepspeed_logger
 
     _cap_cpu_threads(args)
     warning = prelaunch.cpu_oversubscription_warning(args, torch.cuda.is_available())
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    if args.autotuning_run is not None:
+        return autotune(args)
+    return _run_runner(args, args.get_deepspeed_main_args())
+
+
+def autotune(args: NeoXArgs) -> int:
+    """Run DeepSpeed's autotuner over the config's search space (megatron/neox_arguments/autotuning.py); with
+    autotuning_run 'run', then train with the optimal DeepSpeed config it wrote."""
+    import json
+    import tempfile
+
+    import torch
+
+    from megatron.autotuner_launch import AutotuningSignals, local_autotuner
+    from megatron.neox_arguments.autotuning import (OPTIMAL_CONFIG, autotuner_config, measured_optimal_config,
+                                                    results_dir, runner_autotuning_argv, tuned_args)
+
+    with tempfile.TemporaryDirectory(prefix="neox-autotuning-") as folder:
+        path = os.path.join(folder, "ds_config.json")  # read once, when the autotuner starts
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(autotuner_config(args), handle)
+        signals = AutotuningSignals()
+        with local_autotuner(args, cuda=torch.cuda.is_available(), stopped=lambda: signals.received is not None):
+            code = _run_runner(args, runner_autotuning_argv(args, args.get_deepspeed_main_args(), path), signals)
+    if code:
+        return code
+    optimal = measured_optimal_config(results_dir(args))
+    if optimal is None:
+        print(f"error: DeepSpeed's autotuner found no configuration that trained; each experiment's output is in "
+              f"{results_dir(args)}/<experiment>/stderr.log and stdout.log", file=sys.stderr)
+        return 1
+    print(f"autotuning: the optimal DeepSpeed config is {os.path.join(results_dir(args), OPTIMAL_CONFIG)} (results "
+          f"in {results_dir(args)}/summary.txt)", flush=True)
+    if args.autotuning_run == "tune":
+        return 0
+    try:
+        tuned = tuned_args(args, optimal, experiment=False).freeze()
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    return _run_runner(tuned, tuned.get_deepspeed_main_args())
+
+
+def _run_runner(args: NeoXArgs, argv: List[str], forwarding: Optional[ForwardSignals] = None) -> int:
+    """DeepSpeed's runner with `argv`, the encoded `args` in the workers' environment, signals forwarded (by
+    `forwarding`, default ForwardSignals: to the ranks of a local launch)."""
+    from deepspeed.launcher import runner
+    from deepspeed.utils import logger as deepspeed_logger
+
     environment = worker_environment(args)
     os.environ.update(environment)
     forward_variables_to_workers()
-    deepspeed_logger.addFilter(_AbbreviateEncodedConfig(environment[ENCODED_CONFIG_ENV]))
-    forwarding = ForwardSignals().install()
+    abbreviate = _AbbreviateEncodedConfig(environment[ENCODED_CONFIG_ENV])
+    deepspeed_logger.addFilter(abbreviate)
+    forwarding = (forwarding or ForwardSignals()).install()
     try:
-        runner.main(args.get_deepspeed_main_args())
+        runner.main(argv)
     except (RuntimeError, ValueError) as exc:  # the runner's own refusals, before any worker starts
         print(f"error: DeepSpeed's runner did not start the workers: {exc}", file=sys.stderr)
         return 2
@@ -169,6 +224,7 @@ def launch(args: NeoXArgs) -> int:
         raise
     finally:
         forwarding.restore()
+        deepspeed_logger.removeFilter(abbreviate)
     if forwarding.received:  # the ranks exited 0 all the same (e.g. they had just finished): still interrupted
         return interrupted_exit_code(forwarding.received)
     return 0

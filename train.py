@@ -25,6 +25,14 @@ def main() -> int:
     except (ConfigError, CheckpointError, DataError, TokenizerError, MissingOptionalDependency) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except SystemExit as stop:
+        if neox_args is None or neox_args.autotuning_run is None or stop.code not in (None, 0):
+            raise
+        # DeepSpeed's engine ends an autotuning experiment with exit() on every rank, after writing its metrics
+        from megatron.autotuner_launch import finish_experiment
+
+        finish_experiment()
+        return 0
     except RuntimeError as err:
         from megatron.initialize import lost_rank_message
 

@@ -73,9 +73,13 @@ class ForwardSignals:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def targets(self) -> List[Any]:
+        """The processes a signal is passed on to (signal_targets: the ranks of a local launch)."""
+        return signal_targets()
+
     def _handle(self, signum: int, _frame) -> None:
         self.received = signal.Signals(signum).name
-        targets = signal_targets()
+        targets = self.targets()
         if not targets:
             sys.exit(128 + signum)
         for process in targets:

@@ -170,10 +170,12 @@ class NeoXArgs(NeoXArgsSchema):
     def consume_neox_args(cls, argv: Optional[Sequence[str]] = None,
                           environ: Optional[Mapping[str, str]] = None) -> "NeoXArgs":
         """In a worker: rebuild the launcher's NeoXArgs (from ENCODED_CONFIG_FLAG, else the ENCODED_CONFIG_ENV
-        variable deepy.py sets) and fill this process's rank from the environment."""
+        variable deepy.py sets) and fill this process's rank from the environment. In a DeepSpeed autotuning
+        experiment, `--deepspeed_config` (the experiment's config) sets the batch and ZeRO settings."""
         parser = argparse.ArgumentParser(add_help=False)
         parser.add_argument(ENCODED_CONFIG_FLAG, default=None)
         parser.add_argument("--local_rank", type=int, default=None)
+        parser.add_argument("--deepspeed_config", default=None)  # an autotuning experiment's (autotuning.py)
         known, rest = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
         env = os.environ if environ is None else environ
         encoded = known.neox_config or env.get(ENCODED_CONFIG_ENV)
@@ -184,6 +186,15 @@ class NeoXArgs(NeoXArgsSchema):
                                f"which validates the config and launches the workers: "
                                f"python deepy.py {script} {configs}"])
         args = cls.decode(encoded)
+        if known.deepspeed_config is not None:
+            from megatron.neox_arguments.autotuning import is_experiment, read_deepspeed_config, tuned_args
+
+            ds_config = read_deepspeed_config(known.deepspeed_config)
+            args = tuned_args(args, ds_config, experiment=is_experiment(ds_config))
+        elif args.autotuning_run is not None:
+            raise ConfigError([f"this config has autotuning_run={args.autotuning_run!r}: its workers are DeepSpeed "
+                               f"autotuning experiments, which the autotuner starts with --deepspeed_config; launch "
+                               f"through deepy.py"])
         rank, local_rank, world_size = ranks_from_environment(env, args.deepspeed_slurm, args.deepspeed_mpi)
         args.rank = rank
         args.local_rank = local_rank if local_rank is not None else known.local_rank

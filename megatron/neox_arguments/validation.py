@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, List, Set, Tuple
 from megatron.comms_logging import comms_logger_problems
 from megatron.curriculum import curriculum_problems
 from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
+from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_space_problems
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
 from megatron.zero_offload import offload_problems
@@ -57,8 +58,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("profile", bool, "nsys profiling (profile) is not supported yet"),
     ("amp", lambda v: v is not None and v.get("enabled", False),
      "apex AMP (amp) is not supported; use the bf16 or fp16 dicts"),
-    ("autotuning", lambda v: v is not None, "DeepSpeed autotuning is not supported yet"),
-    ("autotuning_run", lambda v: v is not None, "DeepSpeed autotuning (autotuning_run) is not supported yet"),
     ("curriculum_seqlen", lambda v: v != 0,
      "curriculum_seqlen is GPT-NeoX's run-time record of the current curriculum length, not a setting: the length "
      "of each step comes from curriculum_learning (and is logged as curriculum_seqlen); delete the key"),
@@ -213,6 +212,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)
+    problems += autotuning_problems(args)
     problems += _data_path_problems(args)
     if args.optimizer_type in COMPRESSED_OPTIMIZERS:
         problems.append(f"optimizer.type={COMPRESSED_OPTIMIZERS[args.optimizer_type]!r}: DeepSpeed's "
@@ -494,8 +494,7 @@ def parallelism_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"pipe_parallel_size={args.pipe_parallel_size} must be >= 0 and model_parallel_size="
                         f"{args.model_parallel_size} >= 1")
     if not isinstance(args.zero_stage, int):
-        problems.append(f"zero_stage={args.zero_stage!r}: lists and 'all' are for DeepSpeed autotuning, which is "
-                        f"not supported yet; use 0, 1, 2 or 3")
+        problems += zero_stage_space_problems(args.zero_stage, args.autotuning_run)
     elif args.zero_stage not in (0, 1, 2, 3):
         problems.append(f"zero_optimization.stage={args.zero_stage} must be 0, 1, 2 or 3")
     elif args.zero_stage >= 2 and args.pipe_parallel_size >= 1:

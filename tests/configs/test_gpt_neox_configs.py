@@ -376,7 +376,6 @@ NOT_BUILT = {
     "data_efficiency": ('"data_efficiency": {"enabled": true, "data_routing": {"enabled": true}},',
                         "DeepSpeed's data_efficiency library (data_sampling: curriculum sampling by offline-analysed "
                         "difficulty metrics; data_routing: random layerwise token dropping) is not supported yet"),
-    "autotuning": ('"autotuning": {"enabled": true},', "DeepSpeed autotuning is not supported yet"),
 }
 
 

@@ -168,6 +168,15 @@ class NeoXArgsDeepspeedConfig:
     """
     Configuration for using autotuning. Dictionary as described in Deepspeed documentation:
     https://www.deepspeed.ai/docs/config-json/#autotuning
+    Read by DeepSpeed's autotuner when autotuning_run is set (it needs enabled: true; without autotuning_run,
+    enabled: true is refused, since DeepSpeed's engine would stop training after end_profile_step). Keys: fast,
+    metric (throughput, latency, flops), start_profile_step / end_profile_step (end < train_iters), tuner_type
+    (gridsearch, random, model_based), tuner_early_stopping, tuner_num_trials, max_train_batch_size,
+    min/max_train_micro_batch_size_per_gpu, num_tuning_micro_batch_sizes, mp_size (= model_parallel_size),
+    results_dir (default autotuning_results) and exps_dir (default autotuning_exps), both emptied first unless
+    overwrite: false, arg_mappings (accepted; the experiment's config carries the same values), model_info. The
+    stages searched are zero_optimization.stage as a list or 'all'. On CPU ranks the autotuner's memory model sees
+    the machine's RAM: bound the micro batch with max_train_micro_batch_size_per_gpu.
     """
 
     activation_checkpointing: Optional[dict] = None

@@ -73,9 +73,17 @@ class NeoXArgsDeepspeedRunner:
     Implied by deepspeed_slurm and deepspeed_mpi.
     """
 
-    autotuning_run: Optional[str] = None
+    autotuning_run: Optional[Literal['tune', 'run']] = None
     """
-    Either "tune", "run", or `None`.
+    Either "tune", "run", or `None`. Run DeepSpeed's autotuner over the autotuning dict's search space (ZeRO
+    stages from zero_optimization.stage as a list or 'all', times micro batch sizes): it profiles the model, runs
+    each experiment as a short training launch that exits after autotuning.end_profile_step (no checkpoints; its
+    logs and metrics.json in results_dir/EXPERIMENT), and writes results_dir/summary.txt,
+    ds_config_optimal.json and cmd_optimal.txt. "run" then trains with the optimal config (its micro batch,
+    gradient accumulation and zero_optimization, which in fast mode is the stage alone, as DeepSpeed's autotuner
+    writes it; saving as configured). Example: zero_optimization: {stage: [0, 1]}, autotuning: {enabled: true,
+    fast: true, max_train_micro_batch_size_per_gpu: 4}. Also deepy.py --autotuning tune|run. One
+    node only, pipe_parallel_size 0.
     """
 
     no_ssh_check: bool = False
