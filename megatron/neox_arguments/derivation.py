@@ -441,6 +441,10 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
     ep = args.moe_expert_parallel_size
     dp = args.data_parallel_size
+    if ep > 1 and args.moe_type == "megablocks":
+        problems.append(f"moe_expert_parallel_size={ep} with moe_type='megablocks' is not supported yet: expert "
+                        f"parallelism over data-parallel ranks is DeepSpeed's layer's (moe_type: deepspeed); the "
+                        f"dropless layer splits its experts over the tensor-parallel ranks (model_parallel_size)")
     if ep > 1 and dp is not None and dp % ep:
         problems.append(f"moe_expert_parallel_size={ep} must divide the data-parallel size {dp} (the experts are split "
                         f"over groups of data-parallel ranks)")

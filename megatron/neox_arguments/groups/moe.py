@@ -89,8 +89,12 @@ class NeoXArgsMoE:
 
     moe_expert_parallel_size: int = 1
     """
-    Number of parallel experts in MoE (expert parallelism over data-parallel ranks). Not supported yet: values
-    > 1 are refused; every rank holds all experts.
+    Number of parallel experts in MoE (expert parallelism over data-parallel ranks): the data-parallel ranks form
+    groups of this many, each rank holding moe_num_experts / moe_expert_parallel_size of the experts and sending
+    tokens to the others' experts by all-to-all; expert gradients are reduced over the ranks holding the same
+    experts. Must divide the data-parallel size and moe_num_experts. DeepSpeed's layer (moe_type deepspeed) only,
+    as in GPT-NeoX; a checkpoint resumes at the same value (another one with no_load_optim: true: the weights,
+    saved one expert per file, load at any value).
     """
 
     moe_type: str = 'megablocks'
