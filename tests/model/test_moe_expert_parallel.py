@@ -2,7 +2,6 @@
 over two data-parallel ranks training as with every expert on every rank (DeepSpeed's engine, ZeRO 0 and 2), its
 checkpoint files and exact resume, and the refusals."""
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from megatron.mpu.parallel_state import expert_parallel_ranks
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 
-STEPS, VOCAB = 10, 128
+STEPS = 10
 
 
 @pytest.mark.parametrize("world,tp,pp,ep", [(8, 1, 1, 2), (8, 1, 1, 4), (16, 2, 1, 4), (16, 2, 2, 2), (8, 2, 2, 2)])
@@ -38,6 +37,7 @@ def _neox_args(ep: int, zero: int, save: str, **extra):
         "weight_decay": 0.01, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0, "zero_optimization": {"stage": zero}, "num_gpus": 2, "train_iters": STEPS,
         "distributed_backend": "gloo", "save": save, "load": save, "checkpoint_factor": 4,
+        "tokenizer_type": "CharLevelTokenizer",
         "config_files": {"moe.yml": "{}"}, **extra})
 
 
@@ -47,7 +47,7 @@ def _setup(args):
     from megatron.training import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
-    ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
+    ctx = initialize_megatron(args)
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
     return ctx, engine, optimizer
 
@@ -74,6 +74,7 @@ def _expert_parallel_run(rank: int, world_size: int, save_dir: str):
     import time
 
     from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.inference import setup_for_inference
 
     out, start = {}, time.time()
     for ep, zero in ((1, 0), (2, 0), (2, 2)):
@@ -103,6 +104,10 @@ def _expert_parallel_run(rank: int, world_size: int, save_dir: str):
     load_checkpoint(args, ctx.model_config, engine)
     out["resharded"] = _local_experts(engine.module)
     ctx.parallel_state.destroy()
+    # generate.py / eval.py: every expert on every rank, whatever the run's expert-parallel size
+    model, ctx, iteration = setup_for_inference(_neox_args(2, 2, save_dir))
+    out["inference"] = (iteration, _local_experts(model), model(random_batch(batch=1)[0]))
+    ctx.parallel_state.destroy()
     out["seconds"] = time.time() - start
     return out
 
@@ -117,7 +122,8 @@ def _global_name(name: str, ep_rank: int, local_experts: int = 2) -> str:
 def test_deepspeed_layer_with_experts_over_two_ranks_trains_as_with_all_experts_and_resumes(tmp_path):
     """DP=2: EP=2 (two of the four experts per rank, tokens exchanged by all-to-all, some dropped at capacity
     factor 1) gives EP=1's losses over 10 steps, with ZeRO 0 and 2; the checkpoint holds one file per expert and
-    layer; a fresh engine resumes it exactly, and an EP=1 engine loads its weights (no_load_optim)."""
+    layer; a fresh engine resumes it exactly, an EP=1 engine loads its weights (no_load_optim), and so does inference
+    (every expert on every rank)."""
     ranks = run_distributed(_expert_parallel_run, world_size=2, args=(str(tmp_path),))
     for rank, out in enumerate(ranks):
         assert out[("groups", 2)] == (rank, 2, 1) and out[("groups", 1)] == (0, 1, 2)
@@ -130,8 +136,12 @@ def test_deepspeed_layer_with_experts_over_two_ranks_trains_as_with_all_experts_
         for zero in (0, 2):
             torch.testing.assert_close(torch.tensor(out[(2, zero)]), reference, rtol=2e-3, atol=0)
         assert out["reloaded"] and out["resumed"] == out[(2, 2)][4:7]
+        iteration, inference_experts, logits = out["inference"]
+        assert iteration == 4 and inference_experts.keys() == out["resharded"].keys()
+        torch.testing.assert_close(logits, ranks[0]["inference"][2], rtol=0, atol=0)
         for name, weight in out["saved"].items():  # at EP=1 a rank holds every expert, those saved by both EP ranks
             torch.testing.assert_close(out["resharded"][_global_name(name, rank)], weight, rtol=0, atol=0)
+            torch.testing.assert_close(inference_experts[_global_name(name, rank)], weight, rtol=0, atol=0)
     print("seconds in the workers:", [out["seconds"] for out in ranks])
     files = ranks[0]["files"]
     assert {"COMPLETE", "neox_args.json", "mp_rank_00_model_states.pt"} <= set(files)

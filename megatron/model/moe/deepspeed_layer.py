@@ -29,6 +29,7 @@ ParallelState's (megatron.mpu.parallel_state), registered with DeepSpeed under i
 marks the expert parameters (``allreduce=False``, ``group_name``) so that its engine reduces their gradients over
 the expert-data-parallel group only (averaged over all data-parallel ranks), with and without ZeRO 1 / 2, and saves
 each expert in its own file, as above. An expert starts from the same initialiser entry at every EP size.
+generate.py and eval.py build the model with every expert on every rank (megatron.inference), from those files.
 One tensor-parallel rank, no pipeline: the rest is refused by the argument checks.
 """
 from __future__ import annotations
@@ -70,7 +71,7 @@ class DeepSpeedMoE(MoE, MoELayerBase):
                                  f"has {parallel_state.get_expert_parallel_world_size()} expert-parallel ranks")
             parallel_state.register_expert_groups_with_deepspeed()
             self.set_deepspeed_parallelism()  # finds the registered groups: the all-to-all's group is set
-        self.first_expert = parallel_state.get_expert_parallel_rank() * self.num_local_experts
+        self.first_expert = 0 if self.ep_size == 1 else parallel_state.get_expert_parallel_rank() * self.num_local_experts
         self._reinitialise(initializer, layer_number)
         for param in self.deepspeed_moe.experts.parameters():
             setattr(param, MOE_EXPERT_FLAG, True)
