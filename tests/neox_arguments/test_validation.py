@@ -207,6 +207,14 @@ def test_expert_parallel_size_that_does_not_divide_gives_one_message(overrides, 
         f"Invalid NeoX configuration: {message}"
 
 
+def test_per_parameter_logging_with_expert_parallelism_is_refused():
+    assert problems_of(moe_num_experts=4, moe_type="deepspeed", moe_expert_parallel_size=2, num_gpus=2,
+                       train_batch_size=4, log_grad_norm=True, log_optimizer_states=True) == (
+        "Invalid NeoX configuration: log_grad_norm, log_optimizer_states with moe_expert_parallel_size=2 is not "
+        "supported yet: the per-parameter values are gathered from one model replica, and with expert parallelism "
+        "the experts are spread over several (the run's grad_norm counts them all)")
+
+
 def test_expert_parallelism_of_deepspeeds_layer_validates():
     args = tiny(moe_num_experts=4, moe_type="deepspeed", moe_expert_parallel_size=2, num_gpus=4,
                 train_batch_size=8, zero_optimization={"stage": 2})
