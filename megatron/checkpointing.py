@@ -359,8 +359,9 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
     """What a resume (not a fine-tune) needs besides the architecture. Refused: another number of data-parallel
     ranks under ZeRO with the optimizer state loaded (DeepSpeed cannot repartition it), another seq_length
     (the data position counts samples of seq_length tokens), and another moe_expert_parallel_size with the
-    optimizer state loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank). Handled, with a note: another global batch size
-    (the data continues at the same sample; iterations and the LR schedule count batches of the new size)."""
+    optimizer state loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank). Handled, with a
+    note: another global batch size (the data continues at the same sample; iterations and the LR schedule count
+    batches of the new size)."""
     problems = []
     zero = max(int(saved.get("zero_stage") or 0), int(neox_args.zero_stage or 0))
     saved_dp, dp = saved.get("data_parallel_size"), neox_args.data_parallel_size

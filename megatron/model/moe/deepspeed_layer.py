@@ -71,7 +71,9 @@ class DeepSpeedMoE(MoE, MoELayerBase):
                                  f"has {parallel_state.get_expert_parallel_world_size()} expert-parallel ranks")
             parallel_state.register_expert_groups_with_deepspeed()
             self.set_deepspeed_parallelism()  # finds the registered groups: the all-to-all's group is set
-        self.first_expert = 0 if self.ep_size == 1 else parallel_state.get_expert_parallel_rank() * self.num_local_experts
+        self.first_expert = 0  # the global id of local expert 0 (every expert is local at EP 1, e.g. inference)
+        if self.ep_size > 1:
+            self.first_expert = parallel_state.get_expert_parallel_rank() * self.num_local_experts
         self._reinitialise(initializer, layer_number)
         for param in self.deepspeed_moe.experts.parameters():
             setattr(param, MOE_EXPERT_FLAG, True)
