@@ -359,7 +359,8 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
     """What a resume (not a fine-tune) needs besides the architecture. Refused: another number of data-parallel
     ranks under ZeRO with the optimizer state loaded (DeepSpeed cannot repartition it), another seq_length
     (the data position counts samples of seq_length tokens), and another moe_expert_parallel_size with the
-    optimizer state loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank). Handled, with a
+    optimizer state loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank; the dropless
+    layer's weights change layout between 1 and more expert-parallel ranks). Handled, with a
     note: another global batch size (the data continues at the same sample; iterations and the LR schedule count
     batches of the new size)."""
     problems = []
@@ -372,7 +373,14 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
                         f"pipe_parallel_size)), or set no_load_optim: true to keep the weights and the iteration and "
                         f"start the optimizer state afresh")
     saved_ep, ep = saved.get("moe_expert_parallel_size") or 1, neox_args.moe_expert_parallel_size
-    if saved.get("moe_num_experts", 1) > 1 and saved_ep != ep and not neox_args.no_load_optim:
+    experts = saved.get("moe_num_experts", 1) > 1 and saved_ep != ep
+    if experts and neox_args.moe_type == "megablocks" and 1 in (saved_ep, ep):
+        problems.append(f"moe_expert_parallel_size: checkpoint {saved_ep}, this run {ep}: the dropless layer keeps "
+                        f"its experts stacked in the model file at moe_expert_parallel_size 1 and in one file per "
+                        f"expert above it, and DeepSpeed's engine loads only its own layout. Resume with "
+                        f"moe_expert_parallel_size: {saved_ep} (or another size above 1 with no_load_optim: true); "
+                        f"generate.py, eval.py and the conversion tools read either")
+    elif experts and not neox_args.no_load_optim:
         problems.append(f"moe_expert_parallel_size: checkpoint {saved_ep}, this run {ep}: DeepSpeed's optimizer "
                         f"state of the experts is saved per expert-parallel rank and cannot be split another way. "
                         f"Resume with moe_expert_parallel_size: {saved_ep}, or set no_load_optim: true to load the "

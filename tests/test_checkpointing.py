@@ -357,3 +357,9 @@ def test_resuming_experts_at_another_expert_parallel_size_is_refused_with_the_wa
                                               r"set no_load_optim: true"):
         resolve(args_for(tmp_path, **moe))
     assert resolve(args_for(tmp_path, no_load_optim=True, **moe)) == (str(tmp_path), "global_step4")
+    dropless = dict(moe_num_experts=4, global_num_gpus=2)
+    save(args_for(tmp_path, moe_expert_parallel_size=2, **dropless), 8, FakeEngine())
+    with pytest.raises(CheckpointError, match=r"(?s)moe_expert_parallel_size: checkpoint 2, this run 1: the dropless "
+                                              r"layer keeps its experts stacked.*generate.py, eval.py and the "
+                                              r"conversion tools read either"):
+        resolve(args_for(tmp_path, no_load_optim=True, **dropless))

@@ -441,10 +441,12 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
     ep = args.moe_expert_parallel_size
     dp = args.data_parallel_size
-    if ep > 1 and args.moe_type == "megablocks":
-        problems.append(f"moe_expert_parallel_size={ep} with moe_type='megablocks' is not supported yet: expert "
-                        f"parallelism over data-parallel ranks is DeepSpeed's layer's (moe_type: deepspeed); the "
-                        f"dropless layer splits its experts over the tensor-parallel ranks (model_parallel_size)")
+    if ep > 1 and args.moe_type == "megablocks" and (args.model_parallel_size > 1 or args.pipe_parallel_size >= 1):
+        problems.append(f"moe_expert_parallel_size={ep} with moe_type='megablocks', model_parallel_size="
+                        f"{args.model_parallel_size} and pipe_parallel_size={args.pipe_parallel_size} is not "
+                        f"supported yet: the dropless layer's experts are split over data-parallel ranks with "
+                        f"pipe_parallel_size 0 and model_parallel_size 1 (or over tensor-parallel ranks with "
+                        f"moe_expert_parallel_size 1)")
     per_parameter = [flag for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
                      if getattr(args, flag)]
     if ep > 1 and per_parameter:

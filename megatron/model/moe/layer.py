@@ -19,10 +19,13 @@ the tensor-parallel ranks; with a GLU expert activation
 F is ``config.expert_ffn_width``.
 
 The layer returns ``(output, None)`` from ``forward_with_bias`` like the dense MLP (it has no bias to fuse).
+With moe_expert_parallel_size > 1 its experts are split over data-parallel ranks instead (expert_parallel.py, one
+module per expert); ``stack_expert_parallel_experts`` turns that checkpoint form back into the stacked tensors.
 """
 from __future__ import annotations
 
-from typing import Tuple
+import re
+from typing import Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +86,31 @@ class GroupedExperts(nn.Module):
         if not outputs:
             return x.new_zeros(0, self.hidden)
         return torch.cat(outputs, dim=0)
+
+
+EXPERT_PARALLEL_KEY = re.compile(r"^(.*\.)deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(w[123])$")
+"""A dropless expert's rows as the expert-parallel layer keeps them (megatron.model.moe.expert_parallel): prefix,
+global expert, tensor."""
+
+
+def stack_expert_parallel_experts(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``state`` with the dropless experts of an expert-parallel checkpoint (one [width, hidden] tensor per expert
+    and tensor, from DeepSpeed's per-expert files) stacked in expert order into GPT-NeoX's ``experts.mlp.w1`` & co.;
+    everything else as it is."""
+    rows: Dict[Tuple[str, str], Dict[int, torch.Tensor]] = {}
+    out = {}
+    for key, value in state.items():
+        match = EXPERT_PARALLEL_KEY.match(key)
+        if match:
+            rows.setdefault((match.group(1), match.group(3)), {})[int(match.group(2))] = value
+        else:
+            out[key] = value
+    for (prefix, name), experts in rows.items():
+        if sorted(experts) != list(range(len(experts))):
+            raise ValueError(f"{prefix}experts.mlp.{name}: the checkpoint has experts {sorted(experts)}, not all of "
+                             f"0 .. {max(experts)}")
+        out[f"{prefix}experts.mlp.{name}"] = torch.cat([experts[e] for e in range(len(experts))])
+    return out
 
 
 def permutation(experts: torch.Tensor, num_experts: int) -> Tuple[torch.Tensor, torch.Tensor]:
