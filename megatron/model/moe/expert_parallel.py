@@ -24,14 +24,12 @@ One tensor-parallel rank, no pipeline (refused by the argument checks).
 """
 from __future__ import annotations
 
-from typing import List
-
 import torch
 from deepspeed.moe.layer import MoE
 from torch import nn
 
 from megatron.deepspeed_comm import collectives
-from megatron.model.moe.layer import GroupedExperts, permutation
+from megatron.model.moe.layer import GroupedExperts, combine, route, run_by_expert
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import ModelConfig
@@ -60,7 +58,8 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
             raise ValueError(f"moe_expert_parallel_size={ep} needs a parallel state with {ep} expert-parallel ranks "
                              f"and one tensor-parallel rank")
         # what DeepSpeed's engine reads of an MoE layer
-        self.ep_size, self.num_experts, self.num_local_experts = ep, config.moe_num_experts, config.moe_num_experts // ep
+        self.ep_size, self.num_experts = ep, config.moe_num_experts
+        self.num_local_experts = config.moe_num_experts // ep
         self.expert_group_name, self.use_residual, self.enable_expert_tensor_parallelism = \
             parallel_state.expert_group_name, False, False
         self.top_k = config.moe_top_k
@@ -88,25 +87,17 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         """The engine's call: nothing to do, the parallel state's groups were registered with DeepSpeed in
         __init__."""
 
-    def _expert(self, expert: LocalExpert, x: torch.Tensor) -> torch.Tensor:
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Local expert e's MLP on rows x [n, hidden]."""
+        expert = self.deepspeed_moe.experts.deepspeed_experts[e]
         h = x @ expert.w1.t()
         h = self.act(h) * (x @ expert.w3.t()) if self.gated else self.act(h)
         return h @ expert.w2
 
-    def _run_local(self, rows: torch.Tensor, counts: List[int]) -> torch.Tensor:
-        outputs, start = [], 0
-        for expert, n in zip(self.deepspeed_moe.experts.deepspeed_experts, counts):
-            if n:
-                outputs.append(self._expert(expert, rows[start:start + n]))
-            start += n
-        return torch.cat(outputs) if outputs else rows.new_zeros(0, rows.shape[-1])
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        routing, aux = self.router(tokens)
-        order, counts = permutation(routing.experts, self.num_experts)
-        token_of_slot = order // self.top_k
+        routing, aux, order, counts, token_of_slot = route(self.router, tokens, self.num_experts, self.top_k)
         ep, local = self.ep_size, self.num_local_experts
         # counts[q, l]: rows this rank sends to rank q's local expert l; received[q, l]: rows rank q sends here
         received = torch.empty_like(counts)
@@ -120,8 +111,7 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
                              for e in range(local) for q in range(ep)]).long()
         back = torch.empty_like(regroup)
         back[regroup] = torch.arange(regroup.numel())
-        out = self._run_local(inbox[regroup], received.sum(0).tolist())[back]
+        out = run_by_expert(self._expert, inbox[regroup], received.sum(0).tolist())[back]
         out_sorted = all_to_all_rows(out, received.sum(1).tolist(), send, self.group)
-        weights = routing.weights.reshape(-1)[order].to(out_sorted.dtype)
-        combined = torch.zeros_like(tokens).index_add_(0, token_of_slot, out_sorted * weights.unsqueeze(-1))
+        combined = combine(tokens, routing, order, token_of_slot, out_sorted)
         return self._finish(combined, aux, counts, float(order.numel())).view(shape)
