@@ -373,9 +373,12 @@ def _architecture_mismatches(saved: Dict[str, Any], current: Dict[str, Any], key
 
 def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> None:
     """What a resume (not a fine-tune) needs besides the architecture. Refused: another number of data-parallel
-    ranks under ZeRO with the optimizer state loaded (DeepSpeed cannot repartition it), and another seq_length
-    (the data position counts samples of seq_length tokens). Handled, with a note: another global batch size
-    (the data continues at the same sample; iterations and the LR schedule count batches of the new size)."""
+    ranks under ZeRO with the optimizer state loaded (DeepSpeed cannot repartition it), another seq_length
+    (the data position counts samples of seq_length tokens), and another moe_expert_parallel_size with the
+    optimizer state loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank; the dropless
+    layer's weights change layout between 1 and more expert-parallel ranks). Handled, with a
+    note: another global batch size (the data continues at the same sample; iterations and the LR schedule count
+    batches of the new size)."""
     problems = []
     zero = max(int(saved.get("zero_stage") or 0), int(neox_args.zero_stage or 0))
     saved_dp, dp = saved.get("data_parallel_size"), neox_args.data_parallel_size
@@ -385,6 +388,20 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
                         f"on {saved_dp} data-parallel ranks (global_num_gpus / (model_parallel_size x "
                         f"pipe_parallel_size)), or set no_load_optim: true to keep the weights and the iteration and "
                         f"start the optimizer state afresh")
+    saved_ep, ep = saved.get("moe_expert_parallel_size") or 1, neox_args.moe_expert_parallel_size
+    experts = saved.get("moe_num_experts", 1) > 1 and saved_ep != ep
+    if experts and neox_args.moe_type == "megablocks" and 1 in (saved_ep, ep):
+        problems.append(f"moe_expert_parallel_size: checkpoint {saved_ep}, this run {ep}: the dropless layer keeps "
+                        f"its experts stacked in the model file at moe_expert_parallel_size 1 and in one file per "
+                        f"expert above it, and DeepSpeed's engine loads only its own layout. Resume with "
+                        f"moe_expert_parallel_size: {saved_ep} (or another size above 1 with no_load_optim: true); "
+                        f"generate.py, eval.py and the conversion tools read either")
+    elif experts and not neox_args.no_load_optim:
+        problems.append(f"moe_expert_parallel_size: checkpoint {saved_ep}, this run {ep}: DeepSpeed's optimizer "
+                        f"state of the experts is saved per expert-parallel rank and cannot be split another way. "
+                        f"Resume with moe_expert_parallel_size: {saved_ep}, or set no_load_optim: true to load the "
+                        f"weights (saved one expert per file, they load at any expert-parallel size) and the "
+                        f"iteration and start the optimizer state afresh")
     if saved.get("seq_length") is not None and saved["seq_length"] != neox_args.seq_length:
         problems.append(f"seq_length: checkpoint {saved['seq_length']}, config {neox_args.seq_length}: resuming "
                         f"continues the data where the run stopped, which is only defined for the same seq_length "

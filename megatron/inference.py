@@ -93,7 +93,10 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
                            "generate.py / eval.py cannot use it; score with the model converted to transformers' "
                            "*ForSequenceClassification (tools/ckpts/convert_neox_to_hf.py)"])
     ctx = initialize_megatron(neox_args)
-    ctx = dataclasses.replace(ctx, model_config=ctx.model_config.replace(sequence_parallel=False))
+    # every rank holds every expert: expert parallelism would make each forward a collective of the whole
+    # expert-parallel group, which eval.py's requests (sharded over data-parallel ranks) do not keep in step
+    ctx = dataclasses.replace(ctx, model_config=ctx.model_config.replace(sequence_parallel=False,
+                                                                         moe_expert_parallel_size=1))
     resolved = resolve_checkpoint(neox_args, ctx.model_config, layout_must_match=False)
     if resolved is None and require_checkpoint:
         raise CheckpointError(f"no checkpoint to load: set load to a directory written by train.py "

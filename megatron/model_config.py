@@ -593,11 +593,12 @@ def moe_problems(config: ModelConfig) -> List[str]:
                         f"different experts")
     if ep < 1:
         problems.append(f"moe_expert_parallel_size={ep} must be >= 1")
-    elif kind == "megablocks" and experts % (ep * tp):
+    elif kind == "megablocks" and tp > 1 and experts % (ep * tp):
         problems.append(f"moe_num_experts={experts} must be divisible by moe_expert_parallel_size x model_parallel_size "
                         f"= {ep} x {tp}: the dropless layer (moe_type megablocks) splits its experts over both")
     elif experts % ep:
-        problems.append(f"moe_num_experts={experts} must be divisible by moe_expert_parallel_size={ep}")
+        problems.append(f"moe_num_experts={experts} must be divisible by moe_expert_parallel_size={ep} (each "
+                        f"expert-parallel rank holds moe_num_experts / moe_expert_parallel_size experts)")
     if config.moe_loss_coeff < 0:
         problems.append(f"moe_loss_coeff={config.moe_loss_coeff} must be >= 0")
     problems += _capacity_problems(config)

@@ -105,8 +105,8 @@ def base_weight_decay(neox_args: Any) -> float:
 
 def deepspeed_moe_param_groups(model: nn.Module, weight_decay: float,
                                decoupled_lr: bool = False) -> List[Dict[str, Any]]:
-    """create_moe_param_group with DeepSpeed's MoE layer (moe_type deepspeed): ``get_param_groups``' decay and
-    no-decay groups, each with its experts moved to a group of their own marked ``moe`` (DeepSpeed's
+    """create_moe_param_group with DeepSpeed's MoE layer (moe_type deepspeed) or expert parallelism:
+    ``get_param_groups``' decay and no-decay groups, each with its experts moved to a group of their own marked ``moe`` (DeepSpeed's
     split_params_into_different_moe_groups_for_optimizer, which its engine and ZeRO expect: expert gradients
     are reduced over the expert-data-parallel group)."""
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
@@ -334,7 +334,9 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
         weight_decay = max(schedule + [weight_decay])
     decoupled = neox_args.decoupled_lr is not None
     moe_group = bool(getattr(neox_args, "create_moe_param_group", False) and getattr(neox_args, "moe_num_experts", 1) > 1)
-    if moe_group and getattr(neox_args, "moe_type", None) == "deepspeed":
+    experts_marked = getattr(neox_args, "moe_type", None) == "deepspeed" or \
+        getattr(neox_args, "moe_expert_parallel_size", 1) > 1  # DeepSpeed's expert marks (allreduce=False)
+    if moe_group and experts_marked:
         groups = deepspeed_moe_param_groups(model, weight_decay, decoupled_lr=decoupled)
     else:
         groups = get_param_groups(model, weight_decay, moe_param_group=moe_group, decoupled_lr=decoupled)

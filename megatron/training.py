@@ -85,10 +85,19 @@ def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
 
 def _record_clipping_grad_norm(engine) -> None:
     """Without ZeRO, DeepSpeed computes the global norm to clip but throws it away; keep it so that it can be
-    logged without computing it a second time."""
+    logged without computing it a second time. With expert parallelism DeepSpeed's norm is not the whole
+    gradient's (megatron.mpu.grad_norm): clip by that one instead."""
     from deepspeed.runtime.utils import clip_grad_norm_
 
+    from megatron.mpu.grad_norm import clip_grad_norm
+
+    experts_split = getattr(engine.mpu, "expert_parallel_size", 1) > 1
+
     def clip_and_record() -> None:
+        if experts_split:
+            engine._global_grad_norm = clip_grad_norm(engine.module.parameters(), engine.gradient_clipping(),
+                                                      engine.mpu)
+            return
         engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
                                                     max_norm=engine.gradient_clipping(), mpu=engine.mpu)
 
@@ -426,18 +435,11 @@ def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
 
 def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> Optional[float]:
     """L2 norm of the full gradient without ZeRO (DeepSpeed reports none there): gradients are already
-    averaged over data-parallel ranks; tensor-parallel shards are summed over the model-parallel group and
-    replicated parameters counted once."""
-    total = torch.zeros(1)
-    for param in module.parameters():
-        if param.grad is None:
-            continue
-        split = getattr(param, "tensor_model_parallel", False) or getattr(param, "model_parallel", False)
-        if split or parallel_state.get_model_parallel_rank() == 0:
-            total += param.grad.detach().float().pow(2).sum().cpu()
-    if dist.is_initialized() and parallel_state.get_model_parallel_world_size() > 1:
-        collectives().all_reduce(total, group=parallel_state.get_model_parallel_group())
-    return float(total.sqrt())
+    averaged over data-parallel ranks; megatron.mpu.grad_norm counts tensor-parallel shards and experts split
+    over expert-parallel ranks."""
+    from megatron.mpu.grad_norm import global_grad_norm
+
+    return float(global_grad_norm(module.parameters(), parallel_state))
 
 
 def _data_parallel_mean(loss: torch.Tensor, engine) -> float:

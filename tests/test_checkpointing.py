@@ -346,3 +346,21 @@ def test_another_seq_length_is_refused_on_resume_and_another_batch_size_is_noted
     assert resolve(bigger) == (str(tmp_path), "global_step4")
     assert (f"the global batch size changed from {args.train_batch_size} (checkpoint) to "
             f"{bigger.train_batch_size}: the data continues at the sample") in capsys.readouterr().out
+
+
+@pytest.mark.fault
+def test_resuming_experts_at_another_expert_parallel_size_is_refused_with_the_way_out(tmp_path):
+    moe = dict(moe_num_experts=4, moe_type="deepspeed", global_num_gpus=2)
+    save(args_for(tmp_path, moe_expert_parallel_size=2, **moe), 4, FakeEngine())
+    assert resolve(args_for(tmp_path, moe_expert_parallel_size=2, **moe)) == (str(tmp_path), "global_step4")
+    with pytest.raises(CheckpointError, match=r"(?s)cannot be resumed by this run:.*moe_expert_parallel_size: "
+                                              r"checkpoint 2, this run 1: DeepSpeed's optimizer state of the experts.*"
+                                              r"set no_load_optim: true"):
+        resolve(args_for(tmp_path, **moe))
+    assert resolve(args_for(tmp_path, no_load_optim=True, **moe)) == (str(tmp_path), "global_step4")
+    dropless = dict(moe_num_experts=4, global_num_gpus=2)
+    save(args_for(tmp_path, moe_expert_parallel_size=2, **dropless), 8, FakeEngine())
+    with pytest.raises(CheckpointError, match=r"(?s)moe_expert_parallel_size: checkpoint 2, this run 1: the dropless "
+                                              r"layer keeps its experts stacked.*generate.py, eval.py and the "
+                                              r"conversion tools read either"):
+        resolve(args_for(tmp_path, no_load_optim=True, **dropless))

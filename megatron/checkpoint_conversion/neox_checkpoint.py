@@ -289,6 +289,8 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
                 raise ConversionError(f"{f}: layer file index {index} does not fit num_layers={num_layers}")
             per_slot.setdefault(slot, {})[rank] = (f, _load(f))
     else:
+        from megatron.model.moe.layer import stack_expert_parallel_experts
+
         experts: Dict[int, Dict[str, torch.Tensor]] = {}  # DeepSpeed's MoE experts, saved in files of their own
         for f in files:
             match = EXPERT_FILE.search(os.path.basename(f))
@@ -302,7 +304,7 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
             if module is None:
                 raise ConversionError(f"{f} holds no model weights ('module' is empty) and there are no "
                                       f"layer_*-model_*-model_states.pt files")
-            module = {**module, **experts.get(int(match.group(1)), {})}
+            module = stack_expert_parallel_experts({**module, **experts.get(int(match.group(1)), {})})
             for slot, state in _split_by_slot(module, num_layers, old == FLAT, f).items():
                 per_slot.setdefault(slot, {})[int(match.group(1))] = (f, state)
     slots = {}

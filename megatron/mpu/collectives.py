@@ -14,10 +14,13 @@ Sequence parallelism (sequence dimension ``seq_dim``; activations are [batch, se
                                             tensor feeds a column-parallel matmul, so its gradient
                                             is a partial sum on every rank) or keep own chunk
   reduce_scatter_to_sequence_parallel_region forward reduce-scatter, backward all-gather
+Expert parallelism (rows = first dimension):
+  all_to_all_rows                   forward rows out[i] -> rank i, rows in from each rank (sizes given);
+                                    backward the same exchange the other way
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -197,3 +200,27 @@ def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, group, seq_dim: 
 def all_reduce_sum(x: torch.Tensor, group: Optional[object]) -> torch.Tensor:
     """Non-differentiable in-place sum across ``group`` (a no-op for size 1)."""
     return _all_reduce(x, group)
+
+
+class _AllToAllRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send: List[int], receive: List[int], group):
+        ctx.send, ctx.receive, ctx.group = send, receive, group
+        out = x.new_empty((sum(receive),) + tuple(x.shape[1:]))
+        collectives().all_to_all_single(out, x.contiguous(), receive, send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.new_empty((sum(ctx.send),) + tuple(grad.shape[1:]))
+        collectives().all_to_all_single(out, grad.contiguous(), ctx.send, ctx.receive, group=ctx.group)
+        return out, None, None, None
+
+
+def all_to_all_rows(x: torch.Tensor, send: List[int], receive: List[int], group) -> torch.Tensor:
+    """Rows send[0] of ``x`` (the first ones) go to rank 0 of ``group``, the next send[1] to rank 1, ...; returns
+    the rows received, receive[i] from rank i, in rank order (every rank must know what it receives: exchange the
+    sizes first). The gradient makes the reverse trip. Identity for a group of one."""
+    if group_size(group) == 1:
+        return x
+    return _AllToAllRows.apply(x, list(send), list(receive), group)

@@ -7,11 +7,19 @@ names DeepSpeed 0.19 calls).
 
 Rank order follows GPT-NeoX / DeepSpeed's ``PipeModelDataParallelTopology``: axes (pipe, data, model)
 with the model axis varying fastest, so the ranks of one tensor-parallel group are adjacent.
+
+Expert parallelism (``expert_parallel_size`` > 1, a mixture of experts' moe_expert_parallel_size) is carved out
+of each data-parallel group, as DeepSpeed's ``deepspeed.utils.groups`` lays it out: the data-parallel ranks
+d0 .. d(D-1) form expert-parallel groups of EP consecutive ones (d0..d(EP-1), ...: the experts are split over
+them, tokens are exchanged between them by all-to-all), and the ranks at the same place in each of those form an
+expert-data-parallel group (d0, d(EP), d(2EP), ...: they hold the same experts, whose gradients are reduced over
+it). ``register_expert_groups_with_deepspeed`` hands these groups to DeepSpeed (its MoE layer and engine look
+them up by the name ``ep_size_{EP}``) instead of letting it build copies; ``destroy`` takes them back.
 """
 from __future__ import annotations
 
 import datetime
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
@@ -23,6 +31,20 @@ def _topology_class():
     return PipeModelDataParallelTopology
 
 
+def expert_parallel_ranks(data_parallel_lists: List[List[int]], expert_parallel_size: int
+                          ) -> Tuple[List[List[int]], List[List[int]]]:
+    """(expert-parallel groups, expert-data-parallel groups) carved out of the data-parallel groups (module
+    docstring): each data-parallel group's ranks in runs of ``expert_parallel_size``, and the ranks at the same place
+    in those runs. DeepSpeed's deepspeed.utils.groups._get_expert_parallel_ranks lays them out alike."""
+    ep = expert_parallel_size
+    expert, expert_data = [], []
+    for ranks in data_parallel_lists:
+        runs = [list(ranks[i:i + ep]) for i in range(0, len(ranks), ep)]
+        expert += runs
+        expert_data += [list(column) for column in zip(*runs)]
+    return expert, expert_data
+
+
 class ParallelState:
     """Owns the process groups of one (pipe, data, model) layout of an initialised world.
 
@@ -32,7 +54,7 @@ class ParallelState:
     """
 
     def __init__(self, pipe_parallel_size: int, model_parallel_size: int,
-                 timeout: Optional[datetime.timedelta] = None) -> None:
+                 timeout: Optional[datetime.timedelta] = None, expert_parallel_size: int = 1) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ParallelState needs an initialised torch.distributed world")
         if model_parallel_size < 1:
@@ -67,10 +89,32 @@ class ParallelState:
         coord = self.topology.get_coord(self.rank)
         self._coord = {"pipe": coord.pipe, "data": coord.data, "model": coord.model}
         self._destroyed = False
+        self._registered_with_deepspeed = False
+        self.expert_parallel_size = expert_parallel_size
+        self._build_expert_groups(timeout)
+
+    def _build_expert_groups(self, timeout: Optional[datetime.timedelta]) -> None:
+        """The expert-parallel and expert-data-parallel groups (module docstring); none for one expert rank."""
+        ep, dp = self.expert_parallel_size, self.data_parallel_size
+        if ep < 1 or dp % ep:
+            raise ValueError(f"moe_expert_parallel_size={ep} must be >= 1 and divide the data-parallel size {dp} "
+                             f"(the experts are split over groups of data-parallel ranks)")
+        if ep == 1:
+            return
+        expert_lists, expert_data_lists = expert_parallel_ranks(self.topology.get_axis_comm_lists("data"), ep)
+        for axis, lists in (("expert", expert_lists), ("expert_data", expert_data_lists)):
+            for ranks in lists:
+                group = dist.new_group(ranks=ranks, timeout=timeout)
+                self._all_groups.append(group)
+                if self.rank in ranks:
+                    self._groups[axis] = group
+                    self._group_ranks[axis] = list(ranks)
+                    self._coord[axis] = ranks.index(self.rank)
 
     # --- generic accessors -------------------------------------------------------------------
     def group(self, axis: str):
-        """The process group of this rank along ``axis`` ('pipe', 'data' or 'model')."""
+        """The process group of this rank along ``axis`` ('pipe', 'data', 'model'; 'expert' and 'expert_data'
+        with expert parallelism)."""
         self._check_alive()
         return self._groups[axis]
 
@@ -121,6 +165,56 @@ class ParallelState:
     def get_data_parallel_group_ranks(self) -> List[int]:
         return self.group_ranks("data")
 
+    # --- expert parallel (mixture of experts) -------------------------------------------------
+    @property
+    def expert_group_name(self) -> str:
+        """DeepSpeed's name of this expert-parallel layout (its MoE layer's ``expert_group_name``)."""
+        return f"ep_size_{self.expert_parallel_size}"
+
+    def get_expert_parallel_group(self):
+        """The ranks that split one set of experts between them (None for one expert-parallel rank)."""
+        return self.group("expert") if self.expert_parallel_size > 1 else None
+
+    def get_expert_parallel_rank(self) -> int:
+        return self._coord.get("expert", 0)
+
+    def get_expert_parallel_world_size(self) -> int:
+        return self.expert_parallel_size
+
+    def get_expert_data_parallel_group(self):
+        """The ranks holding the same experts, over which their gradients are reduced."""
+        return self.group("expert_data") if self.expert_parallel_size > 1 else self.group("data")
+
+    def get_expert_data_parallel_rank(self) -> int:
+        return self._coord.get("expert_data", self._coord["data"])
+
+    def get_expert_data_parallel_world_size(self) -> int:
+        return self.data_parallel_size // self.expert_parallel_size
+
+    def register_expert_groups_with_deepspeed(self) -> None:
+        """Put the expert groups into deepspeed.utils.groups under ``expert_group_name`` (idempotent), so that
+        DeepSpeed's MoE layer and engine use them rather than building their own."""
+        if self.expert_parallel_size == 1 or self._registered_with_deepspeed:
+            return
+        from deepspeed.utils import groups
+
+        name = self.expert_group_name
+        groups._EXPERT_PARALLEL_GROUP[name] = self.group("expert")
+        groups._EXPERT_PARALLEL_GROUP_RANKS[name] = self.group_ranks("expert")
+        groups._EXPERT_DATA_PARALLEL_GROUP[name] = self.group("expert_data")
+        groups._EXPERT_DATA_PARALLEL_GROUP_RANKS[name] = self.group_ranks("expert_data")
+        self._registered_with_deepspeed = True
+
+    def _unregister_expert_groups(self) -> None:
+        if not self._registered_with_deepspeed:
+            return
+        from deepspeed.utils import groups
+
+        for table in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
+                      groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
+            table.pop(self.expert_group_name, None)
+        self._registered_with_deepspeed = False
+
     # --- pipeline parallel -------------------------------------------------------------------
     def get_pipe_parallel_group(self):
         return self.group("pipe")
@@ -146,6 +240,7 @@ class ParallelState:
         """Free every process group this object created (idempotent)."""
         if self._destroyed:
             return
+        self._unregister_expert_groups()
         for group in self._all_groups:
             dist.destroy_process_group(group)
         self._all_groups.clear()
@@ -165,9 +260,11 @@ class ParallelState:
 
 def build_parallel_state(neox_args) -> ParallelState:
     """Build the ParallelState from ``neox_args.pipe_parallel_size`` and ``model_parallel_size``."""
+    experts = getattr(neox_args, "moe_num_experts", 1) > 1
     return ParallelState(pipe_parallel_size=neox_args.pipe_parallel_size,
                          model_parallel_size=neox_args.model_parallel_size,
-                         timeout=datetime.timedelta(minutes=neox_args.distributed_timeout_minutes))
+                         timeout=datetime.timedelta(minutes=neox_args.distributed_timeout_minutes),
+                         expert_parallel_size=neox_args.moe_expert_parallel_size if experts else 1)
 
 
 class SingleProcessState:
@@ -205,6 +302,16 @@ class SingleProcessState:
     get_tensor_model_parallel_rank = get_model_parallel_rank
     get_tensor_model_parallel_world_size = get_model_parallel_world_size
     get_tensor_model_parallel_src_rank = get_model_parallel_src_rank
+    get_expert_parallel_group = get_model_parallel_group
+    get_expert_parallel_rank = get_model_parallel_rank
+    get_expert_parallel_world_size = get_model_parallel_world_size
+    get_expert_data_parallel_group = get_model_parallel_group
+    get_expert_data_parallel_rank = get_model_parallel_rank
+    get_expert_data_parallel_world_size = get_model_parallel_world_size
+    expert_parallel_size = 1
+
+    def register_expert_groups_with_deepspeed(self) -> None:
+        """Nothing to register: one expert-parallel rank."""
 
     def is_first_pipe_stage(self) -> bool:
         return True

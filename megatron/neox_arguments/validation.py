@@ -42,10 +42,11 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("use_mup", bool, "muP (use_mup) is not supported yet"),
     ("coord_check", bool, "coord_check (muP coordinate check) is not supported yet"),
     ("save_base_shapes", bool, "save_base_shapes (muP) is not supported yet"),
-    ("moe_expert_parallel_size", lambda v: v > 1, "expert parallelism (moe_expert_parallel_size > 1) is not supported "
-                                                  "yet; every rank holds all experts"),
-    ("enable_expert_tensor_parallelism", bool, "expert tensor parallelism (enable_expert_tensor_parallelism) is not "
-                                               "supported yet"),
+    ("enable_expert_tensor_parallelism", bool,
+     "expert tensor parallelism (enable_expert_tensor_parallelism: each expert split over the tensor-parallel ranks) "
+     "is not supported yet: it is DeepSpeed's, for its MoE layer (moe_type deepspeed) with model_parallel_size > 1, "
+     "and that layer runs with model_parallel_size 1 here. moe_type megablocks splits whole experts over the "
+     "tensor-parallel ranks instead; moe_expert_parallel_size splits them over data-parallel ranks"),
     ("use_tutel", bool, "tutel MoE (use_tutel) is not supported yet"),
     ("norm", lambda v: v.startswith("te_"), "Transformer-Engine norms (te_rmsnorm, te_layernorm) are not "
                                             "supported yet; use rmsnorm or layernorm"),

@@ -145,8 +145,9 @@ def test_required_model_fields():
     ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts, which is off (moe_num_experts=1)"),
     ({"moe_num_experts": 4, "moe_top_k": 5}, "moe_top_k=5 must be between 1 and moe_num_experts=4"),
     ({"moe_num_experts": 4, "moe_token_dropping": True}, "moe_token_dropping=true with moe_type='megablocks'"),
-    ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 2},
-     "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
+    ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 4, "model_parallel_size": 2},
+     "moe_expert_parallel_size=2 with moe_type='megablocks', model_parallel_size=2 and pipe_parallel_size=0 is not "
+     "supported yet"),
     ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
      "moe_num_experts=3 must be divisible by moe_expert_parallel_size x model_parallel_size = 1 x 2"),
     ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True},
@@ -192,6 +193,35 @@ def test_required_model_fields():
 ])
 def test_rule(overrides, needle):
     assert needle in problems_of(**overrides)
+
+
+@pytest.mark.parametrize("moe_type", ["deepspeed", "megablocks"])
+@pytest.mark.parametrize("overrides,message", [
+    ({"moe_expert_parallel_size": 2, "num_gpus": 3, "train_batch_size": 6},
+     "moe_expert_parallel_size=2 must divide the data-parallel size 3 (the experts are split over groups of "
+     "data-parallel ranks)"),
+    ({"moe_num_experts": 6, "moe_expert_parallel_size": 4, "num_gpus": 4, "train_batch_size": 8},
+     "moe_num_experts=6 must be divisible by moe_expert_parallel_size=4 (each expert-parallel rank holds "
+     "moe_num_experts / moe_expert_parallel_size experts)"),
+])
+def test_expert_parallel_size_that_does_not_divide_gives_one_message(overrides, message, moe_type):
+    assert problems_of(**{"moe_num_experts": 4, "moe_type": moe_type, **overrides}) == \
+        f"Invalid NeoX configuration: {message}"
+
+
+def test_per_parameter_logging_with_expert_parallelism_is_refused():
+    assert problems_of(moe_num_experts=4, moe_type="deepspeed", moe_expert_parallel_size=2, num_gpus=2,
+                       train_batch_size=4, log_grad_norm=True, log_optimizer_states=True) == (
+        "Invalid NeoX configuration: log_grad_norm, log_optimizer_states with moe_expert_parallel_size=2 is not "
+        "supported yet: the per-parameter values are gathered from one model replica, and with expert parallelism "
+        "the experts are spread over several (the run's grad_norm counts them all)")
+
+
+@pytest.mark.parametrize("moe_type", ["deepspeed", "megablocks"])
+def test_expert_parallelism_validates(moe_type):
+    args = tiny(moe_num_experts=4, moe_type=moe_type, moe_expert_parallel_size=2, num_gpus=4,
+                train_batch_size=8, zero_optimization={"stage": 2})
+    assert args.moe_expert_parallel_size == 2 and args.data_parallel_size == 4
 
 
 def test_fp16_is_not_refused_at_load_time_on_a_cpu_machine():

@@ -3,10 +3,12 @@
 * ``layer``: the dropless layer (``moe_type: megablocks``), plain PyTorch;
 * ``deepspeed_layer``: DeepSpeed's token-dropping layer (``moe_type: deepspeed``);
 * ``router``: top-k and Sinkhorn routing, jitter, the load-balancing loss;
-* ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs.
-With tensor parallelism the experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE). Expert
-parallelism (moe_expert_parallel_size > 1), DeepSpeed's expert tensor parallelism, and DeepSpeed's layer with
-tensor or pipeline parallelism are not built yet: megatron.neox_arguments refuses them.
+* ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs;
+* ``expert_parallel``: the dropless layer with its experts split over data-parallel ranks (moe_expert_parallel_size
+  > 1; DeepSpeed's layer does it itself, deepspeed_layer).
+With tensor parallelism the dropless layer's experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE).
+Expert parallelism with tensor or pipeline parallelism, DeepSpeed's expert tensor parallelism, and DeepSpeed's layer
+with tensor or pipeline parallelism are not built yet: megatron.neox_arguments refuses them.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
     those first, naming the key)."""
     unbuilt = []
     tp = parallel_state.get_model_parallel_world_size()
-    if config.moe_expert_parallel_size != 1:
-        unbuilt.append(f"moe_expert_parallel_size={config.moe_expert_parallel_size}")
+    if config.moe_expert_parallel_size != 1 and config.moe_type == "megablocks" and (tp > 1 or config.is_pipe_parallel):
+        unbuilt.append(f"moe_expert_parallel_size={config.moe_expert_parallel_size} with moe_type 'megablocks' and "
+                       f"model_parallel_size={tp}, pipe_parallel_size={config.pipe_parallel_size}")
     if config.moe_type == "megablocks" and config.moe_token_dropping:
         unbuilt.append("moe_token_dropping=true with moe_type 'megablocks' (dropless)")
     if config.moe_type == "deepspeed" and (tp > 1 or config.is_pipe_parallel):
@@ -35,4 +38,8 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
         from megatron.model.moe.deepspeed_layer import DeepSpeedMoE
 
         return DeepSpeedMoE(config, parallel_state, initializer, layer_number)
+    if config.moe_expert_parallel_size > 1:
+        from megatron.model.moe.expert_parallel import ExpertParallelDroplessMoE
+
+        return ExpertParallelDroplessMoE(config, parallel_state, initializer, layer_number)
     return DroplessMoE(config, parallel_state, initializer, layer_number)

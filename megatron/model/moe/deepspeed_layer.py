@@ -20,8 +20,17 @@
 Parameter names are DeepSpeed's (``mlp.deepspeed_moe.gate.wg.weight``,
 ``mlp.deepspeed_moe.experts.deepspeed_experts.{e}.linear1.weight``, ...), and DeepSpeed's engine saves the
 experts in its own files (``layer_{i}_expert_{e}_mp_rank_XX_model_states.pt``), as GPT-NeoX's checkpoints of
-this layer. One expert-parallel rank (moe_expert_parallel_size 1), one tensor-parallel rank, no pipeline:
-the rest is refused by the argument checks.
+this layer.
+
+Expert parallelism (moe_expert_parallel_size EP > 1): each rank of an expert-parallel group holds E / EP of the
+experts (rank r: global experts r x E/EP .. (r+1) x E/EP - 1, DeepSpeed's order), and DeepSpeed's layer sends each
+expert its capacity-sized slots by all-to-all over that group and back (on gloo too). The groups are the
+ParallelState's (megatron.mpu.parallel_state), registered with DeepSpeed under its name ``ep_size_{EP}``; DeepSpeed
+marks the expert parameters (``allreduce=False``, ``group_name``) so that its engine reduces their gradients over
+the expert-data-parallel group only (averaged over all data-parallel ranks), with and without ZeRO 1 / 2, and saves
+each expert in its own file, as above. An expert starts from the same initialiser entry at every EP size.
+generate.py and eval.py build the model with every expert on every rank (megatron.inference), from those files.
+One tensor-parallel rank, no pipeline: the rest is refused by the argument checks.
 """
 from __future__ import annotations
 
@@ -56,17 +65,32 @@ class DeepSpeedMoE(MoE, MoELayerBase):
             drop_tokens=config.moe_token_dropping, use_rts=True, use_tutel=False,
             enable_expert_tensor_parallelism=False, top2_2nd_expert_sampling=False)
         self.setup_stats(config.moe_num_experts, layer_number, config.moe_loss_coeff)
+        if config.moe_expert_parallel_size > 1:
+            if parallel_state.get_expert_parallel_world_size() != config.moe_expert_parallel_size:
+                raise ValueError(f"moe_expert_parallel_size={config.moe_expert_parallel_size} but the parallel state "
+                                 f"has {parallel_state.get_expert_parallel_world_size()} expert-parallel ranks")
+            parallel_state.register_expert_groups_with_deepspeed()
+            self.set_deepspeed_parallelism()  # finds the registered groups: the all-to-all's group is set
+        self.first_expert = 0  # the global id of local expert 0 (every expert is local at EP 1, e.g. inference)
+        if self.ep_size > 1:
+            self.first_expert = parallel_state.get_expert_parallel_rank() * self.num_local_experts
         self._reinitialise(initializer, layer_number)
         for param in self.deepspeed_moe.experts.parameters():
             setattr(param, MOE_EXPERT_FLAG, True)
         self._kept = 0.0
         self.deepspeed_moe.gate.register_forward_hook(self._count_kept)
 
+    def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
+        """DeepSpeed's group lookup, once: the engine calls it again at initialisation, and DeepSpeed's gate refuses
+        to be given its group twice."""
+        if self.deepspeed_moe.ep_group is None:
+            super().set_deepspeed_parallelism(use_data_before_expert_parallel_)
+
     def _reinitialise(self, initializer, layer_number: int) -> None:
         """Every expert, the gate and the residual MLP from their own seeds (names as in the state dict)."""
         with torch.no_grad():
-            for e, expert in enumerate(self.deepspeed_moe.experts.deepspeed_experts):
-                prefix = f"mlp.deepspeed_moe.experts.deepspeed_experts.{e}."
+            for e, expert in enumerate(self.deepspeed_moe.experts.deepspeed_experts, start=self.first_expert):
+                prefix = f"mlp.deepspeed_moe.experts.deepspeed_experts.{e}."  # the global expert's entry
                 initializer.weight(layer_number, prefix + "linear1")(expert.linear1.weight)
                 initializer.output_weight(layer_number, prefix + "linear2")(expert.linear2.weight)
             initializer.weight(layer_number, "mlp.deepspeed_moe.gate.wg")(self.deepspeed_moe.gate.wg.weight)

@@ -19,10 +19,13 @@ the tensor-parallel ranks; with a GLU expert activation
 F is ``config.expert_ffn_width``.
 
 The layer returns ``(output, None)`` from ``forward_with_bias`` like the dense MLP (it has no bias to fuse).
+With moe_expert_parallel_size > 1 its experts are split over data-parallel ranks instead (expert_parallel.py, one
+module per expert); ``stack_expert_parallel_experts`` turns that checkpoint form back into the stacked tensors.
 """
 from __future__ import annotations
 
-from typing import Tuple
+import re
+from typing import Callable, Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -75,14 +78,58 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts) -> torch.Tensor:
         """x [sum(counts), hidden], rows grouped by expert (counts[e] rows for expert e) -> same shape."""
-        outputs, start = [], 0
-        for e, n in enumerate(counts):
-            if n:
-                outputs.append(self.expert(e, x[start:start + n]))
-            start += n
-        if not outputs:
-            return x.new_zeros(0, self.hidden)
-        return torch.cat(outputs, dim=0)
+        return run_by_expert(self.expert, x, counts)
+
+
+def run_by_expert(expert: Callable[[int, torch.Tensor], torch.Tensor], x: torch.Tensor, counts) -> torch.Tensor:
+    """x [sum(counts), hidden], rows grouped by expert (counts[e] rows for expert e), each block through
+    ``expert(e, rows)`` -> same shape."""
+    outputs, start = [], 0
+    for e, n in enumerate(counts):
+        if n:
+            outputs.append(expert(e, x[start:start + n]))
+        start += n
+    return torch.cat(outputs, dim=0) if outputs else x.new_zeros(0, x.shape[-1])
+
+
+def route(router: nn.Module, tokens: torch.Tensor, num_experts: int, top_k: int):
+    """(routing, auxiliary loss, order, counts, token of each sorted slot) of tokens [T, hidden]: the router's choice
+    and the slots sorted by expert (``permutation``)."""
+    routing, aux = router(tokens)
+    order, counts = permutation(routing.experts, num_experts)
+    return routing, aux, order, counts, order // top_k
+
+
+def combine(tokens: torch.Tensor, routing, order: torch.Tensor, token_of_slot: torch.Tensor,
+            out_sorted: torch.Tensor) -> torch.Tensor:
+    """Each sorted slot's output [T x k, hidden] times its router weight, summed into its token's row."""
+    weights = routing.weights.reshape(-1)[order].to(out_sorted.dtype)
+    return torch.zeros_like(tokens).index_add_(0, token_of_slot, out_sorted * weights.unsqueeze(-1))
+
+
+EXPERT_PARALLEL_KEY = re.compile(r"^(.*\.)deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(w[123])$")
+"""A dropless expert's rows as the expert-parallel layer keeps them (megatron.model.moe.expert_parallel): prefix,
+global expert, tensor."""
+
+
+def stack_expert_parallel_experts(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """``state`` with the dropless experts of an expert-parallel checkpoint (one [width, hidden] tensor per expert
+    and tensor, from DeepSpeed's per-expert files) stacked in expert order into GPT-NeoX's ``experts.mlp.w1`` & co.;
+    everything else as it is."""
+    rows: Dict[Tuple[str, str], Dict[int, torch.Tensor]] = {}
+    out = {}
+    for key, value in state.items():
+        match = EXPERT_PARALLEL_KEY.match(key)
+        if match:
+            rows.setdefault((match.group(1), match.group(3)), {})[int(match.group(2))] = value
+        else:
+            out[key] = value
+    for (prefix, name), experts in rows.items():
+        if sorted(experts) != list(range(len(experts))):
+            raise ValueError(f"{prefix}experts.mlp.{name}: the checkpoint has experts {sorted(experts)}, not all of "
+                             f"0 .. {max(experts)}")
+        out[f"{prefix}experts.mlp.{name}"] = torch.cat([experts[e] for e in range(len(experts))])
+    return out
 
 
 def permutation(experts: torch.Tensor, num_experts: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -118,9 +165,7 @@ class DroplessMoE(MoELayerBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
-        routing, aux = self.router(tokens)
-        order, counts = permutation(routing.experts, self.num_experts)
-        token_of_slot = order // self.top_k
+        routing, aux, order, counts, token_of_slot = route(self.router, tokens, self.num_experts, self.top_k)
         counts_list = counts.tolist()
         if self.tp == 1:
             out_sorted = self.experts.mlp(tokens[token_of_slot], counts_list)
@@ -132,7 +177,5 @@ class DroplessMoE(MoELayerBase):
             out_sorted = torch.cat([local_out.new_zeros(start, shape[-1]), local_out,
                                     local_out.new_zeros(order.numel() - stop, shape[-1])])
             out_sorted = reduce_from_model_parallel_region(out_sorted, self.group)
-        weights = routing.weights.reshape(-1)[order].to(out_sorted.dtype)
-        out = torch.zeros_like(tokens).index_add_(0, token_of_slot, out_sorted * weights.unsqueeze(-1))
-        out = self._finish(out, aux, counts, float(order.numel()))
-        return out.view(shape)
+        out = combine(tokens, routing, order, token_of_slot, out_sorted)
+        return self._finish(out, aux, counts, float(order.numel())).view(shape)

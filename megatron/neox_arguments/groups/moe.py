@@ -89,8 +89,14 @@ class NeoXArgsMoE:
 
     moe_expert_parallel_size: int = 1
     """
-    Number of parallel experts in MoE (expert parallelism over data-parallel ranks). Not supported yet: values
-    > 1 are refused; every rank holds all experts.
+    Number of parallel experts in MoE (expert parallelism over data-parallel ranks): the data-parallel ranks form
+    groups of this many, each rank holding moe_num_experts / moe_expert_parallel_size of the experts and sending
+    tokens to the others' experts by all-to-all; expert gradients are reduced over the ranks holding the same
+    experts. Must divide the data-parallel size and moe_num_experts. Both layer types (GPT-NeoX: DeepSpeed's only),
+    with pipe_parallel_size 0 and model_parallel_size 1; experts are saved one per file (DeepSpeed's
+    layer_N_expert_M files). A checkpoint resumes at the same value; at another one with no_load_optim: true
+    (DeepSpeed's layer: any value; the dropless layer: any value above 1). generate.py and eval.py hold every
+    expert on every rank.
     """
 
     moe_type: str = 'megablocks'

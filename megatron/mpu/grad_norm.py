@@ -1,0 +1,59 @@
+"""The L2 norm of a model's whole gradient, and clipping by it, when its parameters are spread over ranks.
+
+Why not DeepSpeed's: without ZeRO, DeepSpeed's clip_grad_norm_ averages each data-parallel rank's own norm. That is
+the norm when every data-parallel rank holds the same parameters, but with expert parallelism each rank of an
+expert-parallel group holds other experts, and the average of their norms is no norm of the whole gradient: the
+clipping (and the logged norm) would change with moe_expert_parallel_size. Here, once the gradients are reduced:
+
+* a tensor-parallel shard (``model_parallel`` / ``tensor_model_parallel``) is counted on every tensor-parallel rank,
+  a replicated parameter on tensor-parallel rank 0 only (summed over the model-parallel group);
+* an expert parameter (DeepSpeed's mark: ``allreduce`` false) is summed over the expert-parallel group, whose
+  ranks hold different experts; the expert-data-parallel ranks hold the same ones and count them once each.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+from megatron.deepspeed_comm import collectives
+
+
+def is_expert_parameter(param: torch.nn.Parameter) -> bool:
+    """DeepSpeed's is_moe_param: marked ``allreduce = False`` (deepspeed.moe.experts.Experts sets it)."""
+    return hasattr(param, "allreduce") and not param.allreduce
+
+
+def global_grad_norm(parameters: Iterable[torch.nn.Parameter], parallel_state) -> torch.Tensor:
+    """The L2 norm (fp32, one element, on CPU) of the gradient of every parameter of the model (module docstring);
+    collective over the model-parallel and expert-parallel groups."""
+    shared, experts = torch.zeros(1), torch.zeros(1)
+    tp_rank0 = parallel_state.get_model_parallel_rank() == 0
+    for param in parameters:
+        if param.grad is None:
+            continue
+        split = getattr(param, "tensor_model_parallel", False) or getattr(param, "model_parallel", False)
+        if split or tp_rank0:
+            square = param.grad.detach().float().pow(2).sum().cpu()
+            if is_expert_parameter(param):
+                experts += square
+            else:
+                shared += square
+    if dist.is_initialized() and parallel_state.get_expert_parallel_world_size() > 1:
+        collectives().all_reduce(experts, group=parallel_state.get_expert_parallel_group())
+    total = shared + experts
+    if dist.is_initialized() and parallel_state.get_model_parallel_world_size() > 1:
+        collectives().all_reduce(total, group=parallel_state.get_model_parallel_group())
+    return total.sqrt()
+
+
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, parallel_state) -> torch.Tensor:
+    """Scale every gradient by min(1, max_norm / (norm + 1e-6)), DeepSpeed's rule, with ``global_grad_norm``;
+    returns the norm before clipping."""
+    parameters = [p for p in parameters if p.grad is not None]
+    norm = global_grad_norm(parameters, parallel_state)
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for param in parameters:
+        param.grad.detach().mul_(scale.to(param.grad.device, param.grad.dtype))
+    return norm

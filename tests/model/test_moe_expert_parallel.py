@@ -1,0 +1,170 @@
+"""Expert parallelism (moe_expert_parallel_size): the expert groups' layout, DeepSpeed's layer with its experts split
+over two data-parallel ranks training as with every expert on every rank (DeepSpeed's engine, ZeRO 0 and 2), its
+checkpoint files, exact resume, and loading at another expert-parallel size (the refusals of bad sizes:
+tests/neox_arguments/test_validation.py, tests/test_checkpointing.py)."""
+import os
+
+import pytest
+import torch
+
+from megatron.mpu.parallel_state import expert_parallel_ranks
+from tests.distributed_helpers import run_distributed
+from tests.model.helpers import random_batch
+
+STEPS = 10
+
+
+@pytest.mark.parametrize("world,tp,pp,ep", [(8, 1, 1, 2), (8, 1, 1, 4), (16, 2, 1, 4), (16, 2, 2, 2), (8, 2, 2, 2)])
+def test_expert_groups_are_laid_out_as_deepspeed_lays_them_out(world, tp, pp, ep):
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+    from deepspeed.utils.groups import _get_expert_parallel_ranks
+
+    topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=world // (tp * pp))
+    expert, expert_data = expert_parallel_ranks(topology.get_axis_comm_lists("data"), ep)
+    want_expert, want_expert_data = _get_expert_parallel_ranks(world, tp, ep, pp)
+    assert sorted(expert) == sorted(want_expert) and sorted(expert_data) == sorted(want_expert_data)
+    assert all(len(g) == ep for g in expert) and sorted(r for g in expert for r in g) == list(range(world))
+
+
+LAYERS = {"deepspeed": {"moe_type": "deepspeed", "moe_train_capacity_factor": 1.0, "moe_token_dropping": True},
+          "megablocks": {"moe_type": "megablocks", "moe_router_type": "sinkhorn"}}
+"""DeepSpeed's layer drops tokens at capacity factor 1; the dropless one routes by Sinkhorn (GPT-NeoX's default)."""
+
+
+def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
+    from megatron.neox_arguments import NeoXArgs
+
+    return NeoXArgs.from_dict({
+        "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 16, "max_position_embeddings": 16,
+        "make_vocab_size_divisible_by": 64, "hidden_dropout": 0.0, "attention_dropout": 0.0, "seed": 1234,
+        "moe_num_experts": 4, "moe_top_k": 2, "expert_interval": 2, "moe_loss_coeff": 0.1,
+        "moe_expert_parallel_size": ep, **LAYERS[layer],
+        "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+        "weight_decay": 0.01, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0, "zero_optimization": {"stage": zero}, "num_gpus": 2, "train_iters": STEPS,
+        "distributed_backend": "gloo", "save": save, "load": save, "checkpoint_factor": 4,
+        "tokenizer_type": "CharLevelTokenizer", "config_files": {"moe.yml": "{}"}, **extra})
+
+
+def _setup(args):
+    """The training run's own setup: process groups, model, optimizer, engine."""
+    from megatron.initialize import initialize_megatron
+    from megatron.training import setup_model_and_optimizer
+    from megatron.training_schedule import TrainingSchedule
+
+    ctx = initialize_megatron(args)
+    engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+    return ctx, engine, optimizer
+
+
+def _steps(args, ctx, engine, optimizer, rank: int, first: int, count: int):
+    """[(loss over both ranks, gradient norm)] of train_step for steps first .. first + count - 1."""
+    from megatron.training import train_step
+
+    out = []
+    for step in range(first, first + count):
+        batches = iter([random_batch(batch=2, seed=10 * (step % 2) + rank)])  # two batches a rank, to learn
+        loss, skipped, _, _ = train_step(args, engine, batches, ctx, optimizer)
+        assert not skipped
+        out.append((loss, float(engine.get_global_grad_norm())))
+    return out
+
+
+def _experts(model, ep_rank: int = 0, local: int = 4) -> dict:
+    """{(MoE layer prefix, global expert, tensor name): weight} of the experts on this rank, whatever their layout:
+    DeepSpeed's layer and the expert-parallel dropless layer hold one module per local expert (``ep_rank`` x
+    ``local`` + e is its global id), the dropless layer without expert parallelism stacks 4 experts' rows."""
+    out = {}
+    for name, param in model.named_parameters():
+        value = param.detach().clone()
+        if ".deepspeed_experts." in name:
+            prefix, rest = name.split("deepspeed_moe.experts.deepspeed_experts.")
+            e, tensor = rest.split(".", 1)
+            out[(prefix, ep_rank * local + int(e), tensor)] = value
+        elif ".experts.mlp." in name:
+            prefix, tensor = name.split("experts.mlp.")
+            for e, rows in enumerate(value.chunk(4)):
+                out[(prefix, e, tensor)] = rows
+    return out
+
+
+def _expert_parallel_run(rank: int, world_size: int, save_root: str):
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.inference import setup_for_inference
+
+    out = {}
+    for layer in LAYERS:
+        save_dir = os.path.join(save_root, layer)
+        for ep, zero in ((1, 0), (2, 0), (2, 2)):
+            args = _neox_args(layer, ep, zero, save_dir)
+            ctx, engine, optimizer = _setup(args)
+            state = ctx.parallel_state
+            ep_rank = state.get_expert_parallel_rank()
+            out[(layer, "experts", ep)] = _experts(engine.module, ep_rank, 4 // ep)
+            out[(layer, "groups", ep)] = (ep_rank, ep, state.get_expert_data_parallel_world_size())
+            if zero == 2:  # exact resume: save after 4 steps; a fresh engine loads it and repeats steps 4 .. 6
+                out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, rank, 0, 4)
+                save_checkpoint(args, ctx.model_config, 4, engine)
+                out[(layer, "saved")] = _experts(engine.module, ep_rank, 2)
+                out[(layer, ep, zero)] += _steps(args, ctx, engine, optimizer, rank, 4, STEPS - 4)
+                state.destroy()
+                ctx, engine, optimizer = _setup(args)
+                assert load_checkpoint(args, ctx.model_config, engine)[0] == 4
+                out[(layer, "reloaded")] = _experts(engine.module, ep_rank, 2)
+                out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, rank, 4, 3)
+                out[(layer, "files")] = sorted(os.listdir(os.path.join(save_dir, "global_step4")))
+            else:
+                out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, rank, 0, STEPS)
+            ctx.parallel_state.destroy()
+        # generate.py / eval.py: every expert on every rank, whatever the run's expert-parallel size
+        model, ctx, iteration = setup_for_inference(_neox_args(layer, 2, 2, save_dir))
+        out[(layer, "inference")] = (iteration, _experts(model), model(random_batch(batch=1)[0]))
+        ctx.parallel_state.destroy()
+    # DeepSpeed's layer: the weights load into a training run at another expert-parallel size with no_load_optim
+    args = _neox_args("deepspeed", 1, 0, os.path.join(save_root, "deepspeed"), no_load_optim=True)
+    ctx, engine, _ = _setup(args)
+    load_checkpoint(args, ctx.model_config, engine)
+    out["resharded"] = _experts(engine.module)
+    ctx.parallel_state.destroy()
+    return out
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_experts_over_two_ranks_train_as_with_all_experts_and_resume(expert_parallel_runs, layer):
+    """DP=2: EP=2 (two of the four experts per rank, tokens exchanged by all-to-all; DeepSpeed's layer drops some
+    at capacity factor 1) gives EP=1's losses and gradient norms over 10 steps, with ZeRO 0 and 2; the checkpoint
+    holds one file per expert; a fresh engine resumes it exactly, and inference (every expert on every rank) loads
+    its weights."""
+    for rank, out in enumerate(expert_parallel_runs):
+        assert out[(layer, "groups", 2)] == (rank, 2, 1) and out[(layer, "groups", 1)] == (0, 1, 2)
+        everything, mine = out[(layer, "experts", 1)], out[(layer, "experts", 2)]
+        assert len(everything) == 4 * len(mine) // 2 and {e for _, e, _ in mine} == {2 * rank, 2 * rank + 1}
+        for key, weight in mine.items():  # local expert e of rank r is global expert 2r + e, initialised alike
+            torch.testing.assert_close(weight, everything[key], rtol=0, atol=0)
+        reference = torch.tensor(out[(layer, 1, 0)])  # [step, (loss, gradient norm)]
+        assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
+        for zero in (0, 2):
+            torch.testing.assert_close(torch.tensor(out[(layer, 2, zero)]), reference, rtol=2e-3, atol=0)
+        saved = out[(layer, "saved")]
+        assert all(torch.equal(saved[key], weight) for key, weight in out[(layer, "reloaded")].items())
+        assert out[(layer, "resumed")] == out[(layer, 2, 2)][4:7]
+        iteration, inference_experts, logits = out[(layer, "inference")]
+        assert iteration == 4 and len(inference_experts) == len(everything)
+        torch.testing.assert_close(logits, expert_parallel_runs[0][(layer, "inference")][2], rtol=0, atol=0)
+        for key, weight in saved.items():
+            torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
+            if layer == "deepspeed":  # and into DeepSpeed's engine at EP=1 (no_load_optim)
+                torch.testing.assert_close(out["resharded"][key], weight, rtol=0, atol=0)
+    files = expert_parallel_runs[0][(layer, "files")]
+    assert {"COMPLETE", "neox_args.json", "mp_rank_00_model_states.pt"} <= set(files)
+    assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_00_model_states.pt"
+                                                            for e in range(4)]
+    assert {f for f in files if "optim_states" in f} == {"zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                                         "zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+
+
+@pytest.fixture(scope="module")
+def expert_parallel_runs(tmp_path_factory):
+    """Every rank's results of both layers' runs: one pair of gloo processes (each spawn costs seconds of
+    imports)."""
+    return run_distributed(_expert_parallel_run, world_size=2, args=(str(tmp_path_factory.mktemp("ep")),))
