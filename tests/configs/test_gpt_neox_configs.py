@@ -371,7 +371,6 @@ NOT_BUILT = {
     "moe_expert_parallel": ('"moe_num_experts": 8, "moe_expert_parallel_size": 2, "num_gpus": 2,',
                             "expert parallelism (moe_expert_parallel_size > 1) is not supported yet"),
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    "mup": ('"use_mup": true,', "muP (use_mup) is not supported yet"),
     "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
     "data_efficiency": ('"data_efficiency": {"enabled": true, "data_routing": {"enabled": true}},',
                         "DeepSpeed's data_efficiency library (data_sampling: curriculum sampling by offline-analysed "
