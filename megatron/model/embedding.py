@@ -3,8 +3,8 @@
 Embedding: vocabulary-parallel word embedding, plus learned (``opt_pos_emb_offset`` added to the
 position ids) or sinusoidal position embeddings, an optional soft prompt, then hidden dropout; under
 sequence parallelism its output is this rank's chunk of the sequence. With use_mup the output is multiplied by
-mup_embedding_mult and the position embeddings by mup_rp_embedding_mult (megatron.mup). (The final norm and the output head,
-tied to this embedding or not, are megatron.model.head.)
+mup_embedding_mult and the position embeddings by mup_rp_embedding_mult (megatron.mup). (The final norm and the
+output head, tied to this embedding or not, are megatron.model.head.)
 
 Checkpoint names are GPT-NeoX's: ``word_embeddings.weight``, ``position_embeddings.weight`` (learned).
 With sinusoidal positions GPT-NeoX keeps

@@ -56,7 +56,8 @@ def base_shapes_of(base: nn.Module, delta: nn.Module, tensor_parallel: int = 1) 
 
 def set_base_shapes(model: nn.Module, base: BaseShapes, path: str, tensor_parallel: int = 1) -> Dict[str, InfShape]:
     """Attach each parameter's InfShape (``mup_infshape``); BaseShapesError when ``base`` is another model's."""
-    shapes = infshapes(parameter_shapes(model, tensor_parallel), base, path)
+    whole = getattr(model, "num_stages", 1) == 1  # a pipeline stage holds part of the model
+    shapes = infshapes(parameter_shapes(model, tensor_parallel), base, path, whole=whole)
     for name, param in named_parameters(model):
         setattr(param, INFSHAPE_ATTR, shapes[name])
     return shapes

@@ -105,9 +105,13 @@ def read_base_shapes(path: str) -> BaseShapes:
     return data
 
 
-def infshapes(shapes: Mapping[str, Sequence[int]], base: BaseShapes, path: str) -> Dict[str, InfShape]:
-    """Each parameter's InfShape; BaseShapesError naming what differs when ``base`` describes another model."""
-    missing, unknown = sorted(set(shapes) - set(base)), sorted(set(base) - set(shapes))
+def infshapes(shapes: Mapping[str, Sequence[int]], base: BaseShapes, path: str,
+              whole: bool = True) -> Dict[str, InfShape]:
+    """Each parameter's InfShape; BaseShapesError naming what differs when ``base`` describes another model.
+    ``whole=False``: ``shapes`` are one pipeline stage's, a part of the model (the file's other parameters live on
+    other stages)."""
+    missing = sorted(set(shapes) - set(base))
+    unknown = sorted(set(base) - set(shapes)) if whole else []
     problems = []
     if missing:
         problems.append(f"{len(missing)} of this model's parameters are not in it ({', '.join(missing[:3])}"
