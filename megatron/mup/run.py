@@ -20,6 +20,7 @@ from torch import nn
 
 from megatron.model_config import ModelConfig
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, set_base_shapes
+from megatron.mup.rules import MODEL_KEYS
 from megatron.mup.shapes import BaseShapesError, base_hidden_size, read_base_shapes, write_base_shapes
 
 COORD_CHECK_POWERS = range(2, 9)
@@ -48,7 +49,7 @@ def _shapes_model(config: ModelConfig, parallel_state) -> nn.Module:
 
 def save_base_shapes(neox_args, config: ModelConfig, parallel_state) -> str:
     """Write base_shapes_file from the config's model and its mup_width_scale-wider copy; returns the path."""
-    base_config = standalone(config, use_mup=False, mup_width_mult=1.0)
+    base_config = standalone(config, mup_width_mult=1.0)
     delta_config = base_config.replace(hidden_size=config.hidden_size * int(neox_args.mup_width_scale))
     tp = parallel_state.get_model_parallel_world_size()
     shapes = base_shapes_of(_shapes_model(base_config, parallel_state), _shapes_model(delta_config, parallel_state),
@@ -89,7 +90,9 @@ def run_coord_check(neox_args, config: ModelConfig, parallel_state, batch, rng_t
     tp = parallel_state.get_model_parallel_world_size()
 
     def build(width: int, mup: bool) -> nn.Module:
-        changes = dict(hidden_size=width, use_mup=mup, mup_width_mult=width / base_hidden if mup else 1.0)
+        # the standard parametrization's model: none of muP's multipliers
+        changes = dict(hidden_size=width, mup_width_mult=width / base_hidden) if mup else \
+            dict(hidden_size=width, use_mup=False, **{key: 1.0 for key in MODEL_KEYS})
         model = build_model(standalone(config, **changes), parallel_state, rng_tracker)
         if mup:
             set_base_shapes(model, base, path, tp)

@@ -19,7 +19,8 @@ QKV = "sequential.2.attention.query_key_value.weight"
 def test_save_base_shapes_round_trip_onto_a_wider_model_and_mismatches_are_named(tmp_path):
     path = str(tmp_path / "shapes" / "base.yml")
     args = tiny(use_mup=True, save_base_shapes=True, base_shapes_file=path, mup_width_scale=2)
-    written = save_base_shapes(args, tiny_config(hidden_size=32), SingleProcessState())
+    config = tiny_config(hidden_size=32, use_mup=True, mup_output_temp=2.0)
+    written = save_base_shapes(args, config, SingleProcessState())
     assert written == path
     shapes = read_base_shapes(path)
     # width dimensions hold the base size, the vocabulary and the positions are finite (null)

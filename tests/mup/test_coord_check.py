@@ -20,7 +20,7 @@ WATCHED = ["logits", "sequential.2.attention", "sequential.3.attention", "sequen
 
 def test_activations_flat_under_mup_and_growing_under_standard_parametrization(tmp_path):
     path = str(tmp_path / "base.yml")
-    config = tiny_config(seq_length=32, hidden_size=32)
+    config = tiny_config(seq_length=32, hidden_size=32, use_mup=True, mup_attn_temp=0.5)  # SP models drop it
     save_base_shapes(tiny(use_mup=True, save_base_shapes=True, base_shapes_file=path), config, SingleProcessState())
     args = tiny(use_mup=True, coord_check=True, base_shapes_file=path, log_dir=str(tmp_path / "logs"), hidden_size=32,
                 optimizer={"type": "Adam", "params": {"lr": 0.01}})
