@@ -13,7 +13,7 @@ Models built here have every layer on each rank (no pipeline) and keep the run's
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List
 
 import torch
 from torch import nn
@@ -76,10 +76,9 @@ def coord_check_widths(config: ModelConfig) -> List[int]:
     return [config.num_attention_heads * 2 ** p for p in COORD_CHECK_POWERS]
 
 
-def run_coord_check(neox_args, config: ModelConfig, parallel_state, batch, rng_tracker=None,
-                    widths: Optional[Sequence[int]] = None) -> Dict[str, str]:
-    """The coordinate check of the run's model (module docstring) at ``widths`` (default coord_check_widths);
-    returns the files written, by kind (megatron.mup.coord_check.write_coord_check)."""
+def run_coord_check(neox_args, config: ModelConfig, parallel_state, batch, rng_tracker=None) -> Dict[str, str]:
+    """The coordinate check of the run's model (module docstring) at coord_check_widths; returns the files
+    written, by kind (megatron.mup.coord_check.write_coord_check)."""
     from megatron.model import build_model
     from megatron.mup.coord_check import coord_check, write_coord_check
     from megatron.optimizers import build_optimizer
@@ -100,7 +99,7 @@ def run_coord_check(neox_args, config: ModelConfig, parallel_state, batch, rng_t
         return model
 
     rows = coord_check(build, lambda model: build_optimizer(neox_args, model), batch,
-                       widths or coord_check_widths(config), steps=COORD_CHECK_STEPS)
+                       coord_check_widths(config), steps=COORD_CHECK_STEPS)
     directory = neox_args.log_dir or os.getcwd()
     if _global_rank() != 0:
         return {}

@@ -5,12 +5,13 @@ runs with coord_check; its data files, and its plot or the clear refusal of it w
 import csv
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from megatron.mpu import SingleProcessState
+from megatron.mup import run
 from megatron.mup.coord_check import write_coord_check
-from megatron.mup.run import run_coord_check, save_base_shapes
 from tests.model.helpers import random_batch, tiny_config
 from tests.neox_arguments.helpers import tiny
 
@@ -18,13 +19,19 @@ WIDTHS = [32, 64, 128, 256]
 WATCHED = ["logits", "sequential.2.attention", "sequential.3.attention", "sequential.3.mlp"]
 
 
-def test_activations_flat_under_mup_and_growing_under_standard_parametrization(tmp_path):
+def test_activations_flat_under_mup_and_growing_under_standard_parametrization(tmp_path, monkeypatch, capsys):
+    """train.py's run with save_base_shapes and coord_check (here widths 4 heads x 2^3..2^6 instead of 2^2..2^8)."""
+    monkeypatch.setattr(run, "COORD_CHECK_POWERS", range(3, 7))
     path = str(tmp_path / "base.yml")
     config = tiny_config(seq_length=32, hidden_size=32, use_mup=True, mup_attn_temp=0.5)  # SP models drop it
-    save_base_shapes(tiny(use_mup=True, save_base_shapes=True, base_shapes_file=path), config, SingleProcessState())
-    args = tiny(use_mup=True, coord_check=True, base_shapes_file=path, log_dir=str(tmp_path / "logs"), hidden_size=32,
-                optimizer={"type": "Adam", "params": {"lr": 0.01}})
-    files = run_coord_check(args, config, SingleProcessState(), random_batch(4, 32, 128), widths=WIDTHS)
+    args = tiny(use_mup=True, save_base_shapes=True, coord_check=True, base_shapes_file=path, hidden_size=32,
+                log_dir=str(tmp_path / "logs"), optimizer={"type": "Adam", "params": {"lr": 0.01}})
+    ctx = SimpleNamespace(model_config=config, parallel_state=SingleProcessState(), rng_tracker=None)
+    summary = run.base_shapes_and_coord_check(args, ctx, lambda: random_batch(4, 32, 128))
+    files = summary["mup"]["coord_check"]
+    assert summary["mup"]["base_shapes_file"] == path and summary["losses"] == []
+    out = capsys.readouterr().out
+    assert f"base shapes of hidden_size 32 (delta x2) saved to {path}" in out
 
     slopes = json.load(open(files["json"]))["slopes_last_step"]
     for module in WATCHED:
@@ -35,7 +42,7 @@ def test_activations_flat_under_mup_and_growing_under_standard_parametrization(t
     assert {r["parametrization"] for r in rows} == {"sp", "mup"}
     # the plot is drawn where matplotlib is installed, else refused with the reason (never silently missing)
     assert ("png" in files and open(files["png"], "rb").read(4) == b"\x89PNG") or \
-        "matplotlib is not installed" in files["plot_refused"]
+        ("matplotlib is not installed" in files["plot_refused"] and f"warning: {files['plot_refused']}" in out)
 
 
 ROWS = [{"parametrization": p, "width": w, "module": "logits", "step": 1, "l1": float(w)}
