@@ -51,6 +51,9 @@ def mup_run_problems(args: Any) -> List[str]:
             base_hidden_size(read_base_shapes(path), path)
         except BaseShapesError as exc:
             problems.append(str(exc))
+    if not args.save_base_shapes and args.mup_width_scale != RUN_DEFAULTS["mup_width_scale"]:
+        problems.append(f"mup_width_scale={args.mup_width_scale!r} only applies with save_base_shapes: true (the width "
+                        f"of the delta model the base shapes are written from); remove it")
     if args.save_base_shapes and not (isinstance(args.mup_width_scale, int) and args.mup_width_scale >= 2):
         problems.append(f"mup_width_scale={args.mup_width_scale!r} must be an integer >= 2 (the delta model that tells "
                         f"the width dimensions apart is hidden_size x mup_width_scale wide)")

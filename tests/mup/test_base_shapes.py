@@ -54,6 +54,8 @@ def test_mup_settings_are_checked_with_the_key_and_the_fix(tmp_path):
     assert "use_mup needs base_shapes_file" in problems_of(use_mup=True)
     missing = str(tmp_path / "none.yml")
     assert "does not exist: write it first" in problems_of(use_mup=True, base_shapes_file=missing)
+    assert "mup_width_scale=4 only applies with save_base_shapes: true" in problems_of(
+        use_mup=True, base_shapes_file=missing, mup_width_scale=4)
     assert "coord_check=True is a muP setting and only takes effect with use_mup: true" in problems_of(coord_check=True)
     assert "mup_attn_temp=2.0 is a muP setting" in problems_of(mup_attn_temp=2.0)
     assert "mup_width_scale=1 must be an integer >= 2" in problems_of(
