@@ -88,3 +88,11 @@ def test_mup_initialisation_and_optimizer_groups():
     assert by_name["sequential.2.attention.query_key_value.weight"]["lr"] == pytest.approx(0.01)
     # without base shapes (standard parametrization) the groups are the plain ones
     assert all("lr_mult" not in g for g in optimizer("adam", sp).param_groups)
+
+
+def test_conversion_to_hugging_face_refuses_mup_models():
+    from megatron.checkpoint_conversion.common import common_problems
+
+    assert any("use_mup=true" in p and "not converted to Hugging Face yet" in p
+               for p in common_problems(tiny_config(use_mup=True, pos_emb="rotary")))
+    assert common_problems(tiny_config(pos_emb="rotary")) == []
