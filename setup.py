@@ -21,7 +21,7 @@ def requirements(name: str) -> list:
 
 
 EXTRAS = ("sentencepiece", "tiktoken", "data", "triton", "wandb", "tensorboard", "comet", "flashattention", "eval",
-          "transformers", "dev")
+          "transformers", "mup", "dev")
 
 setup(
     name="neox",

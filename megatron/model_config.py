@@ -10,8 +10,8 @@ Field names are GPT-NeoX's argument names with the schema's defaults (a test che
 where a GPT-NeoX dict is flattened into plain values: ``soft_prompt_tuning`` becomes ``soft_prompt_tokens``
 / ``soft_prompt_init_range``, ``sparsity_config``'s local-window keys become ``local_attention_block``
 / ``local_attention_window_blocks`` (``sparsity_config`` itself is kept as sorted pairs for the block-sparse
-layers), and DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes
-``number_checkpoints``.
+layers), DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes ``number_checkpoints``, and the
+muP base model's width in ``base_shapes_file`` becomes ``mup_width_mult`` (megatron.mup.shapes).
 
 The model's rules (:meth:`ModelConfig.problems`: shapes, attention types, which fusion flags apply,
 :meth:`ModelConfig.device_problems`: which precision runs where) live here too; NeoXArgs validation
@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from megatron.mup.rules import mup_model_problems
+from megatron.mup.shapes import mup_width_mult
 from megatron.sparsity_config import SPARSE_TYPES, SparsitySettings, freeze, key_problems, local_window
 
 ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
@@ -247,6 +249,18 @@ class ModelConfig:
     moe_lbl_in_fp32: bool = False
     moe_jitter_eps: Optional[float] = None
     use_tutel: bool = False
+    # muP (megatron.mup): the model's side of the parametrization; the per-parameter side (init, learning rates)
+    # comes from base_shapes_file and is applied where the model is trained
+    use_mup: bool = False
+    mup_init_scale: float = 1.0
+    mup_attn_temp: float = 1.0
+    """With use_mup the attention scores are q.k / (head_dim x mup_attn_temp) (muP's 1/d, not 1/sqrt(d))."""
+    mup_output_temp: float = 1.0
+    mup_embedding_mult: float = 1.0
+    mup_rp_embedding_mult: float = 1.0
+    mup_width_mult: float = 1.0
+    """hidden_size over the base model's (read from base_shapes_file by the adapter): with use_mup the output
+    head's input is divided by mup_width_mult x mup_output_temp (muP's MuReadout)."""
     # fused kernels (megatron.fused_kernels)
     layernorm_fusion: bool = False
     rmsnorm_fusion: bool = False
@@ -359,6 +373,7 @@ class ModelConfig:
         values["soft_prompt_tokens"], values["soft_prompt_init_range"] = \
             _soft_prompt(getattr(args, "soft_prompt_tuning", None))
         values["number_checkpoints"] = (getattr(args, "activation_checkpointing", None) or {}).get("number_checkpoints")
+        values["mup_width_mult"] = mup_width_mult(args)
         sparsity = getattr(args, "sparsity_config", None)
         values["sparsity_config"] = freeze(sparsity)
         if isinstance(sparsity, Mapping) and not key_problems(sparsity, ("local",)):
@@ -406,6 +421,7 @@ class ModelConfig:
         problems += recurrent_layer_problems(self)
         problems += gmlp_problems(self)
         problems += sharing_problems(self)
+        problems += mup_model_problems(self)
         return problems
 
     def _shape_problems(self) -> List[str]:

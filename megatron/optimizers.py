@@ -15,7 +15,8 @@ optimizer.params may hold lr (already in neox_args.lr), the optimizer's own keys
 neox_args.weight_decay); any other key is an error naming it. Weight decay is applied only to the
 parameters `get_param_groups` says should decay (with a weight-decay schedule, start_weight_decay /
 end_weight_decay, the LR scheduler sets its value each step). With decoupled_lr the input-embedding and
-output-layer weights get groups of their own."""
+output-layer weights get groups of their own. When the parameters carry muP base shapes (use_mup, megatron.mup) the
+groups are split by muP's learning-rate and weight-decay factors (mup's MuAdam / MuSGD rules)."""
 
 import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -317,6 +318,18 @@ def _torch_adam(groups: List[Dict[str, Any]], params: Dict[str, Any], fused: boo
     return cls(groups, fused=fused, **params)
 
 
+def _mup_groups(groups: List[Dict[str, Any]], kind: str, lr: float) -> List[Dict[str, Any]]:
+    """With muP base shapes on the parameters, the groups split by muP's factors (megatron.mup.parametrization),
+    each starting at lr x lr_mult (the LR schedule keeps that factor every step)."""
+    from megatron.mup.parametrization import mup_param_groups
+
+    groups = mup_param_groups(groups, kind)
+    for group in groups:
+        if "lr_mult" in group:
+            group["lr"] = lr * group["lr_mult"]
+    return groups
+
+
 def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer named by neox_args.optimizer_type over `get_param_groups(model, ...)`.
 
@@ -342,6 +355,7 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
         groups = get_param_groups(model, weight_decay, moe_param_group=moe_group, decoupled_lr=decoupled)
     if not groups:
         raise ValueError("the model has no trainable parameters to optimize")
+    groups = _mup_groups(groups, kind, params["lr"])
     if kind == "adam":
         if _on_cuda(groups):
             from deepspeed.ops.adam import FusedAdam

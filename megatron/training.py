@@ -119,6 +119,10 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     from megatron.post_training import preference_loss
 
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
+    if neox_args.use_mup:  # base shapes on the parameters and muP's initialisation; then muP's optimizer groups
+        from megatron.mup.run import prepare_model
+
+        prepare_model(neox_args, model, ctx.parallel_state)
     loss_fn = preference_loss(neox_args, ctx.parallel_state.get_model_parallel_group())
     if loss_fn is not None:  # DPO / KTO: the model's own loss (the LM loss, or a reward model's) is replaced
         model.loss_fn = loss_fn
@@ -612,6 +616,11 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     from megatron.timers import Timers
 
     schedule = TrainingSchedule.from_neox_args(neox_args)
+    if neox_args.use_mup and (neox_args.save_base_shapes or neox_args.coord_check):
+        from megatron.mup.run import base_shapes_and_coord_check  # these runs stop instead of training
+
+        return base_shapes_and_coord_check(neox_args, ctx, lambda: next(_batch_streams(neox_args, ctx, schedule, 0,
+                                                                                          0)[0]))
     stop = StopRequested()
     stop.install()
     try:

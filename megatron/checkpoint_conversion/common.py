@@ -40,6 +40,9 @@ def common_problems(config: ModelConfig) -> List[str]:
                         f"Face equivalent here")
     if config.soft_prompt_tokens is not None:
         problems.append("soft_prompt_tuning is enabled (the soft prompt has no Hugging Face equivalent)")
+    if config.use_mup:
+        problems.append("use_mup=true: muP's attention scale (1/head_dim), embedding and output multipliers are not "
+                        "converted to Hugging Face yet")
     return problems
 
 

@@ -27,6 +27,8 @@ keys of blocks i - W // 2 .. i, the dense equivalent of DeepSpeed's unidirection
 LocalSlidingWindowSparsityConfig; block-sparse layers sparse_fixed, sparse_variable, bigbird, bslongformer:
 their DeepSpeed layout expanded to positions, per head, megatron.model.block_sparse) and
 combined with the batch's attention_mask (True = masked, as GPT-NeoX). ALiBi / rpe add a float bias.
+The scores are q.k / sqrt(head_dim), or with use_mup q.k / (head_dim x mup_attn_temp) (muP's 1/d, which keeps
+them of the same size as the heads widen; flash-attn is then not called, SDPA takes the scale).
 With attention_softmax_in_fp32 or apply_query_key_layer_scaling in half precision, the scores are
 computed explicitly and soft-maxed in fp32 (layer scaling divides by the layer number before the
 product and multiplies it back in fp32, which is exact in real arithmetic).
@@ -146,8 +148,10 @@ class ParallelSelfAttention(nn.Module):
         self.softmax_fp32 = config.attention_softmax_in_fp32 or self.layer_scaling
         self.force_explicit = False  # tests flip this to compare the explicit path with SDPA
         self.selective_recompute = config.recompute_granularity == "selective"
+        # muP scores q.k / (head_dim x mup_attn_temp); None: SDPA's (and flash-attn's) 1 / sqrt(head_dim)
+        self.softmax_scale = 1.0 / (self.head_dim * config.mup_attn_temp) if config.use_mup else None
         self.flash = FlashAttention.load(self.head_dim) if self.attention_type == "flash" and \
-            self.pos_emb != "rpe" else None
+            self.pos_emb != "rpe" and self.softmax_scale is None else None
 
     def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, attention_mask: Optional[torch.Tensor]):
         """Boolean [.., q, k] mask, True where attention is *allowed*."""
@@ -256,7 +260,7 @@ class ParallelSelfAttention(nn.Module):
             # Fast path (flash / memory-efficient kernels where available): causal mask or none, no bias.
             with self.rng_tracker.fork():
                 context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=s > 1,
-                                                         enable_gqa=gqa)
+                                                         enable_gqa=gqa, scale=self.softmax_scale)
             return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
         q_pos = torch.arange(offset, offset + s, device=q.device)
         k_pos = torch.arange(k.size(2), device=q.device)
@@ -272,7 +276,8 @@ class ParallelSelfAttention(nn.Module):
                 mask = allowed
                 if bias is not None:
                     mask = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
-                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa,
+                                                         scale=self.softmax_scale)
         return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
 
     def _flash_applies(self, q: torch.Tensor, s: int, attention_mask: Optional[torch.Tensor],
@@ -297,7 +302,8 @@ class ParallelSelfAttention(nn.Module):
 
     def _explicit(self, q, k, v, allowed, bias, dropout, causal: bool):
         coeff = float(self.layer_number + 1) if self.layer_scaling else 1.0
-        scores = torch.matmul(q / (math.sqrt(self.head_dim) * coeff), k.transpose(-1, -2))
+        q = q / (math.sqrt(self.head_dim) * coeff) if self.softmax_scale is None else q * (self.softmax_scale / coeff)
+        scores = torch.matmul(q, k.transpose(-1, -2))
         if self.fused_softmax:
             probs = self._fused_softmax(scores, allowed, bias, coeff, causal).to(v.dtype)
         else:

@@ -2,8 +2,9 @@
 
 Embedding: vocabulary-parallel word embedding, plus learned (``opt_pos_emb_offset`` added to the
 position ids) or sinusoidal position embeddings, an optional soft prompt, then hidden dropout; under
-sequence parallelism its output is this rank's chunk of the sequence. (The final norm and the output head,
-tied to this embedding or not, are megatron.model.head.)
+sequence parallelism its output is this rank's chunk of the sequence. With use_mup the output is multiplied by
+mup_embedding_mult and the position embeddings by mup_rp_embedding_mult (megatron.mup). (The final norm and the
+output head, tied to this embedding or not, are megatron.model.head.)
 
 Checkpoint names are GPT-NeoX's: ``word_embeddings.weight``, ``position_embeddings.weight`` (learned).
 With sinusoidal positions GPT-NeoX keeps
@@ -69,6 +70,11 @@ class Embedding(nn.Module):
             # _weight skips nn.Embedding's own init, which would draw from (and advance) the global RNG.
             self.position_embeddings = nn.Embedding(config.positions, hidden, _weight=weight)
         self.dropout = config.hidden_dropout
+        # muP (megatron.mup): the embedding's and the position embeddings' multipliers, and the readout's (the tied
+        # head divides its input by the width multiplier and the output temperature, mup's MuReadout)
+        self.embedding_mult = config.mup_embedding_mult if config.use_mup else 1.0
+        self.position_mult = config.mup_rp_embedding_mult if config.use_mup else 1.0
+        self.readout_mult = readout_mult(config)
         self.soft_prompt = None
         if config.soft_prompt_tokens is not None:
             self.soft_prompt = SoftPrompt(config.soft_prompt_tokens, config.soft_prompt_init_range, hidden,
@@ -83,9 +89,11 @@ class Embedding(nn.Module):
         tokens, position_ids, attention_mask = args
         hidden = self.word_embeddings(tokens)
         if self.pos_emb == "learned":
-            hidden = hidden + self.position_embeddings(position_ids + self.position_offset)
+            hidden = hidden + self._scaled(self.position_embeddings(position_ids + self.position_offset),
+                                           self.position_mult)
         elif self.pos_emb == "sinusoidal":
-            hidden = hidden + sinusoidal_embedding(position_ids, self.hidden).to(hidden.dtype)
+            hidden = hidden + self._scaled(sinusoidal_embedding(position_ids, self.hidden).to(hidden.dtype),
+                                           self.position_mult)
         if self.soft_prompt is not None:
             hidden = self.soft_prompt(hidden)
         if self.sequence_parallel:
@@ -94,4 +102,13 @@ class Embedding(nn.Module):
             ctx = self.rng_tracker.fork() if self.sequence_parallel else contextlib.nullcontext()
             with ctx:
                 hidden = F.dropout(hidden, p=self.dropout)
-        return hidden, attention_mask
+        return self._scaled(hidden, self.embedding_mult), attention_mask
+
+    @staticmethod
+    def _scaled(x: torch.Tensor, mult: float) -> torch.Tensor:
+        return x if mult == 1.0 else x * mult
+
+
+def readout_mult(config: ModelConfig) -> float:
+    """What the output head multiplies its input by: 1, or with use_mup 1 / (mup_width_mult x mup_output_temp)."""
+    return 1.0 / (config.mup_width_mult * config.mup_output_temp) if config.use_mup else 1.0

@@ -2,7 +2,8 @@
 
 FinalNorm normalises the last layer's output; the output head is either OutputHead, a column-parallel
 linear over the (padded) vocabulary, or, with tied weights, the word embedding matrix itself
-(``tied_logits``); both give this rank's vocabulary shard of the logits.
+(``tied_logits``); both give this rank's vocabulary shard of the logits. With use_mup both divide their input by
+mup_width_mult x mup_output_temp (mup's MuReadout).
 
 Checkpoint names are GPT-NeoX's: ``norm.*`` (its NormPipe), ``final_linear.weight`` (its ParallelLinearPipe).
 A reward model (train_impl 'rm') ends in ValueHead (``value_head.weight``, one score per position) instead.
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.checkpoint_layout import FINAL_NORM, install_hooks
-from megatron.model.embedding import Embedding
+from megatron.model.embedding import Embedding, readout_mult
 from megatron.model.norms import build_norm
 from megatron.model.transformer import sequence_parallel_on
 from megatron.model_config import ModelConfig
@@ -28,6 +29,8 @@ def tied_logits(embedding: Embedding, hidden: torch.Tensor) -> torch.Tensor:
         hidden = gather_from_sequence_parallel_region(hidden, embedding.group)
     else:
         hidden = copy_to_model_parallel_region(hidden, embedding.group)
+    if embedding.readout_mult != 1.0:
+        hidden = hidden * embedding.readout_mult
     return F.linear(hidden, embedding.word_embeddings.weight)
 
 
@@ -55,9 +58,10 @@ class OutputHead(nn.Module):
             initializer.weight(config.num_layers, "final_linear"), bias=False,
             sequence_parallel=sequence_parallel_on(config, parallel_state))
         setattr(self.final_linear.weight, EMBEDDING_OR_OUTPUT_FLAG, True)  # decoupled_lr reads it
+        self.readout_mult = readout_mult(config)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.final_linear(hidden)
+        return self.final_linear(hidden if self.readout_mult == 1.0 else hidden * self.readout_mult)
 
 
 class ValueHead(nn.Module):

@@ -134,6 +134,7 @@ class RelativePositionBias(nn.Module):
             init_fn(full)
             self.weight.copy_(shard_of(full, 1, tp_rank, tp))
         self.weight.model_parallel = tp > 1
+        self.weight.partition_dim = 1
 
     def forward(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """[this rank's heads, q, k] additive bias."""

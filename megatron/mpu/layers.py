@@ -2,7 +2,8 @@
 
 Every layer is initialised from the *full* tensor: ``init_fn`` fills a full-size fp32 tensor, the layer
 keeps this rank's shard and drops the rest. With an ``init_fn`` seeded per tensor (see
-``megatron.model.init_functions``) the weights are then the same whatever the parallel layout.
+``megatron.model.init_functions``) the weights are then the same whatever the parallel layout. Each split
+parameter carries ``model_parallel`` (split across ranks) and ``partition_dim`` (the dimension that is split).
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.per_rank, embedding_dim))
         _fill_shard(self.weight, (num_embeddings, embedding_dim), init_fn, 0, rank, world)
         self.weight.model_parallel = world > 1
+        self.weight.partition_dim = 0
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
@@ -97,9 +99,11 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.output_per_rank, input_size))
         _fill_shard(self.weight, (output_size, input_size), init_fn, 0, rank, world, chunks)
         self.weight.model_parallel = world > 1
+        self.weight.partition_dim = 0
         if bias:
             self.bias = nn.Parameter(torch.zeros(self.output_per_rank))
             self.bias.model_parallel = world > 1
+            self.bias.partition_dim = 0
         else:
             self.register_parameter("bias", None)
 
@@ -152,6 +156,7 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(output_size, self.input_per_rank))
         _fill_shard(self.weight, (output_size, input_size), init_fn, 1, rank, world, chunks)
         self.weight.model_parallel = world > 1
+        self.weight.partition_dim = 1
         if bias:
             self.bias = nn.Parameter(torch.zeros(output_size))
         else:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, List, Set, Tuple
 from megatron.comms_logging import comms_logger_problems
 from megatron.curriculum import curriculum_problems
 from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
+from megatron.mup.rules import mup_run_problems
 from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_space_problems
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
@@ -39,9 +40,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
                                               "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
                                                   "config key; use use_comet and the comet_* keys"),
-    ("use_mup", bool, "muP (use_mup) is not supported yet"),
-    ("coord_check", bool, "coord_check (muP coordinate check) is not supported yet"),
-    ("save_base_shapes", bool, "save_base_shapes (muP) is not supported yet"),
     ("enable_expert_tensor_parallelism", bool,
      "expert tensor parallelism (enable_expert_tensor_parallelism: each expert split over the tensor-parallel ranks) "
      "is not supported yet: it is DeepSpeed's, for its MoE layer (moe_type deepspeed) with model_parallel_size > 1, "
@@ -89,8 +87,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("muP (use_mup)", ("base_shapes_file", "mup_init_scale", "mup_attn_temp", "mup_output_temp",
-                       "mup_embedding_mult", "mup_rp_embedding_mult", "mup_width_scale")),
     ("REINFORCE training (train_impl 'reinforce')",
      ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
     ("reward-model training (train_impl 'rm'), where GPT-NeoX implements z_loss", ("z_loss",)),
@@ -214,6 +210,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)
     problems += autotuning_problems(args)
+    problems += mup_run_problems(args)
     problems += _data_path_problems(args)
     if args.optimizer_type in COMPRESSED_OPTIMIZERS:
         problems.append(f"optimizer.type={COMPRESSED_OPTIMIZERS[args.optimizer_type]!r}: DeepSpeed's "

@@ -372,7 +372,6 @@ NOT_BUILT = {
                             "moe_expert_parallel_size=2 with moe_type='megablocks', model_parallel_size=1 and "
                             "pipe_parallel_size=1 is not supported yet"),
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    "mup": ('"use_mup": true,', "muP (use_mup) is not supported yet"),
     "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
     "data_efficiency": ('"data_efficiency": {"enabled": true, "data_routing": {"enabled": true}},',
                         "DeepSpeed's data_efficiency library (data_sampling: curriculum sampling by offline-analysed "
@@ -488,3 +487,73 @@ def test_names_without_suffix_through_deepy(tmp_path):
     assert with_dir.num_layers == without_dir.num_layers == 4
     with pytest.raises(ConfigError, match="config file not found: .*absent.yml"):
         deepy.load_args([script, "-d", str(tmp_path), "small", "absent"])
+
+
+# as GPT-NeoX's muP coordinate-check config (coord_check_mup.yml, with the keys GPT-NeoX's main branch reads)
+MUP_STYLE = """\
+{
+  "pipe_parallel_size": 1,
+  "model_parallel_size": 1,
+  "num_layers": 2,
+  "num_attention_heads": 4,
+  "hidden_size": 256,
+  "seq_length": 2048,
+  "max_position_embeddings": 2048,
+  "pos_emb": "rotary",
+  "rotary_pct": 0.25,
+  "no_weight_tying": true,
+  "gpt_j_residual": true,
+  "output_layer_parallelism": "column",
+  "scaled_upper_triang_masked_softmax_fusion": true,
+  "bias_gelu_fusion": true,
+  "init_method": "normal",
+  "output_layer_init_method": "scaled_normal",
+  "optimizer": {"type": "Adam", "params": {"lr": 0.01, "betas": [0.9, 0.95], "eps": 1.0e-8,}},
+  "lr_decay_style": constant,
+  "warmup": 0,
+  "zero_optimization": {"stage": 1, "allgather_partitions": true, "allgather_bucket_size": 1260000000,
+                        "overlap_comm": true, "reduce_scatter": true, "reduce_bucket_size": 1260000000,
+                        "contiguous_gradients": true, "cpu_offload": false},
+  "train_micro_batch_size_per_gpu": 8,
+  "gradient_accumulation_steps": 1,
+  "data_impl": "mmap",
+  "num_workers": 1,
+  "checkpoint_activations": true, "checkpoint_num_layers": 1, "partition_activations": true,
+  "synchronize_each_layer": true,
+  "gradient_clipping": 1.0, "weight_decay": 0.1, "hidden_dropout": 0, "attention_dropout": 0,
+  "precision": "fp32",
+  "train_iters": 10,
+  "log_interval": 1,
+  "distributed_backend": "nccl",
+
+  "use_mup": true,
+  "save_base_shapes": true,
+  "coord_check": true,
+  "base_shapes_file": "%s",
+  "mup_init_scale": 1.0,
+  "mup_attn_temp": 1.0,
+  "mup_output_temp": 1.0,
+  "mup_embedding_mult": 1.0,
+  "mup_rp_embedding_mult": 1.0,
+  "mup_width_scale": 2,
+}
+"""
+
+
+def test_mup_style_config_loads_then_trains_wider_from_its_base_shapes(tmp_path):
+    from megatron.mpu import SingleProcessState
+    from megatron.mup.run import save_base_shapes
+
+    shapes = str(tmp_path / "base-shapes")
+    args, messages = load([write(tmp_path, "mup.yml", MUP_STYLE % shapes), write(tmp_path, "setup.yml", SETUP)])
+    assert messages == [] and args.training_problems() == []
+    assert args.use_mup and args.save_base_shapes and args.coord_check and args.mup_width_scale == 2
+    config = ModelConfig.from_neox_args(args, padded_vocab_size=512)
+    assert config.use_mup and config.mup_width_mult == 1.0  # this run writes the base shapes: it is the base
+    on_cpu = dict(scaled_upper_triang_masked_softmax_fusion=False, bias_gelu_fusion=False)  # Triton needs a GPU
+    save_base_shapes(args, config.replace(seq_length=16, max_position_embeddings=16, **on_cpu), SingleProcessState())
+    # a run 4x wider reads them
+    args, messages = load([write(tmp_path, "mup.yml", MUP_STYLE % shapes), write(tmp_path, "setup.yml", SETUP)],
+                          save_base_shapes=False, coord_check=False, hidden_size=1024)
+    assert messages == [] and args.training_problems() == []
+    assert ModelConfig.from_neox_args(args).mup_width_mult == 4.0

@@ -562,52 +562,71 @@ class NeoXArgsTraining:
 
     use_mup: bool = False
     """
-    Whether to use Microsoft's Mup https://github.com/microsoft/mup
+    Whether to use Microsoft's Mup https://github.com/microsoft/mup (muP, the maximal update
+    parametrization, built here in megatron/mup/): hyperparameters tuned at a small base width transfer to
+    wide models. Each parameter's width multipliers against the base model come from base_shapes_file;
+    matrix-like weights are initialised with std / sqrt(fan-in multiplier) and learn at lr / fan-in multiplier with
+    Adam (mup's MuAdam; SGD follows MuSGD), attention scores are q.k / head_dim, and the output head divides its
+    input by the width multiplier. Needs optimizer type Adam, CPU_Adam, CPU_torch_Adam or SGD, attention and
+    MLP layers (not gmlp, amlp, mamba, rwkv, a mixture of experts or a reward model), the built-in LR schedule;
+    works with pipeline and tensor parallelism. Not converted to Hugging Face yet.
     """
 
     coord_check: bool = False
     """
-    Whether to generate a "coord check" plot to verify mup's implementation in neox
+    Whether to generate a "coord check" plot to verify mup's implementation in neox. With use_mup, train.py
+    trains models of widths num_attention_heads x 2^p (p = 2..8) under the standard parametrization and muP
+    for 3 Adam steps on the first training batch, records each module's mean |output|, writes
+    coord_check.csv, coord_check.json (with the fitted slopes of log activation over log width) and
+    coord_check.png (needs matplotlib, requirements-mup.txt; without it the plot is refused with a message)
+    into log_dir, and stops.
     """
 
     save_base_shapes: bool = False
     """
     Whether to save base shapes for mup. This will save the shapes to the path specified in base-shapes-
-    file.
+    file. The config's model is the base and a copy mup_width_scale times wider tells which dimensions are
+    width; the file (mup's YAML format, whole-tensor shapes, one file for any parallel layout) is written and
+    train.py stops (after the coord check if coord_check is set), as in GPT-NeoX.
     """
 
     base_shapes_file: Optional[str] = None
     """
-    Path to the base shapes to save to/load from
+    Path to the base shapes to save to/load from. Required with use_mup; read when the model is built (a file
+    written for another architecture is refused, naming the parameters that differ).
     """
 
     mup_init_scale: float = 1.0
     """
-    Initialization scale: All the parameters are multiplied by this value
+    Initialization scale: All the parameters are multiplied by this value (every weight matrix and embedding
+    table; norms and biases keep their constant initialisation). With use_mup only.
     """
 
     mup_attn_temp: float = 1.0
     """
-    Attention temperature: Reciprocal of the multiplier applied to the input to attention softmax
+    Attention temperature: Reciprocal of the multiplier applied to the input to attention softmax: the scores
+    are q.k / (head_dim x mup_attn_temp). With use_mup only.
     """
 
     mup_output_temp: float = 1.0
     """
     Output temperature: Reciprocal of the multiplier applied to the input to softmax that produces the
-    distribution over output tokens.
+    distribution over output tokens: the output head's input is divided by (width multiplier x
+    mup_output_temp). With use_mup only.
     """
 
     mup_embedding_mult: float = 1.0
     """
-    Scalar by which we multiply the output of the embedding layer
+    Scalar by which we multiply the output of the embedding layer. With use_mup only.
     """
 
     mup_rp_embedding_mult: float = 1.0
     """
-    Scalar by which we multiply vectors representing relative position
+    Scalar by which we multiply vectors representing relative position: as in GPT-NeoX, the learned or
+    sinusoidal position embeddings (refused with other pos_emb). With use_mup only.
     """
 
     mup_width_scale: int = 2
     """
-    What to scale width by when creating the delta model for mup
+    What to scale width by when creating the delta model for mup (save_base_shapes; an integer >= 2)
     """

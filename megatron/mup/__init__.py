@@ -1,0 +1,8 @@
+"""muP, the maximal update parametrization (Yang et al., Tensor Programs V): hyperparameters tuned on a narrow
+model transfer to wide ones.
+
+shapes: base shapes files (which dimensions are width). rules: what the config may ask. parametrization: the
+per-parameter side (initialisation, optimizer groups; torch). coord_check: the coordinate check. run: the
+train.py steps (save_base_shapes, coord_check). The model side (attention 1/d, embedding and output
+multipliers) lives in megatron.model, read from ModelConfig.
+"""
