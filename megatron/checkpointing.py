@@ -80,6 +80,31 @@ ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv
 LAYOUT_KEYS = ("model_parallel_size", "pipe_parallel_size")
 
 
+RESHARD_KEY = "optimizer_layout"
+"""Client-state entry of each rank's model-states file: that rank's tensor / pipeline rank and the names of its
+optimizer's parameters, group by group, so that its optimizer state can be resharded (megatron.checkpoint_resharding).
+"""
+
+
+def optimizer_layout(engine) -> Dict[str, Any]:
+    """What RESHARD_KEY records for this rank: ``tensor_rank``, ``pipe_rank`` and ``param_names`` (the module's
+    names of the optimizer's parameters, group by group, in the order of its state dict; None under ZeRO, whose
+    own files name them)."""
+    grid = getattr(engine, "grid", None)
+    if grid is not None:  # DeepSpeed's pipeline engine
+        tensor_rank, pipe_rank = grid.get_slice_parallel_rank(), grid.get_pipe_parallel_rank()
+    else:
+        mpu = getattr(engine, "mpu", None)
+        tensor_rank, pipe_rank = (mpu.get_model_parallel_rank() if mpu is not None else 0), 0
+    module = getattr(engine, "module", None)
+    names = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
+    optimizer = getattr(engine, "basic_optimizer", None) or getattr(engine, "optimizer", None)
+    groups = [[names.get(id(p)) for p in group["params"]] for group in getattr(optimizer, "param_groups", [])]
+    if any(name is None for group in groups for name in group):  # ZeRO's flat partitions: its files name them
+        groups = None
+    return {"tensor_rank": tensor_rank, "pipe_rank": pipe_rank, "param_names": groups}
+
+
 def tag_for(iteration: int) -> str:
     return f"global_step{iteration}"
 
@@ -303,7 +328,7 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     _barrier()
     client_state = {"iteration": iteration, "args": gpt_neox_client_args(neox_args.to_dict(), model_config),
                     LAYOUT_KEY: LAYOUT, **({} if neox_args.no_save_rng else gpt_neox_rng_state()),
-                    **(extra_state or {})}
+                    RESHARD_KEY: optimizer_layout(engine), **(extra_state or {})}
     try:
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
         os.makedirs(path, exist_ok=True)
@@ -356,19 +381,11 @@ def _architecture_mismatches(saved: Dict[str, Any], current: Dict[str, Any], key
 
 
 def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> None:
-    """What a resume (not a fine-tune) needs besides the architecture. Refused: another number of data-parallel
-    ranks under ZeRO with the optimizer state loaded (DeepSpeed cannot repartition it), and another seq_length
-    (the data position counts samples of seq_length tokens). Handled, with a note: another global batch size
-    (the data continues at the same sample; iterations and the LR schedule count batches of the new size)."""
+    """What a resume (not a fine-tune) needs besides the architecture. Refused: another seq_length (the data
+    position counts samples of seq_length tokens). Handled, with a note: another global batch size (the data
+    continues at the same sample; iterations and the LR schedule count batches of the new size). Another parallel
+    layout is resharded by load_checkpoint."""
     problems = []
-    zero = max(int(saved.get("zero_stage") or 0), int(neox_args.zero_stage or 0))
-    saved_dp, dp = saved.get("data_parallel_size"), neox_args.data_parallel_size
-    if zero >= 1 and not neox_args.no_load_optim and saved_dp is not None and saved_dp != dp:
-        problems.append(f"data-parallel ranks: checkpoint {saved_dp}, this run {dp}, with ZeRO stage {zero}: "
-                        f"DeepSpeed cannot repartition ZeRO's optimizer state over another number of ranks. Resume "
-                        f"on {saved_dp} data-parallel ranks (global_num_gpus / (model_parallel_size x "
-                        f"pipe_parallel_size)), or set no_load_optim: true to keep the weights and the iteration and "
-                        f"start the optimizer state afresh")
     if saved.get("seq_length") is not None and saved["seq_length"] != neox_args.seq_length:
         problems.append(f"seq_length: checkpoint {saved['seq_length']}, config {neox_args.seq_length}: resuming "
                         f"continues the data where the run stopped, which is only defined for the same seq_length "
@@ -432,7 +449,9 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
     args_file = os.path.join(path, ARGS_FILE)
     if os.path.isfile(args_file):
         saved = read_saved_args(args_file)
-        keys = ARCHITECTURE_KEYS if layout_must_match else tuple(k for k in ARCHITECTURE_KEYS if k not in LAYOUT_KEYS)
+        # this project's checkpoints load into any tensor / pipeline layout (megatron.checkpoint_resharding)
+        keys = tuple(k for k in ARCHITECTURE_KEYS if k not in LAYOUT_KEYS) if kind == OURS or not layout_must_match \
+            else ARCHITECTURE_KEYS
         mismatches = _architecture_mismatches(saved, saved_args(neox_args, model_config), keys)
         if mismatches:
             raise CheckpointError(f"checkpoint {path} was saved by a model of another architecture or parallel "
@@ -588,6 +607,9 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     load_dir, tag = resolved
     finetune = neox_args.finetune
     load_optim = not (neox_args.no_load_optim or finetune)
+    resharded = _load_resharded(neox_args, model_config, engine, os.path.join(load_dir, tag), load_optim)
+    if resharded is not None:
+        return resharded
     if load_optim and checkpoint_kind(os.path.join(load_dir, tag)) == GPT_NEOX:
         _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
     try:
@@ -611,3 +633,26 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
                              **({"cuda": client_state["cuda_rng_state"]} if "cuda_rng_state" in client_state else {})})
     iteration = 0 if finetune else int(client_state.get("iteration", 0))
     return iteration, client_state
+
+
+def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
+                    ) -> Optional[Tuple[int, Dict[str, Any]]]:
+    """(iteration, client state) when checkpoint ``path`` of this project was saved with another parallel layout
+    (tensor, pipeline, data-parallel size or ZeRO stage) and has been resharded into ``engine``; None when the
+    layouts agree (DeepSpeed's engine loads its own files)."""
+    if checkpoint_kind(path) != OURS or not os.path.isfile(os.path.join(path, ARGS_FILE)):
+        return None
+    from megatron.checkpoint_resharding import describe, layout_of, load_resharded, needs_resharding
+
+    saved = read_saved_args(os.path.join(path, ARGS_FILE))
+    before, now = layout_of(saved), layout_of(neox_args.to_dict())
+    if not needs_resharding(before, now):
+        return None
+    if _rank() == 0:
+        print(f"note: checkpoint {path} was saved with {describe(before)}; resharding its weights"
+              f"{' and optimizer state' if load_optim else ''} for this run's {describe(now)}", flush=True)
+    iteration, client_state = load_resharded(
+        path, saved, model_config, engine, load_optim=load_optim,
+        load_rng=not (neox_args.finetune or neox_args.no_load_rng),
+        strict=not (neox_args.finetune and model_config.value_head))
+    return (0 if neox_args.finetune else iteration), client_state

@@ -1,0 +1,145 @@
+"""A checkpoint saved by a TP=2 x PP=2 run continues under other parallel layouts (TP=1 x PP=1 and TP=1 x PP=2 x
+DP=2, ZeRO 0-3, other numbers of data-parallel ranks) with the losses of the uninterrupted TP=2 x PP=2 run:
+weights, Adam's moments and step, the LR schedule and the iteration are resharded (megatron.checkpoint_resharding).
+
+One group of four gloo ranks runs megatron.training's own setup_model_and_optimizer, train_step, save_checkpoint
+and load_checkpoint on a tiny model: the reference run trains 4 steps and saves after step 2, then each target
+layout loads that checkpoint and trains steps 3 and 4 on the same global batches. Without the optimizer state (or
+with it misplaced) step 3 differs: Adam's first step after a fresh start moves every weight by about lr."""
+from types import SimpleNamespace
+
+import pytest
+
+from tests.distributed_helpers import run_distributed
+from tests.model.helpers import random_batch
+
+STEPS, SAVED_AT, GLOBAL_BATCH, VOCAB = 4, 2, 4, 128
+SOURCE = dict(model_parallel_size=2, pipe_parallel_size=2, zero_stage=0)
+TARGETS = {
+    "tp1_pp1_dp4_zero0": dict(model_parallel_size=1, pipe_parallel_size=1, zero_stage=0),
+    "tp1_pp2_dp2_zero1": dict(model_parallel_size=1, pipe_parallel_size=2, zero_stage=1),
+    "tp1_pp0_dp4_zero2": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=2),
+    "tp1_pp0_dp4_zero3": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=3),
+}
+WEIGHTS_ONLY = dict(model_parallel_size=2, pipe_parallel_size=1, zero_stage=1, no_load_optim=True)
+"""Resharded without the optimizer state: step 3's loss (before its update) is the reference's, step 4's is not."""
+CLOSE = 1e-5
+"""The layouts add the same numbers in other orders (fp32): measured within 5e-7 of each other over these steps."""
+
+
+def _args(world: int, layout: dict, save: str, load=None):
+    from megatron.neox_arguments import NeoXArgs
+
+    layout = dict(layout)
+    zero = layout.pop("zero_stage")
+    dp = world // (layout["model_parallel_size"] * max(layout["pipe_parallel_size"], 1))
+    micro = min(2, GLOBAL_BATCH // dp)
+    return NeoXArgs.from_dict({
+        "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 16,
+        "max_position_embeddings": 16, "pos_emb": "rotary", "no_weight_tying": False,
+        "make_vocab_size_divisible_by": 64, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+        "weight_decay": 0.01, "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": GLOBAL_BATCH // (micro * dp), "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": zero}, "num_gpus": world, "train_iters": STEPS, "lr_decay_style": "cosine",
+        "warmup": 0.25, "seed": 1234, "distributed_backend": "gloo", "save": save, "load": load, **layout})
+
+
+def _micro_batches(args, dp_rank: int, dp: int, first_step: int):
+    """This data-parallel rank's micro-batches of the global batches of steps first_step.. (each step's four
+    samples are the same whatever the layout; the ranks share them out in micro-batches of equal size)."""
+    micro = args.train_micro_batch_size_per_gpu
+    for step in range(first_step, STEPS + 1):
+        (tokens, pos, mask), (labels, loss_mask) = random_batch(batch=GLOBAL_BATCH, seq=16, vocab=VOCAB, seed=step)
+        for k in range(args.gradient_accumulation_steps):
+            rows = slice((k * dp + dp_rank) * micro, (k * dp + dp_rank + 1) * micro)
+            yield (tokens[rows], pos[rows], mask), (labels[rows], loss_mask[rows])
+
+
+def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=None):
+    """Losses of steps first_step..STEPS (and the iteration the run starts from)."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.initialize import initialize_megatron
+    from megatron.training import setup_model_and_optimizer, train_step
+    from megatron.training_schedule import TrainingSchedule
+
+    args = _args(world, layout, save, load)
+    ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
+    engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+    iteration, client = load_checkpoint(args, ctx.model_config, engine)
+    ps = ctx.parallel_state
+    batches = _micro_batches(args, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), first_step)
+    losses = []
+    for step in range(first_step, STEPS + 1):
+        losses.append(train_step(args, engine, batches, ctx, optimizer)[0])
+        if step == save_at:
+            save_checkpoint(args, ctx.model_config, step, engine, {"consumed_train_samples": step * GLOBAL_BATCH})
+    ps.destroy()
+    return {"losses": losses, "iteration": iteration, "consumed": client.get("consumed_train_samples")}
+
+
+def _all_layouts(rank: int, world_size: int, save: str) -> dict:
+    results = {"reference": _run(world_size, SOURCE, save, None, 1, save_at=SAVED_AT)}
+    for name, layout in {**TARGETS, "weights_only": WEIGHTS_ONLY}.items():
+        results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1)
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    save = str(tmp_path_factory.mktemp("reshard") / "save")
+    return run_distributed(_all_layouts, world_size=4, args=(save,), timeout_s=600)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_tp2_pp2_checkpoint_continues_in_another_layout_with_the_same_losses(runs, target):
+    for rank, results in enumerate(runs):
+        reference, resumed = results["reference"], results[target]
+        assert resumed["iteration"] == SAVED_AT and resumed["consumed"] == SAVED_AT * GLOBAL_BATCH, rank
+        assert resumed["losses"] == pytest.approx(reference["losses"][SAVED_AT:], abs=CLOSE), rank
+
+
+def test_without_the_optimizer_state_the_weights_are_resharded_but_the_next_update_differs(runs):
+    """What makes the test above able to fail: the optimizer state changes step 4's loss by more than CLOSE."""
+    for results in runs:
+        reference, resumed = results["reference"]["losses"], results["weights_only"]["losses"]
+        assert results["weights_only"]["iteration"] == SAVED_AT
+        assert resumed[0] == pytest.approx(reference[SAVED_AT], abs=CLOSE)
+        assert abs(resumed[1] - reference[SAVED_AT + 1]) > 100 * CLOSE
+
+
+def test_which_layout_changes_need_resharding():
+    from megatron.checkpoint_resharding import needs_resharding
+
+    base = dict(model_parallel_size=2, pipe_parallel_size=2, data_parallel_size=1, zero_stage=0)
+    assert not needs_resharding(base, dict(base))
+    assert not needs_resharding(base, {**base, "data_parallel_size": 2})  # the engine loads whole optimizer states
+    for change in ({"model_parallel_size": 1}, {"pipe_parallel_size": 0}, {"zero_stage": 1}):
+        assert needs_resharding(base, {**base, **change}), change
+    zero = {**base, "zero_stage": 2}
+    assert needs_resharding(zero, {**zero, "data_parallel_size": 2})
+
+
+def test_parameter_names_of_every_model_map_to_the_flat_names():
+    from megatron.checkpoint_conversion.training_state import flat_name
+
+    assert flat_name("tied_modules.embed.word_embeddings.weight", 2) == "embedding.word_embeddings.weight"
+    assert flat_name("3.attention.dense.weight", 2) == "layers.1.attention.dense.weight"
+    assert flat_name("sequential.5.norm.weight", 2) == "final_norm.norm.weight"
+    assert flat_name("sequential.6.final_linear.weight", 2) == "head.final_linear.weight"
+
+
+def test_a_checkpoint_saved_before_the_layout_record_names_the_way_out(tmp_path):
+    import torch
+
+    from megatron.checkpoint_conversion.training_state import read_training_state
+    from megatron.checkpointing import CheckpointError
+    from megatron.model_config import ModelConfig
+    from tests.neox_arguments.helpers import tiny
+
+    torch.save({"module": {}, "optimizer": {"state": {}, "param_groups": []}, "iteration": 2},
+               tmp_path / "mp_rank_00_model_states.pt")
+    config = ModelConfig.from_neox_args(tiny(), padded_vocab_size=128)
+    with pytest.raises(CheckpointError, match=r"saved before checkpoints recorded their optimizer's layout.*Resume it "
+                                              r"with the layout it was saved with.*no_load_optim: true"):
+        read_training_state(str(tmp_path), config, (2, 2))
