@@ -178,7 +178,7 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
         from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 
         try:
-            weights = read_checkpoint(path).state
+            weights = read_checkpoint(path, args=saved_args).state
         except ConversionError as exc:
             raise CheckpointError(str(exc)) from None
         state = TrainingState(params={n: {FP32: w.float()} for n, w in weights.items()}, engine={}, zero_stage=0)

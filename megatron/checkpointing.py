@@ -8,8 +8,9 @@ Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety 
                                optimizer files as DeepSpeed names them
     mp_rank_*_model_states.pt  also hold GPT-NeoX's client state: `iteration`, `args` (the eight values
                                GPT-NeoX's loader checks), `random_rng_state`, `np_rng_state`, `torch_rng_state`
-                               (and `cuda_rng_state` on CUDA), plus ours: the data position and
-                               `checkpoint_layout`
+                               (and `cuda_rng_state` on CUDA), plus ours: the data position,
+                               `checkpoint_layout` and `optimizer_layout` (the rank's tensor / pipe rank and
+                               its optimizer's parameter names, which resharding needs)
     global_step{N}/neox_args.json   the NeoXArgs of the run (architecture check on load), with
                                checkpoint_layout: gpt-neox
     global_step{N}/configs/*.yml    the user's YAML files, verbatim (as GPT-NeoX)
@@ -27,12 +28,15 @@ CheckpointError naming the cause; `latest` stays where it was.
 
 Which checkpoint a directory holds (``checkpoint_kind``):
   * this project's (neox_args.json with checkpoint_layout gpt-neox): needs COMPLETE and the same architecture;
+    saved with another tensor / pipeline split, ZeRO stage, or number of data-parallel ranks under ZeRO, it is
+    resharded on load, weights and optimizer state (megatron.checkpoint_resharding), with a note saying so;
   * this project's older layout (neox_args.json without checkpoint_layout: flat names, or GPT-NeoX's slots
     with this project's earlier tensor names): generation, evaluation and conversion read it
     (megatron.checkpoint_conversion translates it); training refuses it and names the upgrade command;
   * GPT-NeoX's (no neox_args.json, and no checkpoint_layout in the client state): loaded as it is, its
     architecture checked against the client state's `args`, the checkpoint's configs/*.yml and the files'
-    tensor/pipeline split; its padded vocabulary is taken from the embedding (megatron.initialize); its RNG
+    tensor/pipeline split (another split loads the weights only: finetune or no_load_optim); its padded
+    vocabulary is taken from the embedding (megatron.initialize); its RNG
     states come from the client state. Files of this project without COMPLETE are an interrupted save and
     are refused.
 """
@@ -437,10 +441,16 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
                                                                             if older else ""))
     kind = checkpoint_kind(path)
     if kind == GPT_NEOX:
-        mismatches = _gpt_neox_mismatches(path, neox_args, model_config, layout_must_match)
+        # its weights load into any split (megatron.checkpoint_resharding); its optimizer state only into its own
+        weights_only = neox_args.finetune or neox_args.no_load_optim
+        mismatches = _gpt_neox_mismatches(path, neox_args, model_config, layout_must_match and not weights_only)
         if mismatches:
+            layout = any(m.startswith(LAYOUT_KEYS) for m in mismatches)
             raise CheckpointError(f"GPT-NeoX checkpoint {path} was saved by a model of another architecture or "
-                                  f"parallel layout:\n  " + "\n  ".join(mismatches))
+                                  f"parallel layout:\n  " + "\n  ".join(mismatches) + (
+                                      "\nIts weights load into another tensor / pipeline split, its optimizer state "
+                                      "only into its own: set no_load_optim: true (weights and iteration) or "
+                                      "finetune: true, or resume with the checkpoint's split" if layout else ""))
         return load_dir, tag
     if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
         raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: its save was "
@@ -640,11 +650,16 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
     """(iteration, client state) when checkpoint ``path`` of this project was saved with another parallel layout
     (tensor, pipeline, data-parallel size or ZeRO stage) and has been resharded into ``engine``; None when the
     layouts agree (DeepSpeed's engine loads its own files)."""
-    if checkpoint_kind(path) != OURS or not os.path.isfile(os.path.join(path, ARGS_FILE)):
-        return None
     from megatron.checkpoint_resharding import describe, layout_of, load_resharded, needs_resharding
 
-    saved = read_saved_args(os.path.join(path, ARGS_FILE))
+    kind = checkpoint_kind(path)
+    if kind == GPT_NEOX:  # resolve_checkpoint let another split through for the weights only
+        tp, pp = file_layout(path)
+        saved = {**neox_args.to_dict(), "model_parallel_size": tp, "pipe_parallel_size": pp}
+    elif kind == OURS and os.path.isfile(os.path.join(path, ARGS_FILE)):
+        saved = read_saved_args(os.path.join(path, ARGS_FILE))
+    else:
+        return None
     before, now = layout_of(saved), layout_of(neox_args.to_dict())
     if not needs_resharding(before, now):
         return None

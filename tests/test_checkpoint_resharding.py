@@ -78,10 +78,38 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
     return {"losses": losses, "iteration": iteration, "consumed": client.get("consumed_train_samples")}
 
 
+def _as_gpt_neox(save: str) -> str:
+    """The saved checkpoint as GPT-NeoX writes it: no neox_args.json, COMPLETE or manifest, no layout entries."""
+    import os
+    import shutil
+
+    import torch
+
+    neox = save + "-gpt-neox"
+    tag = f"global_step{SAVED_AT}"
+    shutil.copytree(os.path.join(save, tag), os.path.join(neox, tag))
+    for name in os.listdir(os.path.join(neox, tag)):
+        path = os.path.join(neox, tag, name)
+        if name in ("neox_args.json", "COMPLETE", "checksums.sha256") or name.startswith("rng_state_rank"):
+            os.remove(path)
+        elif name.startswith("mp_rank_"):
+            state = torch.load(path, weights_only=False)
+            torch.save({k: v for k, v in state.items() if k not in ("checkpoint_layout", "optimizer_layout")}, path)
+    with open(os.path.join(neox, "latest"), "w") as handle:
+        handle.write(tag)
+    return neox
+
+
 def _all_layouts(rank: int, world_size: int, save: str) -> dict:
+    import torch.distributed as dist
+
     results = {"reference": _run(world_size, SOURCE, save, None, 1, save_at=SAVED_AT)}
     for name, layout in {**TARGETS, "weights_only": WEIGHTS_ONLY}.items():
         results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1)
+    if rank == 0:
+        _as_gpt_neox(save)
+    dist.barrier()
+    results["gpt_neox_weights"] = _run(world_size, WEIGHTS_ONLY, save + "-from-neox", save + "-gpt-neox", SAVED_AT + 1)
     return results
 
 
@@ -106,6 +134,14 @@ def test_without_the_optimizer_state_the_weights_are_resharded_but_the_next_upda
         assert results["weights_only"]["iteration"] == SAVED_AT
         assert resumed[0] == pytest.approx(reference[SAVED_AT], abs=CLOSE)
         assert abs(resumed[1] - reference[SAVED_AT + 1]) > 100 * CLOSE
+
+
+def test_a_gpt_neox_checkpoint_loads_its_weights_into_another_split(runs):
+    """The same checkpoint as GPT-NeoX writes it (no neox_args.json, no layout records), TP2 x PP2 into TP2 x PP1 x
+    DP2 with no_load_optim: the weights and the iteration as above."""
+    for results in runs:
+        assert results["gpt_neox_weights"]["iteration"] == SAVED_AT
+        assert results["gpt_neox_weights"]["losses"] == pytest.approx(results["weights_only"]["losses"], abs=CLOSE)
 
 
 def test_which_layout_changes_need_resharding():

@@ -261,6 +261,16 @@ def test_a_gpt_neox_checkpoint_of_another_model_is_refused_naming_each_differenc
     assert "activation: checkpoint 'swiglu' (its configs/*.yml), config 'gelu'" in text
     assert "norm: checkpoint 'rmsnorm'" in text
     assert "model_parallel_size: checkpoint 2 (its files), config 1" in text
+    assert "set no_load_optim: true (weights and iteration) or finetune: true" in text
+
+
+def test_a_gpt_neox_checkpoint_of_another_split_resolves_for_its_weights_only(tmp_path):
+    _gpt_neox_checkpoint(tmp_path, args_for(tmp_path), tp=2)
+    with pytest.raises(CheckpointError, match=r"(?s)model_parallel_size: checkpoint 2 \(its files\), config 1.*its "
+                                              r"optimizer state only into its own"):
+        resolve(args_for(tmp_path))
+    assert resolve(args_for(tmp_path, no_load_optim=True)) == (str(tmp_path), "global_step6")
+    assert resolve(args_for(tmp_path, finetune=True)) == (str(tmp_path), "global_step6")
 
 
 def test_an_interrupted_save_without_neox_args_is_not_taken_for_gpt_neox(tmp_path):
