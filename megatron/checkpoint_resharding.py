@@ -170,6 +170,11 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
     (iteration, client state) as megatron.checkpointing.load_checkpoint does. Without ``load_optim`` only the
     weights (and the client state) are loaded; without ``strict`` parameters the checkpoint lacks keep their values
     (a reward model's new value head)."""
+    if model_config.moe_num_experts > 1:
+        raise CheckpointError(f"checkpoint {path} was saved with another parallel layout "
+                              f"({describe(layout_of(saved_args))}), and resharding a mixture-of-experts model (its "
+                              f"experts spread over the expert-parallel ranks) is not supported yet: resume with the "
+                              f"layout it was saved with")
     saved_layout = (int(saved_args.get("model_parallel_size") or 1), int(saved_args.get("pipe_parallel_size") or 0))
     if load_optim:
         state = read_training_state(path, model_config, saved_layout)

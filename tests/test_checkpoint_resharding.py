@@ -179,3 +179,16 @@ def test_a_checkpoint_saved_before_the_layout_record_names_the_way_out(tmp_path)
     with pytest.raises(CheckpointError, match=r"saved before checkpoints recorded their optimizer's layout.*Resume it "
                                               r"with the layout it was saved with.*no_load_optim: true"):
         read_training_state(str(tmp_path), config, (2, 2))
+
+
+def test_a_mixture_of_experts_checkpoint_is_refused_naming_its_layout(tmp_path):
+    from megatron.checkpoint_resharding import load_resharded
+    from megatron.checkpointing import CheckpointError
+    from megatron.model_config import ModelConfig
+    from tests.neox_arguments.helpers import tiny
+
+    config = ModelConfig.from_neox_args(tiny(moe_num_experts=2), padded_vocab_size=128)
+    saved = dict(model_parallel_size=2, pipe_parallel_size=2, data_parallel_size=1, zero_stage=0)
+    with pytest.raises(CheckpointError, match=r"TP=2 PP=2 DP=1 ZeRO-0\), and resharding a mixture-of-experts model.*"
+                                              r"resume with the layout it was saved with"):
+        load_resharded(str(tmp_path), saved, config, engine=None, load_optim=True, load_rng=True)
