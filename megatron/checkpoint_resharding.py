@@ -7,8 +7,9 @@ DeepSpeed's engine loads only checkpoints of its own layout. When a run's layout
 its own tensor-parallel shard with the rules of megatron.checkpoint_conversion.tensor_parallel, and writes it
 where its engine keeps it:
   * ZeRO 0 (fp32): the module's parameters and the torch optimizer's per-parameter state;
-  * ZeRO 1 / 2: the module's parameters, and this data-parallel rank's fragment of each parameter in the flat
-    fp32 master weights and optimizer state (DeepSpeed's ``_hp_mapping``, as its universal checkpoints use);
+  * ZeRO 1 / 2, and DeepSpeed's bf16 optimizer (a pipeline in bf16): the module's parameters, and this
+    data-parallel rank's fragment of each parameter in the flat fp32 master weights and optimizer state
+    (DeepSpeed's ``_hp_mapping``, as its universal checkpoints use);
   * ZeRO 3: this rank's partition of each parameter in the flat fp32 groups and optimizer state, then the
     module's partitions from them (as DeepSpeed's own ZeRO-3 load does).
 The LR scheduler, DeepSpeed's step / sample counters and the client state (iteration, data position) are the
@@ -61,13 +62,14 @@ def _local(name: str, full: torch.Tensor, config: ModelConfig, tp_rank: int) -> 
 def _engine_kind(engine) -> str:
     """"zero0", "zero12" or "zero3": where the engine keeps weights and optimizer state; CheckpointError for an
     optimizer this module cannot fill."""
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     optimizer = engine.optimizer
     if isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3):
         return "zero3"
-    if isinstance(optimizer, DeepSpeedZeroOptimizer):
+    if isinstance(optimizer, (DeepSpeedZeroOptimizer, BF16_Optimizer)):
         return "zero12"
     if isinstance(optimizer, torch.optim.Optimizer) and type(optimizer).__module__.startswith(("torch.", "megatron.")) \
             and all(p.dtype == torch.float32 for p in engine.module.parameters()):
@@ -107,11 +109,14 @@ def _fill_zero0(engine, locals_: Dict[str, Dict[str, Any]], names: Dict[int, str
 
 
 def _fill_zero12(engine, locals_: Dict[str, Dict[str, Any]], names: Dict[int, str], load_optim: bool) -> None:
+    """ZeRO 1 / 2 and DeepSpeed's bf16 optimizer (the pipeline engine's in bf16): the same fragments."""
     optimizer = engine.optimizer
     base = optimizer.optimizer
+    groups = getattr(optimizer, "bit16_groups", None) or optimizer.bf16_groups
+    flats = getattr(optimizer, "single_partition_of_fp32_groups", None) or optimizer.fp32_groups_flat_partition
     if load_optim:
-        _start_flat_states(optimizer.bit16_groups, optimizer.single_partition_of_fp32_groups, base, locals_, names)
-    for group, flat in zip(optimizer.bit16_groups, optimizer.single_partition_of_fp32_groups):
+        _start_flat_states(groups, flats, base, locals_, names)
+    for group, flat in zip(groups, flats):
         for param in group:
             state = locals_.get(names.get(id(param), ""))
             if state is None:  # not in the checkpoint (strict=False)

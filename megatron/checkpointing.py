@@ -91,9 +91,10 @@ optimizer's parameters, group by group, so that its optimizer state can be resha
 
 
 def optimizer_layout(engine) -> Dict[str, Any]:
-    """What RESHARD_KEY records for this rank: ``tensor_rank``, ``pipe_rank`` and ``param_names`` (the module's
+    """What RESHARD_KEY records for this rank: ``tensor_rank``, ``pipe_rank``, ``param_names`` (the module's
     names of the optimizer's parameters, group by group, in the order of its state dict; None under ZeRO, whose
-    own files name them)."""
+    own files name them) and ``param_shapes`` (this rank's shape of each parameter, which DeepSpeed's bf16
+    optimizer files lack)."""
     grid = getattr(engine, "grid", None)
     if grid is not None:  # DeepSpeed's pipeline engine
         tensor_rank, pipe_rank = grid.get_slice_parallel_rank(), grid.get_pipe_parallel_rank()
@@ -106,7 +107,8 @@ def optimizer_layout(engine) -> Dict[str, Any]:
     groups = [[names.get(id(p)) for p in group["params"]] for group in getattr(optimizer, "param_groups", [])]
     if any(name is None for group in groups for name in group):  # ZeRO's flat partitions: its files name them
         groups = None
-    return {"tensor_rank": tensor_rank, "pipe_rank": pipe_rank, "param_names": groups}
+    shapes = {n: list(getattr(p, "ds_shape", p.shape)) for n, p in module.named_parameters()} if module else {}
+    return {"tensor_rank": tensor_rank, "pipe_rank": pipe_rank, "param_names": groups, "param_shapes": shapes}
 
 
 def tag_for(iteration: int) -> str:

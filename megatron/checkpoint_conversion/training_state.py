@@ -127,6 +127,21 @@ def _zero_files(path: str) -> Dict[int, List[Dict[str, Any]]]:
     return out
 
 
+def _bf16_optimizer_states(path: str, states: Mapping[int, Dict[str, Any]]) -> Dict[int, List[Dict[str, Any]]]:
+    """{mp rank: [its state]} when the model-states files hold DeepSpeed's bf16 optimizer's state (a pipeline in
+    bf16 without ZeRO), which is ZeRO 1's format for one data-parallel rank; else {}."""
+    found = {mp: state.get("optimizer") for mp, state in states.items()}
+    if not all(isinstance(o, dict) and "param_slice_mappings" in o for o in found.values()):
+        return {}
+    for mp, optimizer in found.items():
+        counts = optimizer.get("partition_count") or [1]
+        if any(int(c) != 1 for c in (counts if isinstance(counts, (list, tuple)) else [counts])):
+            raise CheckpointError(f"checkpoint {path}: model-parallel rank {mp}'s bf16 optimizer state is split over "
+                                  f"{counts} data-parallel ranks but saved by one; it cannot be resharded. Resume "
+                                  f"with the layout it was saved with, or set no_load_optim: true")
+    return {mp: [optimizer] for mp, optimizer in found.items()}
+
+
 def _flat_states(group: int, shard: Mapping[str, Any], stage: int) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any]]:
     """(this data-parallel rank's flat tensors of one group: FP32 and the optimizer's, the group's scalars)."""
     if stage == 3:
@@ -148,32 +163,49 @@ def _per_rank_zero(path: str, states, records, zero_files) -> Dict[int, Dict[str
     """{tensor rank: {module name: {FP32 and optimizer state, full over the data-parallel ranks}}} (ZeRO 1-3)."""
     per_rank: Dict[int, Dict[str, Dict[str, Any]]] = {}
     for mp, shards in zero_files.items():
-        stage = int(shards[0]["zero_stage"])
-        shapes = states[mp]["param_shapes"]
+        stage = _stage(shards[0])
         local = per_rank.setdefault(records[mp]["tensor_rank"], {})
-        for group, group_shapes in enumerate(shapes):
+        if stage != 3:
+            shapes = {name: shape for group in states[mp].get("param_shapes") or [] for name, shape in group.items()}
+            _gather_fragments(shards, {**shapes, **(records[mp].get("param_shapes") or {})}, local, path)
+            continue
+        for group, group_shapes in enumerate(states[mp]["param_shapes"]):
             per_dp = [_flat_states(group, shard, stage) for shard in shards]
             scalars = per_dp[0][1]
-            if stage == 3:
-                offset = 0
-                for name, shape in group_shapes.items():
-                    numel = math.prod(shape)
-                    part = math.ceil(numel / len(shards))
-                    local[name] = {key: torch.cat([flat[key][offset:offset + part] for flat, _ in per_dp])[:numel]
-                                   .reshape(shape).clone() for key in per_dp[0][0]}
-                    local[name].update(scalars)
-                    offset += part
-                continue
+            offset = 0
             for name, shape in group_shapes.items():
-                pieces: Dict[str, List[torch.Tensor]] = {key: [] for key in per_dp[0][0]}
-                for shard, (flat, _) in zip(shards, per_dp):
-                    address = shard["param_slice_mappings"][group].get(name)
-                    if address is not None:
-                        for key, value in flat.items():
-                            pieces[key].append(value.narrow(0, address.start, address.numel))
-                state = {key: torch.cat(values).reshape(shape).clone() for key, values in pieces.items()}
-                local[name] = {**state, **scalars}
+                numel = math.prod(shape)
+                part = math.ceil(numel / len(shards))
+                local[name] = {key: torch.cat([flat[key][offset:offset + part] for flat, _ in per_dp])[:numel]
+                               .reshape(shape).clone() for key in per_dp[0][0]}
+                local[name].update(scalars)
+                offset += part
     return per_rank
+
+
+def _stage(shard: Mapping[str, Any]) -> int:
+    """The ZeRO stage of a ZeRO optimizer file (DeepSpeed's bf16 optimizer writes stage 1's format without it)."""
+    return int(shard.get("zero_stage", 1))
+
+
+def _gather_fragments(shards: List[Mapping[str, Any]], shapes: Mapping[str, Any], local: Dict[str, Dict[str, Any]],
+                      path: str) -> None:
+    """ZeRO 1 / 2 (and the bf16 optimizer): each parameter from its fragments in the data-parallel ranks'
+    partitions (``param_slice_mappings``), in rank order, shaped as this tensor rank's parameter."""
+    for group in range(len(shards[0]["param_slice_mappings"])):
+        per_dp = [_flat_states(group, shard, 1) for shard in shards]
+        names = list(dict.fromkeys(n for shard in shards for n in shard["param_slice_mappings"][group]))
+        for name in names:
+            if name not in shapes:
+                raise CheckpointError(f"checkpoint {path}: no shape recorded for {name}")
+            pieces: Dict[str, List[torch.Tensor]] = {key: [] for key in per_dp[0][0]}
+            for shard, (flat, _) in zip(shards, per_dp):
+                address = shard["param_slice_mappings"][group].get(name)
+                if address is not None:
+                    for key, value in flat.items():
+                        pieces[key].append(value.narrow(0, address.start, address.numel))
+            state = {key: torch.cat(values).reshape(shapes[name]).clone() for key, values in pieces.items()}
+            local[name] = {**state, **per_dp[0][1]}
 
 
 def _merge_tensor_ranks(per_rank: Dict[int, Dict[str, Dict[str, Any]]], config: ModelConfig, path: str
@@ -209,10 +241,10 @@ def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int,
     saved_config = config.replace(model_parallel_size=tp, pipe_parallel_size=pp)
     states = _model_states(path)
     records = _layout_record(path, states)
-    zero_files = _zero_files(path)
+    zero_files = _zero_files(path) or _bf16_optimizer_states(path, states)
     try:
         if zero_files:
-            stage = int(next(iter(zero_files.values()))[0]["zero_stage"])
+            stage = _stage(next(iter(zero_files.values()))[0])
             params = _merge_tensor_ranks(_per_rank_zero(path, states, records, zero_files), saved_config, path)
         else:
             stage = 0
