@@ -49,6 +49,22 @@ def needs_resharding(saved: Mapping[str, int], current: Mapping[str, int]) -> bo
     return saved["zero_stage"] > 0 and saved["data_parallel_size"] != current["data_parallel_size"]
 
 
+def reference_problem(path: str, saved: Mapping[str, int], current: Mapping[str, int], train_impl: str) -> str:
+    """Why DPO / KTO cannot resume checkpoint ``path`` in layout ``current``, or "": its frozen reference model is
+    saved whole per tensor-parallel rank (megatron.post_training.reference), so only another tensor-parallel size
+    leaves it unloadable (the pipeline, data-parallel and ZeRO layouts do not touch it)."""
+    from megatron.post_training.reference import REFERENCE_FILE
+
+    if train_impl not in ("dpo", "kto") or saved["model_parallel_size"] == current["model_parallel_size"]:
+        return ""
+    if not os.path.isfile(os.path.join(path, REFERENCE_FILE.format(0))):
+        return ""
+    return (f"checkpoint {path} holds {train_impl.upper()}'s reference model split for model_parallel_size="
+            f"{saved['model_parallel_size']}, and resharding it to {current['model_parallel_size']} is not supported "
+            f"yet: resume with model_parallel_size={saved['model_parallel_size']} (another pipeline, data-parallel or "
+            f"ZeRO layout reshards)")
+
+
 def describe(layout: Mapping[str, int]) -> str:
     return (f"TP={layout['model_parallel_size']} PP={layout['pipe_parallel_size']} "
             f"DP={layout['data_parallel_size']} ZeRO-{layout['zero_stage']}")

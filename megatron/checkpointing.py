@@ -652,7 +652,8 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
     """(iteration, client state) when checkpoint ``path`` of this project was saved with another parallel layout
     (tensor, pipeline, data-parallel size or ZeRO stage) and has been resharded into ``engine``; None when the
     layouts agree (DeepSpeed's engine loads its own files)."""
-    from megatron.checkpoint_resharding import describe, layout_of, load_resharded, needs_resharding
+    from megatron.checkpoint_resharding import (describe, layout_of, load_resharded, needs_resharding,
+                                                reference_problem)
 
     kind = checkpoint_kind(path)
     if kind == GPT_NEOX:  # resolve_checkpoint let another split through for the weights only
@@ -665,6 +666,9 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
     before, now = layout_of(saved), layout_of(neox_args.to_dict())
     if not needs_resharding(before, now):
         return None
+    problem = reference_problem(path, before, now, neox_args.train_impl)
+    if problem:
+        raise CheckpointError(problem)
     if _rank() == 0:
         print(f"note: checkpoint {path} was saved with {describe(before)}; resharding its weights"
               f"{' and optimizer state' if load_optim else ''} for this run's {describe(now)}", flush=True)

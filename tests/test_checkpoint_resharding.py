@@ -208,3 +208,17 @@ def test_a_mixture_of_experts_checkpoint_is_refused_naming_its_layout(tmp_path):
     with pytest.raises(CheckpointError, match=r"TP=2 PP=2 DP=1 ZeRO-0\), and resharding a mixture-of-experts model.*"
                                               r"resume with the layout it was saved with"):
         load_resharded(str(tmp_path), saved, config, engine=None, load_optim=True, load_rng=True)
+
+
+def test_dpo_refuses_another_tensor_parallel_size_for_its_reference_model(tmp_path):
+    import torch
+
+    from megatron.checkpoint_resharding import reference_problem
+
+    saved = dict(model_parallel_size=2, pipe_parallel_size=2, data_parallel_size=1, zero_stage=0)
+    other_tp, other_pp = {**saved, "model_parallel_size": 1}, {**saved, "pipe_parallel_size": 1}
+    assert reference_problem(str(tmp_path), saved, other_tp, "dpo") == ""  # no reference files: not a DPO checkpoint
+    torch.save({}, tmp_path / "dpo_reference_mp_rank_00.pt")
+    assert "resume with model_parallel_size=2" in reference_problem(str(tmp_path), saved, other_tp, "kto")
+    assert reference_problem(str(tmp_path), saved, other_pp, "dpo") == ""
+    assert reference_problem(str(tmp_path), saved, other_tp, "normal") == ""
