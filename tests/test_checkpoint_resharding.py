@@ -4,9 +4,9 @@ TP=2 x PP=2 run: weights, Adam's moments and step, the LR schedule and the itera
 (megatron.checkpoint_resharding); GPT-NeoX's form of the checkpoint loads its weights into another split.
 
 One group of four gloo ranks runs megatron.training's own setup_model_and_optimizer, train_step, save_checkpoint
-and load_checkpoint on a tiny model: the reference run trains 4 steps and saves after step 2, then each target
-layout loads that checkpoint and trains steps 3 and 4 on the same global batches. Step 3's loss is taken before
-its update, so it checks the weights; step 4's checks the optimizer state too (without it, step 4 differs)."""
+and load_checkpoint on a tiny model: the reference run trains 5 steps and saves after step 2, then each target
+layout loads that checkpoint and trains steps 3 to 5 on the same global batches. Step 3's loss is taken before
+its update, so it checks the weights; steps 4 and 5 check the optimizer state too (without it, step 4 differs)."""
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +14,7 @@ import pytest
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 
-STEPS, SAVED_AT, GLOBAL_BATCH, VOCAB = 4, 2, 4, 128
+STEPS, SAVED_AT, GLOBAL_BATCH, VOCAB = 5, 2, 4, 128
 SOURCE = dict(model_parallel_size=2, pipe_parallel_size=2, zero_stage=0)
 TARGETS = {
     "tp1_pp1_dp4_zero0": dict(model_parallel_size=1, pipe_parallel_size=1, zero_stage=0),
@@ -22,6 +22,12 @@ TARGETS = {
     "tp1_pp0_dp4_zero2": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=2),
     "tp1_pp0_dp4_zero3": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=3),
 }
+CHAINED = {
+    "tp1_pp0_dp4_zero2": (dict(model_parallel_size=2, pipe_parallel_size=1, zero_stage=0), "TP2 x PP1 x DP2"),
+    "tp1_pp0_dp4_zero3": (dict(model_parallel_size=1, pipe_parallel_size=2, zero_stage=1), "TP1 x PP2 x DP2 ZeRO-1"),
+}
+"""These targets save after step 3 (their ZeRO files: partitions of four data-parallel ranks), and steps 4 and 5
+go on from there in another layout: reading ZeRO 2's and ZeRO 3's files (step 5 checks their optimizer state)."""
 BF16 = {"bf16": {"enabled": True}}
 SOURCE_BF16 = {**SOURCE, **BF16}
 """In bf16 the pipeline engine keeps fp32 master weights and Adam's state in DeepSpeed's bf16 optimizer."""
@@ -116,7 +122,10 @@ def _all_layouts(rank: int, world_size: int, save: str) -> dict:
 
     results = {"reference": _run(world_size, SOURCE, save, None, 1, save_at=SAVED_AT)}
     for name, layout in TARGETS.items():
-        results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1)
+        results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1,
+                             save_at=SAVED_AT + 1 if name in CHAINED else None)
+    for name, (layout, _) in CHAINED.items():  # the ZeRO 2 / 3 checkpoints of four data-parallel ranks, resharded
+        results[f"from_{name}"] = _run(world_size, layout, save + "-from-" + name, save + "-" + name, SAVED_AT + 2)
     if rank == 0:
         _as_gpt_neox(save)
     dist.barrier()
@@ -139,6 +148,14 @@ def test_a_tp2_pp2_checkpoint_continues_in_another_layout_with_the_same_losses(r
         reference, resumed = results["reference"], results[target]
         assert resumed["iteration"] == SAVED_AT and resumed["consumed"] == SAVED_AT * GLOBAL_BATCH, rank
         assert resumed["losses"] == pytest.approx(reference["losses"][SAVED_AT:], abs=CLOSE), rank
+
+
+@pytest.mark.parametrize("source", CHAINED)
+def test_a_zero_2_or_3_checkpoint_of_four_data_parallel_ranks_continues_in_another_layout(runs, source):
+    for rank, results in enumerate(runs):
+        resumed = results[f"from_{source}"]
+        assert resumed["iteration"] == SAVED_AT + 1 and resumed["consumed"] == (SAVED_AT + 1) * GLOBAL_BATCH, rank
+        assert resumed["losses"] == pytest.approx(results["reference"]["losses"][SAVED_AT + 1:], abs=CLOSE), rank
 
 
 @pytest.mark.parametrize("target", TARGETS_BF16)
