@@ -186,11 +186,12 @@ def _restore_rng(path: str, rank: int) -> None:
 
 
 def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: ModelConfig, engine, load_optim: bool,
-                   load_rng: bool, strict: bool = True) -> Tuple[int, Dict[str, Any]]:
+                   load_rng: bool, strict: bool = True, restore_counters: bool = True) -> Tuple[int, Dict[str, Any]]:
     """Load checkpoint ``path`` (saved with ``saved_args``' layout) into ``engine`` of another layout; returns
     (iteration, client state) as megatron.checkpointing.load_checkpoint does. Without ``load_optim`` only the
     weights (and the client state) are loaded; without ``strict`` parameters the checkpoint lacks keep their values
-    (a reward model's new value head)."""
+    (a reward model's new value head); ``restore_counters``: DeepSpeed's step / sample counters are the
+    checkpoint's (not for a fine-tune)."""
     if model_config.moe_num_experts > 1:
         raise CheckpointError(f"checkpoint {path} was saved with another parallel layout "
                               f"({describe(layout_of(saved_args))}), and resharding a mixture-of-experts model (its "
@@ -207,7 +208,7 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
             weights = read_checkpoint(path, args=saved_args).state
         except ConversionError as exc:
             raise CheckpointError(str(exc)) from None
-        state = TrainingState(params={n: {FP32: w.float()} for n, w in weights.items()}, engine={}, zero_stage=0)
+        state = TrainingState(params={n: {FP32: w.float()} for n, w in weights.items()}, zero_stage=0)
     tp_rank = optimizer_layout(engine)["tensor_rank"]
     names = {id(p): flat_name(n, model_config.num_layers) for n, p in engine.module.named_parameters()}
     missing = sorted(set(names.values()) - set(state.params))
@@ -220,13 +221,13 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
     names = {key: name for key, name in names.items() if name in locals_}
     kind = _engine_kind(engine)
     {"zero0": _fill_zero0, "zero12": _fill_zero12, "zero3": _fill_zero3}[kind](engine, locals_, names, load_optim)
-    if load_optim:
-        if engine.lr_scheduler is not None and state.engine.get("lr_scheduler") is not None:
-            engine.lr_scheduler.load_state_dict(state.engine["lr_scheduler"])
-        engine.global_steps = int(state.engine.get("global_steps") or 0)
-        engine.global_samples = int(state.engine.get("global_samples") or 0)
-        engine.skipped_steps = int(state.engine.get("skipped_steps") or 0)
+    client = client_state(path)
+    if load_optim and engine.lr_scheduler is not None and client.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(client["lr_scheduler"])
+    if restore_counters:  # as DeepSpeed's own load does unless it loads the module only
+        engine.global_steps = int(client.get("global_steps") or 0)
+        engine.global_samples = int(client.get("global_samples") or 0)
+        engine.skipped_steps = int(client.get("skipped_steps") or 0)
     if load_rng:
         _restore_rng(path, dist.get_rank() if dist.is_initialized() else 0)
-    client = client_state(path)
     return int(client.get("iteration", 0)), client

@@ -675,5 +675,5 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
     iteration, client_state = load_resharded(
         path, saved, model_config, engine, load_optim=load_optim,
         load_rng=not (neox_args.finetune or neox_args.no_load_rng),
-        strict=not (neox_args.finetune and model_config.value_head))
+        strict=not (neox_args.finetune and model_config.value_head), restore_counters=not neox_args.finetune)
     return (0 if neox_args.finetune else iteration), client_state

@@ -84,6 +84,7 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
     iteration, client = load_checkpoint(args, ctx.model_config, engine)
+    engine_steps = engine.global_steps
     ps = ctx.parallel_state
     batches = _micro_batches(args, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), first_step)
     losses = []
@@ -92,7 +93,8 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
         if step == save_at:
             save_checkpoint(args, ctx.model_config, step, engine, {"consumed_train_samples": step * GLOBAL_BATCH})
     ps.destroy()
-    return {"losses": losses, "iteration": iteration, "consumed": client.get("consumed_train_samples")}
+    return {"losses": losses, "iteration": iteration, "consumed": client.get("consumed_train_samples"),
+            "engine_steps": engine_steps}
 
 
 def _as_gpt_neox(save: str) -> str:
@@ -146,7 +148,8 @@ def runs(tmp_path_factory):
 def test_a_tp2_pp2_checkpoint_continues_in_another_layout_with_the_same_losses(runs, target):
     for rank, results in enumerate(runs):
         reference, resumed = results["reference"], results[target]
-        assert resumed["iteration"] == SAVED_AT and resumed["consumed"] == SAVED_AT * GLOBAL_BATCH, rank
+        assert resumed["iteration"] == resumed["engine_steps"] == SAVED_AT, rank
+        assert resumed["consumed"] == SAVED_AT * GLOBAL_BATCH, rank
         assert resumed["losses"] == pytest.approx(reference["losses"][SAVED_AT:], abs=CLOSE), rank
 
 
@@ -154,7 +157,8 @@ def test_a_tp2_pp2_checkpoint_continues_in_another_layout_with_the_same_losses(r
 def test_a_zero_2_or_3_checkpoint_of_four_data_parallel_ranks_continues_in_another_layout(runs, source):
     for rank, results in enumerate(runs):
         resumed = results[f"from_{source}"]
-        assert resumed["iteration"] == SAVED_AT + 1 and resumed["consumed"] == (SAVED_AT + 1) * GLOBAL_BATCH, rank
+        assert resumed["iteration"] == resumed["engine_steps"] == SAVED_AT + 1, rank
+        assert resumed["consumed"] == (SAVED_AT + 1) * GLOBAL_BATCH, rank
         assert resumed["losses"] == pytest.approx(results["reference"]["losses"][SAVED_AT + 1:], abs=CLOSE), rank
 
 
@@ -172,7 +176,7 @@ def test_a_gpt_neox_checkpoint_loads_its_weights_into_another_split_and_the_opti
     which is what makes the test above able to fail."""
     for results in runs:
         reference, resumed = results["reference"]["losses"], results["gpt_neox_weights"]["losses"]
-        assert results["gpt_neox_weights"]["iteration"] == SAVED_AT
+        assert results["gpt_neox_weights"]["iteration"] == results["gpt_neox_weights"]["engine_steps"] == SAVED_AT
         assert resumed[0] == pytest.approx(reference[SAVED_AT], abs=CLOSE)
         assert abs(resumed[1] - reference[SAVED_AT + 1]) > 100 * CLOSE
 

@@ -1,7 +1,7 @@
 """The whole training state of a checkpoint of this project, whatever its tensor / pipeline / data-parallel / ZeRO
 layout: every parameter's full fp32 value and full optimizer state (Adam's exp_avg / exp_avg_sq, SGD's momentum,
-...) under the flat names of megatron.model.gpt2_model.slot_prefixes, plus the engine's own state (LR scheduler,
-step and sample counters). megatron.checkpoint_resharding loads it into an engine of another layout.
+...) under the flat names of megatron.model.gpt2_model.slot_prefixes (the LR scheduler and DeepSpeed's counters are in
+``client_state``). megatron.checkpoint_resharding loads it into an engine of another layout.
 
 Where DeepSpeed keeps the optimizer state, per model-states file (one per tensor x pipeline rank, written by
 data-parallel rank 0; with ZeRO-3 one per data-parallel rank as well):
@@ -33,8 +33,6 @@ from megatron.model_config import ModelConfig
 
 FP32 = "fp32"
 """The key of a parameter's full fp32 (master) value in TrainingState.params."""
-ENGINE_KEYS = ("lr_scheduler", "global_steps", "global_samples", "skipped_steps")
-"""What DeepSpeed's engine saves of its own in the model-states files and restores on load."""
 _OPTIM_FILE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 
@@ -45,8 +43,6 @@ class TrainingState:
 
     params: Dict[str, Dict[str, Any]]
     """{flat name: {FP32: full value, state key: full tensor, or a scalar such as Adam's step}}."""
-    engine: Dict[str, Any]
-    """ENGINE_KEYS's values."""
     zero_stage: int
 
 
@@ -257,12 +253,12 @@ def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int,
                 state[FP32] = weights[name].float()
     except ConversionError as exc:
         raise CheckpointError(str(exc)) from None
-    first = states[min(states)]
-    return TrainingState(params=params, engine={key: first.get(key) for key in ENGINE_KEYS}, zero_stage=stage)
+    return TrainingState(params=params, zero_stage=stage)
 
 
 def client_state(path: str) -> Dict[str, Any]:
-    """The client state of checkpoint ``path``'s first model-states file (iteration, data position, ...)."""
+    """The client and engine state of checkpoint ``path``'s first model-states file (iteration, data position, LR
+    scheduler, DeepSpeed's step and sample counters, ...)."""
     states = _model_states(path)
     return states[min(states)]
 
