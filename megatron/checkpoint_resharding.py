@@ -15,7 +15,8 @@ where its engine keeps it:
 The LR scheduler, DeepSpeed's step / sample counters and the client state (iteration, data position) are the
 checkpoint's. Each rank restores the RNG state of the saved rank with its number (rank 0's where the checkpoint
 had fewer ranks): with another layout the ranks draw other streams anyway, so dropout noise is not the
-uninterrupted run's. Every rank reads the whole state: meant for models that fit in each process's memory.
+uninterrupted run's. Every rank reads the optimizer state of its own parameters only (memory-mapped files), but
+without ZeRO the weights of the whole model (megatron.checkpoint_conversion.neox_checkpoint.read_checkpoint).
 """
 from __future__ import annotations
 
@@ -198,8 +199,9 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
                               f"experts spread over the expert-parallel ranks) is not supported yet: resume with the "
                               f"layout it was saved with")
     saved_layout = (int(saved_args.get("model_parallel_size") or 1), int(saved_args.get("pipe_parallel_size") or 0))
+    names = {id(p): flat_name(n, model_config.num_layers) for n, p in engine.module.named_parameters()}
     if load_optim:
-        state = read_training_state(path, model_config, saved_layout)
+        state = read_training_state(path, model_config, saved_layout, wanted=set(names.values()))
     else:
         from megatron.checkpoint_conversion.errors import ConversionError
         from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
@@ -210,7 +212,6 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
             raise CheckpointError(str(exc)) from None
         state = TrainingState(params={n: {FP32: w.float()} for n, w in weights.items()}, zero_stage=0)
     tp_rank = optimizer_layout(engine)["tensor_rank"]
-    names = {id(p): flat_name(n, model_config.num_layers) for n, p in engine.module.named_parameters()}
     missing = sorted(set(names.values()) - set(state.params))
     if missing and strict:
         raise CheckpointError(f"checkpoint {path} has no {'optimizer state' if load_optim else 'weights'} for "

@@ -23,7 +23,7 @@ import glob
 import math
 import os
 import re
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -88,7 +88,7 @@ def _layout_record(path: str, states: Mapping[int, Dict[str, Any]]) -> Dict[int,
     return records
 
 
-def _per_rank_zero0(path: str, states, records) -> Dict[int, Dict[str, Dict[str, Any]]]:
+def _per_rank_zero0(path: str, states, records, keep: Callable[[str], bool]) -> Dict[int, Dict[str, Dict[str, Any]]]:
     """{tensor rank: {module name: optimizer state}} from the torch optimizers' state dicts (ZeRO 0)."""
     per_rank: Dict[int, Dict[str, Dict[str, Any]]] = {}
     for mp, state in states.items():
@@ -105,7 +105,8 @@ def _per_rank_zero0(path: str, states, records) -> Dict[int, Dict[str, Dict[str,
         local = per_rank.setdefault(records[mp]["tensor_rank"], {})
         for ids, group_names in zip(groups, names):
             for index, name in zip(ids, group_names):
-                local.setdefault(name, dict(optimizer["state"].get(index, {})))
+                if keep(name):
+                    local.setdefault(name, dict(optimizer["state"].get(index, {})))
     return per_rank
 
 
@@ -155,7 +156,8 @@ def _flat_states(group: int, shard: Mapping[str, Any], stage: int) -> Tuple[Dict
     return flat, scalars
 
 
-def _per_rank_zero(path: str, states, records, zero_files) -> Dict[int, Dict[str, Dict[str, Any]]]:
+def _per_rank_zero(path: str, states, records, zero_files, keep: Callable[[str], bool]
+                   ) -> Dict[int, Dict[str, Dict[str, Any]]]:
     """{tensor rank: {module name: {FP32 and optimizer state, full over the data-parallel ranks}}} (ZeRO 1-3)."""
     per_rank: Dict[int, Dict[str, Dict[str, Any]]] = {}
     for mp, shards in zero_files.items():
@@ -163,19 +165,20 @@ def _per_rank_zero(path: str, states, records, zero_files) -> Dict[int, Dict[str
         local = per_rank.setdefault(records[mp]["tensor_rank"], {})
         if stage != 3:
             shapes = {name: shape for group in states[mp].get("param_shapes") or [] for name, shape in group.items()}
-            _gather_fragments(shards, {**shapes, **(records[mp].get("param_shapes") or {})}, local, path)
+            _gather_fragments(shards, {**shapes, **(records[mp].get("param_shapes") or {})}, local, path, keep)
             continue
         for group, group_shapes in enumerate(states[mp]["param_shapes"]):
             per_dp = [_flat_states(group, shard, stage) for shard in shards]
             scalars = per_dp[0][1]
-            offset = 0
+            start = 0
             for name, shape in group_shapes.items():
                 numel = math.prod(shape)
                 part = math.ceil(numel / len(shards))
-                local[name] = {key: torch.cat([flat[key][offset:offset + part] for flat, _ in per_dp])[:numel]
-                               .reshape(shape).clone() for key in per_dp[0][0]}
-                local[name].update(scalars)
-                offset += part
+                if keep(name):
+                    local[name] = {key: torch.cat([flat[key][start:start + part] for flat, _ in per_dp])[:numel]
+                                   .reshape(shape).clone() for key in per_dp[0][0]}
+                    local[name].update(scalars)
+                start += part
     return per_rank
 
 
@@ -185,12 +188,12 @@ def _stage(shard: Mapping[str, Any]) -> int:
 
 
 def _gather_fragments(shards: List[Mapping[str, Any]], shapes: Mapping[str, Any], local: Dict[str, Dict[str, Any]],
-                      path: str) -> None:
+                      path: str, keep: Callable[[str], bool]) -> None:
     """ZeRO 1 / 2 (and the bf16 optimizer): each parameter from its fragments in the data-parallel ranks'
     partitions (``param_slice_mappings``), in rank order, shaped as this tensor rank's parameter."""
     for group in range(len(shards[0]["param_slice_mappings"])):
         per_dp = [_flat_states(group, shard, 1) for shard in shards]
-        names = list(dict.fromkeys(n for shard in shards for n in shard["param_slice_mappings"][group]))
+        names = dict.fromkeys(n for shard in shards for n in shard["param_slice_mappings"][group] if keep(n))
         for name in names:
             if name not in shapes:
                 raise CheckpointError(f"checkpoint {path}: no shape recorded for {name}")
@@ -227,9 +230,12 @@ def _merge_tensor_ranks(per_rank: Dict[int, Dict[str, Dict[str, Any]]], config: 
     return merged
 
 
-def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int, int]) -> TrainingState:
+def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int, int],
+                        wanted: Optional[Collection[str]] = None) -> TrainingState:
     """The training state of checkpoint ``path`` (a global_stepN directory of this project), saved with
-    ``saved_layout`` = (model_parallel_size, pipe_parallel_size) by a model of ``config``'s architecture."""
+    ``saved_layout`` = (model_parallel_size, pipe_parallel_size) by a model of ``config``'s architecture; only the
+    parameters of the flat names ``wanted`` when given (a pipeline stage's: the files are memory-mapped, so the
+    others are not read)."""
     from megatron.checkpoint_conversion.errors import ConversionError
     from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 
@@ -237,14 +243,19 @@ def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int,
     saved_config = config.replace(model_parallel_size=tp, pipe_parallel_size=pp)
     states = _model_states(path)
     records = _layout_record(path, states)
+    wanted = None if wanted is None else set(wanted)
+
+    def keep(module_name: str) -> bool:
+        return wanted is None or flat_name(module_name, config.num_layers) in wanted
+
     zero_files = _zero_files(path) or _bf16_optimizer_states(path, states)
     try:
         if zero_files:
             stage = _stage(next(iter(zero_files.values()))[0])
-            params = _merge_tensor_ranks(_per_rank_zero(path, states, records, zero_files), saved_config, path)
+            params = _merge_tensor_ranks(_per_rank_zero(path, states, records, zero_files, keep), saved_config, path)
         else:
             stage = 0
-            params = _merge_tensor_ranks(_per_rank_zero0(path, states, records), saved_config, path)
+            params = _merge_tensor_ranks(_per_rank_zero0(path, states, records, keep), saved_config, path)
             weights = read_checkpoint(path).state
             for name, state in params.items():
                 if name not in weights:
