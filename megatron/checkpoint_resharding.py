@@ -84,6 +84,10 @@ def _engine_kind(engine) -> str:
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     optimizer = engine.optimizer
+    if getattr(optimizer, "swap_optimizer", False) or getattr(optimizer, "params_in_nvme_and_cpu", False):
+        raise CheckpointError("resuming a checkpoint saved in another parallel layout with ZeRO offloading to NVMe "
+                              "is not supported yet: resume with offload_optimizer / offload_param device cpu or "
+                              "none, or with the checkpoint's layout")
     if isinstance(optimizer, DeepSpeedZeroOptimizer_Stage3):
         return "zero3"
     if isinstance(optimizer, (DeepSpeedZeroOptimizer, BF16_Optimizer)):
