@@ -35,8 +35,8 @@ TARGETS_BF16 = {
     "bf16_tp1_pp2_dp2_zero0": dict(model_parallel_size=1, pipe_parallel_size=2, zero_stage=0, **BF16),
     "bf16_tp1_pp0_dp4_zero1": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=1, **BF16),
 }
-CLOSE_BF16 = 1e-3
-"""bf16 sums in other orders round otherwise: measured within 2.1e-4 at step 4 (5e-6 at step 3)."""
+CLOSE_BF16 = 5e-4
+"""bf16 sums in other orders round otherwise: measured within 1.5e-4 over steps 3-5."""
 WEIGHTS_ONLY = dict(model_parallel_size=2, pipe_parallel_size=1, zero_stage=1, no_load_optim=True)
 """The checkpoint as GPT-NeoX writes it, resharded without its optimizer state: step 3's loss (before its update)
 is the reference's, step 4's is not."""
@@ -52,7 +52,8 @@ def _args(world: int, layout: dict, save: str, load=None):
     dp = world // (layout["model_parallel_size"] * max(layout["pipe_parallel_size"], 1))
     micro = min(2, GLOBAL_BATCH // dp)
     return NeoXArgs.from_dict({
-        "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 16,
+        "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_kv_heads": 2, "activation": "swiglu",
+        "seq_length": 16,
         "max_position_embeddings": 16, "pos_emb": "rotary", "no_weight_tying": False,
         "make_vocab_size_divisible_by": 64, "hidden_dropout": 0.0, "attention_dropout": 0.0,
         "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
@@ -172,13 +173,13 @@ def test_a_bf16_checkpoint_continues_in_another_layout_with_the_same_losses(runs
 
 def test_a_gpt_neox_checkpoint_loads_its_weights_into_another_split_and_the_optimizer_state_matters(runs):
     """The checkpoint as GPT-NeoX writes it (no neox_args.json, no layout records), TP2 x PP2 into TP2 x PP1 x DP2
-    with no_load_optim: step 3 (before its update) has the reference's loss, step 4 another one by more than CLOSE,
-    which is what makes the test above able to fail."""
+    with no_load_optim: step 3 (before its update) has the reference's loss, steps 4-5 others (measured 8.6e-4 and
+    4.3e-3 off), by more than the bounds above, which is what makes those tests able to fail."""
     for results in runs:
         reference, resumed = results["reference"]["losses"], results["gpt_neox_weights"]["losses"]
         assert results["gpt_neox_weights"]["iteration"] == results["gpt_neox_weights"]["engine_steps"] == SAVED_AT
         assert resumed[0] == pytest.approx(reference[SAVED_AT], abs=CLOSE)
-        assert abs(resumed[1] - reference[SAVED_AT + 1]) > 100 * CLOSE
+        assert max(abs(a - b) for a, b in zip(resumed[1:], reference[SAVED_AT + 1:])) > 5 * CLOSE_BF16
 
 
 def test_which_layout_changes_need_resharding():
