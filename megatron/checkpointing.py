@@ -8,8 +8,9 @@ Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety 
                                optimizer files as DeepSpeed names them
     mp_rank_*_model_states.pt  also hold GPT-NeoX's client state: `iteration`, `args` (the eight values
                                GPT-NeoX's loader checks), `random_rng_state`, `np_rng_state`, `torch_rng_state`
-                               (and `cuda_rng_state` on CUDA), plus ours: the data position and
-                               `checkpoint_layout`
+                               (and `cuda_rng_state` on CUDA), plus ours: the data position,
+                               `checkpoint_layout` and `optimizer_layout` (the rank's tensor / pipe rank and
+                               its optimizer's parameter names, which resharding needs)
     global_step{N}/neox_args.json   the NeoXArgs of the run (architecture check on load), with
                                checkpoint_layout: gpt-neox
     global_step{N}/configs/*.yml    the user's YAML files, verbatim (as GPT-NeoX)
@@ -27,12 +28,15 @@ CheckpointError naming the cause; `latest` stays where it was.
 
 Which checkpoint a directory holds (``checkpoint_kind``):
   * this project's (neox_args.json with checkpoint_layout gpt-neox): needs COMPLETE and the same architecture;
+    saved with another tensor / pipeline split, ZeRO stage, or number of data-parallel ranks under ZeRO, it is
+    resharded on load, weights and optimizer state (megatron.checkpoint_resharding), with a note saying so;
   * this project's older layout (neox_args.json without checkpoint_layout: flat names, or GPT-NeoX's slots
     with this project's earlier tensor names): generation, evaluation and conversion read it
     (megatron.checkpoint_conversion translates it); training refuses it and names the upgrade command;
   * GPT-NeoX's (no neox_args.json, and no checkpoint_layout in the client state): loaded as it is, its
     architecture checked against the client state's `args`, the checkpoint's configs/*.yml and the files'
-    tensor/pipeline split; its padded vocabulary is taken from the embedding (megatron.initialize); its RNG
+    tensor/pipeline split (another split loads the weights only: finetune or no_load_optim); its padded
+    vocabulary is taken from the embedding (megatron.initialize); its RNG
     states come from the client state. Files of this project without COMPLETE are an interrupted save and
     are refused.
 """
@@ -78,6 +82,33 @@ ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv
                      "pipe_parallel_size")
 """Arguments that must match between a checkpoint and the model loading it."""
 LAYOUT_KEYS = ("model_parallel_size", "pipe_parallel_size")
+
+
+RESHARD_KEY = "optimizer_layout"
+"""Client-state entry of each rank's model-states file: that rank's tensor / pipeline rank and the names of its
+optimizer's parameters, group by group, so that its optimizer state can be resharded (megatron.checkpoint_resharding).
+"""
+
+
+def optimizer_layout(engine) -> Dict[str, Any]:
+    """What RESHARD_KEY records for this rank: ``tensor_rank``, ``pipe_rank``, ``param_names`` (the module's
+    names of the optimizer's parameters, group by group, in the order of its state dict; None under ZeRO, whose
+    own files name them) and ``param_shapes`` (this rank's shape of each parameter, which DeepSpeed's bf16
+    optimizer files lack)."""
+    grid = getattr(engine, "grid", None)
+    if grid is not None:  # DeepSpeed's pipeline engine
+        tensor_rank, pipe_rank = grid.get_slice_parallel_rank(), grid.get_pipe_parallel_rank()
+    else:
+        mpu = getattr(engine, "mpu", None)
+        tensor_rank, pipe_rank = (mpu.get_model_parallel_rank() if mpu is not None else 0), 0
+    module = getattr(engine, "module", None)
+    names = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
+    optimizer = getattr(engine, "basic_optimizer", None) or getattr(engine, "optimizer", None)
+    groups = [[names.get(id(p)) for p in group["params"]] for group in getattr(optimizer, "param_groups", [])]
+    if any(name is None for group in groups for name in group):  # ZeRO's flat partitions: its files name them
+        groups = None
+    shapes = {n: list(getattr(p, "ds_shape", p.shape)) for n, p in module.named_parameters()} if module else {}
+    return {"tensor_rank": tensor_rank, "pipe_rank": pipe_rank, "param_names": groups, "param_shapes": shapes}
 
 
 def tag_for(iteration: int) -> str:
@@ -305,7 +336,7 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     _barrier()
     client_state = {"iteration": iteration, "args": gpt_neox_client_args(neox_args.to_dict(), model_config),
                     LAYOUT_KEY: LAYOUT, **({} if neox_args.no_save_rng else gpt_neox_rng_state()),
-                    **(extra_state or {})}
+                    RESHARD_KEY: optimizer_layout(engine), **(extra_state or {})}
     try:
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
         os.makedirs(path, exist_ok=True)
@@ -372,22 +403,13 @@ def _architecture_mismatches(saved: Dict[str, Any], current: Dict[str, Any], key
 
 
 def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> None:
-    """What a resume (not a fine-tune) needs besides the architecture. Refused: another number of data-parallel
-    ranks under ZeRO with the optimizer state loaded (DeepSpeed cannot repartition it), another seq_length
-    (the data position counts samples of seq_length tokens), and another moe_expert_parallel_size with the
-    optimizer state loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank; the dropless
-    layer's weights change layout between 1 and more expert-parallel ranks). Handled, with a
-    note: another global batch size (the data continues at the same sample; iterations and the LR schedule count
-    batches of the new size)."""
+    """What a resume (not a fine-tune) needs besides the architecture. Refused: another seq_length (the data
+    position counts samples of seq_length tokens), and another moe_expert_parallel_size with the optimizer state
+    loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank; the dropless layer's weights
+    change layout between 1 and more expert-parallel ranks). Handled, with a note: another global batch size (the
+    data continues at the same sample; iterations and the LR schedule count batches of the new size). Another
+    parallel layout is resharded by load_checkpoint."""
     problems = []
-    zero = max(int(saved.get("zero_stage") or 0), int(neox_args.zero_stage or 0))
-    saved_dp, dp = saved.get("data_parallel_size"), neox_args.data_parallel_size
-    if zero >= 1 and not neox_args.no_load_optim and saved_dp is not None and saved_dp != dp:
-        problems.append(f"data-parallel ranks: checkpoint {saved_dp}, this run {dp}, with ZeRO stage {zero}: "
-                        f"DeepSpeed cannot repartition ZeRO's optimizer state over another number of ranks. Resume "
-                        f"on {saved_dp} data-parallel ranks (global_num_gpus / (model_parallel_size x "
-                        f"pipe_parallel_size)), or set no_load_optim: true to keep the weights and the iteration and "
-                        f"start the optimizer state afresh")
     saved_ep, ep = saved.get("moe_expert_parallel_size") or 1, neox_args.moe_expert_parallel_size
     experts = saved.get("moe_num_experts", 1) > 1 and saved_ep != ep
     if experts and neox_args.moe_type == "megablocks" and 1 in (saved_ep, ep):
@@ -453,10 +475,16 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
                                                                             if older else ""))
     kind = checkpoint_kind(path)
     if kind == GPT_NEOX:
-        mismatches = _gpt_neox_mismatches(path, neox_args, model_config, layout_must_match)
+        # its weights load into any split (megatron.checkpoint_resharding); its optimizer state only into its own
+        weights_only = neox_args.finetune or neox_args.no_load_optim
+        mismatches = _gpt_neox_mismatches(path, neox_args, model_config, layout_must_match and not weights_only)
         if mismatches:
+            layout = any(m.startswith(LAYOUT_KEYS) for m in mismatches)
             raise CheckpointError(f"GPT-NeoX checkpoint {path} was saved by a model of another architecture or "
-                                  f"parallel layout:\n  " + "\n  ".join(mismatches))
+                                  f"parallel layout:\n  " + "\n  ".join(mismatches) + (
+                                      "\nIts weights load into another tensor / pipeline split, its optimizer state "
+                                      "only into its own: set no_load_optim: true (weights and iteration) or "
+                                      "finetune: true, or resume with the checkpoint's split" if layout else ""))
         return load_dir, tag
     if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
         raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: its save was "
@@ -465,7 +493,9 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
     args_file = os.path.join(path, ARGS_FILE)
     if os.path.isfile(args_file):
         saved = read_saved_args(args_file)
-        keys = ARCHITECTURE_KEYS if layout_must_match else tuple(k for k in ARCHITECTURE_KEYS if k not in LAYOUT_KEYS)
+        # this project's checkpoints load into any tensor / pipeline layout (megatron.checkpoint_resharding)
+        keys = tuple(k for k in ARCHITECTURE_KEYS if k not in LAYOUT_KEYS) if kind == OURS or not layout_must_match \
+            else ARCHITECTURE_KEYS
         mismatches = _architecture_mismatches(saved, saved_args(neox_args, model_config), keys)
         if mismatches:
             raise CheckpointError(f"checkpoint {path} was saved by a model of another architecture or parallel "
@@ -623,6 +653,9 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     load_dir, tag = resolved
     finetune = neox_args.finetune
     load_optim = not (neox_args.no_load_optim or finetune)
+    resharded = _load_resharded(neox_args, model_config, engine, os.path.join(load_dir, tag), load_optim)
+    if resharded is not None:
+        return (*resharded, os.path.join(load_dir, tag))
     if load_optim and checkpoint_kind(os.path.join(load_dir, tag)) == GPT_NEOX:
         _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
     try:
@@ -646,3 +679,35 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
                              **({"cuda": client_state["cuda_rng_state"]} if "cuda_rng_state" in client_state else {})})
     iteration = 0 if finetune else int(client_state.get("iteration", 0))
     return iteration, client_state, os.path.join(load_dir, tag)
+
+
+def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
+                    ) -> Optional[Tuple[int, Dict[str, Any]]]:
+    """(iteration, client state) when checkpoint ``path`` of this project was saved with another parallel layout
+    (tensor, pipeline, data-parallel size or ZeRO stage) and has been resharded into ``engine``; None when the
+    layouts agree (DeepSpeed's engine loads its own files)."""
+    from megatron.checkpoint_resharding import (describe, layout_of, load_resharded, needs_resharding,
+                                                reference_problem)
+
+    kind = checkpoint_kind(path)
+    if kind == GPT_NEOX:  # resolve_checkpoint let another split through for the weights only
+        tp, pp = file_layout(path)
+        saved = {**neox_args.to_dict(), "model_parallel_size": tp, "pipe_parallel_size": pp}
+    elif kind == OURS and os.path.isfile(os.path.join(path, ARGS_FILE)):
+        saved = read_saved_args(os.path.join(path, ARGS_FILE))
+    else:
+        return None
+    before, now = layout_of(saved), layout_of(neox_args.to_dict())
+    if not needs_resharding(before, now):
+        return None
+    problem = reference_problem(path, before, now, neox_args.train_impl)
+    if problem:
+        raise CheckpointError(problem)
+    if _rank() == 0:
+        print(f"note: checkpoint {path} was saved with {describe(before)}; resharding its weights"
+              f"{' and optimizer state' if load_optim else ''} for this run's {describe(now)}", flush=True)
+    iteration, client_state = load_resharded(
+        path, saved, model_config, engine, load_optim=load_optim,
+        load_rng=not (neox_args.finetune or neox_args.no_load_rng),
+        strict=not (neox_args.finetune and model_config.value_head), restore_counters=not neox_args.finetune)
+    return (0 if neox_args.finetune else iteration), client_state

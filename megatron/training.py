@@ -75,12 +75,13 @@ def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
     rank 0 of its mpu. Under the pipeline engine that mpu spans all stages, so without marks the later
     stages' parameters would be left out (and the norm, hence clipping, would differ from the same model
     without a pipeline). Mark tensor-parallel shards on every rank, and replicated parameters on
-    tensor-parallel rank 0 only, except the tied copies DeepSpeed already counts on another stage."""
+    tensor-parallel rank 0 only, and neither on the tied copies DeepSpeed already counts on another stage (a
+    tensor-parallel tied embedding too: counted on both stages it doubled its share of the norm)."""
     tp_rank0 = parallel_state.get_model_parallel_rank() == 0
     for param in model.parameters():
         split = getattr(param, "model_parallel", False) and parallel_state.get_model_parallel_world_size() > 1
         replicated_elsewhere = getattr(param, "ds_pipe_replicated", False)
-        param.model_parallel = bool(split or (tp_rank0 and not replicated_elsewhere))
+        param.model_parallel = bool((split or tp_rank0) and not replicated_elsewhere)
 
 
 def _record_clipping_grad_norm(engine) -> None:

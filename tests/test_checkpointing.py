@@ -262,6 +262,16 @@ def test_a_gpt_neox_checkpoint_of_another_model_is_refused_naming_each_differenc
     assert "activation: checkpoint 'swiglu' (its configs/*.yml), config 'gelu'" in text
     assert "norm: checkpoint 'rmsnorm'" in text
     assert "model_parallel_size: checkpoint 2 (its files), config 1" in text
+    assert "set no_load_optim: true (weights and iteration) or finetune: true" in text
+
+
+def test_a_gpt_neox_checkpoint_of_another_split_resolves_for_its_weights_only(tmp_path):
+    _gpt_neox_checkpoint(tmp_path, args_for(tmp_path), tp=2)
+    with pytest.raises(CheckpointError, match=r"(?s)model_parallel_size: checkpoint 2 \(its files\), config 1.*its "
+                                              r"optimizer state only into its own"):
+        resolve(args_for(tmp_path))
+    assert resolve(args_for(tmp_path, no_load_optim=True)) == (str(tmp_path), "global_step6")
+    assert resolve(args_for(tmp_path, finetune=True)) == (str(tmp_path), "global_step6")
 
 
 def test_an_interrupted_save_without_neox_args_is_not_taken_for_gpt_neox(tmp_path):
@@ -316,20 +326,15 @@ def test_the_padded_vocabulary_of_a_gpt_neox_checkpoint_comes_from_its_embedding
 
 
 @pytest.mark.fault
-def test_resuming_zero_on_another_number_of_data_parallel_ranks_is_refused_with_the_way_out(tmp_path):
+def test_another_parallel_layout_is_accepted_for_resharding(tmp_path):
+    """Another number of data-parallel ranks under ZeRO, or another tensor / pipeline split: load_checkpoint
+    reshards (megatron.checkpoint_resharding; tests/test_checkpoint_resharding.py trains on)."""
     saved_args = args_for(tmp_path, global_num_gpus=2, zero_optimization={"stage": 1})
     assert saved_args.data_parallel_size == 2
     save(saved_args, 4, FakeEngine())
-    fewer = args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 1})
-    with pytest.raises(CheckpointError, match=r"(?s)cannot be resumed by this run:.*data-parallel ranks: checkpoint 2, "
-                                              r"this run 1, with ZeRO stage 1: DeepSpeed cannot repartition.*"
-                                              r"set no_load_optim: true"):
-        resolve(fewer)
-    resolve(args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 1}, no_load_optim=True))
-    resolve(args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 0}, finetune=True))
-    # without ZeRO the optimizer state is whole in every checkpoint: another data-parallel size resumes
-    save(args_for(tmp_path, global_num_gpus=2), 8, FakeEngine())
-    assert resolve(args_for(tmp_path, global_num_gpus=1)) == (str(tmp_path), "global_step8")
+    assert resolve(args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 1})) == (str(tmp_path),
+                                                                                              "global_step4")
+    assert resolve(args_for(tmp_path, global_num_gpus=2, model_parallel_size=2)) == (str(tmp_path), "global_step4")
 
 
 @pytest.mark.fault
