@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluation = parser.add_argument_group("eval.py")
     evaluation.add_argument("--eval_tasks", nargs="+",
                             help="lm-evaluation-harness task names, or paths to local task YAML files / folders")
+    evaluation.add_argument("--load", help="checkpoint directory to load instead of the config's load (e.g. the "
+                                           "result of a fine-tuning run, evaluated with that run's config)")
     evaluation.add_argument("--iteration", type=int, help="checkpoint iteration to load")
     evaluation.add_argument("--eval_results_prefix", help="prefix of the results JSON file")
     return parser
@@ -66,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 OVERRIDE_KEYS = ("hostfile", "include", "exclude", "num_nodes", "num_gpus", "master_port", "master_addr", "launcher",
                  "autotuning_run",
                  "wandb_group", "wandb_team", "wandb_run_name", "sample_input_file", "sample_output_file",
-                 "eval_tasks", "iteration", "eval_results_prefix")
+                 "eval_tasks", "load", "iteration", "eval_results_prefix")
 
 
 def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> NeoXArgs:

@@ -67,3 +67,21 @@ def test_moe_examples_build_their_experts(name, kind, layers, capacity):
     config = ModelConfig.from_neox_args(args, padded_vocab_size=50304)
     assert config.moe_type == kind and len(config.moe_layers) == layers and config.moe_num_experts == 8
     assert config.moe_train_capacity_factor == capacity and config.moe_token_dropping == (kind == "deepspeed")
+
+
+def test_the_post_training_example_chains_pretraining_sft_dpo_and_eval():
+    """configs/post_training/: SFT starts from cpu_tiny's checkpoint, DPO from SFT's, on the same model and the
+    chat-example tokenizer; eval.py evaluates a stage's result with that stage's config and deepy.py --load."""
+    import deepy
+
+    load = lambda name: NeoXArgs.from_ymls([os.path.join(CONFIGS, name)])  # noqa: E731
+    pretrain, sft, dpo = load("cpu_tiny.yml"), load("post_training/sft_tiny.yml"), load("post_training/dpo_tiny.yml")
+    assert (sft.load, dpo.load) == (pretrain.save, sft.save) and sft.finetune and dpo.finetune
+    assert sft.vocab_file == dpo.vocab_file == "data/chat_example/tokenizer/tokenizer.json"
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "norm", "pos_emb", "activation"):
+        assert getattr(sft, key) == getattr(dpo, key) == getattr(pretrain, key), key
+    task = "data/chat_example/tasks/docstring_mc.yaml"
+    args = deepy.load_args([os.path.join(os.path.dirname(CONFIGS), "eval.py"),
+                            os.path.join(CONFIGS, "post_training", "dpo_tiny.yml"), "--load", dpo.save,
+                            "--eval_tasks", task])
+    assert args.load == dpo.save and args.eval_tasks == [task]
