@@ -530,9 +530,7 @@ CONTEXT_PARALLEL_TYPES = ("global", "flash")
 
 def context_parallel_problems(config: ModelConfig, cp: int) -> List[str]:
     """What keeps ``config`` from running with its sequences split over ``cp`` context-parallel ranks."""
-    if cp < 1:
-        return [f"context_parallel_size={cp} must be >= 1"]
-    if cp == 1:
+    if cp <= 1:  # below 1 is the argument's own error (megatron.neox_arguments.validation)
         return []
     why = f"with context_parallel_size={cp}"
     problems = []

@@ -264,6 +264,7 @@ class SingleProcessState:
     get_context_parallel_group = get_model_parallel_group
     get_context_parallel_rank = get_model_parallel_rank
     get_context_parallel_world_size = get_model_parallel_world_size
+    get_sequence_data_parallel_world_size = get_model_parallel_world_size
 
     def is_first_pipe_stage(self) -> bool:
         return True

@@ -1,7 +1,7 @@
 """Context parallelism (megatron.mpu.context_parallel, megatron.model.ring_attention): on 4 gloo ranks, ring
 attention at CP=2 gives full causal attention's output and gradients; the tiny model at CP=2 x TP=2 gives the
-CP=1 loss and gradients; the DeepSpeed engine with the ParallelState as mpu trains CP=2 x TP=2 (ZeRO 1) and
-CP=2 x DP=2 (no ZeRO) with the CP=1 losses over 10 steps. One spawned world runs every check (4 ranks on a
+CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu) train
+CP=2 x TP=2 (ZeRO 1) and CP=2 x DP=2 (no ZeRO) with the CP=1 losses over 10 steps. One spawned world runs every check (4 ranks on a
 2-core machine: starting them is the cost)."""
 import pytest
 import torch
@@ -19,8 +19,6 @@ from tests.model.tp_helpers import expected_local
 SEQ = 32
 STEPS = 10
 MODEL = dict(seq_length=SEQ, pos_emb="rotary", num_kv_heads=2, activation="swiglu", norm="rmsnorm")
-DS_CONFIG = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 6,
-             "gradient_clipping": 1.0}
 
 
 def test_chunk_positions_are_load_balanced():
@@ -93,46 +91,57 @@ def _check_model_grads(state: ParallelState, rank: int) -> None:
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{overrides} grad {name}")
 
 
-def _train(model, state, steps_data, zero_stage: int):
-    """Losses of ``steps_data`` (one text per step): through the DeepSpeed engine when ``state`` is a
-    ParallelState, else by a plain loop (CP=1 reference) with the same optimizer and clipping."""
-    import deepspeed
+def _neox_args(tp: int, zero_stage: int):
+    from megatron.neox_arguments import NeoXArgs
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    engine = None
-    if isinstance(state, ParallelState):
-        config = dict(DS_CONFIG, zero_optimization={"stage": zero_stage},
-                      train_batch_size=2 * state.get_data_parallel_world_size())
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config, mpu=state)
-    losses = []
-    for text in steps_data:
-        inputs, labels = get_batch(BatchOptions(), {"text": text}, state)
-        if engine is not None:
-            loss = model.loss_fn(engine(inputs), labels)
-            engine.backward(loss)
-            engine.step()
-            torch.distributed.all_reduce(loss.detach(), group=state.get_data_parallel_group())
-            losses.append(loss.item() / state.get_data_parallel_world_size())
-        else:
-            opt.zero_grad()
-            loss = model.loss_fn(model(inputs), labels)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), DS_CONFIG["gradient_clipping"])
-            opt.step()
-            losses.append(loss.item())
-    return losses
+    return NeoXArgs.from_dict({
+        "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_kv_heads": 2, "seq_length": SEQ,
+        "pos_emb": "rotary", "activation": "swiglu", "norm": "rmsnorm", "make_vocab_size_divisible_by": 64,
+        "hidden_dropout": 0.0, "attention_dropout": 0.0, "seed": 1234, "distributed_backend": "gloo",
+        "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+        "lr_decay_style": "constant", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage}, "num_gpus": 4, "train_iters": STEPS,
+        "pipe_parallel_size": 0, "model_parallel_size": tp, "context_parallel_size": 2})
 
 
-def _check_training(state: ParallelState, tp: int, zero_stage: int) -> dict:
-    """10 DeepSpeed steps at this layout; the CP=1 reference (on global rank 0 only) trains on the data-parallel
-    ranks' samples joined. Three batches in turn, so that the loss falls visibly in 10 steps."""
+def _check_training(tp: int, zero_stage: int) -> dict:
+    """10 steps of megatron.training (initialize_megatron, setup_model_and_optimizer with the ParallelState as
+    DeepSpeed's mpu, _ModelBatches splitting each sample per context-parallel rank, train_step) at CP=2 x TP=tp
+    (x DP=2 / tp); the CP=1 reference (global rank 0 only) takes the same optimizer and clipping in a plain loop
+    over the data-parallel ranks' samples joined. Three batches in turn, so that the loss falls in 10 steps."""
+    from types import SimpleNamespace
+
+    from megatron.initialize import initialize_megatron
+    from megatron.optimizers import build_optimizer
+    from megatron.training import _ModelBatches, setup_model_and_optimizer, train_step
+    from megatron.training_schedule import TrainingSchedule
+
+    args = _neox_args(tp, zero_stage)
+    ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=128, eod=0))
+    state = ctx.parallel_state
     dp, dp_rank = state.get_data_parallel_world_size(), state.get_data_parallel_rank()
+    assert (dp, args.data_parallel_size, args.train_batch_size) == (2 // tp, 2 // tp, 4 // tp)
+    engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
     texts = [_text(100 + step % 3, batch=2 * dp) for step in range(STEPS)]
-    model = build_model(tiny_config(model_parallel_size=tp, context_parallel_size=2, **MODEL), state)
-    losses = _train(model, state, [t[2 * dp_rank:2 * dp_rank + 2] for t in texts], zero_stage)
-    ref = _train(build_model(tiny_config(**MODEL), SingleProcessState()), SingleProcessState(), texts, 0) \
-        if state.rank == 0 else None
-    return {"losses": losses, "ref": ref}
+    samples = iter({"text": t[2 * dp_rank:2 * dp_rank + 2]} for t in texts) \
+        if state.get_model_parallel_rank() == 0 else None
+    batches = _ModelBatches(args, ctx, samples)
+    losses = [train_step(args, engine, batches, ctx, optimizer)[0] for _ in range(STEPS)]
+    state.destroy()
+    ref_losses = None
+    if torch.distributed.get_rank() == 0:
+        ref = build_model(ctx.model_config.replace(model_parallel_size=1, context_parallel_size=1),
+                          SingleProcessState())
+        opt = build_optimizer(args, ref)
+        ref_losses = []
+        for text in texts:
+            opt.zero_grad()
+            loss = ref.loss_fn(*(lambda b: (ref(b[0]), b[1]))(_full_batch(text)))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+            opt.step()
+            ref_losses.append(loss.item())
+    return {"losses": losses, "ref": ref_losses}
 
 
 def _run(rank: int, world_size: int) -> dict:
@@ -142,13 +151,13 @@ def _run(rank: int, world_size: int) -> dict:
     results["cp_tp_groups"] = (state.group_ranks("model"), state.group_ranks("context"))
     _check_ring_attention(state)
     _check_model_grads(state, rank)
-    results["cp2_tp2"] = _check_training(state, tp=2, zero_stage=1)
     state.destroy()
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=1, context_parallel_size=2)
     results["cp_dp_groups"] = (state.group_ranks("data"), state.group_ranks("context"),
                                state.group_ranks("data_context"), state.get_sequence_data_parallel_rank())
-    results["cp2_dp2"] = _check_training(state, tp=1, zero_stage=0)
     state.destroy()
+    results["cp2_tp2"] = _check_training(tp=2, zero_stage=1)
+    results["cp2_dp2"] = _check_training(tp=1, zero_stage=0)
     return results
 
 
