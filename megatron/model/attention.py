@@ -245,8 +245,7 @@ class ParallelSelfAttention(nn.Module):
             q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
         if self.cp_size > 1:
             context = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cp_group,
-                                     self.cp_rank, self.cp_size, self.dropout_p if self.training else 0.0,
-                                     self.rng_tracker.fork)
+                                     self.cp_rank, self.cp_size)
             return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
         if self.selective_recompute and self.training and kv_cache is None and torch.is_grad_enabled():
             # recompute_granularity 'selective': keep only q, k, v for the backward pass; DeepSpeed's checkpoint

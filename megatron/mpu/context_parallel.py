@@ -4,13 +4,10 @@ Load-balanced causal layout (Megatron-LM's): a sequence of length S is cut into 
 context-parallel rank r of C holds chunks r and 2C - 1 - r, concatenated. Under a causal mask an early chunk
 sees few keys and a late one many, so pairing them gives every rank the same attention work.
 
-``ring_shift`` passes a tensor one step around the context-parallel group (rank r sends to r + 1 and receives
-from r - 1) with send/recv, which gloo and NCCL both have; its backward passes the gradient the other way, so
-autograd runs through a ring of exchanges (megatron.model.ring_attention).
+``ring_exchange`` passes a tensor one step around the context-parallel group (rank r sends to r + 1 and receives
+from r - 1), the step of ring attention (megatron.model.ring_attention) in both its passes.
 """
 from __future__ import annotations
-
-from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -35,35 +32,18 @@ def split_sequence(tensor: torch.Tensor, cp_rank: int, cp_size: int, dim: int = 
     return tensor.index_select(dim, index)
 
 
-def _exchange(tensor: torch.Tensor, group, to_next: bool) -> torch.Tensor:
-    """Send ``tensor`` one step around the ring (to the next rank, or to the previous one) and return what the
-    neighbour on the other side sent."""
+def ring_exchange(tensor: torch.Tensor, group) -> torch.Tensor:
+    """Send ``tensor`` to the next rank of ``group``'s ring and return what the previous rank sent (one
+    batch_isend_irecv: gloo and NCCL both have it)."""
     ranks = dist.get_process_group_ranks(group)
     me = ranks.index(dist.get_rank())
-    step = 1 if to_next else -1
-    dst, src = ranks[(me + step) % len(ranks)], ranks[(me - step) % len(ranks)]
+    dst, src = ranks[(me + 1) % len(ranks)], ranks[(me - 1) % len(ranks)]
     tensor = tensor.contiguous()
     received = torch.empty_like(tensor)
     ops = [dist.P2POp(dist.isend, tensor, dst, group), dist.P2POp(dist.irecv, received, src, group)]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
     return received
-
-
-class _RingShift(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
-        return _exchange(tensor, group, to_next=True)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], None]:
-        return _exchange(grad, ctx.group, to_next=False), None
-
-
-def ring_shift(tensor: torch.Tensor, group) -> torch.Tensor:
-    """The tensor of the previous rank of the context-parallel ring (differentiable; see module docstring)."""
-    return _RingShift.apply(tensor, group)
 
 
 def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:

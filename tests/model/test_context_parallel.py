@@ -49,23 +49,25 @@ def _full_batch(text: torch.Tensor):
 
 
 def _check_ring_attention(state: ParallelState) -> None:
-    """Output and q/k/v gradients of ring attention equal full causal SDPA at this rank's positions (MHA, GQA)."""
+    """Output and q/k/v gradients of ring attention equal full causal SDPA at this rank's positions (MHA, GQA;
+    SDPA's CPU kernel and the explicit fp32 steps)."""
     cp, rank, group = state.get_context_parallel_world_size(), state.get_context_parallel_rank(), \
         state.get_context_parallel_group()
     gen = torch.Generator().manual_seed(1)
-    for kv_heads in (4, 2):
+    for kv_heads, explicit in ((4, False), (2, False), (2, True)):
         q = torch.randn(2, 4, SEQ, 8, generator=gen, requires_grad=True)
         k, v = (torch.randn(2, kv_heads, SEQ, 8, generator=gen, requires_grad=True) for _ in range(2))
         upstream = torch.randn(2, 4, SEQ, 8, generator=gen)
         ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads < 4)
         ref.backward(upstream)
         mine = [split_sequence(t.detach(), rank, cp, dim=2).requires_grad_() for t in (q, k, v)]
-        out = ring_attention(*mine, group, rank, cp)
+        out = ring_attention(*mine, group, rank, cp, explicit=explicit)
         out.backward(split_sequence(upstream, rank, cp, dim=2))
-        torch.testing.assert_close(out, split_sequence(ref.detach(), rank, cp, dim=2), rtol=1e-5, atol=1e-5)
+        msg = f"kv_heads={kv_heads} explicit={explicit}"
+        torch.testing.assert_close(out, split_sequence(ref.detach(), rank, cp, dim=2), rtol=1e-5, atol=1e-5, msg=msg)
         for name, full, local in zip("qkv", (q, k, v), mine):
             torch.testing.assert_close(local.grad, split_sequence(full.grad, rank, cp, dim=2), rtol=1e-5,
-                                       atol=1e-5, msg=f"d{name} kv_heads={kv_heads}")
+                                       atol=1e-5, msg=f"d{name} {msg}")
 
 
 def _check_model_grads(state: ParallelState, rank: int) -> None:

@@ -31,7 +31,7 @@ class NeoXArgsParallelism:
     others: data_parallel_size = world size / (pipe x context x model). seq_length must be divisible by
     2 x context_parallel_size. Not supported yet with: pipe_parallel_size >= 1, sequence_parallel, local /
     sparse / gmlp / mamba / rwkv layers, alibi or rpe positions, sliding_window_width, MoE, soft prompts,
-    selective recompute, the fused-softmax flags, reset_attention_mask, curriculum_learning, train_impl other
+    selective recompute, attention_dropout > 0, the fused-softmax flags, reset_attention_mask, curriculum_learning, train_impl other
     than 'normal', and generation / evaluation (train with it, then generate with 1: the checkpoint is the same).
     """
 
