@@ -363,14 +363,14 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
     problems = []
     zero = max(int(saved.get("zero_stage") or 0), int(neox_args.zero_stage or 0))
     # ZeRO partitions over data x context-parallel ranks (DeepSpeed's sequence-data-parallel group)
-    saved_dp, dp = saved.get("data_parallel_size"), neox_args.data_parallel_size
-    if saved_dp is not None:
-        saved_dp *= int(saved.get("context_parallel_size") or 1)
-    dp *= neox_args.context_parallel_size
+    saved_cp, cp = int(saved.get("context_parallel_size") or 1), neox_args.context_parallel_size
+    saved_dp, dp = saved.get("data_parallel_size"), neox_args.data_parallel_size * cp
+    saved_dp = None if saved_dp is None else saved_dp * saved_cp
+    ranks = "data-parallel ranks" if saved_cp == cp == 1 else "data x context-parallel ranks"
     if zero >= 1 and not neox_args.no_load_optim and saved_dp is not None and saved_dp != dp:
-        problems.append(f"data x context-parallel ranks: checkpoint {saved_dp}, this run {dp}, with ZeRO stage {zero}: "
+        problems.append(f"{ranks}: checkpoint {saved_dp}, this run {dp}, with ZeRO stage {zero}: "
                         f"DeepSpeed cannot repartition ZeRO's optimizer state over another number of ranks. Resume "
-                        f"on {saved_dp} data x context-parallel ranks (global_num_gpus / (model_parallel_size x "
+                        f"on {saved_dp} {ranks} (global_num_gpus / (model_parallel_size x "
                         f"pipe_parallel_size)), or set no_load_optim: true to keep the weights and the iteration and "
                         f"start the optimizer state afresh")
     if saved.get("seq_length") is not None and saved["seq_length"] != neox_args.seq_length:

@@ -326,6 +326,10 @@ def test_resuming_zero_on_another_number_of_data_parallel_ranks_is_refused_with_
         resolve(fewer)
     resolve(args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 1}, no_load_optim=True))
     resolve(args_for(tmp_path, global_num_gpus=1, zero_optimization={"stage": 0}, finetune=True))
+    # ZeRO partitions over data x context-parallel ranks: 1 x 2 hold the same 2 partitions, 2 x 2 do not
+    resolve(args_for(tmp_path, global_num_gpus=2, context_parallel_size=2, zero_optimization={"stage": 1}))
+    with pytest.raises(CheckpointError, match="data x context-parallel ranks: checkpoint 2, this run 4"):
+        resolve(args_for(tmp_path, global_num_gpus=4, context_parallel_size=2, zero_optimization={"stage": 1}))
     # without ZeRO the optimizer state is whole in every checkpoint: another data-parallel size resumes
     save(args_for(tmp_path, global_num_gpus=2), 8, FakeEngine())
     assert resolve(args_for(tmp_path, global_num_gpus=1)) == (str(tmp_path), "global_step8")

@@ -47,6 +47,11 @@ convention), which gives the same probabilities as -inf wherever a query sees at
 the fused softmax: they call flash-attn 2 where it is installed and can do the call (CUDA, fp16/bf16;
 see megatron.model.flash), and otherwise attend like "global" layers without the fusion flags.
 Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
+
+With context_parallel_size > 1 this rank holds two load-balanced chunks of each sequence: rotary rotates q and k
+at the chunks' global positions and the core is ring attention (megatron.model.ring_attention), causal by
+position (the batch carries no mask then); the layer types, positions and options it does not serve are
+refused by megatron.model_config.context_parallel_problems.
 """
 from __future__ import annotations
 

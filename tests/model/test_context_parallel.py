@@ -40,6 +40,15 @@ def test_model_rules_refuse_what_ring_attention_does_not_do():
     assert context_parallel_problems(tiny_config(**MODEL), 2) == []
 
 
+def test_generation_and_evaluation_refuse_context_parallelism():
+    from megatron.inference import setup_for_inference
+    from megatron.neox_arguments import ConfigError
+    from tests.neox_arguments.helpers import tiny
+
+    with pytest.raises(ConfigError, match="context_parallel_size: 1, the checkpoint loads unchanged"):
+        setup_for_inference(tiny(num_gpus=2, context_parallel_size=2))
+
+
 def _text(seed: int, batch: int = 2) -> torch.Tensor:
     return torch.randint(0, 128, (batch, SEQ + 1), generator=torch.Generator().manual_seed(seed))
 
