@@ -554,7 +554,6 @@ def context_parallel_problems(config: ModelConfig, cp: int) -> List[str]:
                     "use train_impl 'normal' (the DPO / KTO / reward losses score whole sequences)"),
                    ("recompute_granularity", config.recompute_granularity == "selective",
                     "use full recomputation (checkpoint_activations) or none"),
-                   ("sequence_parallel", config.sequence_parallel, "set sequence_parallel: false"),
                    ("attention_dropout", config.attention_dropout > 0, "set it to 0"),
                    *((flag, getattr(config, flag), "set it to false (ring attention computes its softmax in fp32)")
                      for flag in SOFTMAX_FUSION_FLAGS))

@@ -81,9 +81,10 @@ def _check_ring_attention(state: ParallelState) -> None:
 
 def _check_model_grads(state: ParallelState, rank: int) -> None:
     """CP=2 x TP=2: the loss value is CP=1's on every rank; the gradients summed over the context-parallel ranks
-    (what DeepSpeed does) are CP=1's (this rank's tensor-parallel shard). Full recomputation composes."""
-    for overrides in (MODEL, dict(MODEL, pos_emb="learned", checkpoint_activations=True)):
-        ref = build_model(tiny_config(**overrides), SingleProcessState())
+    (what DeepSpeed does) are CP=1's (this rank's tensor-parallel shard). Full recomputation and sequence
+    parallelism compose."""
+    for overrides in (MODEL, dict(MODEL, pos_emb="learned", checkpoint_activations=True, sequence_parallel=True)):
+        ref = build_model(tiny_config(model_parallel_size=2, **overrides), SingleProcessState())  # split: the state's
         text = _text(0)
         inputs, labels = _full_batch(text)
         ref_loss = ref.loss_fn(ref(inputs), labels)
