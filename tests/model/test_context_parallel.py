@@ -1,5 +1,5 @@
 """Context parallelism (megatron.mpu.context_parallel, megatron.model.ring_attention): on 4 gloo ranks, ring
-attention at CP=2 gives full causal attention's output and gradients; the tiny model at CP=2 x TP=2 gives the
+attention at CP=2 and CP=4 gives full causal attention's output and gradients; the tiny model at CP=2 x TP=2 gives the
 CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu) train
 CP=2 x TP=2 (ZeRO 1) and CP=2 x DP=2 (no ZeRO) with the CP=1 losses over 10 steps. One spawned world runs every check (4 ranks on a
 2-core machine: starting them is the cost)."""
@@ -167,6 +167,9 @@ def _run(rank: int, world_size: int) -> dict:
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=1, context_parallel_size=2)
     results["cp_dp_groups"] = (state.group_ranks("data"), state.group_ranks("context"),
                                state.group_ranks("data_context"), state.get_sequence_data_parallel_rank())
+    state.destroy()
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=1, context_parallel_size=4)
+    _check_ring_attention(state)  # a ring of 4: sources before and after each rank
     state.destroy()
     results["cp2_tp2"] = _check_training(tp=2, zero_stage=1)
     results["cp2_dp2"] = _check_training(tp=1, zero_stage=0)
