@@ -92,6 +92,12 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
         raise ConfigError(["train_impl 'rm': a reward model scores sequences and has no vocabulary head, so "
                            "generate.py / eval.py cannot use it; score with the model converted to transformers' "
                            "*ForSequenceClassification (tools/ckpts/convert_neox_to_hf.py)"])
+    if neox_args.context_parallel_size > 1:
+        from megatron.neox_arguments import ConfigError
+
+        raise ConfigError([f"context_parallel_size={neox_args.context_parallel_size}: generate.py / eval.py with "
+                           f"context parallelism is not supported yet (decoding keeps whole sequences); set "
+                           f"context_parallel_size: 1, the checkpoint loads unchanged"])
     ctx = initialize_megatron(neox_args)
     # every rank holds every expert: expert parallelism would make each forward a collective of the whole
     # expert-parallel group, which eval.py's requests (sharded over data-parallel ranks) do not keep in step

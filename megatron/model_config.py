@@ -276,6 +276,9 @@ class ModelConfig:
     # parallel layout and activation checkpointing
     model_parallel_size: int = 1
     pipe_parallel_size: int = 0
+    context_parallel_size: int = 1
+    """Ranks that split each sequence (ring attention, megatron.model.ring_attention); the layers read the split
+    from the ParallelState, this value is for the model's rules (context_parallel_problems)."""
     sequence_parallel: bool = False
     pipe_partition_method: str = "type:transformer|mlp"
     checkpoint_activations: bool = False
@@ -422,6 +425,7 @@ class ModelConfig:
         problems += gmlp_problems(self)
         problems += sharing_problems(self)
         problems += mup_model_problems(self)
+        problems += context_parallel_problems(self, self.context_parallel_size)
         return problems
 
     def _shape_problems(self) -> List[str]:
@@ -534,6 +538,44 @@ class ModelConfig:
             return ["fp16 needs a CUDA GPU and this worker has none; on CPU use bf16: {enabled: true} or fp32 "
                     "(remove the fp16 dict)"]
         return []
+
+
+CONTEXT_PARALLEL_TYPES = ("global", "flash")
+"""Layer types ring attention serves (a flash layer attends like a global one there)."""
+
+
+def context_parallel_problems(config: ModelConfig, cp: int) -> List[str]:
+    """What keeps ``config`` from running with its sequences split over ``cp`` context-parallel ranks."""
+    if cp <= 1:  # below 1 is the argument's own error (megatron.neox_arguments.validation)
+        return []
+    why = f"with context_parallel_size={cp}"
+    problems = []
+    if config.seq_length % (2 * cp):
+        problems.append(f"seq_length={config.seq_length} must be divisible by 2 x context_parallel_size = {2 * cp} "
+                        f"(each rank holds two of the 2 x {cp} load-balanced chunks of a sequence)")
+    if config.pipe_parallel_size >= 1:
+        problems.append(f"pipe_parallel_size={config.pipe_parallel_size} {why} is not supported yet (DeepSpeed's "
+                        f"pipeline engine has no context axis); set pipe_parallel_size: 0")
+    other = sorted(set(config.attention_types) - set(CONTEXT_PARALLEL_TYPES))
+    if other:
+        problems.append(f"attention_config layer types {other} {why} are not supported yet (ring attention is "
+                        f"causal global attention); use {' or '.join(CONTEXT_PARALLEL_TYPES)} layers")
+    if config.pos_emb in ("alibi", "rpe"):
+        problems.append(f"pos_emb={config.pos_emb!r} {why} is not supported yet (no attention bias in the ring "
+                        f"steps); use rotary, learned, sinusoidal or none")
+    unsupported = (("sliding_window_width", config.sliding_window_width is not None, "remove it"),
+                   ("moe_num_experts", config.moe_num_experts > 1, "set it to 1"),
+                   ("soft_prompt_tuning", config.soft_prompt_tokens is not None, "disable it"),
+                   ("train_impl", config.train_impl != "normal",
+                    "use train_impl 'normal' (the DPO / KTO / reward losses score whole sequences)"),
+                   ("recompute_granularity", config.recompute_granularity == "selective",
+                    "use full recomputation (checkpoint_activations) or none"),
+                   ("attention_dropout", config.attention_dropout > 0, "set it to 0"),
+                   ("use_mup", config.use_mup, "set it to false (ring attention scales scores by 1 / sqrt(head_dim))"),
+                   *((flag, getattr(config, flag), "set it to false (ring attention computes its softmax in fp32)")
+                     for flag in SOFTMAX_FUSION_FLAGS))
+    problems += [f"{key} {why} is not supported yet; {fix}" for key, on, fix in unsupported if on]
+    return problems
 
 
 def sparsity_settings(config: ModelConfig, kind: str) -> SparsitySettings:

@@ -171,7 +171,8 @@ def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
     average is the gradient itself (137 ms a step for a 160M model on CPU). Switch that off there; ZeRO
     (whose optimizer keeps its own gradient state in that call) and the pipeline engine are left as they
     are. Returns whether it was switched off."""
-    if neox_args.zero_stage != 0 or neox_args.is_pipe_parallel or parallel_state.get_data_parallel_world_size() != 1:
+    if neox_args.zero_stage != 0 or neox_args.is_pipe_parallel or \
+            parallel_state.get_sequence_data_parallel_world_size() != 1:  # data x context-parallel ranks
         return False
     engine.enable_backward_allreduce = False
     return True
@@ -262,7 +263,7 @@ class _ModelBatches:
         if data is not None:
             self._check_token_ids(data["text"])
         inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
-        move = lambda t: t.to(self.ctx.device, non_blocking=True)
+        move = lambda t: None if t is None else t.to(self.ctx.device, non_blocking=True)  # no mask under CP
         inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
         if self.reference is not None:
             if self.reference.holds:  # the last pipeline stage (the others do not read the labels)

@@ -49,6 +49,11 @@ convention), which gives the same probabilities as -inf wherever a query sees at
 the fused softmax: they call flash-attn 2 where it is installed and can do the call (CUDA, fp16/bf16;
 see megatron.model.flash), and otherwise attend like "global" layers without the fusion flags.
 Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
+
+With context_parallel_size > 1 this rank holds two load-balanced chunks of each sequence: rotary rotates q and k
+at the chunks' global positions and the core is ring attention (megatron.model.ring_attention), causal by
+position (the batch carries no mask then); the layer types, positions and options it does not serve are
+refused by megatron.model_config.context_parallel_problems.
 """
 from __future__ import annotations
 
@@ -66,6 +71,8 @@ from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
 from megatron.model.positional import RelativePositionBias, RotaryEmbedding, alibi_bias, alibi_slopes
+from megatron.model.ring_attention import ring_attention
+from megatron.mpu.context_parallel import chunk_positions
 from megatron.model_config import ModelConfig, sparsity_settings
 from megatron.sparsity_config import SPARSE_TYPES
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
@@ -152,6 +159,10 @@ class ParallelSelfAttention(nn.Module):
         self.softmax_scale = 1.0 / (self.head_dim * config.mup_attn_temp) if config.use_mup else None
         self.flash = FlashAttention.load(self.head_dim) if self.attention_type == "flash" and \
             self.pos_emb != "rpe" and self.softmax_scale is None else None
+        # context parallelism: this rank holds load-balanced chunks of the sequence; attention is a ring
+        self.cp_size = parallel_state.get_context_parallel_world_size()
+        self.cp_rank = parallel_state.get_context_parallel_rank()
+        self.cp_group = parallel_state.get_context_parallel_group() if self.cp_size > 1 else None
 
     def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, attention_mask: Optional[torch.Tensor]):
         """Boolean [.., q, k] mask, True where attention is *allowed*."""
@@ -231,9 +242,20 @@ class ParallelSelfAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         offset = kv_cache.length if kv_cache is not None else 0
+        if self.cp_size > 1 and kv_cache is not None:
+            raise ValueError("KV-cache decoding with context_parallel_size > 1 is not supported; build the inference "
+                             "model with context_parallel_size 1 (the weights are the same)")
         if self.pos_emb == "rotary":
-            cos, sin = self.rotary_emb.tables(offset, s, x.device)
+            if self.cp_size > 1:  # this rank's chunks sit at their global positions
+                cos, sin = self.rotary_emb.tables_at(chunk_positions(s * self.cp_size, self.cp_rank, self.cp_size,
+                                                                     x.device))
+            else:
+                cos, sin = self.rotary_emb.tables(offset, s, x.device)
             q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
+        if self.cp_size > 1:
+            context = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cp_group,
+                                     self.cp_rank, self.cp_size)
+            return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
         if self.selective_recompute and self.training and kv_cache is None and torch.is_grad_enabled():
             # recompute_granularity 'selective': keep only q, k, v for the backward pass; DeepSpeed's checkpoint
             # replays the dropout streams of its RNG tracker, which the model uses in this mode

@@ -9,6 +9,9 @@ With a label dataset ('label' [b, s + 1], BatchOptions.labels) labels come from 
 reset_position_ids restarts positions after each end-of-document token; reset_attention_mask keeps tokens
 from attending across documents (a per-sample [b, 1, s, s] mask).
 truncate_batch cuts a batch to the current length of a sequence-length curriculum.
+With context_parallel_size C > 1 each context-parallel rank keeps its load-balanced chunks of tokens, position_ids,
+labels and loss_mask (megatron.mpu.context_parallel) and the attention mask is None: ring attention masks by
+global positions (megatron.model.ring_attention).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from megatron.mpu import broadcast_data
+from megatron.mpu.context_parallel import split_sequence
 
 
 def causal_attention_mask(seq_length: int, device=None) -> torch.Tensor:
@@ -80,6 +84,12 @@ def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], pa
         labels = labels.clamp(min=0)
     if options.rewards:
         return (tokens, position_ids, attention_mask), (labels, loss_mask, sample["reward"].reshape(-1))
+    cp_size = parallel_state.get_context_parallel_world_size()
+    if cp_size > 1:
+        cp_rank = parallel_state.get_context_parallel_rank()
+        tokens, position_ids, labels, loss_mask = (split_sequence(t, cp_rank, cp_size)
+                                                   for t in (tokens, position_ids, labels, loss_mask))
+        attention_mask = None
     return (tokens, position_ids, attention_mask), (labels, loss_mask)
 
 

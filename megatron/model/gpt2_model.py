@@ -58,25 +58,35 @@ from megatron.model.activation_checkpointing import (
     checkpointing_rng_tracker,
     configure_activation_checkpointing,
 )
-from megatron.model_config import RECURRENT_TYPES, ModelConfig
+from megatron.model_config import RECURRENT_TYPES, ModelConfig, context_parallel_problems
 from megatron.neox_arguments.errors import ConfigError
 from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed, vocab_parallel_cross_entropy
+from megatron.mpu.context_parallel import all_reduce_sum
 
 Batch = Tuple[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor, torch.Tensor],
-                       group=None, half_precision_loss: bool = False) -> torch.Tensor:
+                       group=None, half_precision_loss: bool = False, context_group=None) -> torch.Tensor:
     """Mean vocabulary-parallel cross entropy over the tokens where loss_mask is 1.
 
     Per-token losses are computed in fp32, or in the logits' dtype with ``half_precision_loss``
     (fp16_lm_cross_entropy); the masked mean is always taken in fp32.
+
+    With a ``context_group`` (context parallelism: this rank holds part of each sequence) the mean is over the
+    tokens of the whole group: the value is the full sequences' loss on every rank, and its gradient is this
+    rank's share (its tokens' losses over the group's token count), which DeepSpeed sums over the
+    context-parallel ranks, so the gradient equals that of context_parallel_size 1.
     """
     labels, loss_mask = labels_and_mask
     losses = vocab_parallel_cross_entropy(logits, labels, group, keep_dtype=half_precision_loss).float()
     loss_mask = loss_mask.reshape(-1).float()
-    return torch.sum(losses.reshape(-1) * loss_mask) / loss_mask.sum().clamp(min=1.0)
+    if context_group is None:
+        return torch.sum(losses.reshape(-1) * loss_mask) / loss_mask.sum().clamp(min=1.0)
+    count = all_reduce_sum(loss_mask.sum(), context_group).clamp(min=1.0)
+    share = torch.sum(losses.reshape(-1) * loss_mask) / count
+    return share + (all_reduce_sum(share, context_group) - share).detach()
 
 
 def loss_function(config: ModelConfig, parallel_state):
@@ -86,8 +96,10 @@ def loss_function(config: ModelConfig, parallel_state):
         from megatron.post_training.reward_model import RewardLoss
 
         return RewardLoss()
+    context_group = parallel_state.get_context_parallel_group() \
+        if parallel_state.get_context_parallel_world_size() > 1 else None
     return partial(cross_entropy_loss, group=parallel_state.get_model_parallel_group(),
-                   half_precision_loss=config.fp16_lm_cross_entropy)
+                   half_precision_loss=config.fp16_lm_cross_entropy, context_group=context_group)
 
 
 def check_model_config(config: ModelConfig, parallel_state) -> None:
@@ -98,6 +110,9 @@ def check_model_config(config: ModelConfig, parallel_state) -> None:
     if config.padded_vocab_size is None:
         problems.append("padded_vocab_size is not set: build the tokenizer first (ModelConfig.from_neox_args(args, "
                         "padded_vocab_size=...)) or set padded_vocab_size")
+    cp = parallel_state.get_context_parallel_world_size()
+    if cp != config.context_parallel_size:
+        problems += context_parallel_problems(config, cp)
     tp = parallel_state.get_model_parallel_world_size()  # the split is the parallel state's
     for name, value in (("num_kv_heads", config.kv_heads), ("padded_vocab_size", config.padded_vocab_size)):
         if value is not None and value % tp:

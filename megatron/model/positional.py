@@ -50,6 +50,14 @@ class RotaryEmbedding(nn.Module):
             self._cos, self._sin = self._cos.to(device), self._sin.to(device)
         return self._cos[offset:offset + length], self._sin[offset:offset + length]
 
+    def tables_at(self, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [len(positions), rot_dim] (fp32) for arbitrary positions (a context-parallel rank's chunks)."""
+        if int(positions.max()) >= self._cos.size(0):
+            return self.forward(positions)
+        if self._cos.device != positions.device:
+            self._cos, self._sin = self._cos.to(positions.device), self._sin.to(positions.device)
+        return self._cos[positions], self._sin[positions]
+
 
 def rotary_inv_freq(rot_dim: int, base: float) -> torch.Tensor:
     """The rotary inverse frequencies base^(-2i / rot_dim), fp32 (GPT-NeoX's RotaryEmbedding.inv_freq)."""

@@ -1,4 +1,4 @@
-"""The pipe x data x model topology of a run and its process groups, held in one object.
+"""The pipe x data x context x model topology of a run and its process groups, held in one object.
 
 Why an object: tests (and tools that reshard checkpoints) must be able to build and tear down several
 layouts in one process, so nothing is kept in module globals. The object also serves as the ``mpu``
@@ -6,7 +6,13 @@ that DeepSpeed expects (``get_model_parallel_group`` and friends, plus the ``get
 names DeepSpeed 0.19 calls).
 
 Rank order follows GPT-NeoX / DeepSpeed's ``PipeModelDataParallelTopology``: axes (pipe, data, model)
-with the model axis varying fastest, so the ranks of one tensor-parallel group are adjacent.
+with the model axis varying fastest, so the ranks of one tensor-parallel group are adjacent. With
+``context_parallel_size`` C > 1 a context axis sits between data and model (Megatron-LM's order: tensor, then
+context, then data, then pipeline): the C ranks of a context-parallel group hold the chunks of the same samples'
+sequences (megatron.mpu.context_parallel). For DeepSpeed they are its sequence-parallel group (the
+``get_sequence_parallel_*`` names) and data x context is its ``get_sequence_data_parallel_*`` group, over which
+DeepSpeed sums gradients (and shards ZeRO states and writes checkpoints once) while dividing by the data-parallel
+size only; the data-parallel group itself (which samples a rank reads) stays the data axis.
 
 Expert parallelism (``expert_parallel_size`` > 1, a mixture of experts' moe_expert_parallel_size) is carved out
 of each data-parallel group, as DeepSpeed's ``deepspeed.utils.groups`` lays it out: the data-parallel ranks
@@ -24,11 +30,14 @@ from typing import Dict, List, Optional, Tuple
 import torch.distributed as dist
 
 
-def _topology_class():
-    """Imported lazily: DeepSpeed's import is slow and only the pipeline needs it."""
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+def _topology(pipe: int, data: int, context: int, model: int):
+    """DeepSpeed's topology object (imported lazily: DeepSpeed's import is slow). Without context parallelism it
+    is the PipeModelDataParallelTopology the pipeline engine expects."""
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, ProcessTopology
 
-    return PipeModelDataParallelTopology
+    if context == 1:
+        return PipeModelDataParallelTopology(num_pp=pipe, num_mp=model, num_dp=data)
+    return ProcessTopology(axes=["pipe", "data", "context", "model"], dims=[pipe, data, context, model])
 
 
 def expert_parallel_ranks(data_parallel_lists: List[List[int]], expert_parallel_size: int
@@ -46,7 +55,7 @@ def expert_parallel_ranks(data_parallel_lists: List[List[int]], expert_parallel_
 
 
 class ParallelState:
-    """Owns the process groups of one (pipe, data, model) layout of an initialised world.
+    """Owns the process groups of one (pipe, data, context, model) layout of an initialised world.
 
     ``pipe_parallel_size`` 0 means "no pipeline" and is treated as one stage, as in GPT-NeoX.
     Every rank of the world must construct it (``new_group`` is collective), and every rank must call
@@ -54,40 +63,51 @@ class ParallelState:
     """
 
     def __init__(self, pipe_parallel_size: int, model_parallel_size: int,
-                 timeout: Optional[datetime.timedelta] = None, expert_parallel_size: int = 1) -> None:
+                 timeout: Optional[datetime.timedelta] = None, expert_parallel_size: int = 1,
+                 context_parallel_size: int = 1) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ParallelState needs an initialised torch.distributed world")
         if model_parallel_size < 1:
             raise ValueError(f"model_parallel_size must be >= 1, got {model_parallel_size}")
         if pipe_parallel_size < 0:
             raise ValueError(f"pipe_parallel_size must be >= 0, got {pipe_parallel_size}")
+        if context_parallel_size < 1:
+            raise ValueError(f"context_parallel_size must be >= 1, got {context_parallel_size}")
         world = dist.get_world_size()
         pipe = max(pipe_parallel_size, 1)
-        if world % (pipe * model_parallel_size) != 0:
+        if world % (pipe * context_parallel_size * model_parallel_size) != 0:
             raise ValueError(
                 f"world size {world} is not divisible by pipe_parallel_size ({pipe}) x "
-                f"model_parallel_size ({model_parallel_size})"
+                f"context_parallel_size ({context_parallel_size}) x model_parallel_size ({model_parallel_size})"
             )
         self.world_size = world
         self.rank = dist.get_rank()
         self.pipe_parallel_size = pipe
         self.model_parallel_size = model_parallel_size
-        self.data_parallel_size = world // (pipe * model_parallel_size)
-        self.topology = _topology_class()(
-            num_pp=pipe, num_mp=model_parallel_size, num_dp=self.data_parallel_size
-        )
+        self.context_parallel_size = context_parallel_size
+        self.data_parallel_size = world // (pipe * context_parallel_size * model_parallel_size)
+        self.topology = _topology(pipe, self.data_parallel_size, context_parallel_size, model_parallel_size)
         self._groups: Dict[str, object] = {}
         self._group_ranks: Dict[str, List[int]] = {}
         self._all_groups: List[object] = []
-        for axis in ("pipe", "data", "model"):
-            for ranks in self.topology.get_axis_comm_lists(axis):
+        coord = self.topology.get_coord(self.rank)
+        self._coord = {"pipe": coord.pipe, "data": coord.data, "model": coord.model,
+                       "context": getattr(coord, "context", 0)}
+        axes = {axis: self.topology.get_axis_comm_lists(axis) for axis in ("pipe", "data", "model")}
+        if context_parallel_size > 1:
+            axes["context"] = self.topology.get_axis_comm_lists("context")
+            axes["data_context"] = self._data_context_lists()
+        for axis, lists in axes.items():
+            for ranks in lists:
                 group = dist.new_group(ranks=ranks, timeout=timeout)  # None: torch's default (30 min)
                 self._all_groups.append(group)
                 if self.rank in ranks:
                     self._groups[axis] = group
                     self._group_ranks[axis] = list(ranks)
-        coord = self.topology.get_coord(self.rank)
-        self._coord = {"pipe": coord.pipe, "data": coord.data, "model": coord.model}
+        if context_parallel_size == 1:  # the data axis is the data x context one; no group of one rank
+            self._groups["data_context"], self._group_ranks["data_context"] = \
+                self._groups["data"], self._group_ranks["data"]
+            self._groups["context"], self._group_ranks["context"] = None, [self.rank]
         self._destroyed = False
         self._registered_with_deepspeed = False
         self.expert_parallel_size = expert_parallel_size
@@ -111,10 +131,19 @@ class ParallelState:
                     self._group_ranks[axis] = list(ranks)
                     self._coord[axis] = ranks.index(self.rank)
 
+    def _data_context_lists(self) -> List[List[int]]:
+        """The ranks that share a (pipe, model) coordinate: data x context groups, in (data, context) order."""
+        lists: Dict[tuple, List[int]] = {}
+        for rank in range(self.world_size):
+            c = self.topology.get_coord(rank)
+            lists.setdefault((c.pipe, c.model), []).append(rank)
+        return [sorted(ranks) for ranks in lists.values()]
+
     # --- generic accessors -------------------------------------------------------------------
     def group(self, axis: str):
-        """The process group of this rank along ``axis`` ('pipe', 'data', 'model'; 'expert' and 'expert_data'
-        with expert parallelism)."""
+        """The process group of this rank along ``axis`` ('pipe', 'data', 'context', 'model' or 'data_context';
+        the context group is None without context parallelism; 'expert' and 'expert_data' with expert
+        parallelism)."""
         self._check_alive()
         return self._groups[axis]
 
@@ -215,6 +244,30 @@ class ParallelState:
             table.pop(self.expert_group_name, None)
         self._registered_with_deepspeed = False
 
+    # --- context parallel (DeepSpeed: sequence parallel) ---------------------------------------
+    def get_context_parallel_group(self):
+        return self.group("context")
+
+    def get_context_parallel_rank(self) -> int:
+        return self._coord["context"]
+
+    def get_context_parallel_world_size(self) -> int:
+        return self.context_parallel_size
+
+    get_sequence_parallel_group = get_context_parallel_group
+    get_sequence_parallel_rank = get_context_parallel_rank
+    get_sequence_parallel_world_size = get_context_parallel_world_size
+
+    def get_sequence_data_parallel_group(self):
+        """Data x context ranks: DeepSpeed sums gradients over them and divides by the data-parallel size."""
+        return self.group("data_context")
+
+    def get_sequence_data_parallel_rank(self) -> int:
+        return self._group_ranks["data_context"].index(self.rank)
+
+    def get_sequence_data_parallel_world_size(self) -> int:
+        return self.data_parallel_size * self.context_parallel_size
+
     # --- pipeline parallel -------------------------------------------------------------------
     def get_pipe_parallel_group(self):
         return self.group("pipe")
@@ -254,17 +307,20 @@ class ParallelState:
     def __repr__(self) -> str:
         return (
             f"ParallelState(rank={self.rank}, pipe={self.pipe_parallel_size}, "
-            f"data={self.data_parallel_size}, model={self.model_parallel_size}, coord={self._coord})"
+            f"data={self.data_parallel_size}, context={self.context_parallel_size}, "
+            f"model={self.model_parallel_size}, coord={self._coord})"
         )
 
 
 def build_parallel_state(neox_args) -> ParallelState:
-    """Build the ParallelState from ``neox_args.pipe_parallel_size`` and ``model_parallel_size``."""
+    """Build the ParallelState from ``neox_args.pipe_parallel_size``, ``context_parallel_size``,
+    ``model_parallel_size`` and (for a mixture of experts) ``moe_expert_parallel_size``."""
     experts = getattr(neox_args, "moe_num_experts", 1) > 1
     return ParallelState(pipe_parallel_size=neox_args.pipe_parallel_size,
                          model_parallel_size=neox_args.model_parallel_size,
                          timeout=datetime.timedelta(minutes=neox_args.distributed_timeout_minutes),
-                         expert_parallel_size=neox_args.moe_expert_parallel_size if experts else 1)
+                         expert_parallel_size=neox_args.moe_expert_parallel_size if experts else 1,
+                         context_parallel_size=neox_args.context_parallel_size)
 
 
 class SingleProcessState:
@@ -279,6 +335,7 @@ class SingleProcessState:
     pipe_parallel_size = 1
     model_parallel_size = 1
     data_parallel_size = 1
+    context_parallel_size = 1
 
     def get_model_parallel_group(self):
         return None
@@ -309,6 +366,10 @@ class SingleProcessState:
     get_expert_data_parallel_rank = get_model_parallel_rank
     get_expert_data_parallel_world_size = get_model_parallel_world_size
     expert_parallel_size = 1
+    get_context_parallel_group = get_model_parallel_group
+    get_context_parallel_rank = get_model_parallel_rank
+    get_context_parallel_world_size = get_model_parallel_world_size
+    get_sequence_data_parallel_world_size = get_model_parallel_world_size
 
     def register_expert_groups_with_deepspeed(self) -> None:
         """Nothing to register: one expert-parallel rank."""

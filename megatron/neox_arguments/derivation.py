@@ -28,11 +28,13 @@ def derive_world(args: NeoXArgsSchema) -> List[str]:
         return [f"global_num_gpus is {args.global_num_gpus}; at least one rank is needed"]
     args.is_pipe_parallel = args.pipe_parallel_size >= 1
     stages = max(args.pipe_parallel_size, 1)
-    model_ranks = stages * args.model_parallel_size
+    context = max(args.context_parallel_size, 1)  # below 1 is refused by parallelism_problems
+    model_ranks = stages * context * args.model_parallel_size
     if args.global_num_gpus % model_ranks:
         problems.append(
-            f"global_num_gpus={args.global_num_gpus} is not divisible by pipe_parallel_size x model_parallel_size "
-            f"= {stages} x {args.model_parallel_size}; change num_gpus (or the hostfile) or the parallel sizes")
+            f"global_num_gpus={args.global_num_gpus} is not divisible by pipe_parallel_size x context_parallel_size x "
+            f"model_parallel_size = {stages} x {context} x {args.model_parallel_size}; change num_gpus (or the "
+            f"hostfile) or the parallel sizes")
     else:
         args.data_parallel_size = args.global_num_gpus // model_ranks
     return problems

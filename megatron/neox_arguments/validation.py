@@ -8,7 +8,7 @@ import difflib
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
 from megatron.comms_logging import comms_logger_problems
-from megatron.curriculum import curriculum_problems
+from megatron.curriculum import curriculum_problems, enabled as curriculum_enabled
 from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.mup.rules import mup_run_problems
 from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_space_problems
@@ -486,11 +486,29 @@ def _data_path_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
+def context_parallel_problems(args: NeoXArgsSchema) -> List[str]:
+    """context_parallel_size: the data-side rules (the model's are ModelConfig's, reported with the model's)."""
+    cp = args.context_parallel_size
+    if cp < 1:
+        return [f"context_parallel_size={cp} must be >= 1"]
+    if cp == 1:
+        return []
+    why = f"with context_parallel_size={cp} is not supported yet"
+    problems = []
+    if args.reset_attention_mask:
+        problems.append(f"reset_attention_mask {why} (ring attention masks by position only); set it to false")
+    if curriculum_enabled(args.curriculum_learning):
+        problems.append(f"curriculum_learning {why} (the curriculum cuts whole sequences, the batch is already "
+                        f"split); disable it")
+    return problems
+
+
 def parallelism_problems(args: NeoXArgsSchema) -> List[str]:
     problems = []
     if args.pipe_parallel_size < 0 or args.model_parallel_size < 1:
         problems.append(f"pipe_parallel_size={args.pipe_parallel_size} must be >= 0 and model_parallel_size="
                         f"{args.model_parallel_size} >= 1")
+    problems += context_parallel_problems(args)
     if not isinstance(args.zero_stage, int):
         problems += zero_stage_space_problems(args.zero_stage, args.autotuning_run)
     elif args.zero_stage not in (0, 1, 2, 3):

@@ -373,3 +373,16 @@ def test_communication_compressed_optimizers_are_refused_naming_the_backend(kind
 
 def test_lamb_is_refused_until_built():
     assert "FusedLamb" in problems_of(optimizer={"type": "Lamb", "params": {"lr": 1e-3}})
+
+
+def test_context_parallel_size_divides_the_world_and_refuses_what_it_does_not_compose_with():
+    args = tiny(num_gpus=8, model_parallel_size=2, context_parallel_size=2)
+    assert (args.data_parallel_size, args.train_batch_size) == (2, 4)
+    assert tiny(**{"num_gpus": 2, "context-parallel-size": 2}).data_parallel_size == 1  # Megatron-LM's spelling
+    text = problems_of(num_gpus=6, context_parallel_size=4, seq_length=36, max_position_embeddings=36,
+                       pipe_parallel_size=1, reset_attention_mask=True, pos_emb="alibi")
+    for expected in ("not divisible by pipe_parallel_size x context_parallel_size x model_parallel_size",
+                     "seq_length=36 must be divisible by 2 x context_parallel_size = 8", "pipe_parallel_size=1",
+                     "reset_attention_mask with context_parallel_size=4", "pos_emb='alibi'"):
+        assert expected in text, text
+    assert "context_parallel_size=0 must be >= 1" in problems_of(context_parallel_size=0)

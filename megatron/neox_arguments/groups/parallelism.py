@@ -1,4 +1,5 @@
-"""NeoXArgsParallelism: How the model is split over devices: pipeline, tensor (model) and sequence parallelism.
+"""NeoXArgsParallelism: How the model is split over devices: pipeline, tensor (model), context and sequence
+parallelism.
 
 Fields, types, defaults and docs follow the GPT-NeoX argument reference."""
 
@@ -8,7 +9,7 @@ from typing import Optional
 
 @dataclass
 class NeoXArgsParallelism:
-    """How the model is split over devices: pipeline, tensor (model) and sequence parallelism."""
+    """How the model is split over devices: pipeline, tensor (model), context and sequence parallelism."""
 
     pipe_parallel_size: int = 0
     """
@@ -18,6 +19,22 @@ class NeoXArgsParallelism:
     model_parallel_size: int = 1
     """
     Size of the model parallelism.
+    """
+
+    context_parallel_size: int = 1
+    """
+    Number of ranks that split each sequence (context parallelism; Megatron-LM's --context-parallel-size, which
+    is accepted as context-parallel-size). The sequence is cut into 2 x context_parallel_size chunks and each
+    rank holds two (chunk i and its mirror 2 x size - 1 - i, which balances causal attention); attention passes
+    keys and values around the ranks in a ring and merges the partial softmaxes, so the loss and gradients equal
+    those of 1 while attention activations per rank shrink by the factor. The ranks multiply with the others:
+    data_parallel_size = world size / (pipe x context x model). seq_length must be divisible by 2 x
+    context_parallel_size. Composes with tensor (and sequence) and data parallelism, ZeRO and
+    checkpoint_activations. Not supported yet with: pipe_parallel_size >= 1, local / sparse / gmlp / mamba /
+    rwkv layers, alibi or rpe positions, sliding_window_width, MoE, soft prompts, selective recompute,
+    attention_dropout > 0, the fused-softmax flags, reset_attention_mask, curriculum_learning, train_impl other
+    than 'normal', and generation / evaluation (train with it, then generate with 1: the checkpoint is the
+    same).
     """
 
     pipe_partition_method: str = 'type:transformer|mlp'

@@ -1,0 +1,178 @@
+"""Context parallelism (megatron.mpu.context_parallel, megatron.model.ring_attention): on 4 gloo ranks, ring
+attention at CP=2 and CP=4 gives full causal attention's output and gradients; the tiny model at CP=2 x TP=2 gives the
+CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu) train
+CP=2 x TP=2 (ZeRO 1) and CP=2 x DP=2 (no ZeRO) with the CP=1 losses over 10 steps. One spawned world runs every check (4 ranks on a
+2-core machine: starting them is the cost)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron.model import BatchOptions, build_model, get_batch
+from megatron.model.ring_attention import ring_attention
+from megatron.mpu import ParallelState, SingleProcessState
+from megatron.mpu.context_parallel import chunk_positions, split_sequence
+from megatron.model_config import context_parallel_problems
+from tests.distributed_helpers import run_distributed
+from tests.model.helpers import tiny_config
+from tests.model.tp_helpers import expected_local
+
+SEQ = 32
+STEPS = 10
+MODEL = dict(seq_length=SEQ, pos_emb="rotary", num_kv_heads=2, activation="swiglu", norm="rmsnorm")
+
+
+def test_model_rules_refuse_what_ring_attention_does_not_do():
+    problems = " ".join(context_parallel_problems(tiny_config(seq_length=30, pos_emb="alibi", pipe_parallel_size=1,
+                                                               attention_config=[[["local"], 2]]), 2))
+    for key in ("seq_length=30", "pipe_parallel_size=1", "['local']", "alibi"):
+        assert key in problems
+    assert context_parallel_problems(tiny_config(**MODEL), 2) == []
+
+
+def test_generation_and_evaluation_refuse_context_parallelism():
+    from megatron.inference import setup_for_inference
+    from megatron.neox_arguments import ConfigError
+    from tests.neox_arguments.helpers import tiny
+
+    with pytest.raises(ConfigError, match="context_parallel_size: 1, the checkpoint loads unchanged"):
+        setup_for_inference(tiny(num_gpus=2, context_parallel_size=2))
+
+
+def _text(seed: int, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, 128, (batch, SEQ + 1), generator=torch.Generator().manual_seed(seed))
+
+
+def _full_batch(text: torch.Tensor):
+    return get_batch(BatchOptions(), {"text": text}, SingleProcessState())
+
+
+def _check_ring_attention(state: ParallelState, variants=((4, False), (2, False), (2, True))) -> None:
+    """Output and q/k/v gradients of ring attention equal full causal SDPA at this rank's positions for each
+    (kv heads of 4 query heads, explicit) variant: MHA, GQA; SDPA's CPU kernel and the explicit fp32 steps."""
+    cp, rank, group = state.get_context_parallel_world_size(), state.get_context_parallel_rank(), \
+        state.get_context_parallel_group()
+    gen = torch.Generator().manual_seed(1)
+    for kv_heads, explicit in variants:
+        q = torch.randn(2, 4, SEQ, 8, generator=gen, requires_grad=True)
+        k, v = (torch.randn(2, kv_heads, SEQ, 8, generator=gen, requires_grad=True) for _ in range(2))
+        upstream = torch.randn(2, 4, SEQ, 8, generator=gen)
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads < 4)
+        ref.backward(upstream)
+        mine = [split_sequence(t.detach(), rank, cp, dim=2).requires_grad_() for t in (q, k, v)]
+        out = ring_attention(*mine, group, rank, cp, explicit=explicit)
+        out.backward(split_sequence(upstream, rank, cp, dim=2))
+        msg = f"kv_heads={kv_heads} explicit={explicit}"
+        torch.testing.assert_close(out, split_sequence(ref.detach(), rank, cp, dim=2), rtol=1e-5, atol=1e-5, msg=msg)
+        for name, full, local in zip("qkv", (q, k, v), mine):
+            torch.testing.assert_close(local.grad, split_sequence(full.grad, rank, cp, dim=2), rtol=1e-5,
+                                       atol=1e-5, msg=f"d{name} {msg}")
+
+
+def _check_model_grads(state: ParallelState, rank: int) -> None:
+    """CP=2 x TP=2: the loss value is CP=1's on every rank; the gradients summed over the context-parallel ranks
+    (what DeepSpeed does) are CP=1's (this rank's tensor-parallel shard). Full recomputation and sequence
+    parallelism compose."""
+    for overrides in (MODEL, dict(MODEL, pos_emb="learned", checkpoint_activations=True, sequence_parallel=True)):
+        ref = build_model(tiny_config(model_parallel_size=2, **overrides), SingleProcessState())  # split: the state's
+        text = _text(0)
+        inputs, labels = _full_batch(text)
+        ref_loss = ref.loss_fn(ref(inputs), labels)
+        ref_loss.backward()
+        model = build_model(tiny_config(model_parallel_size=2, context_parallel_size=2, **overrides), state)
+        inputs, labels = get_batch(BatchOptions(), {"text": text}, state)
+        assert inputs[0].size(1) == SEQ // 2 and inputs[2] is None
+        assert torch.equal(inputs[1][0], chunk_positions(SEQ, state.get_context_parallel_rank(), 2))
+        model.train()
+        loss = model.loss_fn(model(inputs), labels)
+        loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        for param in model.parameters():
+            torch.distributed.all_reduce(param.grad, group=state.get_context_parallel_group())
+        for name, (want, got) in expected_local(ref, model, state.get_model_parallel_rank(), 2, grads=True).items():
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{overrides} grad {name}")
+
+
+def _neox_args(tp: int, zero_stage: int):
+    from megatron.neox_arguments import NeoXArgs
+
+    return NeoXArgs.from_dict({
+        "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_kv_heads": 2, "seq_length": SEQ,
+        "pos_emb": "rotary", "activation": "swiglu", "norm": "rmsnorm", "make_vocab_size_divisible_by": 64,
+        "hidden_dropout": 0.0, "attention_dropout": 0.0, "seed": 1234, "distributed_backend": "gloo",
+        "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+        "lr_decay_style": "constant", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage}, "num_gpus": 4, "train_iters": STEPS,
+        "pipe_parallel_size": 0, "model_parallel_size": tp, "context_parallel_size": 2})
+
+
+def _check_training(tp: int, zero_stage: int, reference_rank: int) -> dict:
+    """10 steps of megatron.training (initialize_megatron, setup_model_and_optimizer with the ParallelState as
+    DeepSpeed's mpu, _ModelBatches splitting each sample per context-parallel rank, train_step) at CP=2 x TP=tp
+    (x DP=2 / tp); the CP=1 reference (on ``reference_rank`` only) takes the same optimizer and clipping in a plain loop
+    over the data-parallel ranks' samples joined. Three batches in turn, so that the loss falls in 10 steps."""
+    from types import SimpleNamespace
+
+    from megatron.initialize import initialize_megatron
+    from megatron.optimizers import build_optimizer
+    from megatron.training import _ModelBatches, setup_model_and_optimizer, train_step
+    from megatron.training_schedule import TrainingSchedule
+
+    args = _neox_args(tp, zero_stage)
+    ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=128, eod=0))
+    state = ctx.parallel_state
+    dp, dp_rank = state.get_data_parallel_world_size(), state.get_data_parallel_rank()
+    assert (dp, args.data_parallel_size, args.train_batch_size) == (2 // tp, 2 // tp, 4 // tp)
+    engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+    texts = [_text(100 + step % 3, batch=2 * dp) for step in range(STEPS)]
+    samples = iter({"text": t[2 * dp_rank:2 * dp_rank + 2]} for t in texts) \
+        if state.get_model_parallel_rank() == 0 else None
+    batches = _ModelBatches(args, ctx, samples)
+    losses = [train_step(args, engine, batches, ctx, optimizer)[0] for _ in range(STEPS)]
+    state.destroy()
+    ref_losses = None
+    if torch.distributed.get_rank() == reference_rank:
+        ref = build_model(ctx.model_config.replace(model_parallel_size=1, context_parallel_size=1),
+                          SingleProcessState())
+        opt = build_optimizer(args, ref)
+        ref_losses = []
+        for text in texts:
+            opt.zero_grad()
+            loss = ref.loss_fn(*(lambda b: (ref(b[0]), b[1]))(_full_batch(text)))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+            opt.step()
+            ref_losses.append(loss.item())
+    return {"losses": losses, "ref": ref_losses}
+
+
+def _run(rank: int, world_size: int) -> dict:
+    results = {}
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=2, context_parallel_size=2)
+    assert (state.get_data_parallel_world_size(), state.get_sequence_data_parallel_world_size()) == (1, 2)
+    results["cp_tp_groups"] = (state.group_ranks("model"), state.group_ranks("context"))
+    _check_ring_attention(state)
+    _check_model_grads(state, rank)
+    state.destroy()
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=1, context_parallel_size=2)
+    results["cp_dp_groups"] = (state.group_ranks("data"), state.group_ranks("context"),
+                               state.group_ranks("data_context"), state.get_sequence_data_parallel_rank())
+    state.destroy()
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=1, context_parallel_size=4)
+    _check_ring_attention(state, variants=((2, False),))  # a ring of 4: sources before and after each rank
+    state.destroy()
+    results["cp2_tp2"] = _check_training(tp=2, zero_stage=1, reference_rank=0)
+    results["cp2_dp2"] = _check_training(tp=1, zero_stage=0, reference_rank=1)
+    return results
+
+
+def test_context_parallel_matches_cp1_on_four_ranks():
+    results = run_distributed(_run, world_size=4)
+    assert [r["cp_tp_groups"] for r in results] == [([0, 1], [0, 2]), ([0, 1], [1, 3]), ([2, 3], [0, 2]),
+                                                     ([2, 3], [1, 3])]
+    assert [r["cp_dp_groups"] for r in results] == [([0, 2], [0, 1], [0, 1, 2, 3], 0), ([1, 3], [0, 1], [0, 1, 2, 3], 1),
+                                                     ([0, 2], [2, 3], [0, 1, 2, 3], 2), ([1, 3], [2, 3], [0, 1, 2, 3], 3)]
+    for layout, reference_rank in (("cp2_tp2", 0), ("cp2_dp2", 1)):
+        ref = torch.tensor(results[reference_rank][layout]["ref"])
+        assert ref[-1] < ref[0] - 0.1, f"{layout}: the reference did not train"
+        for r in results:
+            torch.testing.assert_close(torch.tensor(r[layout]["losses"]), ref, rtol=0, atol=2e-3, msg=layout)
