@@ -564,6 +564,16 @@ def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
         raise CheckpointError(problem)
 
 
+def data_position(neox_args, client_state: Dict[str, Any], iteration: int) -> Dict[str, int]:
+    """Where the data streams start: a resumed run where its checkpoint stopped (GPT-NeoX's checkpoints record no
+    samples: iterations x batch); a fine-tuning run (finetune: true) at the start of its own data, whatever the
+    checkpoint it starts from consumed of another dataset."""
+    if neox_args.finetune:
+        return {"consumed_train_samples": 0, "consumed_valid_samples": 0}
+    samples = client_state.get("consumed_train_samples", iteration * neox_args.train_batch_size)
+    return {"consumed_train_samples": samples, "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
+
+
 def _async_checkpoints(neox_args, engine, ctx: RunContext):
     """async_save's background writer (megatron.async_checkpoint), None for synchronous saves."""
     if not (neox_args.async_save and neox_args.save):
@@ -635,9 +645,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine)
     loaded_rng = rng_states() if iteration else None
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
-    position = {"consumed_train_samples": client_state.get("consumed_train_samples",
-                                                           iteration * neox_args.train_batch_size),
-                "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
+    position = data_position(neox_args, client_state, iteration)
     train_batches, valid_batches, test_batches = _batch_streams(
         neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"], reference)
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None

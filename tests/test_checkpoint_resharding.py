@@ -84,7 +84,7 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
     args = _args(world, layout, save, load)
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
-    iteration, client = load_checkpoint(args, ctx.model_config, engine)
+    iteration, client, _ = load_checkpoint(args, ctx.model_config, engine)
     engine_steps = engine.global_steps
     ps = ctx.parallel_state
     batches = _micro_batches(args, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), first_step)
