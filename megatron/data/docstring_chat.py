@@ -57,8 +57,9 @@ def _conversation(item: Documented, answer: str) -> List[Dict[str, str]]:
 
 
 def write_docstring_chat(directory: Path, eval_count: int = 100, limit: int = 3000, seed: int = 0) -> Dict[str, Path]:
-    """sft.jsonl (messages), pairs.jsonl (chosen / rejected) and tasks/docstring_mc.{yaml,jsonl} in ``directory``;
-    returns their paths. The evaluation functions are held out of both training sets."""
+    """sft.jsonl (messages), pairs.jsonl (chosen / rejected), tasks/docstring_mc.{yaml,jsonl} (functions held out
+    of both training sets) and tasks/docstring_mc_seen.{yaml,jsonl} (trained ones) in ``directory``; returns their
+    paths."""
     items = documented_functions(limit)
     if len(items) < eval_count + 10:
         raise ValueError(f"only {len(items)} documented stdlib functions found; need more than {eval_count + 10}")
@@ -75,23 +76,31 @@ def write_docstring_chat(directory: Path, eval_count: int = 100, limit: int = 30
                                     "rejected": _conversation(item, other.summary)}) + "\n")
     tasks = directory / "tasks"
     tasks.mkdir(exist_ok=True)
+    # held out of training, and (to see what the training did) as many of the trained functions
+    for name, chosen in (("docstring_mc", held_out), ("docstring_mc_seen", train[:eval_count])):
+        paths[name] = _write_task(tasks, name, chosen, rng)
+    paths["task"] = paths["docstring_mc"]
+    return paths
+
+
+def _write_task(directory: Path, name: str, items: List[Documented], rng: random.Random) -> Path:
+    """An lm-eval multiple-choice task: each function's own summary among three others of the set."""
     rows = []
-    for i, item in enumerate(held_out):
-        others = [held_out[(i + k) % len(held_out)].summary for k in (1, 2, 3)]
-        choices = [item.summary] + others
+    for i, item in enumerate(items):
+        choices = [item.summary] + [items[(i + k) % len(items)].summary for k in (1, 2, 3)]
         rng.shuffle(choices)
         # the prompt as the chat template renders it, up to where the assistant's answer starts
         rows.append({"prompt": f"<|user|>\n{question(item)}\n<|assistant|>\n", "choices": choices,
                      "label": choices.index(item.summary)})
-    data = tasks / "docstring_mc.jsonl"
+    data = directory / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    task = {"task": "docstring_mc", "dataset_path": "json", "test_split": "test",
+    task = {"task": name, "dataset_path": "json", "test_split": "test",
             "dataset_kwargs": {"data_files": {"test": str(data.resolve())}}, "output_type": "multiple_choice",
             "doc_to_text": "{{prompt}}", "doc_to_choice": "{{choices}}", "doc_to_target": "label",
             "target_delimiter": "", "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]}
-    paths["task"] = tasks / "docstring_mc.yaml"
-    paths["task"].write_text(json.dumps(task, indent=1), encoding="utf-8")  # JSON is YAML
-    return paths
+    path = directory / f"{name}.yaml"
+    path.write_text(json.dumps(task, indent=1), encoding="utf-8")  # JSON is YAML
+    return path
 
 
 def write_tokenizer_folder(directory: Path, tokenizer_json: Path, eos_token: str = "<|endoftext|>") -> Path:

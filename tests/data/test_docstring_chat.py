@@ -50,6 +50,9 @@ def test_sets_pairs_and_held_out_task(tmp_path, monkeypatch):
         assert pair["chosen"][0] == pair["rejected"][0] and pair["chosen"][1] != pair["rejected"][1]
     task = json.loads(paths["task"].read_text())
     assert task["output_type"] == "multiple_choice" and task["target_delimiter"] == ""
+    seen_file = tmp_path / "out" / "tasks" / "docstring_mc_seen.jsonl"
+    seen = [json.loads(line) for line in seen_file.read_text().splitlines()]
+    assert len(seen) == 20 and all(row["prompt"].split("\n")[1] in trained for row in seen)
 
 
 def test_the_template_renders_the_prompt_the_task_asks(tmp_path):

@@ -9,7 +9,8 @@ standard library (megatron/data/docstring_chat.py), tokenized with GPT-NeoX's ch
     python deepy.py eval.py configs/post_training/dpo_tiny.yml --eval_tasks data/chat_example/tasks/docstring_mc.yaml
 
 Writes DATA_DIR/chat_example/: tokenizer/ (the corpus tokenizer with a chat template), sft_* (messages, loss on
-the answers), dpo_* (chosen / rejected, loss on the last turn) and tasks/docstring_mc.yaml (an lm-eval task).
+the answers), dpo_* (chosen / rejected, loss on the last turn) and tasks/docstring_mc.yaml (an lm-eval task on functions held out of training) and tasks/docstring_mc_seen.yaml
+(the same on trained functions).
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         code = tool.main(argv_ + common)
         if code:
             return code
-    print(f"wrote {out}: sft_messages_*, dpo_chosen_* / dpo_rejected_*, tasks/docstring_mc.yaml", flush=True)
+    print(f"wrote {out}: sft_messages_*, dpo_chosen_* / dpo_rejected_*, tasks/docstring_mc[_seen].yaml", flush=True)
     return 0
 
 
