@@ -1,5 +1,5 @@
 """`python deepy.py train.py tiny.yml` with autotuning_run: run — DeepSpeed's autotuner explores ZeRO stage x micro
-batch on 2 CPU ranks, writes its results and the optimal config, and then trains with that config (one launch)."""
+batch (here stages 0 and 1 at micro batch 1) on 2 CPU ranks, writes its results and the optimal config, and then trains with that config (one launch)."""
 
 import json
 
@@ -18,7 +18,7 @@ def test_autotuning_run_tunes_stage_and_micro_batch_then_trains_with_the_optimal
     run = TrainingRun(tmp_path / "run", data, num_gpus=2, pipe_parallel_size=0, train_iters=TRAIN_ITERS,
                       train_micro_batch_size_per_gpu=1, zero_optimization={"stage": [0, 1]}, autotuning_run="run",
                       autotuning={"enabled": True, "fast": True, "start_profile_step": 1,
-                                  "end_profile_step": END_PROFILE_STEP, "max_train_micro_batch_size_per_gpu": 2,
+                                  "end_profile_step": END_PROFILE_STEP, "max_train_micro_batch_size_per_gpu": 1,
                                   "results_dir": str(results), "exps_dir": str(exps)})
     run.launch(timeout=900)
     run.assert_ok()
@@ -28,7 +28,9 @@ def test_autotuning_run_tunes_stage_and_micro_batch_then_trains_with_the_optimal
     measured = {folder.name: json.loads((folder / "metrics.json").read_text())
                 for folder in results.iterdir() if (folder / "metrics.json").is_file()}
     assert {name[:2] for name in measured} == {"z0", "z1"}, sorted(measured)
-    assert {name.rsplit("tmbspg", 1)[1] for name in measured} == {"1", "2"}, sorted(measured)
+    # one micro batch per stage keeps the test to four launches (profile, two experiments, training); the micro-batch
+    # search itself is DeepSpeed's, its arguments tests/neox_arguments/test_autotuning.py's
+    assert {name.rsplit("tmbspg", 1)[1] for name in measured} == {"1"}, sorted(measured)
     assert all(m["throughput"] > 0 and m["latency"] > 0 for m in measured.values())
     for name in measured:  # each experiment trained its own batch, without checkpoints, logging in its folder
         config = json.loads((results / name / "ds_config.json").read_text())

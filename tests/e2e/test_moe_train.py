@@ -1,7 +1,7 @@
 """Mixture-of-experts models train end to end through deepy.py on CPU: the dropless layer (pipeline engine) and
 DeepSpeed's token-dropping layer (two data-parallel ranks, ZeRO 1). Losses fall, the auxiliary loss and the
 expert load are logged, the checkpoints hold GPT-NeoX's expert tensors (DeepSpeed's expert files for its layer),
-and stopped runs resume exactly."""
+and the dropless run resumes exactly (DeepSpeed's layer's exact resume: tests/model/test_moe_expert_parallel.py)."""
 
 import pytest
 import torch
@@ -44,6 +44,7 @@ def test_moe_layers_train_log_the_aux_loss_and_resume_exactly(tmp_path):
     assert resumed.losses() == {i: losses[i] for i in range(9, 17)}
 
     # DeepSpeed's layer: tokens over capacity (factor 1) are dropped, the experts are in DeepSpeed's files
+    # (its exact resume, also at another expert-parallel size: tests/model/test_moe_expert_parallel.py, in-process)
     straight = TrainingRun(tmp_path / "ds_straight", data, **DEEPSPEED, checkpoint_factor=3)
     straight.launch()
     straight.assert_ok()
@@ -52,8 +53,5 @@ def test_moe_layers_train_log_the_aux_loss_and_resume_exactly(tmp_path):
     assert all(sum(r[f"moe_tokens/layer_00/expert_{e:02d}"] for e in range(4)) == 16 * 32 * 2 for r in records)
     files = sorted(p.name for p in (tmp_path / "ds_straight" / "ckpt" / "global_step3").iterdir())
     assert [f"layer_0_expert_{e}_mp_rank_00_model_states.pt" for e in range(4)] == [f for f in files if "expert" in f]
-    resumed = straight.resumed_from(3, tmp_path / "ds_resumed")
-    resumed.launch()
-    resumed.assert_ok()
     losses = straight.losses()
-    assert resumed.losses() == {i: losses[i] for i in range(4, 7)} and losses[6] < losses[1]
+    assert losses[6] < losses[1]
