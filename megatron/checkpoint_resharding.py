@@ -41,13 +41,20 @@ def layout_of(values: Mapping[str, Any]) -> Dict[str, int]:
             "zero_stage": int(values.get("zero_stage") or 0)}
 
 
-def needs_resharding(saved: Mapping[str, int], current: Mapping[str, int]) -> bool:
+def needs_resharding(saved: Mapping[str, int], current: Mapping[str, int], optimizer_state: bool = True) -> bool:
     """Whether DeepSpeed's engine cannot load a checkpoint of layout ``saved`` itself: another tensor / pipeline
     split or ZeRO stage, or another number of data-parallel ranks under ZeRO (without ZeRO every data-parallel rank
-    holds the whole optimizer state, and the engine loads it on any number of ranks)."""
-    if any(saved[key] != current[key] for key in ("model_parallel_size", "pipe_parallel_size", "zero_stage")):
+    holds the whole optimizer state, and the engine loads it on any number of ranks). Without the optimizer state
+    (no_load_optim) only another split, or ZeRO-3's partitioned weights, need it: the engine reads the weights from
+    the model files."""
+    split = any(saved[key] != current[key] for key in ("model_parallel_size", "pipe_parallel_size"))
+    if split:
         return True
-    return saved["zero_stage"] > 0 and saved["data_parallel_size"] != current["data_parallel_size"]
+    other_zero = saved["zero_stage"] != current["zero_stage"]
+    other_dp = saved["data_parallel_size"] != current["data_parallel_size"]
+    if not optimizer_state:
+        return max(saved["zero_stage"], current["zero_stage"]) >= 3 and (other_zero or other_dp)
+    return other_zero or (saved["zero_stage"] > 0 and other_dp)
 
 
 def reference_problem(path: str, saved: Mapping[str, int], current: Mapping[str, int], train_impl: str) -> str:

@@ -710,11 +710,8 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
     else:
         return None
     before, now = layout_of(saved), layout_of(neox_args.to_dict())
-    if not needs_resharding(before, now):
+    if not needs_resharding(before, now, optimizer_state=load_optim):
         return None
-    same_split = all(before[key] == now[key] for key in ("model_parallel_size", "pipe_parallel_size"))
-    if not load_optim and same_split and max(before["zero_stage"], now["zero_stage"]) < 3:
-        return None  # the weights alone, in the same split: DeepSpeed's engine reads them from the model files
     problem = reference_problem(path, before, now, neox_args.train_impl)
     if problem:
         raise CheckpointError(problem)

@@ -380,7 +380,7 @@ def objective_metrics(engine) -> Dict[str, float]:
     if metrics and dist.is_initialized():
         names = sorted(metrics)
         values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
-        group = engine.grid.get_data_parallel_group() if getattr(engine, "is_pipe_parallel", False) \
+        group = engine.grid.get_data_parallel_group() if pipelined \
             else engine.mpu.get_data_parallel_group() if getattr(engine, "mpu", None) else None
         dist.all_reduce(values, group=group)
         values /= dist.get_world_size(group=group)

@@ -192,6 +192,11 @@ def test_which_layout_changes_need_resharding():
         assert needs_resharding(base, {**base, **change}), change
     zero = {**base, "zero_stage": 2}
     assert needs_resharding(zero, {**zero, "data_parallel_size": 2})
+    # the weights alone (no_load_optim): the engine reads them from the model files unless the split or ZeRO-3's
+    # partitioned weights differ
+    assert not needs_resharding(zero, {**base, "data_parallel_size": 2}, optimizer_state=False)
+    assert needs_resharding(zero, {**zero, "model_parallel_size": 1}, optimizer_state=False)
+    assert needs_resharding(zero, {**zero, "zero_stage": 3}, optimizer_state=False)
 
 
 def test_a_mixture_of_experts_checkpoint_is_refused_naming_its_layout(tmp_path):

@@ -79,7 +79,6 @@ def write_docstring_chat(directory: Path, eval_count: int = 100, limit: int = 30
     # held out of training, and (to see what the training did) as many of the trained functions
     for name, chosen in (("docstring_mc", held_out), ("docstring_mc_seen", train[:eval_count])):
         paths[name] = _write_task(tasks, name, chosen, rng)
-    paths["task"] = paths["docstring_mc"]
     return paths
 
 

@@ -48,7 +48,7 @@ def test_sets_pairs_and_held_out_task(tmp_path, monkeypatch):
         assert len(set(row["choices"])) == 4 and 0 <= row["label"] < 4
     for pair in pairs:
         assert pair["chosen"][0] == pair["rejected"][0] and pair["chosen"][1] != pair["rejected"][1]
-    task = json.loads(paths["task"].read_text())
+    task = json.loads(paths["docstring_mc"].read_text())
     assert task["output_type"] == "multiple_choice" and task["target_delimiter"] == ""
     seen_file = tmp_path / "out" / "tasks" / "docstring_mc_seen.jsonl"
     seen = [json.loads(line) for line in seen_file.read_text().splitlines()]
