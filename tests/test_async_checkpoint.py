@@ -69,6 +69,18 @@ def test_files_are_written_on_the_writer_thread_and_errors_are_reported(tmp_path
     assert writer.status() == DONE
 
 
+@pytest.mark.skipif(not hasattr(os, "getpriority") or not os.path.isdir("/proc/self/task"),
+                    reason="per-thread priorities are Linux's")
+def test_the_writer_thread_runs_at_the_lowest_priority_and_the_training_thread_keeps_its_own():
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    writer = BackgroundWriter(Inner())
+    seen = []
+    writer.submit(lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    writer.wait()
+    assert seen == [19]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+
+
 def _save(saves: AsyncCheckpoints, save_dir, iteration: int, value: float) -> str:
     """What megatron.checkpointing.save_checkpoint(complete=False) does with the engine's writer."""
     path = os.path.join(save_dir, f"global_step{iteration}")

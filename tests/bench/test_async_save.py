@@ -20,11 +20,12 @@ def test_benchmark_configs_differ_only_in_async_save(tmp_path):
     assert sync["checkpoint_factor"] == args.every and sync["wall_clock_breakdown"]
 
 
-def test_measure_reads_the_pause_and_the_step_during_the_write():
-    records = [{"iteration": i, "iteration_time_s": 1.0} for i in range(1, 8)]
-    records[3]["iteration_time_s"] = 1.5  # iteration 4: right after the save at 3
-    records[3]["time_ms/save"] = 200.0
-    records[6]["iteration_time_s"] = 1.5  # iteration 7: right after the save at 6
-    records[6]["time_ms/save"] = 400.0
-    result = measure(records, every=3, steps=7)
-    assert result == pytest.approx({"pause": 0.3, "during": 1.5, "quiet": 1.0, "per_iteration": (4 * 1.0 + 2 * 1.5 + 0.6) / 6})
+def test_measure_reads_the_pause_and_the_two_steps_after_each_save():
+    records = [{"iteration": i, "iteration_time_s": 1.0} for i in range(1, 10)]
+    for iteration, pause in ((5, 200.0), (9, 400.0)):  # right after the saves at 4 and 8
+        records[iteration - 1]["iteration_time_s"] = 1.5
+        records[iteration - 1]["time_ms/save"] = pause
+    records[5]["iteration_time_s"] = 1.2  # iteration 6: the second step after the save at 4
+    result = measure(records, every=4, steps=9)
+    assert result == pytest.approx({"pause": 0.3, "first": 1.5, "second": 1.2, "quiet": 1.0,
+                                    "per_iteration": (5 * 1.0 + 2 * 1.5 + 1.2 + 0.6) / 8})
