@@ -154,7 +154,9 @@ def test_required_model_fields():
      "sequence_parallel=true with a mixture of experts"),
     ({"moe_num_experts": 4, "moe_use_residual": True}, "moe_use_residual=true with moe_type='megablocks'"),
     ({"moe_num_experts": 4, "moe_train_capacity_factor": 2.0}, "only applies with moe_token_dropping: true"),
-    ({"moe_num_experts": 4, "use_tutel": True}, "tutel MoE (use_tutel) is not supported yet"),
+    ({"moe_num_experts": 4, "use_tutel": True, "moe_type": "deepspeed"},
+     "tutel cannot be installed as a dependency (the package is not on the Python package registry, PyPI: it "
+     "installs from its GitHub repository and builds CUDA kernels, so it needs CUDA)"),
     ({"moe_num_experts": 4, "expert_interval": 2, "moe_expert_interval": 3}, "are one setting"),
     ({"moe_num_experts": 4, "moe_glu": True, "activation": "softsign"}, "moe_glu=true with activation='softsign'"),
     ({"moe_num_experts": 4, "zero_optimization": {"stage": 3}}, "zero_optimization.stage=3 with a mixture of experts"),

@@ -31,8 +31,9 @@ class NeoXArgsMoE:
 
     use_tutel: bool = False
     """
-    Use Tutel optimizations in MoE. Not supported yet (tutel accelerates DeepSpeed's layer, moe_type deepspeed):
-    true is refused.
+    Use Tutel optimizations in MoE. Not supported: true is refused, since tutel cannot be installed as a
+    dependency (it is not on PyPI; it installs from its GitHub repository and builds CUDA kernels). Tutel
+    accelerates DeepSpeed's layer (moe_type deepspeed), which runs without it.
     """
 
     moe_num_experts: int = 1
