@@ -211,12 +211,12 @@ def test_expert_parallel_size_that_does_not_divide_gives_one_message(overrides, 
         f"Invalid NeoX configuration: {message}"
 
 
-def test_per_parameter_logging_with_expert_parallelism_is_refused():
-    assert problems_of(moe_num_experts=4, moe_type="deepspeed", moe_expert_parallel_size=2, num_gpus=2,
-                       train_batch_size=4, log_grad_norm=True, log_optimizer_states=True) == (
-        "Invalid NeoX configuration: log_grad_norm, log_optimizer_states with moe_expert_parallel_size=2 is not "
-        "supported yet: the per-parameter values are gathered from one model replica, and with expert parallelism "
-        "the experts are spread over several (the run's grad_norm counts them all)")
+def test_per_parameter_logging_with_expert_parallelism_validates():
+    """The values are gathered from every expert-parallel rank (tests/model/test_moe_parallel_extras.py)."""
+    args = tiny(moe_num_experts=4, moe_type="deepspeed", moe_expert_parallel_size=2, num_gpus=2,
+                train_batch_size=4, log_grad_norm=True, log_param_norm=True, log_grad_pct_zeros=True,
+                log_optimizer_states=True)
+    assert args.log_grad_norm and args.moe_expert_parallel_size == 2
 
 
 @pytest.mark.parametrize("moe_type", ["deepspeed", "megablocks"])

@@ -97,7 +97,7 @@ class NeoXArgsMoE:
     with pipe_parallel_size 0 and model_parallel_size 1; experts are saved one per file (DeepSpeed's
     layer_N_expert_M files). A checkpoint resumes at the same value; at another one with no_load_optim: true
     (DeepSpeed's layer: any value; the dropless layer: any value above 1). generate.py and eval.py hold every
-    expert on every rank.
+    expert on every rank. The per-parameter logs (log_grad_norm & co.) gather every rank's experts.
     """
 
     moe_type: str = 'megablocks'
