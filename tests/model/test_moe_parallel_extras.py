@@ -62,8 +62,38 @@ def _expert_parallel_logs_and_checkpoint(rank: int, save_root: str) -> dict:
     return out
 
 
+SEQUENCE_PARALLEL = {"topk": dict(moe_router_type="topk", moe_top_k=2, activation="swiglu", norm="rmsnorm"),
+                     "sinkhorn": dict(moe_router_type="sinkhorn", moe_top_k=1)}
+"""Two dropless models (4 experts, two per tensor-parallel rank, in both layers; auxiliary loss on)."""
+
+
+def _sequence_parallel_loss_and_grads(rank: int) -> dict:
+    """{(router, sequence_parallel): (loss, this rank's logits shard, {name: gradient}, {name: weight})} at TP=2."""
+    from megatron.model import build_model
+    from megatron.mpu import ParallelState
+    from tests.model.helpers import tiny_config
+
+    inputs, labels = random_batch(seq=16)
+    out = {}
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
+    for router, overrides in SEQUENCE_PARALLEL.items():
+        for sp in (False, True):
+            config = tiny_config(model_parallel_size=2, sequence_parallel=sp, moe_num_experts=4, expert_interval=1,
+                                 moe_loss_coeff=0.1, **overrides)
+            model = build_model(config, state)
+            logits = model(inputs)
+            loss = model.loss_fn(logits, labels)
+            loss.backward()
+            out[(router, sp)] = (loss.detach(), logits.detach(),
+                                 {n: p.grad.clone() for n, p in model.named_parameters()},
+                                 {n: p.detach().clone() for n, p in model.named_parameters()})
+    state.destroy()
+    return out
+
+
 def _run(rank: int, world_size: int, save_root: str) -> dict:
-    return {"expert_parallel": _expert_parallel_logs_and_checkpoint(rank, save_root)}
+    return {"sequence_parallel": _sequence_parallel_loss_and_grads(rank),
+            "expert_parallel": _expert_parallel_logs_and_checkpoint(rank, save_root)}
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +170,20 @@ def test_expert_parallel_checkpoint_exports_to_mixtral(runs, tmp_path):
     ours = our_model(read_checkpoint(str(root / "ep1" / "global_step0")).config,
                      read_checkpoint(str(root / "ep1" / "global_step0")).state)
     assert_matches_hf(ours, models[2])
+
+
+@pytest.mark.parametrize("router", list(SEQUENCE_PARALLEL))
+def test_dropless_moe_with_sequence_parallel_equals_without(runs, router):
+    """TP=2, experts split over the tensor-parallel ranks: with sequence_parallel (the sequence gathered before
+    routing, the experts' partial sums reduce-scattered after) the same weights give the same logits, loss (with
+    the auxiliary loss's gradient) and gradients of every parameter, the router's included, as without."""
+    _, results = runs
+    for rank in range(2):
+        off, on = results[rank]["sequence_parallel"][(router, False)], results[rank]["sequence_parallel"][(router, True)]
+        assert set(on[3]) == set(off[3]) and all(torch.equal(on[3][n], off[3][n]) for n in off[3])
+        assert any(".mlp.router." in n for n in off[2]) and any(".mlp.experts.mlp.w1" in n for n in off[2])
+        torch.testing.assert_close(on[0], off[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(on[1], off[1], rtol=1e-5, atol=1e-5)
+        for name, grad in off[2].items():
+            assert grad.abs().sum() > 0, name
+            torch.testing.assert_close(on[2][name], grad, rtol=1e-4, atol=1e-6, msg=f"rank {rank} grad {name}")

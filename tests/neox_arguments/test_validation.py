@@ -150,8 +150,15 @@ def test_required_model_fields():
      "supported yet"),
     ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
      "moe_num_experts=3 must be divisible by moe_expert_parallel_size x model_parallel_size = 1 x 2"),
-    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True},
-     "sequence_parallel=true with a mixture of experts"),
+    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True,
+      "moe_type": "deepspeed"},
+     "sequence_parallel=true with a mixture of experts of moe_type='deepspeed' and moe_expert_parallel_size=1 is not "
+     "supported yet: only the dropless layer without expert parallelism (moe_type megablocks, "
+     "moe_expert_parallel_size 1) gathers the sequence for its experts"),
+    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 4, "sequence_parallel": True,
+      "moe_expert_parallel_size": 2},
+     "sequence_parallel=true with a mixture of experts of moe_type='megablocks' and moe_expert_parallel_size=2 is "
+     "not supported yet"),
     ({"moe_num_experts": 4, "moe_use_residual": True}, "moe_use_residual=true with moe_type='megablocks'"),
     ({"moe_num_experts": 4, "moe_train_capacity_factor": 2.0}, "only applies with moe_token_dropping: true"),
     ({"moe_num_experts": 4, "use_tutel": True, "moe_type": "deepspeed"},
@@ -209,6 +216,12 @@ def test_rule(overrides, needle):
 def test_expert_parallel_size_that_does_not_divide_gives_one_message(overrides, message, moe_type):
     assert problems_of(**{"moe_num_experts": 4, "moe_type": moe_type, **overrides}) == \
         f"Invalid NeoX configuration: {message}"
+
+
+def test_dropless_moe_with_sequence_parallel_validates():
+    """The dropless layer gathers the sequence (tests/model/test_moe_parallel_extras.py)."""
+    args = tiny(moe_num_experts=4, model_parallel_size=2, num_gpus=2, sequence_parallel=True)
+    assert args.sequence_parallel and args.moe_type == "megablocks"
 
 
 def test_per_parameter_logging_with_expert_parallelism_validates():

@@ -11,10 +11,11 @@ from typing import Literal, Optional
 class NeoXArgsMoE:
     """Mixture-of-experts settings. Built: the dropless layer (moe_type megablocks, GPT-NeoX's dMoE) in plain
     PyTorch, with pipeline, data and tensor parallelism (the experts split over the tensor-parallel ranks, as
-    GPT-NeoX's dMoE; not with sequence_parallel); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
-    parallelism and ZeRO 0-2 (pipe_parallel_size 0, model_parallel_size 1). Not built yet, and refused with a
-    message: expert parallelism, expert tensor parallelism, tutel, and conversion of MoE checkpoints to Hugging
-    Face (Mixtral). Every MoE setting written while moe_num_experts is 1 is refused (nothing would read it)."""
+    GPT-NeoX's dMoE; with sequence_parallel too); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
+    parallelism and ZeRO 0-2 (pipe_parallel_size 0, model_parallel_size 1); expert parallelism
+    (moe_expert_parallel_size) for both; conversion to Hugging Face's Mixtral. Refused with a message: expert
+    tensor parallelism, tutel, sequence_parallel with DeepSpeed's layer or expert parallelism. Every MoE setting
+    written while moe_num_experts is 1 is refused (nothing would read it)."""
 
     expert_interval: int = 2
     """
