@@ -16,6 +16,8 @@ import torch
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 
+pytestmark = pytest.mark.slow  # one spawned pair of processes (~8 s on an idle 2-core machine)
+
 LOGGED = ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
 EXPERTS = "deepspeed_moe.experts.deepspeed_experts."
 
