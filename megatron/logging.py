@@ -572,11 +572,15 @@ def debug_sums(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim
     'parameter_norms/<name>': [sum of squares], 'optimizer_state_norms/<name>/<state key>': [sum of squares].
 
     Only the parameters counted on this rank (counted_here) are included, under `names(name)` (default: the
-    module's own names; a pipeline logs the sequential model's, GPT2ModelPipe.sequential_name). Call where the
+    module's own names; a pipeline logs the sequential model's, GPT2ModelPipe.sequential_name); with expert
+    parallelism an expert's parameters are named by its global expert (megatron.model.moe.naming). Call where the
     gradients are reduced and not yet clipped or cleared, on every rank (ZeRO / bf16 gradients and optimizer
     states are gathered across data-parallel ranks)."""
+    from megatron.model.moe.naming import global_expert_names
+
     rename = names or (lambda name: name)
-    params = [(rename(name), param) for name, param in model.named_parameters()
+    experts = global_expert_names(model, parallel_state) if parallel_state is not None else {}
+    params = [(rename(experts.get(name, name)), param) for name, param in model.named_parameters()
               if counted_here(param, parallel_state)]
     out: Dict[str, List[float]] = {}
     if neox_args.log_grad_norm or neox_args.log_grad_pct_zeros:
@@ -602,13 +606,21 @@ def debug_sums(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim
 
 def gather_debug_sums(sums: Dict[str, List[float]], parallel_state: Any = None) -> List[Dict[str, List[float]]]:
     """Every rank's share of one model replica (every pipeline stage and tensor-parallel rank of
-    data-parallel rank 0), on every rank, in rank order. Data-parallel replicas hold the same values and send
-    nothing. Without a torch.distributed world, or without `parallel_state`: [sums] (this rank's view)."""
+    data-parallel rank 0; with expert parallelism the experts of every expert-parallel rank, from the first rank
+    of each expert-data-parallel group), on every rank, in rank order. Data-parallel replicas hold the same values
+    and send nothing. Without a torch.distributed world, or without `parallel_state`: [sums] (this rank's
+    view)."""
+    from megatron.model.moe.naming import is_expert_name
+
     if parallel_state is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
             or torch.distributed.get_world_size() == 1:
         return [sums]
+    replica = parallel_state.get_data_parallel_rank() == 0
+    experts_replica = parallel_state.get_expert_data_parallel_rank() == 0  # the data-parallel rank without EP
+    mine = {key: value for key, value in sums.items()
+            if (experts_replica if is_expert_name(key) else replica)}
     shares: List[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(shares, sums if parallel_state.get_data_parallel_rank() == 0 else {})
+    torch.distributed.all_gather_object(shares, mine)
     return shares
 
 

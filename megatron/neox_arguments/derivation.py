@@ -449,12 +449,6 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         f"supported yet: the dropless layer's experts are split over data-parallel ranks with "
                         f"pipe_parallel_size 0 and model_parallel_size 1 (or over tensor-parallel ranks with "
                         f"moe_expert_parallel_size 1)")
-    per_parameter = [flag for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
-                     if getattr(args, flag)]
-    if ep > 1 and per_parameter:
-        problems.append(f"{', '.join(per_parameter)} with moe_expert_parallel_size={ep} is not supported yet: the "
-                        f"per-parameter values are gathered from one model replica, and with expert parallelism the "
-                        f"experts are spread over several (the run's grad_norm counts them all)")
     if ep > 1 and dp is not None and dp % ep:
         problems.append(f"moe_expert_parallel_size={ep} must divide the data-parallel size {dp} (the experts are split "
                         f"over groups of data-parallel ranks)")

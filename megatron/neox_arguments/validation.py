@@ -45,7 +45,11 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
      "is not supported yet: it is DeepSpeed's, for its MoE layer (moe_type deepspeed) with model_parallel_size > 1, "
      "and that layer runs with model_parallel_size 1 here. moe_type megablocks splits whole experts over the "
      "tensor-parallel ranks instead; moe_expert_parallel_size splits them over data-parallel ranks"),
-    ("use_tutel", bool, "tutel MoE (use_tutel) is not supported yet"),
+    ("use_tutel", bool,
+     "use_tutel=true is not supported: tutel cannot be installed as a dependency (the package is not on the Python "
+     "package registry, PyPI: it installs from its GitHub repository and builds CUDA kernels, so it needs CUDA). "
+     "Remove use_tutel; DeepSpeed's MoE layer (moe_type deepspeed) runs without it and moe_type megablocks is the "
+     "dropless layer"),
     ("norm", lambda v: v.startswith("te_"), "Transformer-Engine norms (te_rmsnorm, te_layernorm) are not "
                                             "supported yet; use rmsnorm or layernorm"),
     ("s3_path", lambda v: v is not None, "uploading checkpoints to S3 (s3_path) is not supported yet"),

@@ -150,11 +150,20 @@ def test_required_model_fields():
      "supported yet"),
     ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
      "moe_num_experts=3 must be divisible by moe_expert_parallel_size x model_parallel_size = 1 x 2"),
-    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True},
-     "sequence_parallel=true with a mixture of experts"),
+    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True,
+      "moe_type": "deepspeed"},
+     "sequence_parallel=true with a mixture of experts of moe_type='deepspeed' and moe_expert_parallel_size=1 is not "
+     "supported yet: only the dropless layer without expert parallelism (moe_type megablocks, "
+     "moe_expert_parallel_size 1) gathers the sequence for its experts"),
+    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 4, "sequence_parallel": True,
+      "moe_expert_parallel_size": 2},
+     "sequence_parallel=true with a mixture of experts of moe_type='megablocks' and moe_expert_parallel_size=2 is "
+     "not supported yet"),
     ({"moe_num_experts": 4, "moe_use_residual": True}, "moe_use_residual=true with moe_type='megablocks'"),
     ({"moe_num_experts": 4, "moe_train_capacity_factor": 2.0}, "only applies with moe_token_dropping: true"),
-    ({"moe_num_experts": 4, "use_tutel": True}, "tutel MoE (use_tutel) is not supported yet"),
+    ({"moe_num_experts": 4, "use_tutel": True, "moe_type": "deepspeed"},
+     "tutel cannot be installed as a dependency (the package is not on the Python package registry, PyPI: it "
+     "installs from its GitHub repository and builds CUDA kernels, so it needs CUDA)"),
     ({"moe_num_experts": 4, "expert_interval": 2, "moe_expert_interval": 3}, "are one setting"),
     ({"moe_num_experts": 4, "moe_glu": True, "activation": "softsign"}, "moe_glu=true with activation='softsign'"),
     ({"moe_num_experts": 4, "zero_optimization": {"stage": 3}}, "zero_optimization.stage=3 with a mixture of experts"),
@@ -209,12 +218,18 @@ def test_expert_parallel_size_that_does_not_divide_gives_one_message(overrides, 
         f"Invalid NeoX configuration: {message}"
 
 
-def test_per_parameter_logging_with_expert_parallelism_is_refused():
-    assert problems_of(moe_num_experts=4, moe_type="deepspeed", moe_expert_parallel_size=2, num_gpus=2,
-                       train_batch_size=4, log_grad_norm=True, log_optimizer_states=True) == (
-        "Invalid NeoX configuration: log_grad_norm, log_optimizer_states with moe_expert_parallel_size=2 is not "
-        "supported yet: the per-parameter values are gathered from one model replica, and with expert parallelism "
-        "the experts are spread over several (the run's grad_norm counts them all)")
+def test_dropless_moe_with_sequence_parallel_validates():
+    """The dropless layer gathers the sequence (tests/model/test_moe_parallel_extras.py)."""
+    args = tiny(moe_num_experts=4, model_parallel_size=2, num_gpus=2, sequence_parallel=True)
+    assert args.sequence_parallel and args.moe_type == "megablocks"
+
+
+def test_per_parameter_logging_with_expert_parallelism_validates():
+    """The values are gathered from every expert-parallel rank (tests/model/test_moe_parallel_extras.py)."""
+    args = tiny(moe_num_experts=4, moe_type="deepspeed", moe_expert_parallel_size=2, num_gpus=2,
+                train_batch_size=4, log_grad_norm=True, log_param_norm=True, log_grad_pct_zeros=True,
+                log_optimizer_states=True)
+    assert args.log_grad_norm and args.moe_expert_parallel_size == 2
 
 
 @pytest.mark.parametrize("moe_type", ["deepspeed", "megablocks"])

@@ -5,8 +5,10 @@
 * ``router``: top-k and Sinkhorn routing, jitter, the load-balancing loss;
 * ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs;
 * ``expert_parallel``: the dropless layer with its experts split over data-parallel ranks (moe_expert_parallel_size
-  > 1; DeepSpeed's layer does it itself, deepspeed_layer).
-With tensor parallelism the dropless layer's experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE).
+  > 1; DeepSpeed's layer does it itself, deepspeed_layer);
+* ``naming``: an expert-parallel expert's parameter names with its global expert index (per-parameter logs).
+With tensor parallelism the dropless layer's experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE), with
+sequence_parallel too (the sequence gathered for routing, the partial sums reduce-scattered).
 Expert parallelism with tensor or pipeline parallelism, DeepSpeed's expert tensor parallelism, and DeepSpeed's layer
 with tensor or pipeline parallelism are not built yet: megatron.neox_arguments refuses them.
 """

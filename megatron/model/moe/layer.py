@@ -24,6 +24,7 @@ module per expert); ``stack_expert_parallel_experts`` turns that checkpoint form
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Callable, Dict, Tuple
 
@@ -35,7 +36,12 @@ from megatron.model.activations import _GATED, _PLAIN
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
-from megatron.mpu import copy_to_model_parallel_region, reduce_from_model_parallel_region
+from megatron.mpu import (
+    copy_to_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    reduce_from_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+)
 from megatron.optimizers import MOE_EXPERT_FLAG
 
 
@@ -148,7 +154,8 @@ class DroplessMoE(MoELayerBase):
     E / T of the experts: it routes all tokens (identically on every rank), runs its experts on their slots, and
     one all-reduce of the [T x k, hidden] slot outputs gives every rank all of them; the combine step is then
     the same on every rank, so the router's gradients are equal on all ranks without a reduction. The input's
-    gradient through the experts is summed over the ranks (copy_to_model_parallel_region)."""
+    gradient through the experts is summed over the ranks (copy_to_model_parallel_region). With sequence_parallel
+    see ``_sequence_parallel_forward``."""
 
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
         super().__init__()
@@ -157,12 +164,15 @@ class DroplessMoE(MoELayerBase):
         self.group = parallel_state.get_model_parallel_group()
         tp, tp_rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
         self.tp = tp
+        self.sequence_parallel = config.sequence_parallel and tp > 1
         self.local_experts = range(tp_rank * self.num_experts // tp, (tp_rank + 1) * self.num_experts // tp)
         self.router = Router(config, initializer, layer_number)
         self.experts = nn.Module()
         self.experts.mlp = GroupedExperts(config, initializer, layer_number, tp_rank, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            return self._sequence_parallel_forward(x)
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         routing, aux, order, counts, token_of_slot = route(self.router, tokens, self.num_experts, self.top_k)
@@ -179,3 +189,41 @@ class DroplessMoE(MoELayerBase):
             out_sorted = reduce_from_model_parallel_region(out_sorted, self.group)
         out = combine(tokens, routing, order, token_of_slot, out_sorted)
         return self._finish(out, aux, counts, float(order.numel())).view(shape)
+
+    def _sequence_parallel_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [batch, seq / T, hidden] is this rank's chunk of the sequence (sequence_parallel). The chunks are
+        all-gathered, every rank routes all tokens (identically), runs its experts on their slots and combines
+        their outputs into partial sums [batch, seq, hidden]; one reduce-scatter adds the ranks' partial sums and
+        leaves each rank its chunk (no all-reduce of the [tokens x k, hidden] slot outputs).
+
+        Gradients: the all-gather's backward adds the ranks' gradients of the gathered tokens, which through the
+        experts are partial (this rank's experts only) and through the router whole on every rank, so the router's
+        input gradient is divided by T first (``_ScaleGradient``); the combine weights' gradients are partial and
+        summed over the ranks (copy_to_model_parallel_region), so the router's own gradients are whole and equal on
+        every rank, as without sequence_parallel."""
+        full = gather_from_sequence_parallel_region(x, self.group, seq_dim=1)
+        tokens = full.reshape(-1, full.shape[-1])
+        routing, aux, order, counts, token_of_slot = route(self.router, _ScaleGradient.apply(tokens, 1.0 / self.tp),
+                                                           self.num_experts, self.top_k)
+        routing = dataclasses.replace(routing, weights=copy_to_model_parallel_region(routing.weights, self.group))
+        counts_list = counts.tolist()
+        first, last = self.local_experts.start, self.local_experts.stop
+        start, stop = sum(counts_list[:first]), sum(counts_list[:last])
+        mine = token_of_slot[start:stop]
+        local_out = self.experts.mlp(tokens[mine], counts_list[first:last])
+        partial = combine(tokens, routing, order[start:stop], mine, local_out)
+        out = reduce_scatter_to_sequence_parallel_region(partial.view(full.shape), self.group, seq_dim=1)
+        return self._finish(out, aux, counts, float(order.numel()))
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """Identity forward; the gradient times ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None

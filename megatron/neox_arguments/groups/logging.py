@@ -101,7 +101,8 @@ class NeoXArgsLogging:
     """
     Log the percentage of zeros for the gradient of each parameter to wandb / tensorboard (useful for
     debugging). Values are of whole parameters under the sequential model's names, the same with tensor and
-    pipeline parallelism (every rank logs every stage's parameters).
+    pipeline parallelism (every rank logs every stage's parameters); with moe_expert_parallel_size > 1 every
+    rank's experts are logged, each under its global expert index (``...deepspeed_experts.{e}...``).
     """
 
     log_param_norm: bool = False

@@ -11,10 +11,11 @@ from typing import Literal, Optional
 class NeoXArgsMoE:
     """Mixture-of-experts settings. Built: the dropless layer (moe_type megablocks, GPT-NeoX's dMoE) in plain
     PyTorch, with pipeline, data and tensor parallelism (the experts split over the tensor-parallel ranks, as
-    GPT-NeoX's dMoE; not with sequence_parallel); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
-    parallelism and ZeRO 0-2 (pipe_parallel_size 0, model_parallel_size 1). Not built yet, and refused with a
-    message: expert parallelism, expert tensor parallelism, tutel, and conversion of MoE checkpoints to Hugging
-    Face (Mixtral). Every MoE setting written while moe_num_experts is 1 is refused (nothing would read it)."""
+    GPT-NeoX's dMoE; with sequence_parallel too); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
+    parallelism and ZeRO 0-2 (pipe_parallel_size 0, model_parallel_size 1); expert parallelism
+    (moe_expert_parallel_size) for both; conversion to Hugging Face's Mixtral. Refused with a message: expert
+    tensor parallelism, tutel, sequence_parallel with DeepSpeed's layer or expert parallelism. Every MoE setting
+    written while moe_num_experts is 1 is refused (nothing would read it)."""
 
     expert_interval: int = 2
     """
@@ -31,8 +32,9 @@ class NeoXArgsMoE:
 
     use_tutel: bool = False
     """
-    Use Tutel optimizations in MoE. Not supported yet (tutel accelerates DeepSpeed's layer, moe_type deepspeed):
-    true is refused.
+    Use Tutel optimizations in MoE. Not supported: true is refused, since tutel cannot be installed as a
+    dependency (it is not on PyPI; it installs from its GitHub repository and builds CUDA kernels). Tutel
+    accelerates DeepSpeed's layer (moe_type deepspeed), which runs without it.
     """
 
     moe_num_experts: int = 1
@@ -96,7 +98,7 @@ class NeoXArgsMoE:
     with pipe_parallel_size 0 and model_parallel_size 1; experts are saved one per file (DeepSpeed's
     layer_N_expert_M files). A checkpoint resumes at the same value; at another one with no_load_optim: true
     (DeepSpeed's layer: any value; the dropless layer: any value above 1). generate.py and eval.py hold every
-    expert on every rank.
+    expert on every rank. The per-parameter logs (log_grad_norm & co.) gather every rank's experts.
     """
 
     moe_type: str = 'megablocks'
