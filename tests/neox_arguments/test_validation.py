@@ -87,7 +87,10 @@ def test_required_model_fields():
      "recompute_method='uniform' is a setting of recompute_granularity 'full', not 'selective'"),
     ({"recompute_granularity": "selective", "checkpoint_activations": True},
      "recompute_granularity 'selective' with checkpoint_activations: true"),
-    ({"recompute_granularity": "full", "recompute_method": "block"}, "recompute_method 'block'"),
+    ({"recompute_granularity": "full", "recompute_method": "block", "checkpoint_num_layers": 2},
+     "recompute_method 'block' with checkpoint_num_layers=2"),
+    ({"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 0},
+     "recompute_num_layers=0 must be >= 1"),
     ({"recompute_granularity": "full", "checkpoint_activations": False},
      "recompute_granularity 'full' with checkpoint_activations: false"),
     ({"recompute_granularity": "full", "recompute_num_layers": 2, "checkpoint_num_layers": 1},
@@ -360,6 +363,12 @@ def test_recompute_full_is_checkpoint_activations_and_round_trips():
     assert args.activation_checkpointing["number_checkpoints"] == 1  # 2 layers in chunks of 2
     again = NeoXArgs.from_dict({k: v for k, v in args.to_dict().items() if k not in DERIVED_ONLY})
     assert again.to_dict() == args.to_dict()
+    block = tiny(recompute_granularity="full", recompute_method="block", recompute_num_layers=2)
+    assert (block.checkpoint_activations, block.checkpoint_num_layers) == (True, 1)  # one layer per checkpoint
+    assert ModelConfig.from_neox_args(block).recompute_block_layers == 2
+    assert ModelConfig.from_neox_args(tiny(recompute_granularity="full", recompute_method="block")
+                                      ).recompute_block_layers == 1  # Megatron-LM's default
+    assert ModelConfig.from_neox_args(args).recompute_block_layers is None
     selective = tiny(recompute_granularity="selective")
     assert not selective.checkpoint_activations
     assert ModelConfig.from_neox_args(selective).recompute_granularity == "selective"

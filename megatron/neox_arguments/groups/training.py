@@ -483,14 +483,17 @@ class NeoXArgsTraining:
     recompute_method: Optional[Literal['uniform', 'block']] = None
     """
     Megatron-LM's --recompute-method, with recompute_granularity 'full': 'uniform' checkpoints every chunk
-    of recompute_num_layers layers (GPT-NeoX's checkpoint_num_layers); 'block' (only the first
-    recompute_num_layers layers of each stage) is not supported yet.
+    of recompute_num_layers layers (GPT-NeoX's checkpoint_num_layers); 'block' checkpoints only the first
+    recompute_num_layers transformer layers of each pipeline stage (of the whole model without pipeline
+    parallelism), one layer per checkpoint, and runs the others without recomputation: less recompute
+    for more memory, tuned per stage.
     """
 
     recompute_num_layers: Optional[int] = None
     """
-    Megatron-LM's --recompute-num-layers, with recompute_granularity 'full': the layers per checkpointed
-    chunk (the same setting as checkpoint_num_layers; set one of them).
+    Megatron-LM's --recompute-num-layers, with recompute_granularity 'full': with method 'uniform' the layers
+    per checkpointed chunk (the same setting as checkpoint_num_layers; set one of them), with method 'block'
+    the layers checkpointed per pipeline stage (default 1).
     """
 
     deepspeed_activation_checkpointing: bool = True
