@@ -319,7 +319,8 @@ BUILT_IN_SCHEDULE_ARGUMENTS = ("lr_decay_style", "lr_decay_iters", "lr_decay_fra
                                "override_lr_scheduler", "use_checkpoint_lr_scheduler", "lr_wsd_decay_style",
                                "lr_wsd_decay_iters", "lr_warmup_iters", "lr_warmup_init", "decoupled_lr",
                                "decoupled_min_lr", "start_weight_decay", "end_weight_decay",
-                               "weight_decay_incr_style")
+                               "weight_decay_incr_style", "lr_decay_samples", "lr_warmup_samples",
+                               "lr_wsd_decay_samples")
 """Arguments of the built-in schedule (AnnealingLR), which a `scheduler` dict replaces."""
 
 

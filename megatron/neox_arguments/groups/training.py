@@ -369,7 +369,8 @@ class NeoXArgsTraining:
     Number of samples to train on (Megatron-LM's --train-samples), instead of train_iters or
     train_epochs (set one of the three): the run takes ceil(train_samples / train_batch_size) iterations,
     so its last batch may hold more samples than are left. Schedule lengths (lr_decay_iters,
-    lr_warmup_iters, checkpoint_factor, ...) stay in iterations.
+    lr_warmup_iters, checkpoint_factor, ...) stay in iterations; the learning-rate lengths can be given in
+    samples instead (lr_decay_samples, lr_warmup_samples, lr_wsd_decay_samples).
     """
 
     eval_iters: int = 100
@@ -427,7 +428,7 @@ class NeoXArgsTraining:
     and increment must be multiples of micro batch x data-parallel size and train_batch_size - start a
     multiple of increment. The learning-rate schedule then advances by samples (each step by its batch
     / train_batch_size iterations; lr_decay_iters, warmup and lr_wsd_decay_iters keep counting full-batch
-    iterations); with train_samples the run ends when those samples are consumed. Logged as batch_size.
+    iterations, lr_decay_samples, lr_warmup_samples and lr_wsd_decay_samples samples); with train_samples the run ends when those samples are consumed. Logged as batch_size.
     Not with pipeline parallelism, train_epochs or a DeepSpeed `scheduler` dict yet.
     """
 
