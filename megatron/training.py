@@ -503,8 +503,9 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
     losses: List[float] = []
     try:
         for _ in range(iterations):
-            if neox_args.is_pipe_parallel:
-                losses.append(_data_parallel_mean(engine.eval_batch(data_iter=batches), engine))
+            if neox_args.is_pipe_parallel:  # the full batch's micro-batches, also while rampup_batch_size ramps
+                losses.append(_data_parallel_mean(engine.eval_batch(
+                    data_iter=batches, num_micro_batches=neox_args.gradient_accumulation_steps), engine))
             else:
                 micro = [_loss_of(engine, next(batches)).float()
                          for _ in range(neox_args.gradient_accumulation_steps)]

@@ -320,10 +320,6 @@ def rampup_problems(args: NeoXArgsSchema) -> List[str]:
         return [f"rampup_batch_size={ramp!r} must be three integers [start, increment, samples]"]
     start, increment, samples = ramp
     problems = []
-    if args.pipe_parallel_size >= 1:
-        problems.append(f"rampup_batch_size with pipe_parallel_size={args.pipe_parallel_size} is not supported yet "
-                        f"(the pipeline engine's micro-batch count is not varied here); set pipe_parallel_size: 0 "
-                        f"or remove rampup_batch_size")
     if args.train_samples is None and (args.train_iters is not None or args.train_epochs is not None):
         problems.append("rampup_batch_size needs the run's length as train_samples (as in Megatron-LM): under a ramp "
                         "iterations and samples differ; replace train_iters / train_epochs by train_samples")

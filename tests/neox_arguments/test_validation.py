@@ -101,8 +101,6 @@ def test_required_model_fields():
      "the batch must grow from start=2 to train_batch_size=8 in whole increments of 4"),
     ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8, "num_gpus": 2},
      "must be multiples of train_micro_batch_size_per_gpu x data-parallel size = 2 x 2 = 4"),
-    ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8, "pipe_parallel_size": 1},
-     "rampup_batch_size with pipe_parallel_size=1 is not supported yet"),
     ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8,
       "scheduler": {"type": "WarmupLR", "params": {}}}, "rampup_batch_size with a DeepSpeed `scheduler` dict"),
     ({"data_path": "a", "train_data_paths": ["b"], "valid_data_paths": ["c"], "test_data_paths": ["d"]},

@@ -429,7 +429,8 @@ class NeoXArgsTraining:
     multiple of increment. The learning-rate schedule then advances by samples (each step by its batch
     / train_batch_size iterations; lr_decay_iters, warmup and lr_wsd_decay_iters keep counting full-batch
     iterations, lr_decay_samples, lr_warmup_samples and lr_wsd_decay_samples samples); with train_samples the run ends when those samples are consumed. Logged as batch_size.
-    Not with pipeline parallelism, train_epochs or a DeepSpeed `scheduler` dict yet.
+    With pipeline parallelism DeepSpeed's pipeline engine runs each step's micro-batch count (evaluation
+    keeps the full batch's). Not with train_epochs or a DeepSpeed `scheduler` dict yet.
     """
 
     exit_interval: Optional[int] = None
