@@ -5,6 +5,7 @@ GPUs, so device-dependent checks (fp16 needs CUDA) run where the workers start
 
 import dataclasses
 import difflib
+import os
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
 from megatron.comms_logging import comms_logger_problems
@@ -206,6 +207,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"hidden_dropout={args.hidden_dropout} and attention_dropout={args.attention_dropout} "
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
+    problems += non_persistent_problems(args)
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)
@@ -222,6 +224,30 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
     elif args.optimizer_type not in ("adam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"):
         problems.append(f"optimizer.type={args.optimizer_type!r} must be one of Adam, CPU_Adam, CPU_torch_Adam, SM3, "
                         f"madgrad_wd, SGD, Lion")
+    return problems
+
+
+def non_persistent_problems(args: NeoXArgsSchema) -> List[str]:
+    """Megatron-LM's non-persistent checkpoints (megatron.non_persistent_checkpoints): type 'global' only, its
+    keys together, and a directory of its own."""
+    kind, interval, directory = (args.non_persistent_ckpt_type, args.non_persistent_save_interval,
+                                 args.non_persistent_global_ckpt_dir)
+    if kind in ("local", "in_memory"):
+        return [f"non_persistent_ckpt_type={kind!r} is not supported yet (Megatron-LM marks it TBD too); use "
+                f"'global' (non_persistent_global_ckpt_dir)"]
+    problems = []
+    if interval is not None and interval < 1:
+        problems.append(f"non_persistent_save_interval={interval} must be >= 1")
+    if interval is not None and kind is None:
+        problems.append(f"non_persistent_save_interval={interval} needs non_persistent_ckpt_type: global")
+    if directory is not None and kind is None:
+        problems.append(f"non_persistent_global_ckpt_dir={directory!r} needs non_persistent_ckpt_type: global")
+    if interval is not None and not args.save:
+        problems.append(f"non_persistent_save_interval={interval} needs save (the run's checkpoint directory)")
+    if directory is not None and any(d and os.path.abspath(directory) == os.path.abspath(d)
+                                     for d in (args.save, args.load)):
+        problems.append(f"non_persistent_global_ckpt_dir={directory!r} is the save / load directory; it keeps only "
+                        f"its newest checkpoint, so give it a directory of its own (default: {{save}}/non_persistent)")
     return problems
 
 

@@ -393,6 +393,28 @@ class NeoXArgsTraining:
     rank's checkpoint (weights and optimizer state).
     """
 
+    non_persistent_save_interval: Optional[int] = None
+    """
+    Megatron-LM's --non-persistent-save-interval: every this many iterations (other than persistent saves) save
+    a non-persistent checkpoint (needs non_persistent_ckpt_type 'global' and save): written like a persistent
+    one (atomic, also with async_save) into non_persistent_global_ckpt_dir, which keeps only the newest. A
+    resumed run continues from it when it is newer than the persistent checkpoint it would resume from.
+    """
+
+    non_persistent_ckpt_type: Optional[Literal['global', 'local', 'in_memory']] = None
+    """
+    Megatron-LM's --non-persistent-ckpt-type: 'global' (a checkpoint in a shared directory,
+    non_persistent_global_ckpt_dir) or unset (none; resuming reads no non-persistent directory). 'local' and
+    'in_memory' (TBD in Megatron-LM too) are not supported yet.
+    """
+
+    non_persistent_global_ckpt_dir: Optional[str] = None
+    """
+    Megatron-LM's --non-persistent-global-ckpt-dir: the directory of the 'global' non-persistent checkpoints;
+    default `{save}/non_persistent` (without save, `{load}/non_persistent`). Not the save directory itself
+    (it keeps only its newest checkpoint).
+    """
+
     eval_interval: int = 1000
     """
     Interval between running evaluation on validation set.
