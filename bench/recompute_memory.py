@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Activation recomputation: the memory / time trade-off of recompute_granularity none, selective and full.
+"""Activation recomputation: the memory / time trade-off of recompute_granularity none, selective, full and block.
 
 Each mode trains the same model through deepy.py train.py (as bench/train_throughput.py: random tokens, the
 median step time after --warmup steps, the peak resident memory of the process tree, or peak GPU memory on a
 GPU). 'selective' recomputes only the attention core (scores, softmax, dropout, product with v) in the
-backward pass; 'full' recomputes whole transformer layers (checkpoint_activations, one layer per chunk).
+backward pass; 'full' recomputes whole transformer layers (checkpoint_activations, one layer per chunk);
+'block' (recompute_method block, recompute_num_layers 1) recomputes only the first layer and keeps the
+activations of the others.
 
     python bench/recompute_memory.py                      # 4 layers, hidden 256, seq 1024, batch 4
     python bench/recompute_memory.py --size medium --seq 2048 --repeats 3
@@ -28,7 +30,8 @@ SIZES = {"tiny": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},
          "small": {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8},
          "medium": {"num_layers": 6, "hidden_size": 512, "num_attention_heads": 8}}
 MODES = {"none": {}, "selective": {"recompute_granularity": "selective"},
-         "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}}
+         "full": {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
+         "block": {"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 1}}
 
 
 def train_config(args, mode: str, data: Dict[str, str], directory: str) -> Dict:

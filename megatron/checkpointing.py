@@ -20,6 +20,8 @@ Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety 
     global_step{N}/COMPLETE   written last, after every rank has finished
     latest                     the tag of the newest complete checkpoint
     .run.lock                  held by the training run writing here (megatron.run_lock)
+    non_persistent/            non-persistent checkpoints (non_persistent_ckpt_type 'global', by default here):
+                               the same layout, only the newest kept (megatron.non_persistent_checkpoints)
 
 DeepSpeed is told not to touch `latest`; we replace it (write to a temporary file, then os.replace)
 only after all ranks have saved and COMPLETE exists, so a crash mid-save leaves `latest` pointing at the
@@ -320,12 +322,17 @@ def _save_failure(path: str, exc: BaseException) -> CheckpointError:
 
 def save_checkpoint(neox_args, model_config, iteration: int, engine,
                     extra_state: Optional[Dict[str, Any]] = None,
-                    write_extra: Optional[Callable[[str], None]] = None, complete: bool = True) -> str:
+                    write_extra: Optional[Callable[[str], None]] = None, complete: bool = True,
+                    non_persistent: bool = False) -> str:
     """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position;
     `write_extra(directory)` (every rank) adds files before the checkpoint is marked complete (DPO's reference).
     ``complete=False``: the engine's files may still be being written (async_save's BackgroundWriter); the caller
-    completes the checkpoint with complete_checkpoint once they are (megatron.async_checkpoint)."""
-    save_dir = neox_args.save
+    completes the checkpoint with complete_checkpoint once they are (megatron.async_checkpoint).
+    ``non_persistent``: into the non-persistent directory, which then keeps only this checkpoint
+    (megatron.non_persistent_checkpoints)."""
+    from megatron.non_persistent_checkpoints import non_persistent_dir
+
+    save_dir = os.path.normpath(non_persistent_dir(neox_args)) if non_persistent else neox_args.save
     tag = tag_for(iteration)
     path = os.path.join(save_dir, tag)
     rank = _rank()
@@ -357,7 +364,7 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
         return path
     _barrier()
     if rank == 0:
-        complete_checkpoint(path, iteration, neox_args.keep_last_n_checkpoints)
+        complete_checkpoint(path, iteration, neox_args.keep_last_n_checkpoints, only=non_persistent)
     _barrier()
     return path
 
@@ -370,14 +377,21 @@ def failed_save(path: str, exc: BaseException) -> CheckpointError:
     return error
 
 
-def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int]) -> None:
-    """Rank 0, once every rank's files of ``path`` are written: checksums, COMPLETE, then `latest` moves."""
+def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int], only: bool = False) -> None:
+    """Rank 0, once every rank's files of ``path`` are written: checksums, COMPLETE, then `latest` moves.
+    Then the oldest beyond ``keep_last`` are pruned, or with ``only`` (a non-persistent checkpoint) every other
+    checkpoint of the directory is removed."""
     save_dir = os.path.dirname(path)
     write_manifest(path)  # every file flushed to disk and checksummed before COMPLETE
     _write_atomically(os.path.join(path, COMPLETE_MARKER), f"{iteration}\n")
     _write_atomically(os.path.join(save_dir, LATEST_FILE), os.path.basename(path))
     _remove_stray_temporaries(save_dir)
-    _prune(save_dir, keep_last)
+    if only:
+        from megatron.non_persistent_checkpoints import keep_only
+
+        keep_only(save_dir, os.path.basename(path))
+    else:
+        _prune(save_dir, keep_last)
 
 
 def _remove_stray_temporaries(save_dir: str) -> None:
@@ -473,7 +487,11 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
             raise CheckpointError(f"iteration={neox_args.iteration}: no checkpoint {os.path.join(load_dir, tag)}; "
                                   f"complete ones: {complete_tags(load_dir) or 'none'}")
     else:
+        from megatron.non_persistent_checkpoints import newer_checkpoint
+
         tag, note = resume_tag(load_dir)
+        load_dir, tag, newer = newer_checkpoint(neox_args, load_dir, tag)
+        note = newer or note
         if tag is None:
             return None
         if note and _rank() == 0:
@@ -648,8 +666,12 @@ def _checkpoint_path(neox_args) -> Optional[str]:
     """The checkpoint directory ``load`` / ``iteration`` name, if it exists (no checks)."""
     if not neox_args.load:
         return None
-    tag = tag_for(neox_args.iteration) if neox_args.iteration is not None else resume_tag(neox_args.load)[0]
-    path = os.path.join(neox_args.load, tag) if tag else None
+    load_dir, tag = neox_args.load, tag_for(neox_args.iteration) if neox_args.iteration is not None else None
+    if tag is None:
+        from megatron.non_persistent_checkpoints import newer_checkpoint
+
+        load_dir, tag, _ = newer_checkpoint(neox_args, load_dir, resume_tag(load_dir)[0])
+    path = os.path.join(load_dir, tag) if tag else None
     return path if path and os.path.isdir(path) else None
 
 

@@ -51,8 +51,9 @@ stack sums each layer's), so ``forward = sum over layers of layer(type) + 2 h V`
     the s x s square whatever kernel computes it.
 
 Training = forward + backward = 3 x forward; with activation checkpointing the forward is recomputed
-during backward, so 4 x forward (checkpoint_activations); selective recompute adds the attention core's
-forward (4 s h per token and attention layer) once more.
+during backward, so 4 x forward (checkpoint_activations; recompute_method 'block' recomputes only the layers
+it checkpoints); selective recompute adds the attention core's forward (4 s h per token and attention layer)
+once more.
 
 Choices, stated so the numbers can be compared:
 * Causal attention is counted as the full s x s square, as Megatron-LM's and PaLM's MFU formulas do;
@@ -80,7 +81,7 @@ peak_tflops returns None and MFU is reported as not applicable."""
 
 import os
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from megatron.model_config import GATED_ACTIVATIONS, GMLP_FF_MULT, MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 
@@ -108,12 +109,24 @@ def forward_flops_per_token(config: ModelConfig) -> int:
     if config.padded_vocab_size is None:
         raise ValueError("padded_vocab_size is not set yet: build the tokenizer before computing FLOPs, or set "
                          "padded_vocab_size")
+    return sum(layer_flops_per_token(config)) + 2 * config.hidden_size * config.padded_vocab_size
+
+
+def layer_flops_per_token(config: ModelConfig) -> List[int]:
+    """Forward FLOPs per token of each layer, in order."""
     per_type = {"mamba": mamba_layer_flops, "rwkv": rwkv_layer_flops}
     types = config.attention_types or ("global",) * config.num_layers
-    layers = sum(per_type[kind](config) if kind in per_type else gmlp_layer_flops(config, layer)
-                 if kind in ("gmlp", "amlp") else attention_layer_flops(config, layer)
-                 for layer, kind in enumerate(types))
-    return layers + 2 * config.hidden_size * config.padded_vocab_size
+    return [per_type[kind](config) if kind in per_type else gmlp_layer_flops(config, layer)
+            if kind in ("gmlp", "amlp") else attention_layer_flops(config, layer)
+            for layer, kind in enumerate(types)]
+
+
+def block_recomputed_layers(config: ModelConfig, first: int) -> List[int]:
+    """The layers recompute_method 'block' checkpoints: the first ``first`` of each pipeline stage, the layers
+    split evenly over the stages (as the default partition method balances them)."""
+    stages = max(config.pipe_parallel_size, 1)
+    bounds = [config.num_layers * stage // stages for stage in range(stages + 1)]
+    return [layer for start, end in zip(bounds, bounds[1:]) for layer in range(start, min(start + first, end))]
 
 
 def gmlp_layer_flops(config: ModelConfig, layer: int) -> int:
@@ -179,8 +192,13 @@ def rwkv_layer_flops(config: ModelConfig) -> int:
 
 def training_flops_per_token(config: ModelConfig) -> int:
     """3 x forward (forward + backward), or 4 x forward when activations are recomputed
-    (checkpoint_activations); with recompute_granularity 'selective', 3 x forward plus the attention core
+    (checkpoint_activations); with recompute_method 'block', 3 x forward plus the forward of the layers it
+    checkpoints; with recompute_granularity 'selective', 3 x forward plus the attention core
     (the two s x s products, 4 s h per token) of every attention layer once more."""
+    first = config.recompute_block_layers
+    if first is not None:
+        layers = layer_flops_per_token(config)
+        return 3 * forward_flops_per_token(config) + sum(layers[i] for i in block_recomputed_layers(config, first))
     if config.checkpoint_activations:
         return 4 * forward_flops_per_token(config)
     extra = 0

@@ -36,6 +36,12 @@ optimizer step that was applied (not after an fp16 overflow skip). So the optimi
 k steps uses the rate at it = k, the same alignment as GPT-NeoX's training loop; with W >= 1 the first
 two steps both use lr / W. DeepSpeed also saves/loads state_dict() in its checkpoints.
 
+Megatron-LM's sample-based lengths (lr_decay_samples, lr_warmup_samples, lr_wsd_decay_samples, with
+train_samples) arrive as T, W and D in full batches (samples / train_batch_size, possibly fractional; see
+megatron.training_schedule): every formula above depends on `it` only through ratios with them (and the
+max(it, 1) of the first step), so the rate after k full batches equals Megatron-LM's after k x train_batch_size
+samples.
+
 With rampup_batch_size the schedule advances by samples (Megatron-LM's rule): `it` is the samples consumed /
 the full global batch, so a step of batch b moves it by b / train_batch_size (num_samples, an integer, is
 the count; the training loop sets next_batch before each step).
@@ -108,10 +114,10 @@ class AnnealingLR:
     """Sets the learning rate (and, with a WeightDecaySchedule, the weight decay) of every parameter group of
     `optimizer` from the iteration count."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, start_lr: float, warmup_iter: float, total_iters: int,
+    def __init__(self, optimizer: torch.optim.Optimizer, start_lr: float, warmup_iter: float, total_iters: float,
                  decay_style: str, last_iter: int = 0, min_lr: float = 0.0, override_lr_scheduler: bool = False,
                  use_checkpoint_lr_scheduler: bool = False, warmup_init: Optional[float] = None,
-                 wsd_decay_style: str = "exponential", wsd_decay_iters: Optional[int] = None,
+                 wsd_decay_style: str = "exponential", wsd_decay_iters: Optional[float] = None,
                  decoupled_lr: Optional[float] = None, decoupled_min_lr: Optional[float] = None,
                  weight_decay: Optional[WeightDecaySchedule] = None,
                  samples_per_iteration: Optional[int] = None) -> None:
@@ -122,11 +128,11 @@ class AnnealingLR:
         self.start_lr = float(start_lr)
         self.min_lr = float(min_lr)
         self.warmup_iter = float(warmup_iter)
-        self.end_iter = int(total_iters)
+        self.end_iter = _count(total_iters)
         self.decay_style = decay_style
         self.warmup_init = None if warmup_init is None else float(warmup_init)
         self.wsd_decay_style = wsd_decay_style
-        self.wsd_decay_iters = None if wsd_decay_iters is None else int(wsd_decay_iters)
+        self.wsd_decay_iters = None if wsd_decay_iters is None else _count(wsd_decay_iters)
         self.decoupled_lr = None if decoupled_lr is None else float(decoupled_lr)
         self.decoupled_min_lr = None if decoupled_min_lr is None else float(decoupled_min_lr)
         self.weight_decay = weight_decay
@@ -148,8 +154,9 @@ class AnnealingLR:
     def _check(self) -> None:
         if self.decay_style not in DECAY_STYLES:
             raise ValueError(f"lr_decay_style={self.decay_style!r} is not one of {', '.join(DECAY_STYLES)}")
-        if self.end_iter < 1:
-            raise ValueError(f"the learning-rate schedule needs at least one decay iteration, got {self.end_iter}")
+        if self.end_iter <= 0:
+            raise ValueError(f"the learning-rate schedule needs a decay length > 0 (at least one iteration, or "
+                             f"lr_decay_samples >= 1), got {self.end_iter}")
         if self.warmup_iter < 0:
             raise ValueError(f"warmup iterations must be >= 0, got {self.warmup_iter}")
         for peak, floor, names in ((self.start_lr, self.min_lr, "lr and min_lr"),
@@ -163,9 +170,10 @@ class AnnealingLR:
             if self.wsd_decay_style not in WSD_DECAY_STYLES:
                 raise ValueError(f"lr_wsd_decay_style={self.wsd_decay_style!r} is not one of "
                                  f"{', '.join(WSD_DECAY_STYLES)}")
-            if self.wsd_decay_iters is None or not 1 <= self.wsd_decay_iters <= self.end_iter - self.warmup_iter:
-                raise ValueError(f"lr_decay_style 'wsd' needs lr_wsd_decay_iters between 1 and the decay iterations "
-                                 f"after warmup ({self.end_iter} - {self.warmup_iter:g}), got {self.wsd_decay_iters}")
+            if self.wsd_decay_iters is None or not 0 < self.wsd_decay_iters <= self.end_iter - self.warmup_iter:
+                raise ValueError(f"lr_decay_style 'wsd' needs lr_wsd_decay_iters (or _samples) > 0 and at most "
+                                 f"the decay iterations after warmup ({self.end_iter:g} - {self.warmup_iter:g}), got "
+                                 f"{self.wsd_decay_iters}")
 
     def get_lr(self, iteration: Optional[float] = None, peak: Optional[float] = None,
                floor: Optional[float] = None) -> float:
@@ -262,7 +270,7 @@ class AnnealingLR:
         if self.use_checkpoint_lr_scheduler:
             self.start_lr = float(state["start_lr"])
             self.warmup_iter = float(state["warmup_iter"])
-            self.end_iter = int(state["end_iter"])
+            self.end_iter = _count(state["end_iter"])
             self.decay_style = str(state["decay_style"])
             self.min_lr = float(state["min_lr"])
             self.warmup_init = theirs["warmup_init"]
@@ -286,6 +294,12 @@ class AnnealingLR:
         else:  # a checkpoint from before the ramp was configured counts whole iterations
             self._set_samples(state.get("num_samples", round(state["num_iters"] * self.samples_per_iteration)))
         self._apply()
+
+
+def _count(value: float):
+    """An iteration count: an int when whole (GPT-NeoX's checkpoints hold ints), else the float (lengths given in
+    samples are fractional numbers of full batches)."""
+    return int(value) if float(value).is_integer() else float(value)
 
 
 def _same(ours: Any, theirs: Any) -> bool:
@@ -324,7 +338,7 @@ def build_lr_scheduler(neox_args: Any, schedule: TrainingSchedule, optimizer: to
                        min_lr=neox_args.min_lr, override_lr_scheduler=bool(neox_args.override_lr_scheduler),
                        use_checkpoint_lr_scheduler=bool(neox_args.use_checkpoint_lr_scheduler),
                        warmup_init=neox_args.lr_warmup_init, wsd_decay_style=neox_args.lr_wsd_decay_style,
-                       wsd_decay_iters=neox_args.lr_wsd_decay_iters, decoupled_lr=neox_args.decoupled_lr,
+                       wsd_decay_iters=schedule.wsd_decay_iters, decoupled_lr=neox_args.decoupled_lr,
                        decoupled_min_lr=neox_args.decoupled_min_lr,
                        weight_decay=weight_decay_schedule(neox_args, schedule, base_weight_decay(neox_args)),
                        samples_per_iteration=schedule.train_batch_size if schedule.rampup is not None else None)

@@ -288,7 +288,8 @@ class ModelConfig:
     checkpoint_activations."""
     recompute_method: Optional[str] = None
     recompute_num_layers: Optional[int] = None
-    """With 'full': 'uniform' chunks of recompute_num_layers (= checkpoint_num_layers, which the model uses)."""
+    """With 'full': 'uniform' chunks of recompute_num_layers (= checkpoint_num_layers, which the model uses);
+    'block': the layers checkpointed per pipeline stage (``recompute_block_layers``)."""
     number_checkpoints: Optional[int] = None
     partition_activations: bool = False
     contiguous_checkpointing: bool = False
@@ -399,6 +400,15 @@ class ModelConfig:
     def tied_embeddings(self) -> bool:
         """The output head is the word embedding (never for a reward model, whose head is its value head)."""
         return not self.no_weight_tying and not self.value_head
+
+    @property
+    def recompute_block_layers(self) -> Optional[int]:
+        """recompute_method 'block' (Megatron-LM's): how many of the first transformer layers of each pipeline stage
+        are checkpointed, one layer per checkpoint (the rest keep their activations); recompute_num_layers, by
+        default 1 as in Megatron-LM. None for any other recompute setting."""
+        if self.recompute_method != "block" or not self.checkpoint_activations:
+            return None
+        return 1 if self.recompute_num_layers is None else self.recompute_num_layers
 
     @property
     def is_pipe_parallel(self) -> bool:
@@ -521,11 +531,16 @@ class ModelConfig:
                             f"pipeline stages; use pipe_parallel_size 0 or 1")
         if self.checkpoint_num_layers < 1:
             problems.append(f"checkpoint_num_layers={self.checkpoint_num_layers} must be >= 1")
+        if self.recompute_num_layers is not None and self.recompute_num_layers < 1:
+            problems.append(f"recompute_num_layers={self.recompute_num_layers} must be >= 1")
         if self.recompute_method == "block":
-            problems.append("recompute_method 'block' (checkpoint only the first recompute_num_layers layers of each "
-                            "stage) is not supported yet; use recompute_method: uniform")
-        if self.recompute_num_layers is not None and (self.recompute_num_layers != self.checkpoint_num_layers
-                                                      or not self.checkpoint_activations):
+            if not self.checkpoint_activations:
+                problems.append("recompute_method 'block' needs recompute_granularity: full")
+            if self.checkpoint_num_layers != 1:
+                problems.append(f"recompute_method 'block' checkpoints each of the first recompute_num_layers layers "
+                                f"of a stage on its own; checkpoint_num_layers={self.checkpoint_num_layers} must be 1")
+        elif self.recompute_num_layers is not None and (self.recompute_num_layers != self.checkpoint_num_layers
+                                                        or not self.checkpoint_activations):
             problems.append(f"recompute_num_layers={self.recompute_num_layers} is the chunk size of full recomputation "
                             f"(checkpoint_activations with checkpoint_num_layers={self.checkpoint_num_layers}); "
                             f"set recompute_granularity: full and one of the two sizes")

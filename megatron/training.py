@@ -23,6 +23,7 @@ from megatron.comms_logging import CommsReporter
 from megatron.deepspeed_comm import collectives
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
+from megatron.non_persistent_checkpoints import non_persistent_due
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
 
 
@@ -503,8 +504,9 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
     losses: List[float] = []
     try:
         for _ in range(iterations):
-            if neox_args.is_pipe_parallel:
-                losses.append(_data_parallel_mean(engine.eval_batch(data_iter=batches), engine))
+            if neox_args.is_pipe_parallel:  # the full batch's micro-batches, also while rampup_batch_size ramps
+                losses.append(_data_parallel_mean(engine.eval_batch(
+                    data_iter=batches, num_micro_batches=neox_args.gradient_accumulation_steps), engine))
             else:
                 micro = [_loss_of(engine, next(batches)).float()
                          for _ in range(neox_args.gradient_accumulation_steps)]
@@ -580,10 +582,11 @@ def _async_checkpoints(neox_args, engine, ctx: RunContext):
         return None
     from megatron.async_checkpoint import AsyncCheckpoints
     from megatron.checkpointing import complete_checkpoint, failed_save
+    from megatron.non_persistent_checkpoints import in_non_persistent_dir
 
-    return AsyncCheckpoints(engine, ctx.device,
-                            complete=lambda path, it: complete_checkpoint(path, it, neox_args.keep_last_n_checkpoints),
-                            failure=failed_save)
+    return AsyncCheckpoints(engine, ctx.device, failure=failed_save,
+                            complete=lambda path, it: complete_checkpoint(path, it, neox_args.keep_last_n_checkpoints,
+                                                                          only=in_non_persistent_dir(neox_args, path)))
 
 
 def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str]):
@@ -674,7 +677,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     comms = CommsReporter(neox_args.comms_logger)
     background = _async_checkpoints(neox_args, engine, ctx)
 
-    def save(at: int) -> None:
+    def save(at: int, non_persistent: bool = False) -> None:
         nonlocal last_saved
         if neox_args.save and last_saved != at:
             timers("save").start()
@@ -682,11 +685,12 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                 background.wait()  # the previous checkpoint is complete before the next one starts
             path = save_checkpoint(neox_args, ctx.model_config, at, engine, run_state(position, schedule_of_lengths),
                                    write_extra=reference.save if reference is not None else None,
-                                   complete=background is None)
+                                   complete=background is None, non_persistent=non_persistent)
             if background is not None:
                 background.started(path, at)
             timers("save").stop()
-            last_saved = at
+            if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
+                last_saved = at
 
     def evaluate_split(batches: Optional[_ModelBatches], split: str) -> None:
         timers("eval").start()
@@ -748,6 +752,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
             # are those the uninterrupted run continues with: a resumed run replays the same validation batches
             if iteration in schedule.save_iters:
                 save(iteration)
+            elif non_persistent_due(neox_args, iteration, schedule.save_iters):
+                save(iteration, non_persistent=True)
             signalled, out_of_time = stop.any_rank(deadline)
             if signalled or out_of_time:
                 save(iteration)

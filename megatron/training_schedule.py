@@ -12,7 +12,10 @@ Rules (as GPT-NeoX documents them):
   documents (the train part of `split`, or all of train_data_paths) // seq_length.
 * decay iterations T = int(lr_decay_fraction x train_iters) if lr_decay_fraction is set (it "overrides
   lr_decay_iters"), else lr_decay_iters, else train_iters; at least 1. Warmup iterations W = lr_warmup_iters
-  when set, else warmup x T.
+  when set, else warmup x T. Megatron-LM's sample counts (with train_samples) give them as full batches:
+  T = lr_decay_samples / train_batch_size, W = lr_warmup_samples / train_batch_size, and wsd's final decay
+  D = lr_wsd_decay_samples / train_batch_size (else lr_wsd_decay_iters), possibly fractional; the schedule is
+  then Megatron-LM's at every sample count (its formulas depend only on the ratios of these lengths).
 * rampup_batch_size [start, increment, samples]: the global batch of each step from the samples consumed
   before it (BatchRampup); train_samples then counts the ramp's smaller steps.
 * checkpoints at every checkpoint_factor iterations (checkpoint_scale linear) or at its powers (log),
@@ -76,18 +79,30 @@ def iterations_for_epochs(neox_args) -> int:
     return math.ceil(neox_args.train_epochs * samples / neox_args.train_batch_size)
 
 
-def decay_and_warmup_iters(neox_args, train_iters: int) -> Tuple[int, float]:
-    """The learning-rate decay length T and warmup length W of a run of `train_iters` (module docstring)."""
-    if neox_args.lr_decay_fraction is not None:
-        decay = int(neox_args.lr_decay_fraction * train_iters)
+def decay_and_warmup_iters(neox_args, train_iters: int) -> Tuple[float, float]:
+    """The learning-rate decay length T and warmup length W of a run of `train_iters` (module docstring);
+    given in samples (lr_decay_samples, lr_warmup_samples) they are that many full batches, possibly fractional."""
+    if neox_args.lr_decay_samples is not None:
+        decay = neox_args.lr_decay_samples / neox_args.train_batch_size
+    elif neox_args.lr_decay_fraction is not None:
+        decay = max(1, int(neox_args.lr_decay_fraction * train_iters))
     elif neox_args.lr_decay_iters is not None:
-        decay = int(neox_args.lr_decay_iters)
+        decay = max(1, int(neox_args.lr_decay_iters))
     else:
-        decay = train_iters
-    decay = max(1, decay)
+        decay = max(1, train_iters)
+    if neox_args.lr_warmup_samples is not None:
+        return decay, neox_args.lr_warmup_samples / neox_args.train_batch_size
     if neox_args.lr_warmup_iters is not None:
         return decay, float(neox_args.lr_warmup_iters)
     return decay, float(neox_args.warmup) * decay
+
+
+def wsd_decay_iters(neox_args) -> Optional[float]:
+    """The length D of lr_decay_style 'wsd''s final decay: lr_wsd_decay_iters, or lr_wsd_decay_samples full
+    batches (possibly fractional); None when neither is set."""
+    if neox_args.lr_wsd_decay_samples is not None:
+        return neox_args.lr_wsd_decay_samples / neox_args.train_batch_size
+    return None if neox_args.lr_wsd_decay_iters is None else int(neox_args.lr_wsd_decay_iters)
 
 
 @dataclass(frozen=True)
@@ -158,7 +173,7 @@ class TrainingSchedule:
 
     train_iters: int
     train_batch_size: int
-    decay_iters: int
+    decay_iters: float
     warmup_iters: float
     save_iters: Tuple[int, ...] = ()
     eval_interval: int = 1000
@@ -166,6 +181,8 @@ class TrainingSchedule:
     rampup: Optional[BatchRampup] = None
     length: Optional[int] = None
     """Full-batch iterations of the schedules (schedule_length); train_iters when None."""
+    wsd_decay_iters: Optional[float] = None
+    """Length of lr_decay_style 'wsd''s final decay in full-batch iterations (wsd_decay_iters)."""
 
     @classmethod
     def from_neox_args(cls, neox_args, train_iters: Optional[int] = None) -> "TrainingSchedule":
@@ -179,7 +196,8 @@ class TrainingSchedule:
                    save_iters=checkpoint_iterations(neox_args.checkpoint_factor, neox_args.checkpoint_scale,
                                                     neox_args.extra_save_iters, int(train_iters)),
                    eval_interval=int(neox_args.eval_interval), eval_iters=int(neox_args.eval_iters),
-                   rampup=batch_rampup(neox_args), length=schedule_length(neox_args, int(train_iters)))
+                   rampup=batch_rampup(neox_args), length=schedule_length(neox_args, int(train_iters)),
+                   wsd_decay_iters=wsd_decay_iters(neox_args))
 
     def batch_size_at(self, consumed_samples: int) -> int:
         """The global batch of the step that starts after `consumed_samples` (rampup_batch_size)."""

@@ -34,6 +34,11 @@ def test_tiny_dense_model_by_hand():
     assert training_flops_per_token(_config(checkpoint_activations=True)) == 4 * 229376
     # selective recompute: the attention core (8192 per layer) of both layers once more
     assert training_flops_per_token(_config(recompute_granularity="selective")) == 3 * 229376 + 2 * attention
+    # recompute_method 'block': one of the two layers (qkv + attention + dense + mlp = 106496) once more; with
+    # two pipeline stages of one layer each, both layers
+    block = dict(checkpoint_activations=True, recompute_method="block", recompute_num_layers=1)
+    assert training_flops_per_token(_config(**block)) == 3 * 229376 + 106496
+    assert training_flops_per_token(_config(**block, pipe_parallel_size=2)) == 3 * 229376 + 2 * 106496
 
 
 def test_grouped_query_attention_counts_fewer_kv_heads():

@@ -460,3 +460,55 @@ def test_under_a_batch_ramp_the_schedule_advances_by_samples_and_resumes_mid_ram
     with pytest.raises(ValueError, match="keep rampup_batch_size to resume"):
         AnnealingLR(_optimizer(), start_lr=1e-3, warmup_iter=2, total_iters=7, decay_style="cosine",
                     min_lr=1e-4).load_state_dict(build().state_dict() | {"num_iters": 20 / 12})
+
+
+# ---- Megatron-LM's sample-based lengths: lr_warmup_samples, lr_decay_samples, lr_wsd_decay_samples ----
+
+def _megatron_lr_at_samples(c: float, lr: float, min_lr: float, warmup: int, decay: int, style: str,
+                            wsd_decay: int = 0, wsd_style: str = "linear") -> float:
+    """Megatron-LM's OptimizerParamScheduler.get_lr after c samples (lr_warmup_init 0), all lengths in samples;
+    after the decay the value at its end is held (this project's rule: Megatron-LM drops to min_lr there, the same
+    value but for inverse_sqrt)."""
+    if c <= warmup:
+        return lr * c / warmup
+    c = min(c, decay)
+    if style == "cosine":
+        return min_lr + (lr - min_lr) * 0.5 * (math.cos(math.pi * (c - warmup) / (decay - warmup)) + 1)
+    if style == "inverse_sqrt":
+        return max(lr * math.sqrt(warmup) / math.sqrt(c), min_lr)
+    r = max(c - (decay - wsd_decay), 0) / wsd_decay  # wsd
+    coeff = {"linear": 1 - r, "cosine": (math.cos(math.pi * r) + 1) / 2, "exponential": 2 * 0.5 ** r - 1}[wsd_style]
+    return min_lr + coeff * (lr - min_lr)
+
+
+SAMPLE_RUN = dict(optimizer=ADAM, train_samples=800, train_batch_size=8, min_lr=1.0e-4, lr_warmup_init=0.0,
+                  lr_warmup_samples=20, lr_decay_samples=600)
+"""Batch 8 (2 x 4 micro-batches): warmup 2.5 full batches, decay 75: neither a whole number of steps."""
+
+
+@pytest.mark.parametrize("style,wsd_style", [("cosine", None), ("inverse_sqrt", None), ("wsd", "linear"),
+                                             ("wsd", "cosine"), ("wsd", "exponential")])
+@pytest.mark.parametrize("ramp", [None, [2, 2, 96]])
+def test_sample_lengths_every_step_equal_megatron_closed_form_and_resume(style, wsd_style, ramp):
+    """Each step's rate is Megatron-LM's at the samples consumed before it (batch 8, or the ramp 2, 4, 6 over the
+    first 96 samples), through the end of the decay and after; a scheduler loaded mid-run continues identically."""
+    wsd = dict(lr_wsd_decay_samples=200, lr_wsd_decay_style=wsd_style) if style == "wsd" else {}
+    args = tiny(**SAMPLE_RUN, lr_decay_style=style, rampup_batch_size=ramp, **wsd)
+    schedule = TrainingSchedule.from_neox_args(args)
+    assert (schedule.warmup_iters, schedule.decay_iters) == (2.5, 75)
+    sched = _build(args, schedule, _optimizer())
+    resumed, consumed = None, 0
+    for step in range(schedule.train_iters):
+        want = _megatron_lr_at_samples(consumed, 1e-3, 1e-4, 20, 600, style, 200, wsd_style)
+        assert math.isclose(sched.get_last_lr()[0], want, rel_tol=1e-12, abs_tol=1e-18), (step, consumed)
+        if step == 40:
+            resumed = _build(args, schedule, _optimizer())
+            resumed.load_state_dict(sched.state_dict())
+        batch = schedule.batch_size_at(consumed)
+        for scheduler in filter(None, (sched, resumed)):
+            scheduler.next_batch = batch  # read under a ramp only (the training loop sets it)
+            scheduler.step()
+        consumed += batch
+    assert consumed >= 800 and sched.get_last_lr() == resumed.get_last_lr()
+    assert sched.get_last_lr()[0] == pytest.approx(1e-4 if style != "inverse_sqrt" else
+                                                   max(1e-3 * math.sqrt(20 / 600), 1e-4))

@@ -189,20 +189,79 @@ def _ramped_weights(rank: int, world_size: int, zero_stage: int) -> list:
     return weights
 
 
-def _ramped_weights_per_stage(rank: int, world_size: int, stages) -> list:
-    """Several engines one after another in one process (each spawn costs seconds of imports)."""
-    return [_ramped_weights(rank, world_size, zero_stage) for zero_stage in stages]
+PIPE_RAMP = [2, 4, 6, 6]
+"""A ramp toward 6 at micro batch 2 with one data-parallel rank (PP=2 on 2 ranks): 1, 2, 3, 3 micro-batches."""
+
+
+def _ramp_micro_batches() -> list:
+    return [random_batch(batch=2, seed=300 + i) for i in range(sum(PIPE_RAMP) // 2)]
+
+
+def _ramped_pipeline_losses(rank: int, world_size: int) -> tuple:
+    """(each step's loss through DeepSpeed's pipeline engine at PP=2 under the ramp PIPE_RAMP, driven by
+    set_batch_size and train_step as pretrain drives it; the same steps of the sequential model (PP=0) with the
+    same initial weights, each on the mean loss of its micro-batches)."""
+    import types
+
+    import deepspeed
+
+    from megatron.model import build_model
+    from megatron.mpu import ParallelState, SingleProcessState
+    from megatron.training import evaluate, set_batch_size, train_step
+
+    reference = build_model(tiny_config(), SingleProcessState())
+    opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    micro, want = iter(_ramp_micro_batches()), []
+    for batch in PIPE_RAMP:
+        opt.zero_grad()
+        losses = [reference.loss_fn(reference(inputs), labels) for inputs, labels in
+                  (next(micro) for _ in range(batch // 2))]
+        (sum(losses) / len(losses)).backward()
+        opt.step()
+        want.append(sum(loss.item() for loss in losses) / len(losses))
+    state = ParallelState(pipe_parallel_size=2, model_parallel_size=1)
+    model = build_model(tiny_config(pipe_parallel_size=2), state)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    config = {"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+              "steps_per_print": 10 ** 6, "gradient_clipping": 0.0}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    args = types.SimpleNamespace(moe_num_experts=1, is_pipe_parallel=True, gradient_accumulation_steps=3,
+                                 char_level_ppl=False, checkpoint_activations=False)
+    ctx, schedule = types.SimpleNamespace(parallel_state=state), types.SimpleNamespace()
+    micro, got, evaluated = iter(_ramp_micro_batches()), [], None
+    for step, batch in enumerate(PIPE_RAMP):
+        set_batch_size(engine, schedule, batch)
+        got.append(train_step(args, engine, micro, ctx, opt)[0])
+        if step == 0:  # mid-ramp (1 micro-batch per step), evaluation still takes the full batch's 3
+            held_out = iter(_ramp_micro_batches()[:4])
+            evaluate(args, engine, held_out, 1)
+            evaluated = 4 - sum(1 for _ in held_out)
+    left = sum(1 for _ in micro)  # each step took exactly its batch's micro-batches
+    state.destroy()
+    return got, want, left, evaluated
+
+
+def _ramped_weights_per_stage(rank: int, world_size: int, stages) -> tuple:
+    """Several engines one after another in one process (each spawn costs seconds of imports): the ramp's
+    weights at each ZeRO stage, then the pipeline's losses (_ramped_pipeline_losses)."""
+    return [_ramped_weights(rank, world_size, zero_stage) for zero_stage in stages], \
+        _ramped_pipeline_losses(rank, world_size)
 
 
 def test_a_batch_ramp_steps_on_the_mean_gradient_of_each_steps_samples():
     """Every step equals SGD on the mean squared-error gradient over exactly that step's samples (all ranks,
     all micro-batches), for the sizes 2, 4, 6: the loss is scaled by the step's own micro-batch count and the
-    optimizer steps at the step's last micro-batch. Without ZeRO and with ZeRO-1."""
+    optimizer steps at the step's last micro-batch. Without ZeRO and with ZeRO-1; and with pipeline parallelism
+    (PP=2) the GPT model's losses equal the sequential model's under the same ramp."""
     weight, want = 0.5, []
     for step, batch in enumerate(RAMP_BATCHES):
         samples = [_ramp_sample(step, i) for i in range(batch)]
         weight -= 0.05 * sum(2 * (weight * x - t) * x for x, t in samples) / batch
         want.append(weight)
     ranks = run_distributed(_ramped_weights_per_stage, world_size=2, args=((0, 1),))
-    for zero_stage, weights in zip((0, 1), zip(*ranks)):
+    for zero_stage, weights in zip((0, 1), zip(*(weights for weights, _ in ranks))):
         assert weights[0] == weights[1] == pytest.approx(want, rel=1e-5), zero_stage
+    # PP=2: the pipeline engine runs each step's micro-batch count (1, 2, 3, 3) and equals the sequential ramp
+    for got, want, left, evaluated in (pipeline for _, pipeline in ranks):
+        assert (left, evaluated) == (0, 3) and len(set(want)) == len(want)
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)

@@ -21,7 +21,8 @@ the model returns this rank's vocabulary shard of the logits and ``cross_entropy
   ``layer_{i:02d}-model_{t:02d}-model_states.pt`` (parameter-free slots and the tied head write nothing).
   Activation checkpointing every ``checkpoint_num_layers`` transformer layers with DeepSpeed's checkpoint,
   restricted to the layer blocks (``checkpointable_layers``: the first stage takes integer tokens,
-  which reentrant checkpointing rejects).
+  which reentrant checkpointing rejects); with recompute_method 'block' only the first
+  ``recompute_block_layers`` layers of each stage, one per checkpoint.
 * ``GPT2ModelSequential`` (pipe_parallel_size 0): the same slots in an nn.ModuleList named ``sequential``
   (module keys ``sequential.{i}.*``, as GPT-NeoX's SequentialWrapper), with the same forward and loss; it
   also takes an explicit ``KVCache`` for incremental decoding. ``embedding``, ``layers``, ``final_norm`` and
@@ -197,24 +198,28 @@ class GPT2ModelSequential(nn.Module):
         head = None if config.tied_embeddings else _head_class(config)(config, parallel_state, init)
         self._assemble(Embedding(config, parallel_state, init, rng_tracker), layers,
                        FinalNorm(config, parallel_state), head, loss_function(config, parallel_state),
-                       config.checkpoint_num_layers if config.checkpoint_activations else 0)
+                       config.checkpoint_num_layers if config.checkpoint_activations else 0,
+                       config.recompute_block_layers)
 
     @classmethod
     def from_parts(cls, embedding: Embedding, layers: List[nn.Module], final_norm: FinalNorm,
-                   head: Optional[nn.Module], loss_fn, checkpoint_every: int = 0) -> "GPT2ModelSequential":
+                   head: Optional[nn.Module], loss_fn, checkpoint_every: int = 0,
+                   checkpoint_first: Optional[int] = None) -> "GPT2ModelSequential":
         """A sequential model over existing (already initialised) layers; parameters are shared."""
         model = cls.__new__(cls)
         nn.Module.__init__(model)
-        model._assemble(embedding, layers, final_norm, head, loss_fn, checkpoint_every)
+        model._assemble(embedding, layers, final_norm, head, loss_fn, checkpoint_every, checkpoint_first)
         return model
 
     def _assemble(self, embedding: Embedding, layers: List[nn.Module], final_norm: FinalNorm,
-                  head: Optional[nn.Module], loss_fn, checkpoint_every: int) -> None:
+                  head: Optional[nn.Module], loss_fn, checkpoint_every: int,
+                  checkpoint_first: Optional[int] = None) -> None:
         self.sequential = nn.ModuleList([embedding, LayerSlot(), *layers, LayerSlot(), final_norm,
                                          head if head is not None else LayerSlot()])
         self.layers: Tuple[nn.Module, ...] = tuple(layers)  # a tuple: registered once, under sequential
         self.tied_head = head is None
         self.checkpoint_every, self.loss_fn = checkpoint_every, loss_fn
+        self.checkpoint_first = checkpoint_first  # recompute_method 'block': only these first layers
 
     @property
     def embedding(self) -> Embedding:
@@ -262,7 +267,10 @@ class GPT2ModelSequential(nn.Module):
 
         for start in range(0, len(self.layers), self.checkpoint_every):
             end = min(start + self.checkpoint_every, len(self.layers))
-            hidden = checkpoint_function()(run(start, end), hidden, mask)
+            if self.checkpoint_first is not None and start >= self.checkpoint_first:
+                hidden = run(start, end)(hidden, mask)  # recompute_method 'block': past the first layers
+            else:
+                hidden = checkpoint_function()(run(start, end), hidden, mask)
         return hidden
 
 
@@ -351,6 +359,25 @@ class GPT2ModelPipe(PipelineModule):
         self._tied_head = config.tied_embeddings
         self.num_layers = config.num_layers
         self._checkpoint_every = self.activation_checkpoint_interval
+        self._checkpoint_first = config.recompute_block_layers
+        self._precompute_checkpointable_values()
+
+    def _precompute_checkpointable_values(self) -> None:
+        """DeepSpeed's per-chunk "checkpoint this" flags; with recompute_method 'block' (one layer per chunk) only
+        the first ``recompute_block_layers`` layer chunks of this stage keep theirs. DeepSpeed's engine calls this
+        again when it sets the interval."""
+        super()._precompute_checkpointable_values()
+        first = getattr(self, "_checkpoint_first", None)
+        if first is None:
+            return
+        if self.activation_checkpoint_interval != 1:
+            raise ValueError(f"recompute_method 'block' checkpoints one layer per chunk; the pipeline's "
+                             f"activation_checkpoint_interval is {self.activation_checkpoint_interval}")
+        flags, seen = [], 0
+        for checkpointable in self.is_checkpointable_results:
+            flags.append(checkpointable and seen < first)
+            seen += bool(checkpointable)
+        self.is_checkpointable_results = flags
 
     @staticmethod
     def sequential_name(name: str) -> str:
@@ -376,7 +403,7 @@ class GPT2ModelPipe(PipelineModule):
         embedding = self.tied_modules["embed"] if self._tied_head else funcs[0]
         head = None if self._tied_head else funcs[-1]
         return GPT2ModelSequential.from_parts(embedding, funcs[2:-3], funcs[-2], head, self.loss_fn,
-                                              self._checkpoint_every)
+                                              self._checkpoint_every, self._checkpoint_first)
 
 
 def build_model(config: ModelConfig, parallel_state, rng_tracker=None) -> nn.Module:

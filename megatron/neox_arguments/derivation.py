@@ -252,9 +252,10 @@ def derive_optimizer_and_zero(args: NeoXArgsSchema, provided: Set[str]) -> List[
 
 
 def derive_recompute(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
-    """Megatron-LM's recompute keys onto GPT-NeoX's: recompute_granularity 'full' (method 'uniform') is
-    checkpoint_activations with checkpoint_num_layers = recompute_num_layers ('block' is refused by
-    ModelConfig.problems); 'selective' is read by the attention layers (ModelConfig.recompute_granularity)."""
+    """Megatron-LM's recompute keys onto GPT-NeoX's: recompute_granularity 'full' is checkpoint_activations,
+    method 'uniform' with checkpoint_num_layers = recompute_num_layers, method 'block' with one layer per checkpoint
+    (recompute_num_layers is then the number of layers checkpointed per stage, ModelConfig.recompute_block_layers);
+    'selective' is read by the attention layers (ModelConfig.recompute_granularity)."""
     granularity, layers = args.recompute_granularity, args.recompute_num_layers
     if granularity is None:
         return [f"{name}={getattr(args, name)!r} needs recompute_granularity: full" for name in
@@ -269,7 +270,12 @@ def derive_recompute(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
         return problems
     if "checkpoint_activations" in provided and not args.checkpoint_activations:
         return ["recompute_granularity 'full' with checkpoint_activations: false; they are one setting, keep one"]
-    if layers is not None:
+    if args.recompute_method == "block":
+        if "checkpoint_num_layers" in provided and args.checkpoint_num_layers != 1:
+            return [f"recompute_method 'block' with checkpoint_num_layers={args.checkpoint_num_layers}: block "
+                    f"checkpoints each of the first recompute_num_layers layers of a stage on its own; remove "
+                    f"checkpoint_num_layers"]
+    elif layers is not None:
         if "checkpoint_num_layers" in provided and args.checkpoint_num_layers != layers:
             return [f"recompute_num_layers={layers} and checkpoint_num_layers={args.checkpoint_num_layers} are one "
                     f"setting with two values; keep one"]
@@ -313,7 +319,8 @@ BUILT_IN_SCHEDULE_ARGUMENTS = ("lr_decay_style", "lr_decay_iters", "lr_decay_fra
                                "override_lr_scheduler", "use_checkpoint_lr_scheduler", "lr_wsd_decay_style",
                                "lr_wsd_decay_iters", "lr_warmup_iters", "lr_warmup_init", "decoupled_lr",
                                "decoupled_min_lr", "start_weight_decay", "end_weight_decay",
-                               "weight_decay_incr_style")
+                               "weight_decay_incr_style", "lr_decay_samples", "lr_warmup_samples",
+                               "lr_wsd_decay_samples")
 """Arguments of the built-in schedule (AnnealingLR), which a `scheduler` dict replaces."""
 
 

@@ -5,6 +5,7 @@ GPUs, so device-dependent checks (fp16 needs CUDA) run where the workers start
 
 import dataclasses
 import difflib
+import os
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
 from megatron.comms_logging import comms_logger_problems
@@ -210,6 +211,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"hidden_dropout={args.hidden_dropout} and attention_dropout={args.attention_dropout} "
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
+    problems += non_persistent_problems(args)
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)
@@ -229,7 +231,54 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
-WSD_ONLY = ("lr_wsd_decay_style", "lr_wsd_decay_iters")
+def non_persistent_problems(args: NeoXArgsSchema) -> List[str]:
+    """Megatron-LM's non-persistent checkpoints (megatron.non_persistent_checkpoints): type 'global' only, its
+    keys together, and a directory of its own."""
+    kind, interval, directory = (args.non_persistent_ckpt_type, args.non_persistent_save_interval,
+                                 args.non_persistent_global_ckpt_dir)
+    if kind in ("local", "in_memory"):
+        return [f"non_persistent_ckpt_type={kind!r} is not supported yet (Megatron-LM marks it TBD too); use "
+                f"'global' (non_persistent_global_ckpt_dir)"]
+    problems = []
+    if interval is not None and interval < 1:
+        problems.append(f"non_persistent_save_interval={interval} must be >= 1")
+    if interval is not None and kind is None:
+        problems.append(f"non_persistent_save_interval={interval} needs non_persistent_ckpt_type: global")
+    if directory is not None and kind is None:
+        problems.append(f"non_persistent_global_ckpt_dir={directory!r} needs non_persistent_ckpt_type: global")
+    if interval is not None and not args.save:
+        problems.append(f"non_persistent_save_interval={interval} needs save (the run's checkpoint directory)")
+    if directory is not None and any(d and os.path.abspath(directory) == os.path.abspath(d)
+                                     for d in (args.save, args.load)):
+        problems.append(f"non_persistent_global_ckpt_dir={directory!r} is the save / load directory; it keeps only "
+                        f"its newest checkpoint, so give it a directory of its own (default: {{save}}/non_persistent)")
+    return problems
+
+
+WSD_ONLY = ("lr_wsd_decay_style", "lr_wsd_decay_iters", "lr_wsd_decay_samples")
+SAMPLE_LENGTHS = {"lr_warmup_samples": ("lr_warmup_iters", "warmup"),
+                  "lr_decay_samples": ("lr_decay_iters", "lr_decay_fraction"),
+                  "lr_wsd_decay_samples": ("lr_wsd_decay_iters",)}
+"""Megatron-LM's learning-rate lengths in samples, with the keys that give the same length otherwise."""
+
+
+def sample_length_problems(args: NeoXArgsSchema, changed: Set[str]) -> List[str]:
+    """lr_*_samples: only with train_samples (Megatron-LM's rule: a run counted in iterations counts its schedule
+    in iterations), never with a key that gives the same length another way, and in range."""
+    problems = []
+    for name, others in SAMPLE_LENGTHS.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if args.train_samples is None:
+            problems.append(f"{name}={value} counts the schedule in samples, which needs the run's length as "
+                            f"train_samples (as in Megatron-LM); with train_iters or train_epochs use {others[0]}")
+        problems += [f"{name}={value} and {other}={getattr(args, other)} are both set; they give one length (in "
+                     f"samples, in iterations), keep one" for other in others if other in changed]
+        least = 0 if name == "lr_warmup_samples" else 1
+        if value < least:
+            problems.append(f"{name}={value} must be >= {least}")
+    return problems
 
 
 def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
@@ -237,7 +286,7 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     weight-decay schedule): each set only where it is read, and in range."""
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
     changed = {name for name in provided if getattr(args, name) != defaults[name]}  # to_dict() round-trips
-    problems = []
+    problems = sample_length_problems(args, changed)
     if args.lr_warmup_iters is not None and "warmup" in changed:
         problems.append(f"lr_warmup_iters={args.lr_warmup_iters} and warmup={args.warmup} are both set; they are "
                         f"two ways to give the warmup length (iterations, fraction of the decay), keep one")
@@ -248,19 +297,21 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     if args.lr_decay_style != "wsd":
         problems += [f"{name} is only read by lr_decay_style 'wsd' (lr_decay_style is {args.lr_decay_style!r}); "
                      f"remove it or set lr_decay_style: wsd" for name in WSD_ONLY if name in changed]
-    elif args.lr_wsd_decay_iters is None:
+    elif args.lr_wsd_decay_iters is None and args.lr_wsd_decay_samples is None:
         problems.append("lr_decay_style 'wsd' needs lr_wsd_decay_iters (the length of its final decay, in "
-                        "iterations)")
-    elif args.lr_wsd_decay_iters < 1:
+                        "iterations) or, with train_samples, lr_wsd_decay_samples")
+    elif args.lr_wsd_decay_iters is not None and args.lr_wsd_decay_iters < 1:
         problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} must be >= 1")
-    elif args.train_iters is not None or (args.train_samples is not None and args.train_batch_size
-                                          and not rampup_problems(args)):
-        from megatron.training_schedule import decay_and_warmup_iters, schedule_length, training_iterations
+    elif not problems and args.train_batch_size and (
+            args.train_iters is not None or (args.train_samples is not None and not rampup_problems(args))):
+        from megatron.training_schedule import (decay_and_warmup_iters, schedule_length, training_iterations,
+                                                wsd_decay_iters)
 
         decay, warmup = decay_and_warmup_iters(args, schedule_length(args, training_iterations(args)))
-        if args.lr_wsd_decay_iters > decay - warmup:
-            problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} is longer than the decay iterations after "
-                            f"warmup ({decay} - {warmup:g}); the stable phase would start inside the warmup")
+        if wsd_decay_iters(args) > decay - warmup:
+            given = "lr_wsd_decay_samples" if args.lr_wsd_decay_samples is not None else "lr_wsd_decay_iters"
+            problems.append(f"{given}={getattr(args, given)} is longer than the decay iterations after "
+                            f"warmup ({decay:g} - {warmup:g}); the stable phase would start inside the warmup")
     if args.decoupled_min_lr is not None and args.decoupled_lr is None:
         problems.append(f"decoupled_min_lr={args.decoupled_min_lr} needs decoupled_lr (the peak rate of the input "
                         f"and output layers)")
@@ -299,10 +350,6 @@ def rampup_problems(args: NeoXArgsSchema) -> List[str]:
         return [f"rampup_batch_size={ramp!r} must be three integers [start, increment, samples]"]
     start, increment, samples = ramp
     problems = []
-    if args.pipe_parallel_size >= 1:
-        problems.append(f"rampup_batch_size with pipe_parallel_size={args.pipe_parallel_size} is not supported yet "
-                        f"(the pipeline engine's micro-batch count is not varied here); set pipe_parallel_size: 0 "
-                        f"or remove rampup_batch_size")
     if args.train_samples is None and (args.train_iters is not None or args.train_epochs is not None):
         problems.append("rampup_batch_size needs the run's length as train_samples (as in Megatron-LM): under a ramp "
                         "iterations and samples differ; replace train_iters / train_epochs by train_samples")

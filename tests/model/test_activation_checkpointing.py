@@ -1,5 +1,6 @@
 """Activation checkpointing (DeepSpeed, configured with our ParallelState) gives the same loss and
-gradients as the plain model at TP=2, dropout included (the RNG streams are replayed); partition_activations halves
+gradients as the plain model at TP=2, dropout included (the RNG streams are replayed), and recomputes exactly the
+layers it checkpoints (recompute_method 'block': only the first recompute_num_layers); partition_activations halves
 the inputs the checkpoints keep, and cpu_checkpointing moves them off the GPU."""
 
 import pytest
@@ -35,15 +36,24 @@ def _bytes_kept_for_backward(model, inputs, labels) -> int:
     return kept
 
 
+def _layer_calls(model) -> list:
+    """A list that counts the forward calls of each of ``model.layers`` (recomputation calls a layer again)."""
+    calls = [0] * len(model.layers)
+    for i, layer in enumerate(model.layers):
+        layer.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    return calls
+
+
 def _compare(rank: int, world_size: int) -> None:
     inputs, labels = random_batch()
     common = dict(num_layers=3, attention_dropout=0.2, hidden_dropout=0.2, model_parallel_size=2)
-    for extra in (
-        dict(),
-        dict(partition_activations=True, checkpoint_num_layers=2),
-        dict(partition_activations=True, checkpoint_in_cpu=True),
-        dict(sequence_parallel=True),
-        dict(checkpoint_activations=False, recompute_granularity="selective"),  # the attention core only
+    for extra, calls in (
+        (dict(), [2, 2, 2]),
+        (dict(partition_activations=True, checkpoint_num_layers=2), [2, 2, 2]),
+        (dict(partition_activations=True, checkpoint_in_cpu=True), [2, 2, 2]),
+        (dict(sequence_parallel=True), [2, 2, 2]),
+        (dict(checkpoint_activations=False, recompute_granularity="selective"), [1, 1, 1]),  # the attention core
+        (dict(recompute_method="block", recompute_num_layers=2), [2, 2, 1]),  # only the first 2 layers recompute
     ):
         state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
         plain_args = tiny_config(**common, sequence_parallel=extra.get("sequence_parallel", False))
@@ -52,8 +62,10 @@ def _compare(rank: int, world_size: int) -> None:
         ckpt = build_model(tiny_config(**{"checkpoint_activations": True, **common, **extra}), state,
                            RNGStatesTracker())
         ckpt.load_state_dict(plain.state_dict())
+        counted = _layer_calls(ckpt)
         loss_a, grads_a = _loss_and_grads(plain, inputs, labels)
         loss_b, grads_b = _loss_and_grads(ckpt, inputs, labels)
+        assert counted == calls, (extra, counted)
         torch.testing.assert_close(loss_b, loss_a, rtol=1e-6, atol=1e-6)
         for name, grad in grads_a.items():
             torch.testing.assert_close(grads_b[name], grad, rtol=1e-5, atol=1e-6, msg=f"{extra} {name}")

@@ -87,24 +87,29 @@ def _pipeline_losses(rank: int, world_size: int, pipe: int, model_parallel: int,
     config = {"train_batch_size": MICRO * GAS, "train_micro_batch_size_per_gpu": MICRO,
               "gradient_accumulation_steps": GAS, "steps_per_print": 10 ** 6, "gradient_clipping": 0.0}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    layers = [f for f in model.forward_funcs if type(f).__name__ in model.checkpointable_layers]
+    calls = [0] * len(layers)  # forward calls of this stage's layers (a recomputed layer is called again)
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
     data = iter(_micro_batches())
     losses = [engine.train_batch(data).item() for _ in range(STEPS)]
     parts = list(model.parts)
     state.destroy()
-    return losses, ref_losses, parts
+    return losses, ref_losses, parts, [count // (STEPS * GAS) for count in calls]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("pipe,model_parallel,overrides", [
     (2, 1, dict(pos_emb="rotary", activation="swiglu")),
-    (2, 1, dict(no_weight_tying=True, checkpoint_activations=True, pipe_partition_method="uniform")),
+    (2, 1, dict(num_layers=4, no_weight_tying=True, pipe_partition_method="uniform", checkpoint_activations=True,
+                recompute_method="block", recompute_num_layers=2)),
     (1, 2, dict(pos_emb="rotary", num_kv_heads=2, sequence_parallel=True)),
     (2, 1, dict(attention_config=["mamba", "rwkv"], checkpoint_activations=True)),
     (2, 1, dict(num_layers=4, attention_config=["mamba", "global", "rwkv", "mamba"])),
 ])
 def test_pipeline_matches_sequential_over_steps(pipe, model_parallel, overrides):
     results = run_distributed(_pipeline_losses, world_size=2, args=(pipe, model_parallel, overrides))
-    losses, ref, parts = results[-1]  # the last stage computes the loss
+    losses, ref, parts, _ = results[-1]  # the last stage computes the loss
     assert len(losses) == STEPS and ref[0] != ref[-1]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=1e-5)
     if pipe == 2:
@@ -112,5 +117,12 @@ def test_pipeline_matches_sequential_over_steps(pipe, model_parallel, overrides)
         # 2 transformer layers (slots 2 and 3); uniform balances the 7 slots.
         want = [0, 4, 7] if overrides.get("pipe_partition_method") == "uniform" else [0, 3, 7]
         if overrides.get("num_layers") == 4:  # 9 slots; the default method balances mamba / rwkv layers too
-            want = [0, 4, 9]
+            want = [0, 5, 9] if overrides.get("pipe_partition_method") == "uniform" else [0, 4, 9]
         assert parts == want
+    calls = [result[3] for result in results]  # per stage: forward calls of each layer per micro batch
+    if overrides.get("recompute_method") == "block":  # the first 2 layers of each stage (3 + 1 layers) recompute
+        assert calls == [[2, 2, 1], [2]], calls
+    elif overrides.get("checkpoint_activations"):
+        assert all(count == 2 for stage in calls for count in stage), calls
+    else:
+        assert all(count == 1 for stage in calls for count in stage), calls

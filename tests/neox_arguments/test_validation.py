@@ -87,7 +87,10 @@ def test_required_model_fields():
      "recompute_method='uniform' is a setting of recompute_granularity 'full', not 'selective'"),
     ({"recompute_granularity": "selective", "checkpoint_activations": True},
      "recompute_granularity 'selective' with checkpoint_activations: true"),
-    ({"recompute_granularity": "full", "recompute_method": "block"}, "recompute_method 'block'"),
+    ({"recompute_granularity": "full", "recompute_method": "block", "checkpoint_num_layers": 2},
+     "recompute_method 'block' with checkpoint_num_layers=2"),
+    ({"recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 0},
+     "recompute_num_layers=0 must be >= 1"),
     ({"recompute_granularity": "full", "checkpoint_activations": False},
      "recompute_granularity 'full' with checkpoint_activations: false"),
     ({"recompute_granularity": "full", "recompute_num_layers": 2, "checkpoint_num_layers": 1},
@@ -98,8 +101,6 @@ def test_required_model_fields():
      "the batch must grow from start=2 to train_batch_size=8 in whole increments of 4"),
     ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8, "num_gpus": 2},
      "must be multiples of train_micro_batch_size_per_gpu x data-parallel size = 2 x 2 = 4"),
-    ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8, "pipe_parallel_size": 1},
-     "rampup_batch_size with pipe_parallel_size=1 is not supported yet"),
     ({"rampup_batch_size": [2, 2, 10], "train_samples": 10, "train_batch_size": 8,
       "scheduler": {"type": "WarmupLR", "params": {}}}, "rampup_batch_size with a DeepSpeed `scheduler` dict"),
     ({"data_path": "a", "train_data_paths": ["b"], "valid_data_paths": ["c"], "test_data_paths": ["d"]},
@@ -191,6 +192,19 @@ def test_required_model_fields():
     ({"lr_decay_style": "wsd", "lr_wsd_decay_iters": 0}, "lr_wsd_decay_iters=0 must be >= 1"),
     ({"lr_decay_style": "wsd", "lr_wsd_decay_iters": 95, "train_iters": 100, "lr_warmup_iters": 10},
      "lr_wsd_decay_iters=95 is longer than the decay iterations after warmup (100 - 10)"),
+    ({"lr_decay_samples": 400, "train_iters": 100}, "lr_decay_samples=400 counts the schedule in samples, which "
+     "needs the run's length as train_samples (as in Megatron-LM); with train_iters or train_epochs use lr_decay_iters"),
+    ({"lr_decay_samples": 400, "lr_decay_iters": 50, "train_samples": 800},
+     "lr_decay_samples=400 and lr_decay_iters=50 are both set"),
+    ({"lr_warmup_samples": 40, "warmup": 0.1, "train_samples": 800}, "lr_warmup_samples=40 and warmup=0.1 are both"),
+    ({"lr_warmup_samples": 40, "lr_warmup_iters": 5, "train_samples": 800},
+     "lr_warmup_samples=40 and lr_warmup_iters=5 are both set"),
+    ({"lr_decay_samples": 0, "train_samples": 800}, "lr_decay_samples=0 must be >= 1"),
+    ({"lr_wsd_decay_samples": 40, "train_samples": 800}, "lr_wsd_decay_samples is only read by lr_decay_style 'wsd'"),
+    ({"lr_decay_style": "wsd", "lr_wsd_decay_samples": 40, "lr_wsd_decay_iters": 5, "train_samples": 800},
+     "lr_wsd_decay_samples=40 and lr_wsd_decay_iters=5 are both set"),
+    ({"lr_decay_style": "wsd", "lr_wsd_decay_samples": 790, "lr_warmup_samples": 20, "train_samples": 800,
+      "train_batch_size": 8}, "lr_wsd_decay_samples=790 is longer than the decay iterations after warmup (100 - 2.5)"),
     ({"decoupled_min_lr": 1e-4}, "decoupled_min_lr=0.0001 needs decoupled_lr"),
     ({"decoupled_lr": 1e-4, "decoupled_min_lr": 2e-4}, "decoupled_min_lr <= decoupled_lr"),
     ({"start_weight_decay": -0.1, "weight_decay_incr_style": "linear"}, "start_weight_decay=-0.1 must be >= 0"),
@@ -375,6 +389,12 @@ def test_recompute_full_is_checkpoint_activations_and_round_trips():
     assert args.activation_checkpointing["number_checkpoints"] == 1  # 2 layers in chunks of 2
     again = NeoXArgs.from_dict({k: v for k, v in args.to_dict().items() if k not in DERIVED_ONLY})
     assert again.to_dict() == args.to_dict()
+    block = tiny(recompute_granularity="full", recompute_method="block", recompute_num_layers=2)
+    assert (block.checkpoint_activations, block.checkpoint_num_layers) == (True, 1)  # one layer per checkpoint
+    assert ModelConfig.from_neox_args(block).recompute_block_layers == 2
+    assert ModelConfig.from_neox_args(tiny(recompute_granularity="full", recompute_method="block")
+                                      ).recompute_block_layers == 1  # Megatron-LM's default
+    assert ModelConfig.from_neox_args(args).recompute_block_layers is None
     selective = tiny(recompute_granularity="selective")
     assert not selective.checkpoint_activations
     assert ModelConfig.from_neox_args(selective).recompute_granularity == "selective"

@@ -41,10 +41,25 @@ class NeoXArgsLRScheduler:
     (Megatron-LM's --lr-wsd-decay-iters).
     """
 
+    lr_wsd_decay_samples: Optional[int] = None
+    """
+    Length in samples of the decay phase of lr_decay_style 'wsd' (Megatron-LM's --lr-wsd-decay-samples),
+    instead of lr_wsd_decay_iters; needs train_samples. It is lr_wsd_decay_samples / train_batch_size full
+    batches, at most the decay length after warmup.
+    """
+
     lr_decay_iters: Optional[int] = None
     """
     Number of iterations to decay learning rate over. If None, defaults to --train-iters or the
     equivalent inferred value from train_epochs.
+    """
+
+    lr_decay_samples: Optional[int] = None
+    """
+    Number of samples to decay the learning rate over (Megatron-LM's --lr-decay-samples), instead of
+    lr_decay_iters / lr_decay_fraction; needs train_samples. The decay length is then lr_decay_samples /
+    train_batch_size full batches (possibly fractional), so the rate after c samples is Megatron-LM's at c
+    (also under rampup_batch_size, where the schedule advances by samples).
     """
 
     lr_decay_fraction: Optional[float] = None
@@ -73,6 +88,13 @@ class NeoXArgsLRScheduler:
     """
     Warmup length in iterations (Megatron-LM's --lr-warmup-iters), instead of the fraction `warmup`
     (which must then stay at its default). The warmup rate follows `warmup`'s rule with W = lr_warmup_iters.
+    """
+
+    lr_warmup_samples: Optional[int] = None
+    """
+    Warmup length in samples (Megatron-LM's --lr-warmup-samples), instead of lr_warmup_iters or the fraction
+    `warmup` (which must then stay at its default); needs train_samples. W = lr_warmup_samples /
+    train_batch_size full batches (possibly fractional), with `warmup`'s rule (or lr_warmup_init's).
     """
 
     lr_warmup_init: Optional[float] = None

@@ -369,7 +369,8 @@ class NeoXArgsTraining:
     Number of samples to train on (Megatron-LM's --train-samples), instead of train_iters or
     train_epochs (set one of the three): the run takes ceil(train_samples / train_batch_size) iterations,
     so its last batch may hold more samples than are left. Schedule lengths (lr_decay_iters,
-    lr_warmup_iters, checkpoint_factor, ...) stay in iterations.
+    lr_warmup_iters, checkpoint_factor, ...) stay in iterations; the learning-rate lengths can be given in
+    samples instead (lr_decay_samples, lr_warmup_samples, lr_wsd_decay_samples).
     """
 
     eval_iters: int = 100
@@ -390,6 +391,28 @@ class NeoXArgsTraining:
     mid-write leaves the previous checkpoint as the one resumed from. A save that comes while the previous one
     is still being written waits for it, as does the end of the run. Needs host memory for one copy of the
     rank's checkpoint (weights and optimizer state).
+    """
+
+    non_persistent_save_interval: Optional[int] = None
+    """
+    Megatron-LM's --non-persistent-save-interval: every this many iterations (other than persistent saves) save
+    a non-persistent checkpoint (needs non_persistent_ckpt_type 'global' and save): written like a persistent
+    one (atomic, also with async_save) into non_persistent_global_ckpt_dir, which keeps only the newest. A
+    resumed run continues from it when it is newer than the persistent checkpoint it would resume from.
+    """
+
+    non_persistent_ckpt_type: Optional[Literal['global', 'local', 'in_memory']] = None
+    """
+    Megatron-LM's --non-persistent-ckpt-type: 'global' (a checkpoint in a shared directory,
+    non_persistent_global_ckpt_dir) or unset (none; resuming reads no non-persistent directory). 'local' and
+    'in_memory' (TBD in Megatron-LM too) are not supported yet.
+    """
+
+    non_persistent_global_ckpt_dir: Optional[str] = None
+    """
+    Megatron-LM's --non-persistent-global-ckpt-dir: the directory of the 'global' non-persistent checkpoints;
+    default `{save}/non_persistent` (without save, `{load}/non_persistent`). Not the save directory itself
+    (it keeps only its newest checkpoint).
     """
 
     eval_interval: int = 1000
@@ -427,8 +450,9 @@ class NeoXArgsTraining:
     and increment must be multiples of micro batch x data-parallel size and train_batch_size - start a
     multiple of increment. The learning-rate schedule then advances by samples (each step by its batch
     / train_batch_size iterations; lr_decay_iters, warmup and lr_wsd_decay_iters keep counting full-batch
-    iterations); with train_samples the run ends when those samples are consumed. Logged as batch_size.
-    Not with pipeline parallelism, train_epochs or a DeepSpeed `scheduler` dict yet.
+    iterations, lr_decay_samples, lr_warmup_samples and lr_wsd_decay_samples samples); with train_samples the run ends when those samples are consumed. Logged as batch_size.
+    With pipeline parallelism DeepSpeed's pipeline engine runs each step's micro-batch count (evaluation
+    keeps the full batch's). Not with train_epochs or a DeepSpeed `scheduler` dict yet.
     """
 
     exit_interval: Optional[int] = None
@@ -483,14 +507,17 @@ class NeoXArgsTraining:
     recompute_method: Optional[Literal['uniform', 'block']] = None
     """
     Megatron-LM's --recompute-method, with recompute_granularity 'full': 'uniform' checkpoints every chunk
-    of recompute_num_layers layers (GPT-NeoX's checkpoint_num_layers); 'block' (only the first
-    recompute_num_layers layers of each stage) is not supported yet.
+    of recompute_num_layers layers (GPT-NeoX's checkpoint_num_layers); 'block' checkpoints only the first
+    recompute_num_layers transformer layers of each pipeline stage (of the whole model without pipeline
+    parallelism), one layer per checkpoint, and runs the others without recomputation: less recompute
+    for more memory, tuned per stage.
     """
 
     recompute_num_layers: Optional[int] = None
     """
-    Megatron-LM's --recompute-num-layers, with recompute_granularity 'full': the layers per checkpointed
-    chunk (the same setting as checkpoint_num_layers; set one of them).
+    Megatron-LM's --recompute-num-layers, with recompute_granularity 'full': with method 'uniform' the layers
+    per checkpointed chunk (the same setting as checkpoint_num_layers; set one of them), with method 'block'
+    the layers checkpointed per pipeline stage (default 1).
     """
 
     deepspeed_activation_checkpointing: bool = True
