@@ -2,6 +2,7 @@
 pipeline parallelism reproduce the single-rank losses."""
 
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -210,9 +211,14 @@ def test_megatron_schedules_batch_rampup_train_samples_and_exit_duration_resume(
     run.assert_ok()
     assert "exit_duration_in_mins=1e-09 passed: saved a checkpoint at iteration 1" in run.result.stdout
     assert run.latest() == "global_step1" and list(run.losses()) == [1]
-    run.launch()
+    run.launch(non_persistent_save_interval=2, non_persistent_ckpt_type="global")
     run.assert_ok()
     assert "batch_size 8" in run.result.stdout
+    # Megatron-LM's non-persistent checkpoints, saved at 2, 4, 6 and 8 by the loop: only the newest is kept
+    non_persistent = os.path.join(run.config["save"], "non_persistent")
+    assert sorted(os.listdir(non_persistent)) == ["global_step8", "latest"]
+    assert os.path.isfile(os.path.join(non_persistent, "global_step8", "COMPLETE"))
+    assert run.latest() == "global_step9"
     records = {r["iteration"]: r for r in run.records()}  # the resumed run's records win
     batches = [4, 4, 4, 8, 8, 12, 12, 12, 12]
     assert sorted(records) == list(range(1, 10)) and [records[i]["batch_size"] for i in range(1, 10)] == batches
