@@ -34,8 +34,10 @@ def _not_default(key: str) -> Callable[[Any], bool]:
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
-    ("train_impl", lambda v: v == "reinforce", "train_impl 'reinforce' is not supported yet (normal, dpo, rm and "
-                                               "kto are built)"),
+    ("train_impl", lambda v: v == "reinforce", "train_impl 'reinforce' is not supported yet: GPT-NeoX's online "
+                                               "REINFORCE samples completions during training and scores them "
+                                               "with a reward server (dataset_impl 'online'), neither of which is "
+                                               "built; use normal, dpo, kto or rm (offline data)"),
     ("dataset_impl", lambda v: v == "online", "dataset_impl 'online' is not supported yet; use 'gpt2' or "
                                               "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
@@ -374,11 +376,6 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
         if labels and (not data or len(labels) != len(data)):
             problems.append(f"pos_{split}_label_data_paths has {len(labels)} entries but pos_{split}_data_paths has "
                             f"{len(data or [])}")
-    if args.train_impl in ("dpo", "rm"):
-        impl = args.train_impl
-        if args.zero_stage is not None and args.zero_stage >= 3:
-            problems.append(f"train_impl {impl!r} with ZeRO stage 3 is not supported yet; use "
-                            f"zero_optimization.stage 0-2")
     if args.train_impl == "rm" and args.sequence_parallel:
         problems.append("train_impl 'rm' with sequence_parallel is not supported yet (the value head scores whole "
                         "sequences); set sequence_parallel: false")
@@ -439,8 +436,6 @@ def _kto_problems(args: NeoXArgsSchema) -> List[str]:
     if micro is not None and (micro < 2 or micro % 2):
         problems.append(f"train_micro_batch_size_per_gpu={micro}: train_impl 'kto' estimates its KL reference "
                         f"point from the other half of each micro-batch; use an even size >= 2")
-    if args.zero_stage is not None and args.zero_stage >= 3:
-        problems.append("train_impl 'kto' with ZeRO stage 3 is not supported yet; use zero_optimization.stage 0-2")
     if args.kto_beta <= 0:
         problems.append(f"kto_beta={args.kto_beta} must be > 0")
     return problems
