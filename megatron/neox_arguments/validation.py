@@ -386,25 +386,21 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
 
 
 def _precompute_problems(args: NeoXArgsSchema) -> List[str]:
-    """text_gen_type 'precompute' writes the reference log-probabilities of the pairwise data that DPO with
-    precompute_model_name reads (megatron.post_training.precompute)."""
+    """text_gen_type 'precompute' writes the reference log-probabilities of the data that DPO (pairwise) or KTO
+    with precompute_model_name reads (megatron.post_training.precompute)."""
     name = args.precompute_model_name
     if args.text_gen_type == "precompute":
         problems = [] if name else ["text_gen_type 'precompute' needs precompute_model_name (the suffix of the "
                                     "files it writes: {data path}_{precompute_model_name})"]
-        if args.dataset_impl != "pairwise" or not args.pos_train_data_paths:
-            problems.append("text_gen_type 'precompute' computes the reference log-probabilities of pairwise data: "
-                            "set dataset_impl: pairwise with the pos_* / neg_* data paths of the DPO run (KTO and "
-                            "plain data are not supported yet)")
-        if args.pipe_parallel_size > 1:
-            problems.append(f"text_gen_type 'precompute' with pipe_parallel_size={args.pipe_parallel_size} is not "
-                            f"supported yet; use 0 or 1 (the log-probabilities are the same)")
+        pairwise = args.dataset_impl == "pairwise" and args.pos_train_data_paths
+        if not pairwise and not (args.train_impl == "kto" and args.train_data_paths):
+            problems.append("text_gen_type 'precompute' computes the reference log-probabilities of the data of a DPO "
+                            "or KTO run: use that run's config (dataset_impl: pairwise with the pos_* / neg_* data "
+                            "paths, or train_impl: kto with train_data_paths)")
         return problems
-    if name and args.train_impl != "dpo":
-        return [f"precompute_model_name={name!r} is read by train_impl 'dpo' (precomputed reference "
-                f"log-probabilities) and text_gen_type 'precompute' (which writes them)"
-                + ("; KTO with precomputed log-probabilities is not supported yet" if args.train_impl == "kto"
-                   else "")]
+    if name and args.train_impl not in ("dpo", "kto"):
+        return [f"precompute_model_name={name!r} is read by train_impl 'dpo' and 'kto' (precomputed reference "
+                f"log-probabilities) and text_gen_type 'precompute' (which writes them)"]
     return []
 
 

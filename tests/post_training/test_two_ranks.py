@@ -1,17 +1,29 @@
-"""DPO, KTO and reward models under DeepSpeed ZeRO stage 3 on two data-parallel gloo ranks: the same losses and
-metrics, step after step, as without ZeRO (the reference model is filled from the partitioned policy by gathering
-its weights), and a run resumed from a ZeRO-3 checkpoint (with the reference saved beside it) continues with the
-losses of the uninterrupted run."""
+"""Post-training on two gloo ranks (one spawned group for both checks):
+
+- DPO, KTO and reward models under DeepSpeed ZeRO stage 3 (data-parallel size 2): the same losses and metrics,
+  step after step, as data-parallel training without ZeRO (the reference model is filled from the partitioned
+  policy by gathering its weights), and a run resumed from a ZeRO-3 checkpoint (with the reference saved beside it)
+  continues with the losses of the uninterrupted run;
+- reference log-probabilities precomputed under a 2-stage pipeline (text_gen_type 'precompute') equal those of
+  one stage."""
 
 import math
 import os
+from types import SimpleNamespace
 
+import numpy as np
 import torch
 
+from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.model import build_model
+from megatron.mpu import SingleProcessState
 from megatron.post_training import DPOLoss, KTOLoss, ReferenceModel, RewardLoss
+from megatron.post_training.precompute import precompute_reference_logps
 from megatron.post_training.reference import start_reference
+from tests.data.dataset_factory import write_dataset
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config
+from tests.neox_arguments.helpers import tiny
 
 STEPS, SAVE_AT, ROWS = 4, 2, 4
 REWARDS = torch.tensor([1, -1, -1, 1])  # KTO: desirable / undesirable completion of each row
@@ -100,8 +112,9 @@ def _train(impl: str, engine, reference, rank: int, steps):
     return losses, metrics
 
 
-def _zero3_runs(rank: int, world_size: int, directory: str):
-    """{impl: {"zero3": (losses, metrics), "resumed": (losses, metrics) from SAVE_AT on}} on this rank."""
+def _two_rank_checks(rank: int, world_size: int, directory: str, precompute_args):
+    """({impl: {"zero3": (losses, metrics), "resumed": (losses, metrics) from SAVE_AT on}} on this rank, the files
+    the 2-stage pipeline precomputed)."""
     from megatron.deepspeed_comm import init_deepspeed_comm
     from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
     from megatron.mpu import ParallelState
@@ -128,12 +141,57 @@ def _zero3_runs(rank: int, world_size: int, directory: str):
                 "the reference weights saved")
         results[impl]["resumed"] = _train(impl, engine, reference, rank, range(SAVE_AT, STEPS))
     state.destroy()
-    return results
+    return results, _pipeline_precompute(precompute_args)
 
 
-def test_zero3_preference_training_matches_data_parallel_training_and_resumes_exactly(tmp_path) -> None:
+SEQ = 16
+
+
+def _precompute_config(pipe_parallel_size: int):
+    """The precompute model: a 2-layer tiny one, its weights from ModelConfig's seed (the same for any split)."""
+    return tiny_config(max_position_embeddings=SEQ, seq_length=SEQ, pipe_parallel_size=pipe_parallel_size)
+
+
+def _pipeline_precompute(args):
+    """generate.py's precompute with pipe_parallel_size 2: the model in a PipelineEngine as setup_for_inference
+    builds it."""
+    import deepspeed
+
+    from megatron.inference import PIPELINE_SCHEDULE_CONFIG
+    from megatron.mpu import ParallelState
+
+    state = ParallelState(pipe_parallel_size=2, model_parallel_size=1)
+    config = _precompute_config(2)
+    model = build_model(config, state).eval()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=dict(PIPELINE_SCHEDULE_CONFIG), dist_init_required=False)
+    engine.eval()
+    written = precompute_reference_logps(args, engine, SimpleNamespace(parallel_state=state, device="cpu",
+                                                                       model_config=config))
+    state.destroy()
+    return written
+
+
+def test_zero3_training_and_pipeline_precompute(tmp_path) -> None:
+    rng = np.random.RandomState(0)  # pairwise data: 10 pairs, some longer than seq_length + 1 (cut)
+    pos, neg = (write_dataset(tmp_path / name, [rng.randint(0, 128, rng.randint(5, SEQ + 6)) for _ in range(10)])
+                for name in ("pos", "neg"))
+    data = dict(dataset_impl="pairwise", train_impl="dpo", pack_impl="unpacked", seq_length=SEQ, train_iters=3,
+                train_batch_size=4, train_micro_batch_size_per_gpu=4, pos_train_data_paths=[pos],
+                neg_train_data_paths=[neg], text_gen_type="precompute")
+    one_stage = precompute_reference_logps(tiny(**data, precompute_model_name="pp1"),
+                                           build_model(_precompute_config(0), SingleProcessState()),
+                                           SimpleNamespace(parallel_state=SingleProcessState(), device="cpu"))
+    two_stages = tiny(**data, precompute_model_name="pp2", pipe_parallel_size=2, num_gpus=2)
     expected = {impl: data_parallel_by_hand(impl) for impl in IMPLS}
-    results = run_distributed(_zero3_runs, world_size=2, args=(str(tmp_path),))
+    outputs = run_distributed(_two_rank_checks, world_size=2, args=(str(tmp_path), two_stages))
+    results = [out[0] for out in outputs]
+    assert outputs[0][1] == [f"{pos}_pp2", f"{neg}_pp2"]
+    for want, got in zip(one_stage, outputs[0][1]):
+        want, got = MMapIndexedDataset(want), MMapIndexedDataset(got)
+        assert np.array_equal(want.sizes, got.sizes) and want.sizes.max() == SEQ + 1
+        for i in range(len(want)):
+            np.testing.assert_allclose(got[i], want[i], rtol=0, atol=1e-5)
+        assert np.all(want[0][1:] < 0)
     for rank, result in enumerate(results):
         for impl in IMPLS:
             plain, plain_metrics = expected[impl][rank]
