@@ -15,7 +15,6 @@ and the files are the same as with one stage.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, List, Tuple
 
 import numpy as np
