@@ -10,9 +10,9 @@ text_gen_type (left unset: input-file when sample_input_file / -i is given, else
                  when empty);
   interactive    prompts read from standard input, one per line, until EOF or an empty line; each
                  sample is printed as well as written;
-  precompute     no samples: the loaded model's log-probabilities of every pos_* / neg_* data path P are
-                 written to P_{precompute_model_name}, which DPO training then reads instead of running a
-                 reference model (megatron/post_training/precompute.py).
+  precompute     no samples: the loaded model's log-probabilities of every pos_* / neg_* data path P (DPO) or
+                 every train/valid/test data path (KTO) are written to P_{precompute_model_name}, which DPO / KTO
+                 training then reads instead of running a reference model (megatron/post_training/precompute.py).
 
 Every sample is one JSON line of sample_output_file: {"context", "text", "length" (new tokens),
 "finished" (stopped at the end-of-document token), "duration_seconds" (decoding time of the batch the

@@ -233,7 +233,7 @@ class _ModelBatches:
         self.options, self.ctx, self.samples, self.source = batch_options(neox_args), ctx, samples, source
         self.tokenizer_file = neox_args.vocab_file
         self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
-        self.precomputed = neox_args.train_impl == "dpo" and bool(neox_args.precompute_model_name)
+        self.precomputed = neox_args.train_impl in ("dpo", "kto") and bool(neox_args.precompute_model_name)
         self.seqlen: Optional[int] = None  # the sequence-length curriculum's current length (set per step)
 
     def __iter__(self):
@@ -592,8 +592,8 @@ def _async_checkpoints(neox_args, engine, ctx: RunContext):
 def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str]):
     """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none.
     ``resumed``: the checkpoint this run resumed training from (None for a fresh or fine-tuning start)."""
-    if neox_args.train_impl not in ("dpo", "kto") or (neox_args.train_impl == "dpo" and (
-            neox_args.dpo_reference_free or neox_args.precompute_model_name)):
+    if neox_args.train_impl not in ("dpo", "kto") or neox_args.precompute_model_name or (
+            neox_args.train_impl == "dpo" and neox_args.dpo_reference_free):
         return None  # none needed, or read from precomputed files (megatron.post_training.precompute)
     from megatron.post_training.reference import ReferenceModel, start_reference
 

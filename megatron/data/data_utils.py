@@ -77,6 +77,8 @@ def _gpt2_dataset(
     indexed = indexed if indexed is not None else _open(prefix, neox_args)
     labels = _open(label_prefix, neox_args) if label_prefix else None
     rewards = _open(reward_prefix, neox_args) if reward_prefix else None
+    model_name = neox_args.precompute_model_name if neox_args.train_impl == "kto" else None
+    reference = _open(f"{prefix}_{model_name}", neox_args) if model_name else None  # KTO's precomputed log-probs
     return GPT2Dataset(
         name,
         prefix,
@@ -91,6 +93,7 @@ def _gpt2_dataset(
         use_shared_fs=neox_args.use_shared_fs,
         group=group,
         reward_dataset=rewards,
+        reference_dataset=reference,
     )
 
 

@@ -58,7 +58,9 @@ def _load_maps(paths: dict[str, str]) -> IndexMaps:
 
 class GPT2Dataset(torch.utils.data.Dataset):
     """`ds[i]` is {"text": int64[seq_length + 1]} (and "label" when a label dataset is given; with a reward
-    dataset, "reward": int64[1], the sign of its document's reward, for KTO).
+    dataset, "reward": int64[1], the sign of its document's reward, for KTO; with a reference dataset, "ref":
+    float32[seq_length + 1], the precomputed reference log-probabilities of the text's tokens, 0 on padding,
+    megatron.post_training.precompute).
 
     Shorter unpacked / pack_until_overflow samples are padded with PAD_TOKEN (-100) in both.
     len(ds) is every sample the built epochs hold, at least `num_samples`.
@@ -80,11 +82,19 @@ class GPT2Dataset(torch.utils.data.Dataset):
         use_shared_fs: bool = True,
         group: Any = None,
         reward_dataset: MMapIndexedDataset | None = None,
+        reference_dataset: MMapIndexedDataset | None = None,
     ) -> None:
         self.name = name
         self.indexed_dataset = indexed_dataset
         self.label_dataset = label_dataset
         self.reward_dataset = reward_dataset
+        self.reference_dataset = reference_dataset
+        if reference_dataset is not None and (pack_impl != "unpacked" or len(reference_dataset) != len(
+                indexed_dataset) or np.any(reference_dataset.sizes != np.minimum(indexed_dataset.sizes,
+                                                                                  seq_length + 1))):
+            raise DataError(f"precomputed reference log-probabilities '{reference_dataset.path_prefix}' do not match "
+                            f"'{data_prefix}' at seq_length {seq_length} (pack_impl 'unpacked'); compute them again "
+                            f"(generate.py with text_gen_type: precompute)")
         if reward_dataset is not None:
             if pack_impl != "unpacked":
                 raise DataError(f"reward data ('{reward_dataset.path_prefix}') needs pack_impl 'unpacked' (one "
@@ -166,14 +176,17 @@ class GPT2Dataset(torch.utils.data.Dataset):
             pos, offset = pos + 1, 0
         return np.concatenate(parts).astype(np.int64) if len(parts) > 1 else parts[0].astype(np.int64)
 
-    def _document_aligned(self, ds: MMapIndexedDataset, i: int) -> np.ndarray:
+    def _document_aligned(self, ds: MMapIndexedDataset, i: int, pad: Any = PAD_TOKEN,
+                          dtype: Any = np.int64) -> np.ndarray:
+        """Sample `i`'s documents from `ds` (the text, or a dataset aligned with it), padded with `pad`; which
+        documents were left out is decided by the text's sizes."""
         start, stop = int(self.maps.sample_idx[i, 0]), int(self.maps.sample_idx[i, 1])
         limit = self.seq_length + 1
-        out = np.full(limit, PAD_TOKEN, dtype=np.int64)
+        out = np.full(limit, pad, dtype=dtype)
         filled = 0
         for pos in range(start, stop):
             doc = int(self.maps.doc_idx[pos])
-            size = int(ds.sizes[doc])
+            size = int(self.indexed_dataset.sizes[doc])
             if size == 0 or (size > limit and not self.allow_chopped):
                 continue  # left out when the maps were built
             take = min(size, limit - filled)
@@ -194,6 +207,8 @@ class GPT2Dataset(torch.utils.data.Dataset):
         if self.reward_dataset is not None:
             out["reward"] = np.asarray([np.sign(float(self.reward_dataset.get(self._document_of(i))[0]))],
                                        dtype=np.int64)
+        if self.reference_dataset is not None:
+            out["ref"] = self._document_aligned(self.reference_dataset, i, pad=0.0, dtype=np.float32)
         return out
 
     def _document_of(self, i: int) -> int:

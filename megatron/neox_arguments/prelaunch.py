@@ -53,29 +53,33 @@ def data_problems(args: NeoXArgsSchema) -> List[str]:
             for path in ([value] if isinstance(value, str) else value or []):
                 paths.append((key, path))
     problems = [p for p in (dataset_path_problem(path, key) for key, path in paths) if p]
-    return problems or pairwise_length_problems(args)
+    return problems or precomputed_problems(args) + pairwise_length_problems(args)
+
+
+def precomputed_problems(args: NeoXArgsSchema) -> List[str]:
+    """DPO / KTO with precompute_model_name read the precomputed reference log-probabilities of every data path
+    (megatron.post_training.precompute); missing ones are named with the command that writes them."""
+    if args.train_impl not in ("dpo", "kto") or not args.precompute_model_name or args.text_gen_type == "precompute":
+        return []
+    from megatron.data.indexed_dataset import dataset_exists
+    from megatron.post_training.precompute import precomputed_path, reference_paths
+
+    name = args.precompute_model_name
+    missing = [path for path in (precomputed_path(p, name) for p in reference_paths(args)) if not dataset_exists(path)]
+    return [f"precompute_model_name={name!r}: '{path}' (.bin/.idx) not found; write the reference log-probabilities "
+            f"first: python deepy.py generate.py with the same config and text_gen_type: precompute"
+            for path in missing]
 
 
 def pairwise_length_problems(args: NeoXArgsSchema) -> List[str]:
     """dataset_impl 'pairwise': each chosen (pos_*) dataset must hold as many sequences as its rejected (neg_*)
-    one, and labels as many as their data (read from the .idx headers, before any worker starts); DPO with
-    precompute_model_name needs the precomputed reference log-probabilities."""
+    one, and labels as many as their data (read from the .idx headers, before any worker starts)."""
     from megatron.data.errors import DataError
     from megatron.data.indexed_dataset import MMapIndexedDataset
 
     if args.dataset_impl != "pairwise":
         return []
     problems = []
-    if args.train_impl == "dpo" and args.precompute_model_name and args.text_gen_type != "precompute":
-        from megatron.data.indexed_dataset import dataset_exists
-        from megatron.post_training.precompute import pairwise_paths, precomputed_path
-
-        name = args.precompute_model_name
-        missing = [path for path in (precomputed_path(p, name) for p in pairwise_paths(args))
-                   if not dataset_exists(path)]
-        problems += [f"precompute_model_name={name!r}: '{path}' (.bin/.idx) not found; write the reference "
-                     f"log-probabilities first: python deepy.py generate.py with the same config and text_gen_type: "
-                     f"precompute" for path in missing]
     for split in ("train", "valid", "test"):
         for label in ("", "label_"):
             pos = getattr(args, f"pos_{split}_{label}data_paths") or []

@@ -35,8 +35,10 @@ def _not_default(key: str) -> Callable[[Any], bool]:
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
-    ("train_impl", lambda v: v == "reinforce", "train_impl 'reinforce' is not supported yet (normal, dpo, rm and "
-                                               "kto are built)"),
+    ("train_impl", lambda v: v == "reinforce", "train_impl 'reinforce' is not supported yet: GPT-NeoX's online "
+                                               "REINFORCE samples completions during training and scores them "
+                                               "with a reward server (dataset_impl 'online'), neither of which is "
+                                               "built; use normal, dpo, kto or rm (offline data)"),
     ("dataset_impl", lambda v: v == "online", "dataset_impl 'online' is not supported yet; use 'gpt2' or "
                                               "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
@@ -425,11 +427,6 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
         if labels and (not data or len(labels) != len(data)):
             problems.append(f"pos_{split}_label_data_paths has {len(labels)} entries but pos_{split}_data_paths has "
                             f"{len(data or [])}")
-    if args.train_impl in ("dpo", "rm"):
-        impl = args.train_impl
-        if args.zero_stage is not None and args.zero_stage >= 3:
-            problems.append(f"train_impl {impl!r} with ZeRO stage 3 is not supported yet; use "
-                            f"zero_optimization.stage 0-2")
     if args.train_impl == "rm" and args.sequence_parallel:
         problems.append("train_impl 'rm' with sequence_parallel is not supported yet (the value head scores whole "
                         "sequences); set sequence_parallel: false")
@@ -440,25 +437,21 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
 
 
 def _precompute_problems(args: NeoXArgsSchema) -> List[str]:
-    """text_gen_type 'precompute' writes the reference log-probabilities of the pairwise data that DPO with
-    precompute_model_name reads (megatron.post_training.precompute)."""
+    """text_gen_type 'precompute' writes the reference log-probabilities of the data that DPO (pairwise) or KTO
+    with precompute_model_name reads (megatron.post_training.precompute)."""
     name = args.precompute_model_name
     if args.text_gen_type == "precompute":
         problems = [] if name else ["text_gen_type 'precompute' needs precompute_model_name (the suffix of the "
                                     "files it writes: {data path}_{precompute_model_name})"]
-        if args.dataset_impl != "pairwise" or not args.pos_train_data_paths:
-            problems.append("text_gen_type 'precompute' computes the reference log-probabilities of pairwise data: "
-                            "set dataset_impl: pairwise with the pos_* / neg_* data paths of the DPO run (KTO and "
-                            "plain data are not supported yet)")
-        if args.pipe_parallel_size > 1:
-            problems.append(f"text_gen_type 'precompute' with pipe_parallel_size={args.pipe_parallel_size} is not "
-                            f"supported yet; use 0 or 1 (the log-probabilities are the same)")
+        pairwise = args.dataset_impl == "pairwise" and args.pos_train_data_paths
+        if not pairwise and not (args.train_impl == "kto" and args.train_data_paths):
+            problems.append("text_gen_type 'precompute' computes the reference log-probabilities of the data of a DPO "
+                            "or KTO run: use that run's config (dataset_impl: pairwise with the pos_* / neg_* data "
+                            "paths, or train_impl: kto with train_data_paths)")
         return problems
-    if name and args.train_impl != "dpo":
-        return [f"precompute_model_name={name!r} is read by train_impl 'dpo' (precomputed reference "
-                f"log-probabilities) and text_gen_type 'precompute' (which writes them)"
-                + ("; KTO with precomputed log-probabilities is not supported yet" if args.train_impl == "kto"
-                   else "")]
+    if name and args.train_impl not in ("dpo", "kto"):
+        return [f"precompute_model_name={name!r} is read by train_impl 'dpo' and 'kto' (precomputed reference "
+                f"log-probabilities) and text_gen_type 'precompute' (which writes them)"]
     return []
 
 
@@ -490,8 +483,6 @@ def _kto_problems(args: NeoXArgsSchema) -> List[str]:
     if micro is not None and (micro < 2 or micro % 2):
         problems.append(f"train_micro_batch_size_per_gpu={micro}: train_impl 'kto' estimates its KL reference "
                         f"point from the other half of each micro-batch; use an even size >= 2")
-    if args.zero_stage is not None and args.zero_stage >= 3:
-        problems.append("train_impl 'kto' with ZeRO stage 3 is not supported yet; use zero_optimization.stage 0-2")
     if args.kto_beta <= 0:
         problems.append(f"kto_beta={args.kto_beta} must be > 0")
     return problems

@@ -7,6 +7,10 @@ the policy's last stage. Filling it from the policy gathers the stages' weights 
 costs the last stage one more copy of the whole model's weights (no gradients, no optimizer state); where that
 does not fit, precompute the reference log-probabilities instead (text_gen_type 'precompute').
 
+Under ZeRO stage 3 the policy's parameters are partitioned over the data-parallel ranks; filling the reference
+gathers them whole once (every rank takes part), and each rank keeps its own whole reference (ZeRO partitions
+what trains; the reference has no gradients or optimizer state).
+
 Its weights are the policy's when the run starts: those loaded from `load` (e.g. an SFT checkpoint, with
 `finetune: true`) or, with nothing to load, the initial ones. Each checkpoint of the run stores them beside the
 policy (`dpo_reference_mp_rank_XX.pt`, one per tensor-parallel rank, for KTO too), so a resumed run compares
@@ -56,7 +60,8 @@ class ReferenceModel:
             state = gather_pipeline_state(policy, self.parallel_state)
         else:
             sequential = policy.to_sequential() if hasattr(policy, "to_sequential") else policy
-            state = sequential.state_dict()
+            with gathered_zero3_parameters(sequential):
+                state = {name: value.detach().clone() for name, value in sequential.state_dict().items()}
         if self.model is not None:
             self.model.load_state_dict(state)
 
@@ -95,6 +100,19 @@ class ReferenceModel:
             raise RuntimeError("the reference model is held by the last pipeline stage only")
         logits = self.model(inputs)
         return sequence_logps(logits, labels, loss_mask, self.parallel_state.get_model_parallel_group(), self.fp32)
+
+
+def gathered_zero3_parameters(model: torch.nn.Module):
+    """A context in which a model whose parameters ZeRO stage 3 partitions holds them whole (every data-parallel
+    rank must enter it: it all-gathers them); a no-op context for any other model."""
+    import contextlib
+
+    partitioned = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not partitioned:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
 
 
 def gather_pipeline_state(policy: torch.nn.Module, parallel_state) -> Optional[Dict[str, torch.Tensor]]:

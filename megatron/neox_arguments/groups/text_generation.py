@@ -13,14 +13,15 @@ class NeoXArgsTextgen:
     text_gen_type: Optional[Literal['unconditional', 'input-file', 'interactive', 'precompute']] = None
     """
     How to generate text/sample the model. Options: `unconditional`, `input-file`, `interactive`,
-    `precompute` (no text: the loaded model's log-probabilities of every pos_* / neg_* data path P are written
-    to P_{precompute_model_name}, the reference of a DPO run that sets precompute_model_name)
+    `precompute` (no text: the loaded model's log-probabilities of every pos_* / neg_* data path P, or of every
+    train/valid/test data path of a KTO run, are written to P_{precompute_model_name}, the reference of a DPO or
+    KTO run that sets precompute_model_name; any tensor / pipeline split)
     """
 
     precompute_model_name: Optional[str] = None
     """
     Model name to use for saving precomputed logprobs (text_gen_type `precompute`), and under train_impl `dpo`
-    the name of the precomputed reference log-probabilities to read instead of running a reference model
+    or `kto` the name of the precomputed reference log-probabilities to read instead of running a reference model
     """
 
     temperature: float = 0.0
