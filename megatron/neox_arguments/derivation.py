@@ -443,12 +443,12 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
     ep = args.moe_expert_parallel_size
     dp = args.data_parallel_size
-    if ep > 1 and args.moe_type == "megablocks" and (args.model_parallel_size > 1 or args.pipe_parallel_size >= 1):
-        problems.append(f"moe_expert_parallel_size={ep} with moe_type='megablocks', model_parallel_size="
-                        f"{args.model_parallel_size} and pipe_parallel_size={args.pipe_parallel_size} is not "
-                        f"supported yet: the dropless layer's experts are split over data-parallel ranks with "
-                        f"pipe_parallel_size 0 and model_parallel_size 1 (or over tensor-parallel ranks with "
-                        f"moe_expert_parallel_size 1)")
+    if ep > 1 and args.moe_type == "megablocks" and args.pipe_parallel_size >= 1:
+        problems.append(f"moe_expert_parallel_size={ep} with moe_type='megablocks' and pipe_parallel_size="
+                        f"{args.pipe_parallel_size} is not supported yet: DeepSpeed's engine numbers the expert "
+                        f"checkpoint files (layer_<i>_expert_<e>_...) per pipeline stage, so the stages' files would "
+                        f"collide; use pipe_parallel_size 0 (expert parallelism composes with model_parallel_size), or "
+                        f"moe_expert_parallel_size 1 (the dropless layer then runs in the pipeline)")
     per_parameter = [flag for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
                      if getattr(args, flag)]
     if ep > 1 and per_parameter:

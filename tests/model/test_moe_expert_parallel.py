@@ -168,3 +168,87 @@ def expert_parallel_runs(tmp_path_factory):
     """Every rank's results of both layers' runs: one pair of gloo processes (each spawn costs seconds of
     imports)."""
     return run_distributed(_expert_parallel_run, world_size=2, args=(str(tmp_path_factory.mktemp("ep")),))
+
+
+def _tp_experts(model, first: int, per_rank: int) -> dict:
+    """{(MoE layer prefix, global expert, tensor): weight} of the dropless experts on this rank: the expert-parallel
+    layer's modules (local expert e is global expert ``first`` + e) or the stacked ``per_rank`` experts of the layer
+    without expert parallelism (``first`` the first of them)."""
+    out = {}
+    for name, param in model.named_parameters():
+        if ".deepspeed_experts." in name:
+            prefix, rest = name.split("deepspeed_moe.experts.deepspeed_experts.")
+            e, tensor = rest.split(".", 1)
+            out[(prefix, first + int(e), tensor)] = param.detach().clone()
+        elif ".experts.mlp." in name:
+            prefix, tensor = name.split("experts.mlp.")
+            for e, rows in enumerate(param.detach().clone().chunk(per_rank)):
+                out[(prefix, first + e, tensor)] = rows
+    return out
+
+
+def _expert_and_tensor_parallel_run(rank: int, world_size: int, save_root: str):
+    """TP=2 x DP=2: the dropless layer at EP=1 (experts split over the tensor-parallel ranks) and EP=2 (and over the
+    expert-parallel ranks within each tensor-parallel rank's block), ZeRO 0 and 2; save at step 4 and resume."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.inference import setup_for_inference
+
+    out = {}
+    for ep, zero in ((1, 0), (2, 0), (2, 2)):
+        args = _neox_args("megablocks", ep, zero, save_root, num_gpus=4, model_parallel_size=2)
+        ctx, engine, optimizer = _setup(args)
+        state = ctx.parallel_state
+        dp_rank, tp_rank = state.get_data_parallel_rank(), state.get_model_parallel_rank()
+        first = 2 * tp_rank + (state.get_expert_parallel_rank() if ep == 2 else 0)
+        out[("experts", ep)] = _tp_experts(engine.module, first, 2 // ep)
+        out[("groups", ep)] = (state.group_ranks("expert") if ep == 2 else None, tp_rank, dp_rank)
+        if zero == 2:
+            out[(ep, zero)] = _steps(args, ctx, engine, optimizer, dp_rank, 0, 4)
+            save_checkpoint(args, ctx.model_config, 4, engine)
+            out["saved"] = _tp_experts(engine.module, first, 1)
+            out[(ep, zero)] += _steps(args, ctx, engine, optimizer, dp_rank, 4, STEPS - 4)
+            state.destroy()
+            ctx, engine, optimizer = _setup(args)
+            assert load_checkpoint(args, ctx.model_config, engine)[0] == 4
+            out["reloaded"] = _tp_experts(engine.module, first, 1)
+            out["resumed"] = _steps(args, ctx, engine, optimizer, dp_rank, 4, 3)
+            out["files"] = sorted(os.listdir(os.path.join(save_root, "global_step4")))
+        else:
+            out[(ep, zero)] = _steps(args, ctx, engine, optimizer, dp_rank, 0, STEPS)
+        ctx.parallel_state.destroy()
+    # generate.py / eval.py: the layer without expert parallelism, each tensor-parallel rank's experts from the files
+    model, ctx, iteration = setup_for_inference(_neox_args("megablocks", 2, 2, save_root, num_gpus=4,
+                                                           model_parallel_size=2))
+    out["inference"] = (iteration, _tp_experts(model, 2 * ctx.parallel_state.get_model_parallel_rank(), 2))
+    ctx.parallel_state.destroy()
+    return out
+
+
+def test_experts_over_expert_and_tensor_parallel_ranks_train_as_over_tensor_parallel_ranks(tmp_path):
+    """TP=2 x DP=2, the dropless layer: EP=2 (one of the four experts per rank: tensor-parallel rank t holds experts
+    2t, 2t+1 as at EP=1, expert-parallel rank r of them expert 2t + r) gives EP=1's losses and gradient norms over 10
+    steps with ZeRO 0 and 2; the checkpoint holds each tensor-parallel rank's experts in DeepSpeed's files; a fresh
+    engine resumes it exactly, and inference (each tensor-parallel rank's experts stacked) loads its weights."""
+    runs = run_distributed(_expert_and_tensor_parallel_run, world_size=4, args=(str(tmp_path),))
+    for rank, out in enumerate(runs):
+        expert_ranks, tp_rank, dp_rank = out[("groups", 2)]
+        assert (tp_rank, dp_rank) == (rank % 2, rank // 2) and expert_ranks == [tp_rank, tp_rank + 2]
+        mine, reference_experts = out[("experts", 2)], out[("experts", 1)]
+        assert {e for _, e, _ in mine} == {2 * tp_rank + dp_rank}
+        assert {e for _, e, _ in reference_experts} == {2 * tp_rank, 2 * tp_rank + 1}
+        for key, weight in mine.items():
+            torch.testing.assert_close(weight, reference_experts[key], rtol=0, atol=0)
+        reference = torch.tensor(out[(1, 0)])  # [step, (loss, gradient norm)]
+        assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
+        torch.testing.assert_close(reference, torch.tensor(runs[0][(1, 0)]), rtol=0, atol=0)
+        for zero in (0, 2):
+            torch.testing.assert_close(torch.tensor(out[(2, zero)]), reference, rtol=2e-3, atol=0)
+        assert all(torch.equal(out["saved"][key], weight) for key, weight in out["reloaded"].items())
+        assert out["resumed"] == out[(2, 2)][4:7]
+        iteration, inference_experts = out["inference"]
+        assert iteration == 4 and {e for _, e, _ in inference_experts} == {2 * tp_rank, 2 * tp_rank + 1}
+        for key, weight in out["saved"].items():
+            torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
+    files = runs[0]["files"]
+    assert [f for f in files if f.startswith("layer_")] == [f"layer_{layer}_expert_{e}_mp_rank_0{tp}_model_states.pt"
+                                                            for layer in (0,) for e in range(2) for tp in range(2)]

@@ -145,9 +145,10 @@ def test_required_model_fields():
     ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts, which is off (moe_num_experts=1)"),
     ({"moe_num_experts": 4, "moe_top_k": 5}, "moe_top_k=5 must be between 1 and moe_num_experts=4"),
     ({"moe_num_experts": 4, "moe_token_dropping": True}, "moe_token_dropping=true with moe_type='megablocks'"),
-    ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 4, "model_parallel_size": 2},
-     "moe_expert_parallel_size=2 with moe_type='megablocks', model_parallel_size=2 and pipe_parallel_size=0 is not "
-     "supported yet"),
+    ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 4, "pipe_parallel_size": 2},
+     "moe_expert_parallel_size=2 with moe_type='megablocks' and pipe_parallel_size=2 is not supported yet"),
+    ({"moe_num_experts": 6, "moe_expert_parallel_size": 2, "num_gpus": 4, "model_parallel_size": 2},
+     "moe_num_experts=6 must be divisible by moe_expert_parallel_size x model_parallel_size = 2 x 2"),
     ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
      "moe_num_experts=3 must be divisible by moe_expert_parallel_size x model_parallel_size = 1 x 2"),
     ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True},

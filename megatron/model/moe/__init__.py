@@ -6,9 +6,10 @@
 * ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs;
 * ``expert_parallel``: the dropless layer with its experts split over data-parallel ranks (moe_expert_parallel_size
   > 1; DeepSpeed's layer does it itself, deepspeed_layer).
-With tensor parallelism the dropless layer's experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE).
-Expert parallelism with tensor or pipeline parallelism, DeepSpeed's expert tensor parallelism, and DeepSpeed's layer
-with tensor or pipeline parallelism are not built yet: megatron.neox_arguments refuses them.
+With tensor parallelism the dropless layer's experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE), and
+with expert parallelism too over the expert-parallel ranks within each tensor-parallel rank's block (EP x TP).
+Expert parallelism with pipeline parallelism, DeepSpeed's expert tensor parallelism, and DeepSpeed's layer with
+tensor or pipeline parallelism are not built yet: megatron.neox_arguments refuses them.
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
     those first, naming the key)."""
     unbuilt = []
     tp = parallel_state.get_model_parallel_world_size()
-    if config.moe_expert_parallel_size != 1 and config.moe_type == "megablocks" and (tp > 1 or config.is_pipe_parallel):
+    if config.moe_expert_parallel_size != 1 and config.moe_type == "megablocks" and config.is_pipe_parallel:
         unbuilt.append(f"moe_expert_parallel_size={config.moe_expert_parallel_size} with moe_type 'megablocks' and "
-                       f"model_parallel_size={tp}, pipe_parallel_size={config.pipe_parallel_size}")
+                       f"pipe_parallel_size={config.pipe_parallel_size}")
     if config.moe_type == "megablocks" and config.moe_token_dropping:
         unbuilt.append("moe_token_dropping=true with moe_type 'megablocks' (dropless)")
     if config.moe_type == "deepspeed" and (tp > 1 or config.is_pipe_parallel):

@@ -93,7 +93,9 @@ class NeoXArgsMoE:
     groups of this many, each rank holding moe_num_experts / moe_expert_parallel_size of the experts and sending
     tokens to the others' experts by all-to-all; expert gradients are reduced over the ranks holding the same
     experts. Must divide the data-parallel size and moe_num_experts. Both layer types (GPT-NeoX: DeepSpeed's only),
-    with pipe_parallel_size 0 and model_parallel_size 1; experts are saved one per file (DeepSpeed's
+    with pipe_parallel_size 0; DeepSpeed's layer with model_parallel_size 1, the dropless layer also with
+    model_parallel_size > 1 (each tensor-parallel rank's block of moe_num_experts / model_parallel_size experts is
+    split over the expert-parallel ranks: moe_num_experts divisible by both sizes' product); experts are saved one per file (DeepSpeed's
     layer_N_expert_M files). A checkpoint resumes at the same value; at another one with no_load_optim: true
     (DeepSpeed's layer: any value; the dropless layer: any value above 1). generate.py and eval.py hold every
     expert on every rank.
