@@ -433,11 +433,11 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     if args.moe_type == "megablocks" and args.moe_token_dropping:
         problems.append("moe_token_dropping=true with moe_type='megablocks': the dropless layer never drops tokens; "
                         "token dropping with a capacity is DeepSpeed's layer (moe_type: deepspeed)")
-    if args.moe_type == "deepspeed" and (args.model_parallel_size > 1 or args.pipe_parallel_size >= 1):
-        problems.append(f"moe_type='deepspeed' with model_parallel_size={args.model_parallel_size} and "
-                        f"pipe_parallel_size={args.pipe_parallel_size} is not supported yet: DeepSpeed's MoE layer "
-                        f"runs here with pipe_parallel_size 0 and model_parallel_size 1 (moe_type megablocks "
-                        f"supports both)")
+    if args.moe_type == "deepspeed" and args.pipe_parallel_size >= 1:
+        problems.append(f"moe_type='deepspeed' with pipe_parallel_size={args.pipe_parallel_size} is not supported "
+                        f"yet: DeepSpeed's engine numbers the expert checkpoint files (layer_<i>_expert_<e>_...) per "
+                        f"pipeline stage, so the stages' files would collide; use pipe_parallel_size 0 (model_parallel_size > 1 works), or moe_type megablocks in a "
+                        f"pipeline")
     if args.moe_type == "megablocks" and "moe_use_residual" in provided and args.moe_use_residual:
         problems.append("moe_use_residual=true with moe_type='megablocks': residual MoE (a dense MLP beside the "
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")

@@ -41,10 +41,12 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
                                                   "config key; use use_comet and the comet_* keys"),
     ("enable_expert_tensor_parallelism", bool,
-     "expert tensor parallelism (enable_expert_tensor_parallelism: each expert split over the tensor-parallel ranks) "
-     "is not supported yet: it is DeepSpeed's, for its MoE layer (moe_type deepspeed) with model_parallel_size > 1, "
-     "and that layer runs with model_parallel_size 1 here. moe_type megablocks splits whole experts over the "
-     "tensor-parallel ranks instead; moe_expert_parallel_size splits them over data-parallel ranks"),
+     "expert tensor parallelism (enable_expert_tensor_parallelism: each expert's MLP split column / row over the "
+     "tensor-parallel ranks) is not supported yet: DeepSpeed's MoE layer (moe_type deepspeed) runs with "
+     "model_parallel_size > 1 here with whole experts replicated on the tensor-parallel ranks; splitting them needs "
+     "experts built from tensor-parallel linear layers and DeepSpeed's expert-data-and-model groups, not built. "
+     "moe_type megablocks splits whole experts over the tensor-parallel ranks instead; moe_expert_parallel_size "
+     "splits them over data-parallel ranks"),
     ("use_tutel", bool, "tutel MoE (use_tutel) is not supported yet"),
     ("norm", lambda v: v.startswith("te_"), "Transformer-Engine norms (te_rmsnorm, te_layernorm) are not "
                                             "supported yet; use rmsnorm or layernorm"),

@@ -187,68 +187,118 @@ def _tp_experts(model, first: int, per_rank: int) -> dict:
     return out
 
 
-def _expert_and_tensor_parallel_run(rank: int, world_size: int, save_root: str):
-    """TP=2 x DP=2: the dropless layer at EP=1 (experts split over the tensor-parallel ranks) and EP=2 (and over the
-    expert-parallel ranks within each tensor-parallel rank's block), ZeRO 0 and 2; save at step 4 and resume."""
+def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
+    """out[(layer, tp, ep, zero)]: losses and gradient norms of each run (tp, ep, zero) of ``layer`` on 4 ranks; at
+    ZeRO 2 saved at step 4 and resumed by a fresh engine (out[(layer, 'saved' / 'reloaded' / 'resumed' /
+    'files')]), then loaded by generate.py's setup (out[(layer, 'inference')]). With one tensor-parallel rank the
+    data-parallel ranks 2d and 2d + 1 read the batches of data-parallel rank d at two tensor-parallel ranks."""
     from megatron.checkpointing import load_checkpoint, save_checkpoint
     from megatron.inference import setup_for_inference
 
-    out = {}
-    for ep, zero in ((1, 0), (2, 0), (2, 2)):
-        args = _neox_args("megablocks", ep, zero, save_root, num_gpus=4, model_parallel_size=2)
+    save = os.path.join(root, layer)
+    for tp, ep, zero in runs:
+        args = _neox_args(layer, ep, zero, save, num_gpus=4, model_parallel_size=tp)
         ctx, engine, optimizer = _setup(args)
         state = ctx.parallel_state
         dp_rank, tp_rank = state.get_data_parallel_rank(), state.get_model_parallel_rank()
-        first = 2 * tp_rank + (state.get_expert_parallel_rank() if ep == 2 else 0)
-        out[("experts", ep)] = _tp_experts(engine.module, first, 2 // ep)
-        out[("groups", ep)] = (state.group_ranks("expert") if ep == 2 else None, tp_rank, dp_rank)
+        seed = dp_rank if tp == 2 else dp_rank // 2
+        # the dropless layer: tensor-parallel rank t's block 2t, 2t+1, split over the expert-parallel ranks
+        first = (2 * tp_rank + state.get_expert_parallel_rank()) if layer == "megablocks" else \
+            state.get_expert_parallel_rank() * 4 // ep
+        local = 4 // (ep * tp) if layer == "megablocks" else 4 // ep
+        out[(layer, "experts", tp, ep)] = _tp_experts(engine.module, first, local)
+        out[(layer, "groups", tp, ep)] = (state.group_ranks("expert") if ep == 2 else None, tp_rank, dp_rank)
         if zero == 2:
-            out[(ep, zero)] = _steps(args, ctx, engine, optimizer, dp_rank, 0, 4)
+            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 4)
             save_checkpoint(args, ctx.model_config, 4, engine)
-            out["saved"] = _tp_experts(engine.module, first, 1)
-            out[(ep, zero)] += _steps(args, ctx, engine, optimizer, dp_rank, 4, STEPS - 4)
+            out[(layer, "saved")] = _tp_experts(engine.module, first, local)
+            out[(layer, tp, ep, zero)] += _steps(args, ctx, engine, optimizer, seed, 4, STEPS - 4)
             state.destroy()
             ctx, engine, optimizer = _setup(args)
             assert load_checkpoint(args, ctx.model_config, engine)[0] == 4
-            out["reloaded"] = _tp_experts(engine.module, first, 1)
-            out["resumed"] = _steps(args, ctx, engine, optimizer, dp_rank, 4, 3)
-            out["files"] = sorted(os.listdir(os.path.join(save_root, "global_step4")))
+            out[(layer, "reloaded")] = _tp_experts(engine.module, first, local)
+            out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, seed, 4, 3)
+            out[(layer, "files")] = sorted(os.listdir(os.path.join(save, "global_step4")))
+            ctx.parallel_state.destroy()
+            # generate.py / eval.py: every expert of the tensor-parallel rank's share on every rank, from the files
+            model, ctx, iteration = setup_for_inference(args)
+            first = 2 * ctx.parallel_state.get_model_parallel_rank() if layer == "megablocks" else 0
+            out[(layer, "inference")] = (iteration, _tp_experts(model, first, 2))
         else:
-            out[(ep, zero)] = _steps(args, ctx, engine, optimizer, dp_rank, 0, STEPS)
+            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, STEPS)
         ctx.parallel_state.destroy()
-    # generate.py / eval.py: the layer without expert parallelism, each tensor-parallel rank's experts from the files
-    model, ctx, iteration = setup_for_inference(_neox_args("megablocks", 2, 2, save_root, num_gpus=4,
-                                                           model_parallel_size=2))
-    out["inference"] = (iteration, _tp_experts(model, 2 * ctx.parallel_state.get_model_parallel_rank(), 2))
-    ctx.parallel_state.destroy()
+
+
+def _expert_and_tensor_parallel_run(rank: int, world_size: int, save_root: str):
+    """4 ranks. The dropless layer at TP=2 x DP=2: EP=1 (experts split over the tensor-parallel ranks) and EP=2 (and
+    over the expert-parallel ranks within each tensor-parallel rank's block), ZeRO 0 and 2. DeepSpeed's layer: TP=1 x
+    DP=4 (the reference), TP=2 x DP=2 at EP=1 and EP=2 (ZeRO 2)."""
+    out = {}
+    _tensor_parallel_layer_runs("megablocks", ((2, 1, 0), (2, 2, 0), (2, 2, 2)), save_root, out)
+    _tensor_parallel_layer_runs("deepspeed", ((1, 1, 0), (2, 1, 0), (2, 2, 2)), save_root, out)
     return out
 
 
-def test_experts_over_expert_and_tensor_parallel_ranks_train_as_over_tensor_parallel_ranks(tmp_path):
+@pytest.fixture(scope="module")
+def tensor_parallel_runs(tmp_path_factory):
+    """Every rank's results of both layers' runs on 4 ranks: one spawn (each costs seconds of imports)."""
+    return run_distributed(_expert_and_tensor_parallel_run, world_size=4,
+                           args=(str(tmp_path_factory.mktemp("eptp")),))
+
+
+def _check_resume_and_inference(out: dict, layer: str, zero_run: tuple, experts) -> None:
+    """The ZeRO 2 run's checkpoint reloads bit for bit, resumes its steps exactly, and inference loads its experts
+    (``experts``: the global ids inference holds on this rank)."""
+    assert all(torch.equal(out[(layer, "saved")][key], weight) for key, weight in out[(layer, "reloaded")].items())
+    assert out[(layer, "resumed")] == out[zero_run][4:7]
+    iteration, inference_experts = out[(layer, "inference")]
+    assert iteration == 4 and {e for _, e, _ in inference_experts} == experts
+    for key, weight in out[(layer, "saved")].items():
+        torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
+
+
+def test_experts_over_expert_and_tensor_parallel_ranks_train_as_over_tensor_parallel_ranks(tensor_parallel_runs):
     """TP=2 x DP=2, the dropless layer: EP=2 (one of the four experts per rank: tensor-parallel rank t holds experts
     2t, 2t+1 as at EP=1, expert-parallel rank r of them expert 2t + r) gives EP=1's losses and gradient norms over 10
     steps with ZeRO 0 and 2; the checkpoint holds each tensor-parallel rank's experts in DeepSpeed's files; a fresh
     engine resumes it exactly, and inference (each tensor-parallel rank's experts stacked) loads its weights."""
-    runs = run_distributed(_expert_and_tensor_parallel_run, world_size=4, args=(str(tmp_path),))
-    for rank, out in enumerate(runs):
-        expert_ranks, tp_rank, dp_rank = out[("groups", 2)]
+    layer = "megablocks"
+    for rank, out in enumerate(tensor_parallel_runs):
+        expert_ranks, tp_rank, dp_rank = out[(layer, "groups", 2, 2)]
         assert (tp_rank, dp_rank) == (rank % 2, rank // 2) and expert_ranks == [tp_rank, tp_rank + 2]
-        mine, reference_experts = out[("experts", 2)], out[("experts", 1)]
+        mine, reference_experts = out[(layer, "experts", 2, 2)], out[(layer, "experts", 2, 1)]
         assert {e for _, e, _ in mine} == {2 * tp_rank + dp_rank}
         assert {e for _, e, _ in reference_experts} == {2 * tp_rank, 2 * tp_rank + 1}
         for key, weight in mine.items():
             torch.testing.assert_close(weight, reference_experts[key], rtol=0, atol=0)
-        reference = torch.tensor(out[(1, 0)])  # [step, (loss, gradient norm)]
+        reference = torch.tensor(out[(layer, 2, 1, 0)])  # [step, (loss, gradient norm)]
         assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
-        torch.testing.assert_close(reference, torch.tensor(runs[0][(1, 0)]), rtol=0, atol=0)
+        torch.testing.assert_close(reference, torch.tensor(tensor_parallel_runs[0][(layer, 2, 1, 0)]), rtol=0, atol=0)
         for zero in (0, 2):
-            torch.testing.assert_close(torch.tensor(out[(2, zero)]), reference, rtol=2e-3, atol=0)
-        assert all(torch.equal(out["saved"][key], weight) for key, weight in out["reloaded"].items())
-        assert out["resumed"] == out[(2, 2)][4:7]
-        iteration, inference_experts = out["inference"]
-        assert iteration == 4 and {e for _, e, _ in inference_experts} == {2 * tp_rank, 2 * tp_rank + 1}
-        for key, weight in out["saved"].items():
-            torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
-    files = runs[0]["files"]
-    assert [f for f in files if f.startswith("layer_")] == [f"layer_{layer}_expert_{e}_mp_rank_0{tp}_model_states.pt"
-                                                            for layer in (0,) for e in range(2) for tp in range(2)]
+            torch.testing.assert_close(torch.tensor(out[(layer, 2, 2, zero)]), reference, rtol=2e-3, atol=0)
+        _check_resume_and_inference(out, layer, (layer, 2, 2, 2), {2 * tp_rank, 2 * tp_rank + 1})
+    files = tensor_parallel_runs[0][(layer, "files")]
+    assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
+                                                            for e in range(2) for tp in range(2)]
+
+
+def test_deepspeed_layer_with_tensor_parallelism_trains_as_without(tensor_parallel_runs):
+    """DeepSpeed's layer (capacity factor 1: it drops tokens) at TP=2 x DP=2, its experts replicated over the
+    tensor-parallel ranks, gives the losses and gradient norms of TP=1 x DP=4 on the same batches over 10 steps, at
+    EP=1 and at EP=2 with ZeRO 2; the ZeRO 2 run's checkpoint (every expert in each tensor-parallel rank's files)
+    resumes exactly and loads for inference."""
+    layer = "deepspeed"
+    reference = torch.tensor(tensor_parallel_runs[0][(layer, 1, 1, 0)])
+    assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()
+    for rank, out in enumerate(tensor_parallel_runs):
+        expert_ranks, tp_rank, dp_rank = out[(layer, "groups", 2, 2)]
+        assert expert_ranks == [tp_rank, tp_rank + 2]
+        assert {e for _, e, _ in out[(layer, "experts", 2, 2)]} == {2 * dp_rank, 2 * dp_rank + 1}
+        for key, weight in out[(layer, "experts", 2, 2)].items():  # the same experts as with every one on a rank
+            torch.testing.assert_close(weight, out[(layer, "experts", 1, 1)][key], rtol=0, atol=0)
+        for run in ((2, 1, 0), (2, 2, 2)):
+            torch.testing.assert_close(torch.tensor(out[(layer, *run)]), reference, rtol=2e-3, atol=0)
+        _check_resume_and_inference(out, layer, (layer, 2, 2, 2), set(range(4)))
+    files = tensor_parallel_runs[0][(layer, "files")]
+    assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
+                                                            for e in range(4) for tp in range(2)]

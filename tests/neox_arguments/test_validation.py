@@ -138,7 +138,8 @@ def test_required_model_fields():
     ({"dpo_beta": 0.5}, "dpo_beta=0.5 is a setting of train_impl 'dpo'"),
     ({"train_impl": "rm"}, "train_impl 'rm' trains on chosen / rejected pairs: set dataset_impl: pairwise"),
     ({"moe_num_experts": 4, "moe_type": "deepspeed", "pipe_parallel_size": 1},
-     "moe_type='deepspeed' with model_parallel_size=1 and pipe_parallel_size=1 is not supported yet"),
+     "moe_type='deepspeed' with pipe_parallel_size=1 is not supported yet: DeepSpeed's engine numbers the expert "
+     "checkpoint files"),
     ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_router_type": "sinkhorn"},
      "DeepSpeed's MoE layer routes with its own top-k gate"),
     ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_jitter_eps": 0.1}, "fixed eps of 0.01"),
