@@ -1,7 +1,9 @@
-"""Expert parallelism (moe_expert_parallel_size): the expert groups' layout, DeepSpeed's layer with its experts split
-over two data-parallel ranks training as with every expert on every rank (DeepSpeed's engine, ZeRO 0 and 2), its
-checkpoint files, exact resume, and loading at another expert-parallel size (the refusals of bad sizes:
-tests/neox_arguments/test_validation.py, tests/test_checkpointing.py)."""
+"""Expert parallelism (moe_expert_parallel_size): the expert groups' layout; on one spawn of 4 gloo ranks, both
+layers with their experts split over data-parallel ranks (DP=4, EP=2) training as with every expert on every rank
+(DeepSpeed's engine, ZeRO 0 and 2), with tensor parallelism (TP=2 x DP=2: the dropless layer's experts split over
+EP x TP, DeepSpeed's replicated over TP), their checkpoint files, exact resume, inference, and loading at another
+expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
+tests/test_checkpointing.py)."""
 import os
 
 import pytest
@@ -41,7 +43,7 @@ def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
         "moe_expert_parallel_size": ep, **LAYERS[layer],
         "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
         "weight_decay": 0.01, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0, "zero_optimization": {"stage": zero}, "num_gpus": 2, "train_iters": STEPS,
+        "gradient_clipping": 1.0, "zero_optimization": {"stage": zero}, "num_gpus": 4, "train_iters": STEPS,
         "distributed_backend": "gloo", "save": save, "load": save, "checkpoint_factor": 4,
         "tokenizer_type": "CharLevelTokenizer", "config_files": {"moe.yml": "{}"}, **extra})
 
@@ -131,14 +133,15 @@ def _expert_parallel_run(rank: int, world_size: int, save_root: str):
 
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_experts_over_two_ranks_train_as_with_all_experts_and_resume(expert_parallel_runs, layer):
-    """DP=2: EP=2 (two of the four experts per rank, tokens exchanged by all-to-all; DeepSpeed's layer drops some
-    at capacity factor 1) gives EP=1's losses and gradient norms over 10 steps, with ZeRO 0 and 2; the checkpoint
-    holds one file per expert; a fresh engine resumes it exactly, and inference (every expert on every rank) loads
-    its weights."""
+    """DP=4: EP=2 (two of the four experts per rank, tokens exchanged by all-to-all in two expert-parallel groups,
+    expert gradients reduced over two expert-data-parallel ranks; DeepSpeed's layer drops some at capacity factor 1)
+    gives EP=1's losses and gradient norms over 10 steps, with ZeRO 0 and 2; the checkpoint holds one file per
+    expert; a fresh engine resumes it exactly, and inference (every expert on every rank) loads its weights."""
     for rank, out in enumerate(expert_parallel_runs):
-        assert out[(layer, "groups", 2)] == (rank, 2, 1) and out[(layer, "groups", 1)] == (0, 1, 2)
+        assert out[(layer, "groups", 2)] == (rank % 2, 2, 2) and out[(layer, "groups", 1)] == (0, 1, 4)
         everything, mine = out[(layer, "experts", 1)], out[(layer, "experts", 2)]
-        assert len(everything) == 4 * len(mine) // 2 and {e for _, e, _ in mine} == {2 * rank, 2 * rank + 1}
+        ep_rank = rank % 2
+        assert len(everything) == 4 * len(mine) // 2 and {e for _, e, _ in mine} == {2 * ep_rank, 2 * ep_rank + 1}
         for key, weight in mine.items():  # local expert e of rank r is global expert 2r + e, initialised alike
             torch.testing.assert_close(weight, everything[key], rtol=0, atol=0)
         reference = torch.tensor(out[(layer, 1, 0)])  # [step, (loss, gradient norm)]
@@ -159,15 +162,32 @@ def test_experts_over_two_ranks_train_as_with_all_experts_and_resume(expert_para
     assert {"COMPLETE", "neox_args.json", "mp_rank_00_model_states.pt"} <= set(files)
     assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_00_model_states.pt"
                                                             for e in range(4)]
-    assert {f for f in files if "optim_states" in f} == {"zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                                         "zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+    assert {f for f in files if "optim_states" in f} == {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+                                                         for r in range(4)}
 
 
 @pytest.fixture(scope="module")
-def expert_parallel_runs(tmp_path_factory):
-    """Every rank's results of both layers' runs: one pair of gloo processes (each spawn costs seconds of
-    imports)."""
-    return run_distributed(_expert_parallel_run, world_size=2, args=(str(tmp_path_factory.mktemp("ep")),))
+def four_rank_runs(tmp_path_factory):
+    """Every rank's results of all the runs of this module: one spawn of 4 gloo processes (each spawn costs seconds
+    of imports)."""
+    return run_distributed(_four_rank_runs, world_size=4, args=(str(tmp_path_factory.mktemp("ep")),))
+
+
+def _four_rank_runs(rank: int, world_size: int, save_root: str) -> dict:
+    return {"dp": _expert_parallel_run(rank, world_size, os.path.join(save_root, "dp")),
+            "tp": _expert_and_tensor_parallel_run(rank, world_size, os.path.join(save_root, "tp"))}
+
+
+@pytest.fixture(scope="module")
+def expert_parallel_runs(four_rank_runs):
+    """DP=4 (TP=1), both layers."""
+    return [out["dp"] for out in four_rank_runs]
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_runs(four_rank_runs):
+    """TP=2 x DP=2, both layers (and DeepSpeed's layer's TP=1 x DP=4 reference)."""
+    return [out["tp"] for out in four_rank_runs]
 
 
 def _tp_experts(model, first: int, per_rank: int) -> dict:
@@ -237,13 +257,6 @@ def _expert_and_tensor_parallel_run(rank: int, world_size: int, save_root: str):
     _tensor_parallel_layer_runs("megablocks", ((2, 1, 0), (2, 2, 0), (2, 2, 2)), save_root, out)
     _tensor_parallel_layer_runs("deepspeed", ((1, 1, 0), (2, 1, 0), (2, 2, 2)), save_root, out)
     return out
-
-
-@pytest.fixture(scope="module")
-def tensor_parallel_runs(tmp_path_factory):
-    """Every rank's results of both layers' runs on 4 ranks: one spawn (each costs seconds of imports)."""
-    return run_distributed(_expert_and_tensor_parallel_run, world_size=4,
-                           args=(str(tmp_path_factory.mktemp("eptp")),))
 
 
 def _check_resume_and_inference(out: dict, layer: str, zero_run: tuple, experts) -> None:
