@@ -43,8 +43,10 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("enable_expert_tensor_parallelism", bool,
      "expert tensor parallelism (enable_expert_tensor_parallelism: each expert's MLP split column / row over the "
      "tensor-parallel ranks) is not supported yet: DeepSpeed's MoE layer (moe_type deepspeed) runs with "
-     "model_parallel_size > 1 here with whole experts replicated on the tensor-parallel ranks; splitting them needs "
-     "experts built from tensor-parallel linear layers and DeepSpeed's expert-data-and-model groups, not built. "
+     "model_parallel_size > 1 here with whole experts replicated on the tensor-parallel ranks. DeepSpeed's split "
+     "experts gather their capacity slots over the tensor-parallel ranks with all_gather_into_tensor into a flat "
+     "buffer, which gloo (CPU ranks) refuses, need a capacity divisible by model_parallel_size for every batch, and "
+     "their column / row shards would need their own checkpoint conversion: not built. "
      "moe_type megablocks splits whole experts over the tensor-parallel ranks instead; moe_expert_parallel_size "
      "splits them over data-parallel ranks"),
     ("use_tutel", bool, "tutel MoE (use_tutel) is not supported yet"),
