@@ -19,7 +19,9 @@ of each data-parallel group, as DeepSpeed's ``deepspeed.utils.groups`` lays it o
 d0 .. d(D-1) form expert-parallel groups of EP consecutive ones (d0..d(EP-1), ...: the experts are split over
 them, tokens are exchanged between them by all-to-all), and the ranks at the same place in each of those form an
 expert-data-parallel group (d0, d(EP), d(2EP), ...: they hold the same experts, whose gradients are reduced over
-it). ``register_expert_groups_with_deepspeed`` hands these groups to DeepSpeed (its MoE layer and engine look
+it). With tensor parallelism the data-parallel groups, hence the expert groups, join ranks at the same
+tensor-parallel rank (each tensor-parallel rank exchanges tokens for its own share of the experts).
+``register_expert_groups_with_deepspeed`` hands these groups to DeepSpeed (its MoE layer and engine look
 them up by the name ``ep_size_{EP}``) instead of letting it build copies; ``destroy`` takes them back.
 ``expert_groups_at_one`` builds them at EP 1 too (one-rank expert-parallel groups, the data-parallel groups as
 expert-data-parallel ones): DeepSpeed's MoE layer with tensor parallelism needs them, since DeepSpeed's own groups
