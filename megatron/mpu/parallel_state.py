@@ -19,8 +19,13 @@ of each data-parallel group, as DeepSpeed's ``deepspeed.utils.groups`` lays it o
 d0 .. d(D-1) form expert-parallel groups of EP consecutive ones (d0..d(EP-1), ...: the experts are split over
 them, tokens are exchanged between them by all-to-all), and the ranks at the same place in each of those form an
 expert-data-parallel group (d0, d(EP), d(2EP), ...: they hold the same experts, whose gradients are reduced over
-it). ``register_expert_groups_with_deepspeed`` hands these groups to DeepSpeed (its MoE layer and engine look
+it). With tensor parallelism the data-parallel groups, hence the expert groups, join ranks at the same
+tensor-parallel rank (each tensor-parallel rank exchanges tokens for its own share of the experts).
+``register_expert_groups_with_deepspeed`` hands these groups to DeepSpeed (its MoE layer and engine look
 them up by the name ``ep_size_{EP}``) instead of letting it build copies; ``destroy`` takes them back.
+``expert_groups_at_one`` builds them at EP 1 too (one-rank expert-parallel groups, the data-parallel groups as
+expert-data-parallel ones): DeepSpeed's MoE layer with tensor parallelism needs them, since DeepSpeed's own groups
+at EP 1 would reduce its expert gradients over the tensor-parallel ranks as well (megatron.model.moe.deepspeed_layer).
 """
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ class ParallelState:
 
     def __init__(self, pipe_parallel_size: int, model_parallel_size: int,
                  timeout: Optional[datetime.timedelta] = None, expert_parallel_size: int = 1,
-                 context_parallel_size: int = 1) -> None:
+                 context_parallel_size: int = 1, expert_groups_at_one: bool = False) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ParallelState needs an initialised torch.distributed world")
         if model_parallel_size < 1:
@@ -111,15 +116,16 @@ class ParallelState:
         self._destroyed = False
         self._registered_with_deepspeed = False
         self.expert_parallel_size = expert_parallel_size
-        self._build_expert_groups(timeout)
+        self._build_expert_groups(timeout, expert_groups_at_one)
 
-    def _build_expert_groups(self, timeout: Optional[datetime.timedelta]) -> None:
-        """The expert-parallel and expert-data-parallel groups (module docstring); none for one expert rank."""
+    def _build_expert_groups(self, timeout: Optional[datetime.timedelta], at_one: bool) -> None:
+        """The expert-parallel and expert-data-parallel groups (module docstring); none for one expert rank unless
+        ``at_one``."""
         ep, dp = self.expert_parallel_size, self.data_parallel_size
         if ep < 1 or dp % ep:
             raise ValueError(f"moe_expert_parallel_size={ep} must be >= 1 and divide the data-parallel size {dp} "
                              f"(the experts are split over groups of data-parallel ranks)")
-        if ep == 1:
+        if ep == 1 and not at_one:
             return
         expert_lists, expert_data_lists = expert_parallel_ranks(self.topology.get_axis_comm_lists("data"), ep)
         for axis, lists in (("expert", expert_lists), ("expert_data", expert_data_lists)):
@@ -223,7 +229,7 @@ class ParallelState:
     def register_expert_groups_with_deepspeed(self) -> None:
         """Put the expert groups into deepspeed.utils.groups under ``expert_group_name`` (idempotent), so that
         DeepSpeed's MoE layer and engine use them rather than building their own."""
-        if self.expert_parallel_size == 1 or self._registered_with_deepspeed:
+        if "expert" not in self._groups or self._registered_with_deepspeed:
             return
         from deepspeed.utils import groups
 
@@ -314,13 +320,15 @@ class ParallelState:
 
 def build_parallel_state(neox_args) -> ParallelState:
     """Build the ParallelState from ``neox_args.pipe_parallel_size``, ``context_parallel_size``,
-    ``model_parallel_size`` and (for a mixture of experts) ``moe_expert_parallel_size``."""
+    ``model_parallel_size`` and (for a mixture of experts) ``moe_expert_parallel_size`` (and expert groups at EP 1
+    for DeepSpeed's layer with tensor parallelism)."""
     experts = getattr(neox_args, "moe_num_experts", 1) > 1
+    deepspeed_tp = experts and neox_args.moe_type == "deepspeed" and neox_args.model_parallel_size > 1
     return ParallelState(pipe_parallel_size=neox_args.pipe_parallel_size,
                          model_parallel_size=neox_args.model_parallel_size,
                          timeout=datetime.timedelta(minutes=neox_args.distributed_timeout_minutes),
                          expert_parallel_size=neox_args.moe_expert_parallel_size if experts else 1,
-                         context_parallel_size=neox_args.context_parallel_size)
+                         context_parallel_size=neox_args.context_parallel_size, expert_groups_at_one=deepspeed_tp)
 
 
 class SingleProcessState:

@@ -440,22 +440,30 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     if args.moe_type == "megablocks" and args.moe_token_dropping:
         problems.append("moe_token_dropping=true with moe_type='megablocks': the dropless layer never drops tokens; "
                         "token dropping with a capacity is DeepSpeed's layer (moe_type: deepspeed)")
-    if args.moe_type == "deepspeed" and (args.model_parallel_size > 1 or args.pipe_parallel_size >= 1):
-        problems.append(f"moe_type='deepspeed' with model_parallel_size={args.model_parallel_size} and "
-                        f"pipe_parallel_size={args.pipe_parallel_size} is not supported yet: DeepSpeed's MoE layer "
-                        f"runs here with pipe_parallel_size 0 and model_parallel_size 1 (moe_type megablocks "
-                        f"supports both)")
+    if args.moe_type == "deepspeed" and args.pipe_parallel_size >= 1:
+        problems.append(f"moe_type='deepspeed' with pipe_parallel_size={args.pipe_parallel_size} is not supported "
+                        f"yet: DeepSpeed's engine numbers the expert checkpoint files (layer_<i>_expert_<e>_...) per "
+                        f"pipeline stage, so the stages' files would collide; use pipe_parallel_size 0 (model_parallel_size > 1 works), or moe_type megablocks in a "
+                        f"pipeline")
     if args.moe_type == "megablocks" and "moe_use_residual" in provided and args.moe_use_residual:
         problems.append("moe_use_residual=true with moe_type='megablocks': residual MoE (a dense MLP beside the "
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
     ep = args.moe_expert_parallel_size
     dp = args.data_parallel_size
-    if ep > 1 and args.moe_type == "megablocks" and (args.model_parallel_size > 1 or args.pipe_parallel_size >= 1):
-        problems.append(f"moe_expert_parallel_size={ep} with moe_type='megablocks', model_parallel_size="
-                        f"{args.model_parallel_size} and pipe_parallel_size={args.pipe_parallel_size} is not "
-                        f"supported yet: the dropless layer's experts are split over data-parallel ranks with "
-                        f"pipe_parallel_size 0 and model_parallel_size 1 (or over tensor-parallel ranks with "
-                        f"moe_expert_parallel_size 1)")
+    if ep > 1 and args.moe_type == "megablocks" and args.pipe_parallel_size >= 1:
+        problems.append(f"moe_expert_parallel_size={ep} with moe_type='megablocks' and pipe_parallel_size="
+                        f"{args.pipe_parallel_size} is not supported yet: DeepSpeed's engine numbers the expert "
+                        f"checkpoint files (layer_<i>_expert_<e>_...) per pipeline stage, so the stages' files would "
+                        f"collide; use pipe_parallel_size 0 (expert parallelism composes with model_parallel_size), or "
+                        f"moe_expert_parallel_size 1 (the dropless layer then runs in the pipeline)")
+    per_parameter = [flag for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
+                     if getattr(args, flag)]
+    if ep > 1 and args.model_parallel_size > 1 and per_parameter:
+        problems.append(f"{', '.join(per_parameter)} with moe_expert_parallel_size={ep} and model_parallel_size="
+                        f"{args.model_parallel_size} is not supported yet: an expert's logged name carries its global "
+                        f"index over the expert-parallel ranks but not the tensor-parallel rank's block of experts, "
+                        f"so the ranks' values would collide (with model_parallel_size 1, or "
+                        f"moe_expert_parallel_size 1, they are logged)")
     if ep > 1 and dp is not None and dp % ep:
         problems.append(f"moe_expert_parallel_size={ep} must divide the data-parallel size {dp} (the experts are split "
                         f"over groups of data-parallel ranks)")

@@ -366,11 +366,10 @@ def test_gmlp_style_model_loads_ready_to_train(tmp_path):
 # What other open issues build: each refused with a message naming it as not supported yet.
 NOT_BUILT = {
     "moe_deepspeed_pipeline": ('"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "deepspeed",',
-                               "moe_type='deepspeed' with model_parallel_size=1 and pipe_parallel_size=1 is not "
-                               "supported yet"),
+                               "moe_type='deepspeed' with pipe_parallel_size=1 is not supported yet"),
     "moe_expert_parallel": ('"moe_num_experts": 8, "moe_expert_parallel_size": 2, "num_gpus": 2,',
-                            "moe_expert_parallel_size=2 with moe_type='megablocks', model_parallel_size=1 and "
-                            "pipe_parallel_size=1 is not supported yet"),
+                            "moe_expert_parallel_size=2 with moe_type='megablocks' and pipe_parallel_size=1 is not "
+                            "supported yet"),
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
     "data_efficiency": ('"data_efficiency": {"enabled": true, "data_routing": {"enabled": true}},',

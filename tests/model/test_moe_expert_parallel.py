@@ -1,7 +1,9 @@
-"""Expert parallelism (moe_expert_parallel_size): the expert groups' layout, DeepSpeed's layer with its experts split
-over two data-parallel ranks training as with every expert on every rank (DeepSpeed's engine, ZeRO 0 and 2), its
-checkpoint files, exact resume, and loading at another expert-parallel size (the refusals of bad sizes:
-tests/neox_arguments/test_validation.py, tests/test_checkpointing.py)."""
+"""Expert parallelism (moe_expert_parallel_size): the expert groups' layout; on one spawn of 4 gloo ranks, both
+layers with their experts split over data-parallel ranks (DP=4, EP=2) training as with every expert on every rank
+(DeepSpeed's engine, ZeRO 0 and 2), with tensor parallelism (TP=2 x DP=2: the dropless layer's experts split over
+EP x TP, DeepSpeed's replicated over TP), their checkpoint files, exact resume, inference, and loading at another
+expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
+tests/test_checkpointing.py)."""
 import os
 
 import pytest
@@ -41,7 +43,7 @@ def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
         "moe_expert_parallel_size": ep, **LAYERS[layer],
         "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
         "weight_decay": 0.01, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0, "zero_optimization": {"stage": zero}, "num_gpus": 2, "train_iters": STEPS,
+        "gradient_clipping": 1.0, "zero_optimization": {"stage": zero}, "num_gpus": 4, "train_iters": STEPS,
         "distributed_backend": "gloo", "save": save, "load": save, "checkpoint_factor": 4,
         "tokenizer_type": "CharLevelTokenizer", "config_files": {"moe.yml": "{}"}, **extra})
 
@@ -131,14 +133,15 @@ def _expert_parallel_run(rank: int, world_size: int, save_root: str):
 
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_experts_over_two_ranks_train_as_with_all_experts_and_resume(expert_parallel_runs, layer):
-    """DP=2: EP=2 (two of the four experts per rank, tokens exchanged by all-to-all; DeepSpeed's layer drops some
-    at capacity factor 1) gives EP=1's losses and gradient norms over 10 steps, with ZeRO 0 and 2; the checkpoint
-    holds one file per expert; a fresh engine resumes it exactly, and inference (every expert on every rank) loads
-    its weights."""
+    """DP=4: EP=2 (two of the four experts per rank, tokens exchanged by all-to-all in two expert-parallel groups,
+    expert gradients reduced over two expert-data-parallel ranks; DeepSpeed's layer drops some at capacity factor 1)
+    gives EP=1's losses and gradient norms over 10 steps, with ZeRO 0 and 2; the checkpoint holds one file per
+    expert; a fresh engine resumes it exactly, and inference (every expert on every rank) loads its weights."""
     for rank, out in enumerate(expert_parallel_runs):
-        assert out[(layer, "groups", 2)] == (rank, 2, 1) and out[(layer, "groups", 1)] == (0, 1, 2)
+        assert out[(layer, "groups", 2)] == (rank % 2, 2, 2) and out[(layer, "groups", 1)] == (0, 1, 4)
         everything, mine = out[(layer, "experts", 1)], out[(layer, "experts", 2)]
-        assert len(everything) == 4 * len(mine) // 2 and {e for _, e, _ in mine} == {2 * rank, 2 * rank + 1}
+        ep_rank = rank % 2
+        assert len(everything) == 4 * len(mine) // 2 and {e for _, e, _ in mine} == {2 * ep_rank, 2 * ep_rank + 1}
         for key, weight in mine.items():  # local expert e of rank r is global expert 2r + e, initialised alike
             torch.testing.assert_close(weight, everything[key], rtol=0, atol=0)
         reference = torch.tensor(out[(layer, 1, 0)])  # [step, (loss, gradient norm)]
@@ -159,12 +162,156 @@ def test_experts_over_two_ranks_train_as_with_all_experts_and_resume(expert_para
     assert {"COMPLETE", "neox_args.json", "mp_rank_00_model_states.pt"} <= set(files)
     assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_00_model_states.pt"
                                                             for e in range(4)]
-    assert {f for f in files if "optim_states" in f} == {"zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                                                         "zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+    assert {f for f in files if "optim_states" in f} == {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+                                                         for r in range(4)}
 
 
 @pytest.fixture(scope="module")
-def expert_parallel_runs(tmp_path_factory):
-    """Every rank's results of both layers' runs: one pair of gloo processes (each spawn costs seconds of
-    imports)."""
-    return run_distributed(_expert_parallel_run, world_size=2, args=(str(tmp_path_factory.mktemp("ep")),))
+def four_rank_runs(tmp_path_factory):
+    """Every rank's results of all the runs of this module: one spawn of 4 gloo processes (each spawn costs seconds
+    of imports)."""
+    return run_distributed(_four_rank_runs, world_size=4, args=(str(tmp_path_factory.mktemp("ep")),))
+
+
+def _four_rank_runs(rank: int, world_size: int, save_root: str) -> dict:
+    return {"dp": _expert_parallel_run(rank, world_size, os.path.join(save_root, "dp")),
+            "tp": _expert_and_tensor_parallel_run(rank, world_size, os.path.join(save_root, "tp"))}
+
+
+@pytest.fixture(scope="module")
+def expert_parallel_runs(four_rank_runs):
+    """DP=4 (TP=1), both layers."""
+    return [out["dp"] for out in four_rank_runs]
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_runs(four_rank_runs):
+    """TP=2 x DP=2, both layers (and DeepSpeed's layer's TP=1 x DP=4 reference)."""
+    return [out["tp"] for out in four_rank_runs]
+
+
+def _tp_experts(model, first: int, per_rank: int) -> dict:
+    """{(MoE layer prefix, global expert, tensor): weight} of the dropless experts on this rank: the expert-parallel
+    layer's modules (local expert e is global expert ``first`` + e) or the stacked ``per_rank`` experts of the layer
+    without expert parallelism (``first`` the first of them)."""
+    out = {}
+    for name, param in model.named_parameters():
+        if ".deepspeed_experts." in name:
+            prefix, rest = name.split("deepspeed_moe.experts.deepspeed_experts.")
+            e, tensor = rest.split(".", 1)
+            out[(prefix, first + int(e), tensor)] = param.detach().clone()
+        elif ".experts.mlp." in name:
+            prefix, tensor = name.split("experts.mlp.")
+            for e, rows in enumerate(param.detach().clone().chunk(per_rank)):
+                out[(prefix, first + e, tensor)] = rows
+    return out
+
+
+def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
+    """out[(layer, tp, ep, zero)]: losses and gradient norms of each run (tp, ep, zero) of ``layer`` on 4 ranks; at
+    ZeRO 2 saved at step 4 and resumed by a fresh engine (out[(layer, 'saved' / 'reloaded' / 'resumed' /
+    'files')]), then loaded by generate.py's setup (out[(layer, 'inference')]). With one tensor-parallel rank the
+    data-parallel ranks 2d and 2d + 1 read the batches of data-parallel rank d at two tensor-parallel ranks."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.inference import setup_for_inference
+
+    save = os.path.join(root, layer)
+    for tp, ep, zero in runs:
+        args = _neox_args(layer, ep, zero, save, num_gpus=4, model_parallel_size=tp)
+        ctx, engine, optimizer = _setup(args)
+        state = ctx.parallel_state
+        dp_rank, tp_rank = state.get_data_parallel_rank(), state.get_model_parallel_rank()
+        seed = dp_rank if tp == 2 else dp_rank // 2
+        # the dropless layer: tensor-parallel rank t's block 2t, 2t+1, split over the expert-parallel ranks
+        first = (2 * tp_rank + state.get_expert_parallel_rank()) if layer == "megablocks" else \
+            state.get_expert_parallel_rank() * 4 // ep
+        local = 4 // (ep * tp) if layer == "megablocks" else 4 // ep
+        out[(layer, "experts", tp, ep)] = _tp_experts(engine.module, first, local)
+        out[(layer, "groups", tp, ep)] = (state.group_ranks("expert") if ep == 2 else None, tp_rank, dp_rank)
+        if zero == 2:
+            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 4)
+            save_checkpoint(args, ctx.model_config, 4, engine)
+            out[(layer, "saved")] = _tp_experts(engine.module, first, local)
+            out[(layer, tp, ep, zero)] += _steps(args, ctx, engine, optimizer, seed, 4, STEPS - 4)
+            state.destroy()
+            ctx, engine, optimizer = _setup(args)
+            assert load_checkpoint(args, ctx.model_config, engine)[0] == 4
+            out[(layer, "reloaded")] = _tp_experts(engine.module, first, local)
+            out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, seed, 4, 3)
+            out[(layer, "files")] = sorted(os.listdir(os.path.join(save, "global_step4")))
+            ctx.parallel_state.destroy()
+            # generate.py / eval.py: every expert of the tensor-parallel rank's share on every rank, from the files
+            model, ctx, iteration = setup_for_inference(args)
+            first = 2 * ctx.parallel_state.get_model_parallel_rank() if layer == "megablocks" else 0
+            out[(layer, "inference")] = (iteration, _tp_experts(model, first, 2))
+        else:
+            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, STEPS)
+        ctx.parallel_state.destroy()
+
+
+def _expert_and_tensor_parallel_run(rank: int, world_size: int, save_root: str):
+    """4 ranks. The dropless layer at TP=2 x DP=2: EP=1 (experts split over the tensor-parallel ranks) and EP=2 (and
+    over the expert-parallel ranks within each tensor-parallel rank's block), ZeRO 0 and 2. DeepSpeed's layer: TP=1 x
+    DP=4 (the reference), TP=2 x DP=2 at EP=1 and EP=2 (ZeRO 2)."""
+    out = {}
+    _tensor_parallel_layer_runs("megablocks", ((2, 1, 0), (2, 2, 0), (2, 2, 2)), save_root, out)
+    _tensor_parallel_layer_runs("deepspeed", ((1, 1, 0), (2, 1, 0), (2, 2, 2)), save_root, out)
+    return out
+
+
+def _check_resume_and_inference(out: dict, layer: str, zero_run: tuple, experts) -> None:
+    """The ZeRO 2 run's checkpoint reloads bit for bit, resumes its steps exactly, and inference loads its experts
+    (``experts``: the global ids inference holds on this rank)."""
+    assert all(torch.equal(out[(layer, "saved")][key], weight) for key, weight in out[(layer, "reloaded")].items())
+    assert out[(layer, "resumed")] == out[zero_run][4:7]
+    iteration, inference_experts = out[(layer, "inference")]
+    assert iteration == 4 and {e for _, e, _ in inference_experts} == experts
+    for key, weight in out[(layer, "saved")].items():
+        torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
+
+
+def test_experts_over_expert_and_tensor_parallel_ranks_train_as_over_tensor_parallel_ranks(tensor_parallel_runs):
+    """TP=2 x DP=2, the dropless layer: EP=2 (one of the four experts per rank: tensor-parallel rank t holds experts
+    2t, 2t+1 as at EP=1, expert-parallel rank r of them expert 2t + r) gives EP=1's losses and gradient norms over 10
+    steps with ZeRO 0 and 2; the checkpoint holds each tensor-parallel rank's experts in DeepSpeed's files; a fresh
+    engine resumes it exactly, and inference (each tensor-parallel rank's experts stacked) loads its weights."""
+    layer = "megablocks"
+    for rank, out in enumerate(tensor_parallel_runs):
+        expert_ranks, tp_rank, dp_rank = out[(layer, "groups", 2, 2)]
+        assert (tp_rank, dp_rank) == (rank % 2, rank // 2) and expert_ranks == [tp_rank, tp_rank + 2]
+        mine, reference_experts = out[(layer, "experts", 2, 2)], out[(layer, "experts", 2, 1)]
+        assert {e for _, e, _ in mine} == {2 * tp_rank + dp_rank}
+        assert {e for _, e, _ in reference_experts} == {2 * tp_rank, 2 * tp_rank + 1}
+        for key, weight in mine.items():
+            torch.testing.assert_close(weight, reference_experts[key], rtol=0, atol=0)
+        reference = torch.tensor(out[(layer, 2, 1, 0)])  # [step, (loss, gradient norm)]
+        assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
+        torch.testing.assert_close(reference, torch.tensor(tensor_parallel_runs[0][(layer, 2, 1, 0)]), rtol=0, atol=0)
+        for zero in (0, 2):
+            torch.testing.assert_close(torch.tensor(out[(layer, 2, 2, zero)]), reference, rtol=2e-3, atol=0)
+        _check_resume_and_inference(out, layer, (layer, 2, 2, 2), {2 * tp_rank, 2 * tp_rank + 1})
+    files = tensor_parallel_runs[0][(layer, "files")]
+    assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
+                                                            for e in range(2) for tp in range(2)]
+
+
+def test_deepspeed_layer_with_tensor_parallelism_trains_as_without(tensor_parallel_runs):
+    """DeepSpeed's layer (capacity factor 1: it drops tokens) at TP=2 x DP=2, its experts replicated over the
+    tensor-parallel ranks, gives the losses and gradient norms of TP=1 x DP=4 on the same batches over 10 steps, at
+    EP=1 and at EP=2 with ZeRO 2; the ZeRO 2 run's checkpoint (every expert in each tensor-parallel rank's files)
+    resumes exactly and loads for inference."""
+    layer = "deepspeed"
+    reference = torch.tensor(tensor_parallel_runs[0][(layer, 1, 1, 0)])
+    assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()
+    for rank, out in enumerate(tensor_parallel_runs):
+        expert_ranks, tp_rank, dp_rank = out[(layer, "groups", 2, 2)]
+        assert expert_ranks == [tp_rank, tp_rank + 2]
+        assert {e for _, e, _ in out[(layer, "experts", 2, 2)]} == {2 * dp_rank, 2 * dp_rank + 1}
+        for key, weight in out[(layer, "experts", 2, 2)].items():  # the same experts as with every one on a rank
+            torch.testing.assert_close(weight, out[(layer, "experts", 1, 1)][key], rtol=0, atol=0)
+        for run in ((2, 1, 0), (2, 2, 2)):
+            torch.testing.assert_close(torch.tensor(out[(layer, *run)]), reference, rtol=2e-3, atol=0)
+        _check_resume_and_inference(out, layer, (layer, 2, 2, 2), set(range(4)))
+    files = tensor_parallel_runs[0][(layer, "files")]
+    assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
+                                                            for e in range(4) for tp in range(2)]

@@ -139,16 +139,18 @@ def test_required_model_fields():
     ({"dpo_beta": 0.5}, "dpo_beta=0.5 is a setting of train_impl 'dpo'"),
     ({"train_impl": "rm"}, "train_impl 'rm' trains on chosen / rejected pairs: set dataset_impl: pairwise"),
     ({"moe_num_experts": 4, "moe_type": "deepspeed", "pipe_parallel_size": 1},
-     "moe_type='deepspeed' with model_parallel_size=1 and pipe_parallel_size=1 is not supported yet"),
+     "moe_type='deepspeed' with pipe_parallel_size=1 is not supported yet: DeepSpeed's engine numbers the expert "
+     "checkpoint files"),
     ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_router_type": "sinkhorn"},
      "DeepSpeed's MoE layer routes with its own top-k gate"),
     ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_jitter_eps": 0.1}, "fixed eps of 0.01"),
     ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts, which is off (moe_num_experts=1)"),
     ({"moe_num_experts": 4, "moe_top_k": 5}, "moe_top_k=5 must be between 1 and moe_num_experts=4"),
     ({"moe_num_experts": 4, "moe_token_dropping": True}, "moe_token_dropping=true with moe_type='megablocks'"),
-    ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 4, "model_parallel_size": 2},
-     "moe_expert_parallel_size=2 with moe_type='megablocks', model_parallel_size=2 and pipe_parallel_size=0 is not "
-     "supported yet"),
+    ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 4, "pipe_parallel_size": 2},
+     "moe_expert_parallel_size=2 with moe_type='megablocks' and pipe_parallel_size=2 is not supported yet"),
+    ({"moe_num_experts": 6, "moe_expert_parallel_size": 2, "num_gpus": 4, "model_parallel_size": 2},
+     "moe_num_experts=6 must be divisible by moe_expert_parallel_size x model_parallel_size = 2 x 2"),
     ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
      "moe_num_experts=3 must be divisible by moe_expert_parallel_size x model_parallel_size = 1 x 2"),
     ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True,
@@ -244,6 +246,10 @@ def test_per_parameter_logging_with_expert_parallelism_validates():
                 train_batch_size=4, log_grad_norm=True, log_param_norm=True, log_grad_pct_zeros=True,
                 log_optimizer_states=True)
     assert args.log_grad_norm and args.moe_expert_parallel_size == 2
+    with pytest.raises(ConfigError, match="log_grad_norm with moe_expert_parallel_size=2 and model_parallel_size=2 "
+                                          "is not supported yet"):
+        tiny(moe_num_experts=4, moe_expert_parallel_size=2, model_parallel_size=2, num_gpus=4,
+             train_batch_size=4, log_grad_norm=True)
 
 
 @pytest.mark.parametrize("moe_type", ["deepspeed", "megablocks"])

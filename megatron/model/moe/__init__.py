@@ -8,9 +8,11 @@
   > 1; DeepSpeed's layer does it itself, deepspeed_layer);
 * ``naming``: an expert-parallel expert's parameter names with its global expert index (per-parameter logs).
 With tensor parallelism the dropless layer's experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE), with
-sequence_parallel too (the sequence gathered for routing, the partial sums reduce-scattered).
-Expert parallelism with tensor or pipeline parallelism, DeepSpeed's expert tensor parallelism, and DeepSpeed's layer
-with tensor or pipeline parallelism are not built yet: megatron.neox_arguments refuses them.
+sequence_parallel too (the sequence gathered for routing, the partial sums reduce-scattered), and with expert
+parallelism too over the expert-parallel ranks within each tensor-parallel rank's block (EP x TP).
+DeepSpeed's layer runs with tensor parallelism too, its experts replicated over the tensor-parallel ranks.
+Expert parallelism with pipeline parallelism, DeepSpeed's layer in a pipeline, and DeepSpeed's expert tensor
+parallelism are not built yet: megatron.neox_arguments refuses them.
 """
 from __future__ import annotations
 
@@ -25,15 +27,13 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
     """The MoE MLP of layer ``layer_number``; ValueError for a configuration not built here (validation refuses
     those first, naming the key)."""
     unbuilt = []
-    tp = parallel_state.get_model_parallel_world_size()
-    if config.moe_expert_parallel_size != 1 and config.moe_type == "megablocks" and (tp > 1 or config.is_pipe_parallel):
+    if config.moe_expert_parallel_size != 1 and config.moe_type == "megablocks" and config.is_pipe_parallel:
         unbuilt.append(f"moe_expert_parallel_size={config.moe_expert_parallel_size} with moe_type 'megablocks' and "
-                       f"model_parallel_size={tp}, pipe_parallel_size={config.pipe_parallel_size}")
+                       f"pipe_parallel_size={config.pipe_parallel_size}")
     if config.moe_type == "megablocks" and config.moe_token_dropping:
         unbuilt.append("moe_token_dropping=true with moe_type 'megablocks' (dropless)")
-    if config.moe_type == "deepspeed" and (tp > 1 or config.is_pipe_parallel):
-        unbuilt.append(f"moe_type 'deepspeed' with model_parallel_size={tp}, pipe_parallel_size="
-                       f"{config.pipe_parallel_size}")
+    if config.moe_type == "deepspeed" and config.is_pipe_parallel:
+        unbuilt.append(f"moe_type 'deepspeed' with pipe_parallel_size={config.pipe_parallel_size}")
     if unbuilt:
         raise ValueError(f"mixture of experts with {', '.join(unbuilt)} is not supported yet")
     if config.moe_type == "deepspeed":

@@ -30,9 +30,24 @@ marks the expert parameters (``allreduce=False``, ``group_name``) so that its en
 the expert-data-parallel group only (averaged over all data-parallel ranks), with and without ZeRO 1 / 2, and saves
 each expert in its own file, as above. An expert starts from the same initialiser entry at every EP size.
 generate.py and eval.py build the model with every expert on every rank (megatron.inference), from those files.
-One tensor-parallel rank, no pipeline: the rest is refused by the argument checks.
+Tensor parallelism (model_parallel_size T > 1): every tensor-parallel rank holds the same tokens, the whole gate and
+the same experts (replicated, as DeepSpeed's layer without expert tensor parallelism), and runs the layer exactly as
+with one tensor-parallel rank: DeepSpeed is shown a single tensor-parallel rank during the layer's forward
+(``_one_tensor_parallel_rank``). Why not DeepSpeed's own split (each tensor-parallel rank takes 1/T of every
+expert's capacity slots, then an all-gather): it asserts a capacity divisible by T for every batch (decoding one
+token per sequence breaks it) and leaves each rank a partial expert gradient, which DeepSpeed sums with
+expert-data-parallel groups that span the tensor-parallel ranks; with those only one tensor-parallel rank writes the
+expert files, while each reads its own ``mp_rank`` file back. Replicated, an expert's gradient is whole and equal on
+the tensor-parallel ranks (counted once by the gradient norm, like any replicated parameter), reduced over the
+data-parallel ranks at the same tensor-parallel rank (the ParallelState's expert groups, registered with DeepSpeed at
+EP 1 too, so that DeepSpeed's own EP 1 groups, which span the tensor-parallel ranks, are not built), and each
+tensor-parallel rank writes its copy in its own files. The price: the experts' work is repeated on the T ranks.
+DeepSpeed's expert tensor parallelism (each expert split column / row over the ranks) is not built. No pipeline.
 """
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import torch
 from deepspeed.moe.layer import MoE
@@ -46,15 +61,51 @@ from megatron.optimizers import MOE_EXPERT_FLAG
 JITTER_POLICY = "Jitter"
 
 
+class _OneTensorParallelRank:
+    """An mpu that reports one tensor-parallel rank and answers everything else as ``mpu`` does."""
+
+    def __init__(self, mpu) -> None:
+        self._mpu = mpu
+
+    def __getattr__(self, name: str):
+        return getattr(self._mpu, name)
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        return 0
+
+    get_model_parallel_world_size = get_tensor_model_parallel_world_size
+    get_model_parallel_rank = get_tensor_model_parallel_rank
+
+
+@contextlib.contextmanager
+def _one_tensor_parallel_rank() -> Iterator[None]:
+    """DeepSpeed's MoE layer reads the tensor-parallel size from the engine's mpu (deepspeed.utils.groups.mpu) to split
+    its capacity over the tensor-parallel ranks; for the replicated layer (module docstring) it sees one rank."""
+    from deepspeed.utils import groups
+
+    mpu = groups.mpu
+    if mpu is None or mpu.get_model_parallel_world_size() == 1:
+        yield
+        return
+    groups.mpu = _OneTensorParallelRank(mpu)
+    try:
+        yield
+    finally:
+        groups.mpu = mpu
+
+
 class DeepSpeedMoE(MoE, MoELayerBase):
     """deepspeed.moe.layer.MoE with the load counters and the auxiliary-loss attachment; called with the
     hidden states, returns the output (module docstring)."""
 
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
-        expert_config = config.replace(activation=config.expert_activation)
-        if parallel_state.get_model_parallel_world_size() != 1:
-            raise ValueError("moe_type 'deepspeed' runs with model_parallel_size 1 here")
-        # one tensor-parallel rank: the expert needs no process group (DeepSpeed deep-copies it, groups do not copy)
+        expert_config = config.replace(activation=config.expert_activation, model_parallel_size=1)
+        tp = parallel_state.get_model_parallel_world_size()
+        # the expert is whole on every tensor-parallel rank: it needs no process group (DeepSpeed deep-copies it,
+        # groups do not copy)
         expert = ParallelMLP(expert_config, SingleProcessState(), initializer, layer_number)
         super().__init__(
             hidden_size=config.hidden_size, expert=expert, num_experts=config.moe_num_experts,
@@ -65,7 +116,10 @@ class DeepSpeedMoE(MoE, MoELayerBase):
             drop_tokens=config.moe_token_dropping, use_rts=True, use_tutel=False,
             enable_expert_tensor_parallelism=False, top2_2nd_expert_sampling=False)
         self.setup_stats(config.moe_num_experts, layer_number, config.moe_loss_coeff)
-        if config.moe_expert_parallel_size > 1:
+        # with tensor parallelism the state's groups at EP 1 too (module docstring; generate.py builds the layer at
+        # EP 1 in a state of the run's EP, and has no engine to reduce gradients: DeepSpeed's lookup is enough)
+        tp_groups = tp > 1 and parallel_state.get_expert_parallel_world_size() == 1
+        if config.moe_expert_parallel_size > 1 or tp_groups:
             if parallel_state.get_expert_parallel_world_size() != config.moe_expert_parallel_size:
                 raise ValueError(f"moe_expert_parallel_size={config.moe_expert_parallel_size} but the parallel state "
                                  f"has {parallel_state.get_expert_parallel_world_size()} expert-parallel ranks")
@@ -116,7 +170,8 @@ class DeepSpeedMoE(MoE, MoELayerBase):
             # a capacity of all the tokens drops nothing either, so lowering the floor to them is the same function
             gate.min_capacity = tokens
         try:
-            output, aux, counts = MoE.forward(self, hidden_states)
+            with _one_tensor_parallel_rank():
+                output, aux, counts = MoE.forward(self, hidden_states)
         finally:
             gate.min_capacity = floor
         return self._finish(output, aux, counts, self._kept)

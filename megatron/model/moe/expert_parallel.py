@@ -11,6 +11,18 @@ experts r x E/EP .. (r+1) x E/EP - 1) and routes its own tokens with the whole r
 4. send the outputs back the way they came and combine them with the router weights.
 The all-to-alls carry the gradients back, so an expert's gradient sums the contributions of every rank's tokens.
 
+With T tensor-parallel ranks too (EP x TP): the expert-parallel groups join data-parallel ranks of the same
+tensor-parallel rank (parallel_state), and the experts are split over both as GPT-NeoX's dMoE splits them over T
+ranks, then each block over EP: tensor-parallel rank t holds the block t x E/T .. (t+1) x E/T - 1, and expert-parallel
+rank r of it E / (EP x T) experts of that block. Every tensor-parallel rank holds the same tokens and routes them
+identically; each exchanges only the slots of its block's experts over its expert-parallel group (steps 2-4), puts
+them at their place among all sorted slots (zeros elsewhere), and one all-reduce over the tensor-parallel group
+gives every rank every slot's output, as the layer without expert parallelism does. The router's gradients are then
+equal on the tensor-parallel ranks; the input's gradient through the experts is summed over them. The experts are
+marked ``model_parallel`` (each tensor-parallel rank holds others: megatron.mpu.grad_norm counts them on every rank).
+DeepSpeed writes each tensor-parallel rank's experts in its own files (``..._expert_{j}_mp_rank_{t}_...``, j the
+expert's index in the block), so stacked per rank they are the dMoE layout's ``experts.mlp.w1`` shard of rank t.
+
 Why the class is DeepSpeed's ``MoE`` (without its gate or its token-dropping layer): DeepSpeed's engine only treats
 parameters as experts (gradients reduced over the expert-data-parallel group and averaged over all data-parallel
 ranks, with and without ZeRO 1 / 2; optimizer state and weights saved per expert-parallel rank) in a model with a
@@ -20,7 +32,7 @@ with GPT-NeoX's per-expert w1 / [w3] / w2 rows ([width, hidden] each), named by 
 files (``layer_{i}_expert_{e}_mp_rank_00_model_states.pt``); megatron.checkpoint_conversion stacks them back into
 GPT-NeoX's ``mlp.experts.mlp.w1`` & co. for conversion and inference. The router keeps GPT-NeoX's
 ``mlp.router.layer.weight``. Initialised from the same stacked tensors as the layer without expert parallelism.
-One tensor-parallel rank, no pipeline (refused by the argument checks).
+No pipeline (refused by the argument checks: DeepSpeed numbers the expert files per stage).
 """
 from __future__ import annotations
 
@@ -33,6 +45,7 @@ from megatron.model.moe.layer import GroupedExperts, combine, route, run_by_expe
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import ModelConfig
+from megatron.mpu import copy_to_model_parallel_region, reduce_from_model_parallel_region
 from megatron.mpu.collectives import all_to_all_rows
 from megatron.optimizers import MOE_EXPERT_FLAG
 
@@ -54,12 +67,18 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         nn.Module.__init__(self)  # DeepSpeed's MoE.__init__ builds its gate and token-dropping layer: not used
         self.setup_stats(config.moe_num_experts, layer_number, config.moe_loss_coeff)
         ep = config.moe_expert_parallel_size
-        if parallel_state.get_expert_parallel_world_size() != ep or parallel_state.get_model_parallel_world_size() != 1:
-            raise ValueError(f"moe_expert_parallel_size={ep} needs a parallel state with {ep} expert-parallel ranks "
-                             f"and one tensor-parallel rank")
+        if parallel_state.get_expert_parallel_world_size() != ep:
+            raise ValueError(f"moe_expert_parallel_size={ep} needs a parallel state with {ep} expert-parallel ranks")
+        tp, tp_rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
+        if config.moe_num_experts % (ep * tp):
+            raise ValueError(f"moe_num_experts={config.moe_num_experts} must be divisible by moe_expert_parallel_size "
+                             f"x model_parallel_size = {ep} x {tp}")
+        self.tp, self.model_group = tp, parallel_state.get_model_parallel_group()
         # what DeepSpeed's engine reads of an MoE layer
         self.ep_size, self.num_experts = ep, config.moe_num_experts
-        self.num_local_experts = config.moe_num_experts // ep
+        self.num_local_experts = config.moe_num_experts // (ep * tp)
+        # this tensor-parallel rank's block of experts (GPT-NeoX's dMoE split), shared out over the expert group
+        self.block = range(tp_rank * self.num_experts // tp, (tp_rank + 1) * self.num_experts // tp)
         self.expert_group_name, self.use_residual, self.enable_expert_tensor_parallelism = \
             parallel_state.expert_group_name, False, False
         self.top_k = config.moe_top_k
@@ -68,7 +87,7 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         # the stacked tensors of the layer without expert parallelism, then this rank's experts' rows
         stacked = GroupedExperts(config, initializer, layer_number)
         self.act, self.gated, width = stacked.act, stacked.gated, stacked.width
-        first = parallel_state.get_expert_parallel_rank() * self.num_local_experts
+        first = self.block.start + parallel_state.get_expert_parallel_rank() * self.num_local_experts
         experts = []
         for e in range(first, first + self.num_local_experts):
             rows = {}
@@ -76,6 +95,7 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
                 weight = nn.Parameter(full.detach()[e * width:(e + 1) * width].clone())
                 weight.allreduce, weight.group_name = False, self.expert_group_name  # DeepSpeed's expert mark
                 setattr(weight, MOE_EXPERT_FLAG, True)
+                weight.model_parallel = tp > 1  # each tensor-parallel rank holds other experts (gradient norm)
                 rows[name] = weight
             experts.append(LocalExpert(rows))
         self.deepspeed_moe = nn.Module()
@@ -98,13 +118,34 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         routing, aux, order, counts, token_of_slot = route(self.router, tokens, self.num_experts, self.top_k)
+        # this tensor-parallel rank's block of experts: its slots start .. stop of the sorted ones (all with TP 1)
+        block = counts[self.block.start:self.block.stop]
+        start = int(counts[:self.block.start].sum())
+        stop = start + int(block.sum())
+        if self.tp > 1:  # each rank runs its experts' share of the slots: the input's gradient sums over the ranks
+            tokens_in = copy_to_model_parallel_region(tokens, self.model_group)
+        else:
+            tokens_in = tokens
+        out_block = self._exchange_and_run(tokens_in[token_of_slot[start:stop]], block)
+        if self.tp > 1:  # every slot's output on every tensor-parallel rank, as the layer without expert parallelism
+            out_sorted = torch.cat([out_block.new_zeros(start, shape[-1]), out_block,
+                                    out_block.new_zeros(order.numel() - stop, shape[-1])])
+            out_sorted = reduce_from_model_parallel_region(out_sorted, self.model_group)
+        else:
+            out_sorted = out_block
+        combined = combine(tokens, routing, order, token_of_slot, out_sorted)
+        return self._finish(combined, aux, counts, float(order.numel())).view(shape)
+
+    def _exchange_and_run(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The outputs of ``rows`` (sorted by expert: counts[j] rows for expert j of this tensor-parallel rank's
+        block, EP x local experts) from the expert-parallel ranks that hold their experts, in the same order."""
         ep, local = self.ep_size, self.num_local_experts
         # counts[q, l]: rows this rank sends to rank q's local expert l; received[q, l]: rows rank q sends here
         received = torch.empty_like(counts)
-        collectives().all_to_all_single(received, counts, group=self.group)
+        collectives().all_to_all_single(received, counts.contiguous(), group=self.group)
         received = received.view(ep, local)
         send = counts.view(ep, local).sum(1).tolist()
-        inbox = all_to_all_rows(tokens[token_of_slot], send, received.sum(1).tolist(), self.group)
+        inbox = all_to_all_rows(rows, send, received.sum(1).tolist(), self.group)
         # rows arrive by source rank, then local expert: regroup them by local expert
         offsets = (received.reshape(-1).cumsum(0) - received.reshape(-1)).view(ep, local)
         regroup = torch.cat([torch.arange(int(offsets[q, e]), int(offsets[q, e] + received[q, e]))
@@ -112,6 +153,4 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         back = torch.empty_like(regroup)
         back[regroup] = torch.arange(regroup.numel())
         out = run_by_expert(self._expert, inbox[regroup], received.sum(0).tolist())[back]
-        out_sorted = all_to_all_rows(out, received.sum(1).tolist(), send, self.group)
-        combined = combine(tokens, routing, order, token_of_slot, out_sorted)
-        return self._finish(combined, aux, counts, float(order.numel())).view(shape)
+        return all_to_all_rows(out, received.sum(1).tolist(), send, self.group)

@@ -12,10 +12,11 @@ class NeoXArgsMoE:
     """Mixture-of-experts settings. Built: the dropless layer (moe_type megablocks, GPT-NeoX's dMoE) in plain
     PyTorch, with pipeline, data and tensor parallelism (the experts split over the tensor-parallel ranks, as
     GPT-NeoX's dMoE; with sequence_parallel too); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
-    parallelism and ZeRO 0-2 (pipe_parallel_size 0, model_parallel_size 1); expert parallelism
-    (moe_expert_parallel_size) for both; conversion to Hugging Face's Mixtral. Refused with a message: expert
-    tensor parallelism, tutel, sequence_parallel with DeepSpeed's layer or expert parallelism. Every MoE setting
-    written while moe_num_experts is 1 is refused (nothing would read it)."""
+    and tensor parallelism (its experts replicated over the tensor-parallel ranks) and ZeRO 0-2
+    (pipe_parallel_size 0); expert parallelism for both (moe_expert_parallel_size, pipe_parallel_size 0);
+    conversion to Hugging Face's Mixtral. Not built yet, and refused with a message: expert parallelism or
+    DeepSpeed's layer in a pipeline, expert tensor parallelism, tutel, sequence_parallel with DeepSpeed's layer or
+    expert parallelism. Every MoE setting written while moe_num_experts is 1 is refused (nothing would read it)."""
 
     expert_interval: int = 2
     """
@@ -95,7 +96,10 @@ class NeoXArgsMoE:
     groups of this many, each rank holding moe_num_experts / moe_expert_parallel_size of the experts and sending
     tokens to the others' experts by all-to-all; expert gradients are reduced over the ranks holding the same
     experts. Must divide the data-parallel size and moe_num_experts. Both layer types (GPT-NeoX: DeepSpeed's only),
-    with pipe_parallel_size 0 and model_parallel_size 1; experts are saved one per file (DeepSpeed's
+    with pipe_parallel_size 0, and with model_parallel_size > 1: DeepSpeed's layer keeps its experts whole and
+    replicated on the tensor-parallel ranks, the dropless layer splits each tensor-parallel rank's block of
+    moe_num_experts / model_parallel_size experts over the expert-parallel ranks (moe_num_experts divisible by
+    both sizes' product); experts are saved one per file (DeepSpeed's
     layer_N_expert_M files). A checkpoint resumes at the same value; at another one with no_load_optim: true
     (DeepSpeed's layer: any value; the dropless layer: any value above 1). generate.py and eval.py hold every
     expert on every rank. The per-parameter logs (log_grad_norm & co.) gather every rank's experts.
@@ -144,5 +148,6 @@ class NeoXArgsMoE:
 
     enable_expert_tensor_parallelism: bool = False
     """
-    Enable expert tensor parallelism. Not supported yet: true is refused.
+    Enable expert tensor parallelism (DeepSpeed's layer: each expert's MLP split over the tensor-parallel ranks).
+    Not supported yet: true is refused (DeepSpeed's layer keeps whole experts on every tensor-parallel rank).
     """
