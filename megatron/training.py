@@ -131,6 +131,10 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
               and not (k == "scheduler" and lr_scheduler is not None)}
+    if neox_args.is_pipe_parallel and neox_args.context_parallel_size > 1:
+        # the pipeline engine's data axis is data x context (ParallelState.get_topology): it counts each
+        # context-parallel rank's chunks of the same samples as a batch of their own
+        config["train_batch_size"] = neox_args.train_batch_size * neox_args.context_parallel_size
     if neox_args.zero_stage > 0 and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         # ZeRO refuses optimizers DeepSpeed has not tested unless told; ours are tested here
         config.setdefault("zero_allow_untested_optimizer", True)
@@ -233,6 +237,7 @@ class _ModelBatches:
         self.tokenizer_file = neox_args.vocab_file
         self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
         self.precomputed = neox_args.train_impl == "dpo" and bool(neox_args.precompute_model_name)
+        self.pipelined = neox_args.is_pipe_parallel
         self.seqlen: Optional[int] = None  # the sequence-length curriculum's current length (set per step)
 
     def __iter__(self):
@@ -263,6 +268,8 @@ class _ModelBatches:
         if data is not None:
             self._check_token_ids(data["text"])
         inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
+        if inputs[2] is None and self.pipelined:  # context parallelism: ring attention needs no mask, but
+            inputs = (*inputs[:2], torch.zeros(1, dtype=torch.bool))  # DeepSpeed's pipeline passes tensors only
         move = lambda t: None if t is None else t.to(self.ctx.device, non_blocking=True)  # no mask under CP
         inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
         if self.reference is not None:

@@ -1,8 +1,12 @@
 """Context parallelism (megatron.mpu.context_parallel, megatron.model.ring_attention): on 4 gloo ranks, ring
 attention at CP=2 and CP=4 gives full causal attention's output and gradients; the tiny model at CP=2 x TP=2 gives the
-CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu) train
-CP=2 x TP=2 (ZeRO 1) and CP=2 x DP=2 (no ZeRO) with the CP=1 losses over 10 steps. One spawned world runs every check (4 ranks on a
+CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu, or its
+pipeline engine) train CP=2 x TP=2 (ZeRO 2), CP=2 x DP=2 (no ZeRO) and CP=2 x PP=2 (ZeRO 1) with the CP=1 losses over 10
+steps, and the last two resume their step-5 checkpoints bitwise. One spawned world runs every check (4 ranks on a
 2-core machine: starting them is the cost)."""
+import os
+from typing import Optional
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,8 +28,9 @@ MODEL = dict(seq_length=SEQ, pos_emb="rotary", num_kv_heads=2, activation="swigl
 def test_model_rules_refuse_what_ring_attention_does_not_do():
     problems = " ".join(context_parallel_problems(tiny_config(seq_length=30, pos_emb="alibi", pipe_parallel_size=1,
                                                                attention_config=[[["local"], 2]]), 2))
-    for key in ("seq_length=30", "pipe_parallel_size=1", "['local']", "alibi"):
+    for key in ("seq_length=30", "['local']", "alibi"):
         assert key in problems
+    assert "pipe_parallel_size" not in problems  # composed: the pipeline engine's data axis is data x context
     assert context_parallel_problems(tiny_config(**MODEL), 2) == []
 
 
@@ -92,7 +97,7 @@ def _check_model_grads(state: ParallelState, rank: int) -> None:
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{overrides} grad {name}")
 
 
-def _neox_args(tp: int, zero_stage: int):
+def _neox_args(tp: int, zero_stage: int, pp: int = 0, save_dir: Optional[str] = None):
     from megatron.neox_arguments import NeoXArgs
 
     return NeoXArgs.from_dict({
@@ -102,50 +107,69 @@ def _neox_args(tp: int, zero_stage: int):
         "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
         "lr_decay_style": "constant", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage}, "num_gpus": 4, "train_iters": STEPS,
-        "pipe_parallel_size": 0, "model_parallel_size": tp, "context_parallel_size": 2})
+        "pipe_parallel_size": pp, "model_parallel_size": tp, "context_parallel_size": 2,
+        **({"save": save_dir, "load": save_dir} if save_dir else {})})
 
 
-def _check_training(tp: int, zero_stage: int, reference_rank: int) -> dict:
+def _check_training(tp: int, zero_stage: int, reference_rank: int, pp: int = 0,
+                    save_dir: Optional[str] = None) -> dict:
     """10 steps of megatron.training (initialize_megatron, setup_model_and_optimizer with the ParallelState as
-    DeepSpeed's mpu, _ModelBatches splitting each sample per context-parallel rank, train_step) at CP=2 x TP=tp
-    (x DP=2 / tp); the CP=1 reference (on ``reference_rank`` only) takes the same optimizer and clipping in a plain loop
-    over the data-parallel ranks' samples joined. Three batches in turn, so that the loss falls in 10 steps."""
+    DeepSpeed's mpu, or the pipeline engine over its topology, _ModelBatches splitting each sample per
+    context-parallel rank, train_step) at CP=2 x PP=pp x TP=tp (x DP=2 / (pp x tp)); the CP=1 reference (on
+    ``reference_rank`` only) takes the same optimizer and clipping in a plain loop over the data-parallel ranks'
+    samples joined. Three batches in turn, so that the loss falls in 10 steps. With ``save_dir`` the run saves
+    after step 5 and a fresh engine loading that checkpoint repeats steps 6-10 ("resumed")."""
     from types import SimpleNamespace
 
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
     from megatron.initialize import initialize_megatron
     from megatron.optimizers import build_optimizer
     from megatron.training import _ModelBatches, setup_model_and_optimizer, train_step
     from megatron.training_schedule import TrainingSchedule
 
-    args = _neox_args(tp, zero_stage)
+    args = _neox_args(tp, zero_stage, pp, save_dir)
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=128, eod=0))
     state = ctx.parallel_state
     dp, dp_rank = state.get_data_parallel_world_size(), state.get_data_parallel_rank()
-    assert (dp, args.data_parallel_size, args.train_batch_size) == (2 // tp, 2 // tp, 4 // tp)
-    engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+    want = 2 // (tp * max(pp, 1))
+    assert (dp, args.data_parallel_size, args.train_batch_size) == (want, want, 2 * want)
     texts = [_text(100 + step % 3, batch=2 * dp) for step in range(STEPS)]
-    samples = iter({"text": t[2 * dp_rank:2 * dp_rank + 2]} for t in texts) \
-        if state.get_model_parallel_rank() == 0 else None
-    batches = _ModelBatches(args, ctx, samples)
-    losses = [train_step(args, engine, batches, ctx, optimizer)[0] for _ in range(STEPS)]
+    samples = [{"text": t[2 * dp_rank:2 * dp_rank + 2]} for t in texts]
+
+    def train(engine, optimizer, first: int, count: int, save_at: Optional[int] = None) -> list:
+        reads = state.get_model_parallel_rank() == 0
+        batches = _ModelBatches(args, ctx, iter(samples[first:]) if reads else None)
+        losses = []
+        for step in range(first, first + count):
+            losses.append(train_step(args, engine, batches, ctx, optimizer)[0])
+            if step + 1 == save_at:
+                save_checkpoint(args, ctx.model_config, step + 1, engine)
+        return losses
+
+    engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+    half = STEPS // 2
+    out = {"losses": train(engine, optimizer, 0, STEPS, save_at=half if save_dir else None), "ref": None}
+    if save_dir:
+        engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+        assert load_checkpoint(args, ctx.model_config, engine)[0] == half
+        out["resumed"] = train(engine, optimizer, half, STEPS - half)
     state.destroy()
-    ref_losses = None
     if torch.distributed.get_rank() == reference_rank:
-        ref = build_model(ctx.model_config.replace(model_parallel_size=1, context_parallel_size=1),
-                          SingleProcessState())
+        ref = build_model(ctx.model_config.replace(model_parallel_size=1, context_parallel_size=1,
+                                                   pipe_parallel_size=0), SingleProcessState())
         opt = build_optimizer(args, ref)
-        ref_losses = []
+        out["ref"] = []
         for text in texts:
             opt.zero_grad()
             loss = ref.loss_fn(*(lambda b: (ref(b[0]), b[1]))(_full_batch(text)))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
             opt.step()
-            ref_losses.append(loss.item())
-    return {"losses": losses, "ref": ref_losses}
+            out["ref"].append(loss.item())
+    return out
 
 
-def _run(rank: int, world_size: int) -> dict:
+def _run(rank: int, world_size: int, save_root: str) -> dict:
     results = {}
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=2, context_parallel_size=2)
     assert (state.get_data_parallel_world_size(), state.get_sequence_data_parallel_world_size()) == (1, 2)
@@ -160,19 +184,23 @@ def _run(rank: int, world_size: int) -> dict:
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=1, context_parallel_size=4)
     _check_ring_attention(state, variants=((2, False),))  # a ring of 4: sources before and after each rank
     state.destroy()
-    results["cp2_tp2"] = _check_training(tp=2, zero_stage=1, reference_rank=0)
-    results["cp2_dp2"] = _check_training(tp=1, zero_stage=0, reference_rank=1)
+    results["cp2_tp2"] = _check_training(tp=2, zero_stage=2, reference_rank=0)
+    results["cp2_dp2"] = _check_training(tp=1, zero_stage=0, reference_rank=1, save_dir=os.path.join(save_root, "dp2"))
+    results["cp2_pp2"] = _check_training(tp=1, zero_stage=1, reference_rank=2, pp=2,
+                                         save_dir=os.path.join(save_root, "pp2"))
     return results
 
 
-def test_context_parallel_matches_cp1_on_four_ranks():
-    results = run_distributed(_run, world_size=4)
+def test_context_parallel_matches_cp1_on_four_ranks(tmp_path):
+    results = run_distributed(_run, world_size=4, args=(str(tmp_path),))
     assert [r["cp_tp_groups"] for r in results] == [([0, 1], [0, 2]), ([0, 1], [1, 3]), ([2, 3], [0, 2]),
                                                      ([2, 3], [1, 3])]
     assert [r["cp_dp_groups"] for r in results] == [([0, 2], [0, 1], [0, 1, 2, 3], 0), ([1, 3], [0, 1], [0, 1, 2, 3], 1),
                                                      ([0, 2], [2, 3], [0, 1, 2, 3], 2), ([1, 3], [2, 3], [0, 1, 2, 3], 3)]
-    for layout, reference_rank in (("cp2_tp2", 0), ("cp2_dp2", 1)):
+    for layout, reference_rank in (("cp2_tp2", 0), ("cp2_dp2", 1), ("cp2_pp2", 2)):
         ref = torch.tensor(results[reference_rank][layout]["ref"])
         assert ref[-1] < ref[0] - 0.1, f"{layout}: the reference did not train"
         for r in results:
             torch.testing.assert_close(torch.tensor(r[layout]["losses"]), ref, rtol=0, atol=2e-3, msg=layout)
+            if "resumed" in r[layout]:
+                assert r[layout]["resumed"] == r[layout]["losses"][STEPS // 2:], f"{layout}: resume"
