@@ -145,6 +145,10 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     engine, _, _, engine_scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
         mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)
+    if neox_args.is_pipe_parallel and neox_args.context_parallel_size > 1:
+        # its batch check passed at construction: from here on (samples counted, DeepSpeed's monitors and
+        # samples/sec) the batch is the real one again
+        engine._config.train_batch_size = neox_args.train_batch_size
     _record_clipping_grad_norm(engine)
     use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)

@@ -179,6 +179,7 @@ def _check_training(tp: int, zero_stage: int, reference_rank: int, pp: int = 0,
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
     half = STEPS // 2
     out = {"losses": _train(args, ctx, engine, optimizer, 0, save_at=half if save_dir else None), "ref": None}
+    assert engine.global_samples == STEPS * args.train_batch_size  # samples, not samples x context ranks
     if save_dir:
         engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
         assert load_checkpoint(args, ctx.model_config, engine)[0] == half
