@@ -498,9 +498,9 @@ def context_parallel_problems(args: NeoXArgsSchema) -> List[str]:
     if args.reset_attention_mask:
         problems.append(f"reset_attention_mask {why} (ring attention masks by position only); set it to false")
     if args.zero_stage == 3:
-        problems.append(f"zero_optimization.stage=3 {why}: DeepSpeed's stage 3 does not sum the gradients over the "
-                        f"context-parallel ranks (their gradient norms differ after its reduction, and the losses leave "
-                        f"CP=1's); use stage 0, 1 or 2, which partition over data x context ranks")
+        problems.append(f"zero_optimization.stage=3 {why}: DeepSpeed partitions stage 3's parameters over the "
+                        f"data-parallel group alone (not data x context), so the context-parallel ranks' gradients are "
+                        f"never summed; use stage 0, 1 or 2, which partition over data x context ranks")
     if curriculum_enabled(args.curriculum_learning):
         problems.append(f"curriculum_learning {why} (the curriculum cuts whole sequences, the batch is already "
                         f"split); disable it")
