@@ -140,6 +140,8 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
         config.setdefault("zero_allow_untested_optimizer", True)
     if neox_args.is_pipe_parallel:
         _mark_grad_norm_ownership(model, ctx.parallel_state)
+    if neox_args.zero_stage == 3 and neox_args.context_parallel_size > 1:
+        _partition_over_data_and_context(model, ctx, config)
     if neox_args.zero_stage > 0:  # ZeRO's optimizer check imports DeepSpeed's Muon: its torch.compile, deferred
         import_with_lazy_compile(DEEPSPEED_MUON)
     engine, _, _, engine_scheduler = deepspeed.initialize(
@@ -153,6 +155,22 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
     return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
+
+
+def _partition_over_data_and_context(model: torch.nn.Module, ctx: RunContext, config: Dict[str, Any]) -> None:
+    """ZeRO-3 with context parallelism. DeepSpeed's engine would partition the parameters over its mpu's
+    data-parallel group alone, so the context-parallel ranks' gradients would never be summed: partition them over
+    data x context here (deepspeed.zero.Init on the built module; the engine then keeps that partitioning). Stage
+    3's reduce-scatter averages over that whole group, so the loss's gradient share is scaled by
+    context_parallel_size, as under the pipeline engine (megatron.model.gpt2_model.cross_entropy_loss)."""
+    import deepspeed
+
+    from megatron.model.gpt2_model import loss_function
+
+    ps = ctx.parallel_state
+    deepspeed.zero.Init(module=model, data_parallel_group=ps.get_sequence_data_parallel_group(),
+                        config_dict_or_path=config, mpu=ps)
+    model.loss_fn = loss_function(ctx.model_config, ps, averaged_over_context=True)
 
 
 def current_lr(lr_scheduler) -> float:

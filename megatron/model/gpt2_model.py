@@ -93,9 +93,10 @@ def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor
     return scaled + (all_reduce_sum(share, context_group) - scaled).detach()
 
 
-def loss_function(config: ModelConfig, parallel_state):
+def loss_function(config: ModelConfig, parallel_state, averaged_over_context: bool = False):
     """The model's loss: ``loss_fn(logits, (labels, loss_mask))``; a reward model's is the Bradley-Terry loss
-    on pairs (megatron.post_training.reward_model)."""
+    on pairs (megatron.post_training.reward_model). ``averaged_over_context``: the engine averages gradients over
+    data x context ranks (as DeepSpeed's pipeline engine always does: cross_entropy_loss's context_grad_scale)."""
     if config.value_head:
         from megatron.post_training.reward_model import RewardLoss
 
@@ -104,7 +105,7 @@ def loss_function(config: ModelConfig, parallel_state):
     context_group = parallel_state.get_context_parallel_group() if cp > 1 else None
     return partial(cross_entropy_loss, group=parallel_state.get_model_parallel_group(),
                    half_precision_loss=config.fp16_lm_cross_entropy, context_group=context_group,
-                   context_grad_scale=cp if config.is_pipe_parallel else 1)
+                   context_grad_scale=cp if config.is_pipe_parallel or averaged_over_context else 1)
 
 
 def check_model_config(config: ModelConfig, parallel_state) -> None:

@@ -3,7 +3,7 @@ attention at CP=2 and CP=4 gives full causal attention's output and gradients; t
 CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu, or its
 pipeline engine) train CP=2 x TP=2 (ZeRO 2), CP=2 x DP=2 (no ZeRO) and CP=2 x PP=2 (ZeRO 1) with the CP=1 losses over 10
 steps, and the last two resume their step-5 checkpoints bitwise; the CP=2 x DP=2 checkpoint continues at CP=1 x DP=4
-(ZeRO-1) and that one's back at CP=2 (ZeRO-2) with the uninterrupted losses (resharded optimizer state). One spawned
+(ZeRO-1) and that one's back at CP=2 (ZeRO-2 and ZeRO-3) with the uninterrupted losses (resharded optimizer state). One spawned
 world runs every check (4 ranks on a 2-core machine: starting them is the cost)."""
 import os
 from typing import Optional
@@ -219,9 +219,11 @@ def _run(rank: int, world_size: int, save_root: str) -> dict:
     dp2 = os.path.join(save_root, "dp2")
     results["cp2_dp2"] = _check_training(tp=1, zero_stage=0, reference_rank=1, save_dir=dp2)
     # out of context parallelism: its step-5 checkpoint continues at CP=1 x DP=4 (ZeRO-1), which saves after step 7;
-    # into it: that continues at CP=2 x DP=2 (ZeRO-2)
+    # into it: that continues at CP=2 x DP=2 (ZeRO-2, and ZeRO-3: partitioned over data x context)
     results["cp1_dp4"] = _check_resharded(dp2, 5, save_at=7, tp=1, zero_stage=1, cp=1, micro=1)
     results["cp2_dp2_zero2"] = _check_resharded(dp2, 7, tp=1, zero_stage=2)
+    results["cp2_dp2_zero3"] = _check_resharded(dp2, 7, save_at=8, tp=1, zero_stage=3)
+    results["cp2_dp2_zero3_resumed"] = _check_resharded(dp2, 8, tp=1, zero_stage=3)  # its own layout: DeepSpeed loads
     results["cp2_pp2"] = _check_training(tp=1, zero_stage=1, reference_rank=2, pp=2,
                                          save_dir=os.path.join(save_root, "pp2"))
     return results
@@ -241,6 +243,7 @@ def test_context_parallel_matches_cp1_on_four_ranks(tmp_path):
             if "resumed" in r[layout]:
                 assert r[layout]["resumed"] == r[layout]["losses"][STEPS // 2:], f"{layout}: resume"
     uninterrupted = torch.tensor(results[0]["cp2_dp2"]["losses"])
-    for layout, first in (("cp1_dp4", 5), ("cp2_dp2_zero2", 7)):
+    for layout, first in (("cp1_dp4", 5), ("cp2_dp2_zero2", 7), ("cp2_dp2_zero3", 7)):
         for r in results:
             torch.testing.assert_close(torch.tensor(r[layout]), uninterrupted[first:], rtol=0, atol=2e-3, msg=layout)
+    assert all(r["cp2_dp2_zero3_resumed"] == r["cp2_dp2_zero3"][1:] for r in results), "ZeRO-3 x CP=2: resume"
