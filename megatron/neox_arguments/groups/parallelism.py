@@ -32,10 +32,10 @@ class NeoXArgsParallelism:
     context_parallel_size. Composes with tensor (and sequence), pipeline and data parallelism, ZeRO 0-3 and
     checkpoint_activations; its checkpoints resume in any layout (context_parallel_size included: the weights
     are not split, the optimizer state is resharded). Not supported yet with: ZeRO-3's reduce_scatter false,
-    local / sparse / gmlp / mamba / rwkv layers, alibi or rpe positions, sliding_window_width, MoE, soft prompts, selective recompute,
-    attention_dropout > 0, the fused-softmax flags, reset_attention_mask, curriculum_learning, train_impl other
-    than 'normal', and generation / evaluation (train with it, then generate with 1: the checkpoint is the
-    same).
+    local / sparse / gmlp / mamba / rwkv layers, alibi or rpe positions, sliding_window_width, MoE, soft
+    prompts, selective recompute, attention_dropout > 0, the fused-softmax flags, reset_attention_mask,
+    curriculum_learning, train_impl other than 'normal', and generation / evaluation (train with it, then
+    generate with 1: the checkpoint is the same).
     """
 
     pipe_partition_method: str = 'type:transformer|mlp'
