@@ -1,5 +1,9 @@
 """Resuming training from a checkpoint saved with another parallel layout: other tensor / pipeline sizes, another
-number of data-parallel ranks, another ZeRO stage.
+number of data-parallel ranks, another ZeRO stage, another context_parallel_size.
+
+Context parallelism splits no weights: its ranks hold the same parameters, and ZeRO partitions their optimizer
+state over data x context ranks, so another context-parallel size is, for the checkpoint, another number of ranks
+sharing the ZeRO state (the reader below takes every data-parallel file there is).
 
 DeepSpeed's engine loads only checkpoints of its own layout. When a run's layout differs from its checkpoint's
 (megatron.checkpointing.load_checkpoint decides), every rank reads the checkpoint's whole training state
@@ -38,20 +42,22 @@ def layout_of(values: Mapping[str, Any]) -> Dict[str, int]:
     return {"model_parallel_size": int(values.get("model_parallel_size") or 1),
             "pipe_parallel_size": int(values.get("pipe_parallel_size") or 0),
             "data_parallel_size": int(values.get("data_parallel_size") or 1),
+            "context_parallel_size": int(values.get("context_parallel_size") or 1),
             "zero_stage": int(values.get("zero_stage") or 0)}
 
 
 def needs_resharding(saved: Mapping[str, int], current: Mapping[str, int], optimizer_state: bool = True) -> bool:
     """Whether DeepSpeed's engine cannot load a checkpoint of layout ``saved`` itself: another tensor / pipeline
-    split or ZeRO stage, or another number of data-parallel ranks under ZeRO (without ZeRO every data-parallel rank
-    holds the whole optimizer state, and the engine loads it on any number of ranks). Without the optimizer state
+    split or ZeRO stage, or another number of data-parallel or context-parallel ranks under ZeRO (its partitions
+    span data x context; without ZeRO every rank holds the whole optimizer state, and the engine loads it on any
+    number of ranks). Without the optimizer state
     (no_load_optim) only another split, or ZeRO-3's partitioned weights, need it: the engine reads the weights from
     the model files."""
     split = any(saved[key] != current[key] for key in ("model_parallel_size", "pipe_parallel_size"))
     if split:
         return True
     other_zero = saved["zero_stage"] != current["zero_stage"]
-    other_dp = saved["data_parallel_size"] != current["data_parallel_size"]
+    other_dp = any(saved.get(key, 1) != current.get(key, 1) for key in ("data_parallel_size", "context_parallel_size"))
     if not optimizer_state:
         return max(saved["zero_stage"], current["zero_stage"]) >= 3 and (other_zero or other_dp)
     return other_zero or (saved["zero_stage"] > 0 and other_dp)
@@ -74,8 +80,9 @@ def reference_problem(path: str, saved: Mapping[str, int], current: Mapping[str,
 
 
 def describe(layout: Mapping[str, int]) -> str:
+    cp = layout.get("context_parallel_size", 1)
     return (f"TP={layout['model_parallel_size']} PP={layout['pipe_parallel_size']} "
-            f"DP={layout['data_parallel_size']} ZeRO-{layout['zero_stage']}")
+            f"DP={layout['data_parallel_size']}{f' CP={cp}' if cp > 1 else ''} ZeRO-{layout['zero_stage']}")
 
 
 def _local(name: str, full: torch.Tensor, config: ModelConfig, tp_rank: int) -> torch.Tensor:

@@ -422,7 +422,7 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
     loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank; the dropless layer's weights
     change layout between 1 and more expert-parallel ranks). Handled, with a note: another global batch size (the
     data continues at the same sample; iterations and the LR schedule count batches of the new size). Another
-    parallel layout is resharded by load_checkpoint."""
+    parallel layout (context_parallel_size included) is resharded by load_checkpoint."""
     problems = []
     saved_ep, ep = saved.get("moe_expert_parallel_size") or 1, neox_args.moe_expert_parallel_size
     experts = saved.get("moe_num_experts", 1) > 1 and saved_ep != ep
@@ -438,18 +438,6 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
                         f"Resume with moe_expert_parallel_size: {saved_ep}, or set no_load_optim: true to load the "
                         f"weights (saved one expert per file, they load at any expert-parallel size) and the "
                         f"iteration and start the optimizer state afresh")
-    saved_cp, cp = int(saved.get("context_parallel_size") or 1), neox_args.context_parallel_size
-    layout = {"context_parallel_size": (saved_cp, cp),
-              "model_parallel_size": (saved.get("model_parallel_size"), neox_args.model_parallel_size),
-              "pipe_parallel_size": (saved.get("pipe_parallel_size"), neox_args.pipe_parallel_size),
-              "data-parallel ranks": (saved.get("data_parallel_size"), neox_args.data_parallel_size),
-              "zero_stage": (saved.get("zero_stage"), neox_args.zero_stage)}
-    changed = [f"{key}: checkpoint {was}, this run {now}" for key, (was, now) in layout.items()
-               if was is not None and was != now]
-    if (saved_cp > 1 or cp > 1) and changed:
-        problems.append(f"{'; '.join(changed)}: resharding the checkpoint of a context-parallel run, or into one, "
-                        f"is not supported yet (context parallelism partitions ZeRO's state over data x context "
-                        f"ranks); resume with the checkpoint's layout")
     if saved.get("seq_length") is not None and saved["seq_length"] != neox_args.seq_length:
         problems.append(f"seq_length: checkpoint {saved['seq_length']}, config {neox_args.seq_length}: resuming "
                         f"continues the data where the run stopped, which is only defined for the same seq_length "

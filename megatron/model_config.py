@@ -568,9 +568,6 @@ def context_parallel_problems(config: ModelConfig, cp: int) -> List[str]:
     if config.seq_length % (2 * cp):
         problems.append(f"seq_length={config.seq_length} must be divisible by 2 x context_parallel_size = {2 * cp} "
                         f"(each rank holds two of the 2 x {cp} load-balanced chunks of a sequence)")
-    if config.pipe_parallel_size >= 1:
-        problems.append(f"pipe_parallel_size={config.pipe_parallel_size} {why} is not supported yet (DeepSpeed's "
-                        f"pipeline engine has no context axis); set pipe_parallel_size: 0")
     other = sorted(set(config.attention_types) - set(CONTEXT_PARALLEL_TYPES))
     if other:
         problems.append(f"attention_config layer types {other} {why} are not supported yet (ring attention is "

@@ -132,20 +132,46 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
               and not (k == "scheduler" and lr_scheduler is not None)}
+    if neox_args.is_pipe_parallel and neox_args.context_parallel_size > 1:
+        # the pipeline engine's data axis is data x context (ParallelState.get_topology): it counts each
+        # context-parallel rank's chunks of the same samples as a batch of their own
+        config["train_batch_size"] = neox_args.train_batch_size * neox_args.context_parallel_size
     if neox_args.zero_stage > 0 and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         # ZeRO refuses optimizers DeepSpeed has not tested unless told; ours are tested here
         config.setdefault("zero_allow_untested_optimizer", True)
     if neox_args.is_pipe_parallel:
         _mark_grad_norm_ownership(model, ctx.parallel_state)
+    if neox_args.zero_stage == 3 and neox_args.context_parallel_size > 1:
+        _partition_over_data_and_context(model, ctx, config)
     if neox_args.zero_stage > 0:  # ZeRO's optimizer check imports DeepSpeed's Muon: its torch.compile, deferred
         import_with_lazy_compile(DEEPSPEED_MUON)
     engine, _, _, engine_scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
         mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)
+    if neox_args.is_pipe_parallel and neox_args.context_parallel_size > 1:
+        # its batch check passed at construction: from here on (samples counted, DeepSpeed's monitors and
+        # samples/sec) the batch is the real one again
+        engine._config.train_batch_size = neox_args.train_batch_size
     _record_clipping_grad_norm(engine)
     use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
     return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
+
+
+def _partition_over_data_and_context(model: torch.nn.Module, ctx: RunContext, config: Dict[str, Any]) -> None:
+    """ZeRO-3 with context parallelism. DeepSpeed's engine would partition the parameters over its mpu's
+    data-parallel group alone, so the context-parallel ranks' gradients would never be summed: partition them over
+    data x context here (deepspeed.zero.Init on the built module; the engine then keeps that partitioning). Stage
+    3's reduce-scatter averages over that whole group, so the loss's gradient share is scaled by
+    context_parallel_size, as under the pipeline engine (megatron.model.gpt2_model.cross_entropy_loss)."""
+    import deepspeed
+
+    from megatron.model.gpt2_model import loss_function
+
+    ps = ctx.parallel_state
+    deepspeed.zero.Init(module=model, data_parallel_group=ps.get_sequence_data_parallel_group(),
+                        config_dict_or_path=config, mpu=ps)
+    model.loss_fn = loss_function(ctx.model_config, ps, averaged_over_context=True)
 
 
 def current_lr(lr_scheduler) -> float:
@@ -234,6 +260,7 @@ class _ModelBatches:
         self.tokenizer_file = neox_args.vocab_file
         self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
         self.precomputed = neox_args.train_impl in ("dpo", "kto") and bool(neox_args.precompute_model_name)
+        self.pipelined = neox_args.is_pipe_parallel
         self.seqlen: Optional[int] = None  # the sequence-length curriculum's current length (set per step)
 
     def __iter__(self):
@@ -264,6 +291,8 @@ class _ModelBatches:
         if data is not None:
             self._check_token_ids(data["text"])
         inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
+        if inputs[2] is None and self.pipelined:  # context parallelism: ring attention needs no mask, but
+            inputs = (*inputs[:2], torch.zeros(1, dtype=torch.bool))  # DeepSpeed's pipeline passes tensors only
         move = lambda t: None if t is None else t.to(self.ctx.device, non_blocking=True)  # no mask under CP
         inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
         if self.reference is not None:

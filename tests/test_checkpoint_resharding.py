@@ -192,6 +192,10 @@ def test_which_layout_changes_need_resharding():
         assert needs_resharding(base, {**base, **change}), change
     zero = {**base, "zero_stage": 2}
     assert needs_resharding(zero, {**zero, "data_parallel_size": 2})
+    # context parallelism splits no weights, but ZeRO partitions over data x context ranks
+    assert not needs_resharding(base, {**base, "context_parallel_size": 2})
+    assert needs_resharding(zero, {**zero, "context_parallel_size": 2})
+    assert needs_resharding({**zero, "context_parallel_size": 2}, {**zero, "data_parallel_size": 2})
     # the weights alone (no_load_optim): the engine reads them from the model files unless the split or ZeRO-3's
     # partitioned weights differ
     assert not needs_resharding(zero, {**base, "data_parallel_size": 2}, optimizer_state=False)

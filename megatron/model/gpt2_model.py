@@ -69,7 +69,8 @@ Batch = Tuple[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tenso
 
 
 def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor, torch.Tensor],
-                       group=None, half_precision_loss: bool = False, context_group=None) -> torch.Tensor:
+                       group=None, half_precision_loss: bool = False, context_group=None,
+                       context_grad_scale: int = 1) -> torch.Tensor:
     """Mean vocabulary-parallel cross entropy over the tokens where loss_mask is 1.
 
     Per-token losses are computed in fp32, or in the logits' dtype with ``half_precision_loss``
@@ -78,7 +79,9 @@ def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor
     With a ``context_group`` (context parallelism: this rank holds part of each sequence) the mean is over the
     tokens of the whole group: the value is the full sequences' loss on every rank, and its gradient is this
     rank's share (its tokens' losses over the group's token count), which DeepSpeed sums over the
-    context-parallel ranks, so the gradient equals that of context_parallel_size 1.
+    context-parallel ranks, so the gradient equals that of context_parallel_size 1. DeepSpeed's pipeline engine
+    instead averages over data x context ranks (its data axis, ParallelState.get_topology): there the share is
+    multiplied by ``context_grad_scale`` = context_parallel_size, which that average divides out again.
     """
     labels, loss_mask = labels_and_mask
     losses = vocab_parallel_cross_entropy(logits, labels, group, keep_dtype=half_precision_loss).float()
@@ -87,20 +90,23 @@ def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor
         return torch.sum(losses.reshape(-1) * loss_mask) / loss_mask.sum().clamp(min=1.0)
     count = all_reduce_sum(loss_mask.sum(), context_group).clamp(min=1.0)
     share = torch.sum(losses.reshape(-1) * loss_mask) / count
-    return share + (all_reduce_sum(share, context_group) - share).detach()
+    scaled = share * context_grad_scale if context_grad_scale != 1 else share
+    return scaled + (all_reduce_sum(share, context_group) - scaled).detach()
 
 
-def loss_function(config: ModelConfig, parallel_state):
+def loss_function(config: ModelConfig, parallel_state, averaged_over_context: bool = False):
     """The model's loss: ``loss_fn(logits, (labels, loss_mask))``; a reward model's is the Bradley-Terry loss
-    on pairs (megatron.post_training.reward_model)."""
+    on pairs (megatron.post_training.reward_model). ``averaged_over_context``: the engine averages gradients over
+    data x context ranks (as DeepSpeed's pipeline engine always does: cross_entropy_loss's context_grad_scale)."""
     if config.value_head:
         from megatron.post_training.reward_model import RewardLoss
 
         return RewardLoss()
-    context_group = parallel_state.get_context_parallel_group() \
-        if parallel_state.get_context_parallel_world_size() > 1 else None
+    cp = parallel_state.get_context_parallel_world_size()
+    context_group = parallel_state.get_context_parallel_group() if cp > 1 else None
     return partial(cross_entropy_loss, group=parallel_state.get_model_parallel_group(),
-                   half_precision_loss=config.fp16_lm_cross_entropy, context_group=context_group)
+                   half_precision_loss=config.fp16_lm_cross_entropy, context_group=context_group,
+                   context_grad_scale=cp if config.is_pipe_parallel or averaged_over_context else 1)
 
 
 def check_model_config(config: ModelConfig, parallel_state) -> None:

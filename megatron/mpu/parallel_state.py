@@ -162,8 +162,18 @@ class ParallelState:
         return self._coord[axis]
 
     def get_topology(self):
-        """The DeepSpeed topology object, for ``PipelineModule(topology=...)``."""
-        return self.topology
+        """The DeepSpeed topology for ``PipelineModule(topology=...)``. With context parallelism it is the
+        (pipe, data x context, model) one: DeepSpeed's pipeline engine has no context axis, and in this rank
+        order data x context is one axis, so its p2p still joins the same (data, context, model) coordinate of
+        adjacent stages and its gradient all-reduce (and ZeRO-1 partitioning) spans data x context, as the
+        plain engine's does (megatron.model.gpt2_model.loss_function scales the loss's gradient for its
+        division by that size)."""
+        if self.context_parallel_size == 1:
+            return self.topology
+        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+        return PipeModelDataParallelTopology(num_pp=self.pipe_parallel_size, num_mp=self.model_parallel_size,
+                                             num_dp=self.data_parallel_size * self.context_parallel_size)
 
     # --- model (tensor) parallel -------------------------------------------------------------
     def get_model_parallel_group(self):

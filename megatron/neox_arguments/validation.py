@@ -543,6 +543,10 @@ def context_parallel_problems(args: NeoXArgsSchema) -> List[str]:
     problems = []
     if args.reset_attention_mask:
         problems.append(f"reset_attention_mask {why} (ring attention masks by position only); set it to false")
+    if args.zero_stage == 3 and (args.zero_optimization or {}).get("reduce_scatter", True) is False:
+        problems.append(f"zero_optimization.reduce_scatter=false with stage 3 {why} (the gradients of stage 3 under "
+                        f"context parallelism are scaled for its reduce-scatter's average, megatron.training."
+                        f"_partition_over_data_and_context); keep reduce_scatter true (the default)")
     if curriculum_enabled(args.curriculum_learning):
         problems.append(f"curriculum_learning {why} (the curriculum cuts whole sequences, the batch is already "
                         f"split); disable it")

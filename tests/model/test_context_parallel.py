@@ -1,8 +1,13 @@
 """Context parallelism (megatron.mpu.context_parallel, megatron.model.ring_attention): on 4 gloo ranks, ring
 attention at CP=2 and CP=4 gives full causal attention's output and gradients; the tiny model at CP=2 x TP=2 gives the
-CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu) train
-CP=2 x TP=2 (ZeRO 1) and CP=2 x DP=2 (no ZeRO) with the CP=1 losses over 10 steps. One spawned world runs every check (4 ranks on a
-2-core machine: starting them is the cost)."""
+CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu, or its
+pipeline engine) train CP=2 x TP=2 (ZeRO 2), CP=2 x DP=2 (no ZeRO) and CP=2 x PP=2 (ZeRO 1) with the CP=1 losses over 10
+steps, and the last two resume their step-5 checkpoints bitwise; the CP=2 x DP=2 checkpoint continues at CP=1 x DP=4
+(ZeRO-1) and that one's back at CP=2 (ZeRO-2 and ZeRO-3) with the uninterrupted losses (resharded optimizer state). One spawned
+world runs every check (4 ranks on a 2-core machine: starting them is the cost)."""
+import os
+from typing import Optional
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,8 +29,9 @@ MODEL = dict(seq_length=SEQ, pos_emb="rotary", num_kv_heads=2, activation="swigl
 def test_model_rules_refuse_what_ring_attention_does_not_do():
     problems = " ".join(context_parallel_problems(tiny_config(seq_length=30, pos_emb="alibi", pipe_parallel_size=1,
                                                                attention_config=[[["local"], 2]]), 2))
-    for key in ("seq_length=30", "pipe_parallel_size=1", "['local']", "alibi"):
+    for key in ("seq_length=30", "['local']", "alibi"):
         assert key in problems
+    assert "pipe_parallel_size" not in problems  # composed: the pipeline engine's data axis is data x context
     assert context_parallel_problems(tiny_config(**MODEL), 2) == []
 
 
@@ -92,7 +98,7 @@ def _check_model_grads(state: ParallelState, rank: int) -> None:
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{overrides} grad {name}")
 
 
-def _neox_args(tp: int, zero_stage: int):
+def _neox_args(tp: int, zero_stage: int, pp: int = 0, save_dir: Optional[str] = None, cp: int = 2, micro: int = 2):
     from megatron.neox_arguments import NeoXArgs
 
     return NeoXArgs.from_dict({
@@ -100,52 +106,101 @@ def _neox_args(tp: int, zero_stage: int):
         "pos_emb": "rotary", "activation": "swiglu", "norm": "rmsnorm", "make_vocab_size_divisible_by": 64,
         "hidden_dropout": 0.0, "attention_dropout": 0.0, "seed": 1234, "distributed_backend": "gloo",
         "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
-        "lr_decay_style": "constant", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+        "lr_decay_style": "constant", "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0, "zero_optimization": {"stage": zero_stage}, "num_gpus": 4, "train_iters": STEPS,
-        "pipe_parallel_size": 0, "model_parallel_size": tp, "context_parallel_size": 2})
+        "pipe_parallel_size": pp, "model_parallel_size": tp, "context_parallel_size": cp,
+        **({"save": save_dir, "load": save_dir} if save_dir else {})})
 
 
-def _check_training(tp: int, zero_stage: int, reference_rank: int) -> dict:
-    """10 steps of megatron.training (initialize_megatron, setup_model_and_optimizer with the ParallelState as
-    DeepSpeed's mpu, _ModelBatches splitting each sample per context-parallel rank, train_step) at CP=2 x TP=tp
-    (x DP=2 / tp); the CP=1 reference (on ``reference_rank`` only) takes the same optimizer and clipping in a plain loop
-    over the data-parallel ranks' samples joined. Three batches in turn, so that the loss falls in 10 steps."""
+def _initialize(args):
     from types import SimpleNamespace
 
     from megatron.initialize import initialize_megatron
-    from megatron.optimizers import build_optimizer
-    from megatron.training import _ModelBatches, setup_model_and_optimizer, train_step
+
+    return initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=128, eod=0))
+
+
+def _train(args, ctx, engine, optimizer, first: int, save_at: Optional[int] = None) -> list:
+    """Steps first + 1 .. STEPS of megatron.training's train_step on the global batches ``_text(100 + step % 3)``
+    (this data-parallel rank's micro-batch of them); saves a checkpoint after step ``save_at``."""
+    from megatron.checkpointing import save_checkpoint
+    from megatron.training import _ModelBatches, train_step
+
+    state, micro = ctx.parallel_state, args.train_micro_batch_size_per_gpu
+    rows = slice(micro * state.get_data_parallel_rank(), micro * (state.get_data_parallel_rank() + 1))
+    samples = ({"text": _text(100 + step % 3, batch=args.train_batch_size)[rows]} for step in range(first, STEPS))
+    batches = _ModelBatches(args, ctx, samples if state.get_model_parallel_rank() == 0 else None)
+    losses = []
+    for step in range(first, STEPS):
+        losses.append(train_step(args, engine, batches, ctx, optimizer)[0])
+        if step + 1 == save_at:
+            save_checkpoint(args, ctx.model_config, step + 1, engine)
+    return losses
+
+
+def _check_resharded(load_dir: str, first: int, save_at: Optional[int] = None, **layout) -> list:
+    """Steps first + 1 .. STEPS of the CP=2 x DP=2 run of 4 samples a step, resumed from its checkpoint in
+    ``load_dir`` in another layout (``layout``: _neox_args' keywords): megatron.checkpointing.load_checkpoint
+    reshards weights and optimizer state (megatron.checkpoint_resharding)."""
+    from megatron.checkpointing import load_checkpoint
+    from megatron.training import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
-    args = _neox_args(tp, zero_stage)
-    ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=128, eod=0))
-    state = ctx.parallel_state
-    dp, dp_rank = state.get_data_parallel_world_size(), state.get_data_parallel_rank()
-    assert (dp, args.data_parallel_size, args.train_batch_size) == (2 // tp, 2 // tp, 4 // tp)
+    args = _neox_args(save_dir=load_dir, **layout)
+    assert args.train_batch_size == 4
+    ctx = _initialize(args)
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+    assert load_checkpoint(args, ctx.model_config, engine)[0] == first
+    losses = _train(args, ctx, engine, optimizer, first, save_at)
+    ctx.parallel_state.destroy()
+    return losses
+
+
+def _check_training(tp: int, zero_stage: int, reference_rank: int, pp: int = 0,
+                    save_dir: Optional[str] = None) -> dict:
+    """10 steps of megatron.training (initialize_megatron, setup_model_and_optimizer with the ParallelState as
+    DeepSpeed's mpu, or the pipeline engine over its topology, _ModelBatches splitting each sample per
+    context-parallel rank, train_step) at CP=2 x PP=pp x TP=tp (x DP=2 / (pp x tp)); the CP=1 reference (on
+    ``reference_rank`` only) takes the same optimizer and clipping in a plain loop over the data-parallel ranks'
+    samples joined. Three batches in turn, so that the loss falls in 10 steps. With ``save_dir`` the run saves
+    after step 5 and a fresh engine loading that checkpoint repeats steps 6-10 ("resumed")."""
+    from megatron.checkpointing import load_checkpoint
+    from megatron.optimizers import build_optimizer
+    from megatron.training import setup_model_and_optimizer
+    from megatron.training_schedule import TrainingSchedule
+
+    args = _neox_args(tp, zero_stage, pp, save_dir)
+    ctx = _initialize(args)
+    state = ctx.parallel_state
+    dp = state.get_data_parallel_world_size()
+    want = 2 // (tp * max(pp, 1))
+    assert (dp, args.data_parallel_size, args.train_batch_size) == (want, want, 2 * want)
     texts = [_text(100 + step % 3, batch=2 * dp) for step in range(STEPS)]
-    samples = iter({"text": t[2 * dp_rank:2 * dp_rank + 2]} for t in texts) \
-        if state.get_model_parallel_rank() == 0 else None
-    batches = _ModelBatches(args, ctx, samples)
-    losses = [train_step(args, engine, batches, ctx, optimizer)[0] for _ in range(STEPS)]
+    engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+    half = STEPS // 2
+    out = {"losses": _train(args, ctx, engine, optimizer, 0, save_at=half if save_dir else None), "ref": None}
+    assert engine.global_samples == STEPS * args.train_batch_size  # samples, not samples x context ranks
+    if save_dir:
+        engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
+        assert load_checkpoint(args, ctx.model_config, engine)[0] == half
+        out["resumed"] = _train(args, ctx, engine, optimizer, half)
     state.destroy()
-    ref_losses = None
     if torch.distributed.get_rank() == reference_rank:
-        ref = build_model(ctx.model_config.replace(model_parallel_size=1, context_parallel_size=1),
-                          SingleProcessState())
+        ref = build_model(ctx.model_config.replace(model_parallel_size=1, context_parallel_size=1,
+                                                   pipe_parallel_size=0), SingleProcessState())
         opt = build_optimizer(args, ref)
-        ref_losses = []
+        out["ref"] = []
         for text in texts:
             opt.zero_grad()
             loss = ref.loss_fn(*(lambda b: (ref(b[0]), b[1]))(_full_batch(text)))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
             opt.step()
-            ref_losses.append(loss.item())
-    return {"losses": losses, "ref": ref_losses}
+            out["ref"].append(loss.item())
+    return out
 
 
-def _run(rank: int, world_size: int) -> dict:
+def _run(rank: int, world_size: int, save_root: str) -> dict:
     results = {}
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=2, context_parallel_size=2)
     assert (state.get_data_parallel_world_size(), state.get_sequence_data_parallel_world_size()) == (1, 2)
@@ -160,19 +215,35 @@ def _run(rank: int, world_size: int) -> dict:
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=1, context_parallel_size=4)
     _check_ring_attention(state, variants=((2, False),))  # a ring of 4: sources before and after each rank
     state.destroy()
-    results["cp2_tp2"] = _check_training(tp=2, zero_stage=1, reference_rank=0)
-    results["cp2_dp2"] = _check_training(tp=1, zero_stage=0, reference_rank=1)
+    results["cp2_tp2"] = _check_training(tp=2, zero_stage=2, reference_rank=0)
+    dp2 = os.path.join(save_root, "dp2")
+    results["cp2_dp2"] = _check_training(tp=1, zero_stage=0, reference_rank=1, save_dir=dp2)
+    # out of context parallelism: its step-5 checkpoint continues at CP=1 x DP=4 (ZeRO-1), which saves after step 7;
+    # into it: that continues at CP=2 x DP=2 (ZeRO-2, and ZeRO-3: partitioned over data x context)
+    results["cp1_dp4"] = _check_resharded(dp2, 5, save_at=7, tp=1, zero_stage=1, cp=1, micro=1)
+    results["cp2_dp2_zero2"] = _check_resharded(dp2, 7, tp=1, zero_stage=2)
+    results["cp2_dp2_zero3"] = _check_resharded(dp2, 7, save_at=8, tp=1, zero_stage=3)
+    results["cp2_dp2_zero3_resumed"] = _check_resharded(dp2, 8, tp=1, zero_stage=3)  # its own layout: DeepSpeed loads
+    results["cp2_pp2"] = _check_training(tp=1, zero_stage=1, reference_rank=2, pp=2,
+                                         save_dir=os.path.join(save_root, "pp2"))
     return results
 
 
-def test_context_parallel_matches_cp1_on_four_ranks():
-    results = run_distributed(_run, world_size=4)
+def test_context_parallel_matches_cp1_on_four_ranks(tmp_path):
+    results = run_distributed(_run, world_size=4, args=(str(tmp_path),))
     assert [r["cp_tp_groups"] for r in results] == [([0, 1], [0, 2]), ([0, 1], [1, 3]), ([2, 3], [0, 2]),
                                                      ([2, 3], [1, 3])]
     assert [r["cp_dp_groups"] for r in results] == [([0, 2], [0, 1], [0, 1, 2, 3], 0), ([1, 3], [0, 1], [0, 1, 2, 3], 1),
                                                      ([0, 2], [2, 3], [0, 1, 2, 3], 2), ([1, 3], [2, 3], [0, 1, 2, 3], 3)]
-    for layout, reference_rank in (("cp2_tp2", 0), ("cp2_dp2", 1)):
+    for layout, reference_rank in (("cp2_tp2", 0), ("cp2_dp2", 1), ("cp2_pp2", 2)):
         ref = torch.tensor(results[reference_rank][layout]["ref"])
         assert ref[-1] < ref[0] - 0.1, f"{layout}: the reference did not train"
         for r in results:
             torch.testing.assert_close(torch.tensor(r[layout]["losses"]), ref, rtol=0, atol=2e-3, msg=layout)
+            if "resumed" in r[layout]:
+                assert r[layout]["resumed"] == r[layout]["losses"][STEPS // 2:], f"{layout}: resume"
+    uninterrupted = torch.tensor(results[0]["cp2_dp2"]["losses"])
+    for layout, first in (("cp1_dp4", 5), ("cp2_dp2_zero2", 7), ("cp2_dp2_zero3", 7)):
+        for r in results:
+            torch.testing.assert_close(torch.tensor(r[layout]), uninterrupted[first:], rtol=0, atol=2e-3, msg=layout)
+    assert all(r["cp2_dp2_zero3_resumed"] == r["cp2_dp2_zero3"][1:] for r in results), "ZeRO-3 x CP=2: resume"

@@ -421,9 +421,13 @@ def test_context_parallel_size_divides_the_world_and_refuses_what_it_does_not_co
     assert (args.data_parallel_size, args.train_batch_size) == (2, 4)
     assert tiny(**{"num_gpus": 2, "context-parallel-size": 2}).data_parallel_size == 1  # Megatron-LM's spelling
     text = problems_of(num_gpus=6, context_parallel_size=4, seq_length=36, max_position_embeddings=36,
-                       pipe_parallel_size=1, reset_attention_mask=True, pos_emb="alibi")
+                       pipe_parallel_size=1, reset_attention_mask=True, pos_emb="alibi",
+                       zero_optimization={"stage": 3, "reduce_scatter": False})
     for expected in ("not divisible by pipe_parallel_size x context_parallel_size x model_parallel_size",
-                     "seq_length=36 must be divisible by 2 x context_parallel_size = 8", "pipe_parallel_size=1",
-                     "reset_attention_mask with context_parallel_size=4", "pos_emb='alibi'"):
+                     "seq_length=36 must be divisible by 2 x context_parallel_size = 8",
+                     "reset_attention_mask with context_parallel_size=4", "pos_emb='alibi'",
+                     "zero_optimization.reduce_scatter=false with stage 3 with context_parallel_size=4"):
         assert expected in text, text
+    assert "pipe_parallel_size=1 with" not in text  # composed: the pipeline engine's data axis is data x context
     assert "context_parallel_size=0 must be >= 1" in problems_of(context_parallel_size=0)
+    assert tiny(num_gpus=2, context_parallel_size=2, zero_optimization={"stage": 3}).zero_stage == 3

@@ -29,12 +29,13 @@ class NeoXArgsParallelism:
     keys and values around the ranks in a ring and merges the partial softmaxes, so the loss and gradients equal
     those of 1 while attention activations per rank shrink by the factor. The ranks multiply with the others:
     data_parallel_size = world size / (pipe x context x model). seq_length must be divisible by 2 x
-    context_parallel_size. Composes with tensor (and sequence) and data parallelism, ZeRO and
-    checkpoint_activations. Not supported yet with: pipe_parallel_size >= 1, local / sparse / gmlp / mamba /
-    rwkv layers, alibi or rpe positions, sliding_window_width, MoE, soft prompts, selective recompute,
-    attention_dropout > 0, the fused-softmax flags, reset_attention_mask, curriculum_learning, train_impl other
-    than 'normal', and generation / evaluation (train with it, then generate with 1: the checkpoint is the
-    same).
+    context_parallel_size. Composes with tensor (and sequence), pipeline and data parallelism, ZeRO 0-3 and
+    checkpoint_activations; its checkpoints resume in any layout (context_parallel_size included: the weights
+    are not split, the optimizer state is resharded). Not supported yet with: ZeRO-3's reduce_scatter false,
+    local / sparse / gmlp / mamba / rwkv layers, alibi or rpe positions, sliding_window_width, MoE, soft
+    prompts, selective recompute, attention_dropout > 0, the fused-softmax flags, reset_attention_mask,
+    curriculum_learning, train_impl other than 'normal', and generation / evaluation (train with it, then
+    generate with 1: the checkpoint is the same).
     """
 
     pipe_partition_method: str = 'type:transformer|mlp'
