@@ -550,6 +550,10 @@ def context_parallel_problems(args: NeoXArgsSchema) -> List[str]:
     if curriculum_enabled(args.curriculum_learning):
         problems.append(f"curriculum_learning {why} (the curriculum cuts whole sequences, the batch is already "
                         f"split); disable it")
+    if args.rampup_batch_size is not None and args.pipe_parallel_size >= 1:
+        problems.append(f"rampup_batch_size with pipe_parallel_size={args.pipe_parallel_size} {why} (the pipeline "
+                        f"engine counts each context rank's chunks as samples of their own, and the ramp's batch "
+                        f"sizes are not scaled for it); use pipe_parallel_size 0 or remove rampup_batch_size")
     return problems
 
 

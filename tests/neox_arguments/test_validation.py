@@ -431,3 +431,6 @@ def test_context_parallel_size_divides_the_world_and_refuses_what_it_does_not_co
     assert "pipe_parallel_size=1 with" not in text  # composed: the pipeline engine's data axis is data x context
     assert "context_parallel_size=0 must be >= 1" in problems_of(context_parallel_size=0)
     assert tiny(num_gpus=2, context_parallel_size=2, zero_optimization={"stage": 3}).zero_stage == 3
+    ramp = problems_of(num_gpus=4, context_parallel_size=2, pipe_parallel_size=2, train_samples=64,
+                       train_batch_size=8, train_micro_batch_size_per_gpu=2, rampup_batch_size=[4, 4, 16])
+    assert "rampup_batch_size with pipe_parallel_size=2 with context_parallel_size=2 is not supported yet" in ramp
