@@ -1,20 +1,14 @@
 """The recurrent-layer benchmark's configs are ones the project accepts, its decoding measurement runs and sees
-a state that grows with the context for attention only, and (slow) the script prints its table — for one layer
-type (each type's training is a deepy.py launch, ~15 s in CI; the configs of all three are checked above). Speeds
+a state that grows with the context for attention only, and the script prints its table — for one layer type,
+its deepy.py launch replaced by the records one returns (the configs of all three are checked above). Speeds
 are read by hand, not asserted (2 shared cores)."""
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bench.recurrent_throughput import LAYERS, decode, parse_args, train_config
 from bench.train_throughput import write_data
 from megatron.neox_arguments import NeoXArgs
-from tests.e2e.launch import free_port
-
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.parametrize("kind", list(LAYERS))
 def test_benchmark_configs_are_valid(tmp_path, kind):
@@ -32,13 +26,24 @@ def test_decoding_state_grows_with_the_context_for_attention_only():
         assert large[kind]["token_time"] > 0
 
 
-@pytest.mark.slow
-def test_benchmark_prints_the_table():
-    out = subprocess.run([sys.executable, "bench/recurrent_throughput.py", "--size", "tiny", "--seq", "32",
-                          "--steps", "1", "--warmup", "1", "--context", "32", "--new", "2", "--only", "mamba",
-                          "--port", str(free_port())],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+def test_benchmark_prints_the_table(monkeypatch, capsys):
+    """The script end to end for one layer type, its deepy.py launch replaced by the records one returns (the
+    launch itself is bench/train_throughput.py's smoke test's, tests/bench/test_train_throughput.py)."""
+    import bench.recurrent_throughput as script
+
+    launched = []
+
+    def fake_launch(config, directory, name, port):
+        launched.append(config)
+        records = [{"iteration": i, "iteration_time_s": 0.5} for i in range(1, config["train_iters"] + 1)]
+        return records, {"peak_rss_mb": 123.0}
+
+    monkeypatch.setattr(script, "train_with_deepy", fake_launch)
+    monkeypatch.setattr(sys, "argv", ["recurrent_throughput.py", "--size", "tiny", "--seq", "32", "--steps", "1",
+                                      "--warmup", "1", "--context", "32", "--new", "2", "--only", "mamba"])
+    script.main()
+    assert [c["attention_config"] for c in launched] == [script.LAYERS["mamba"]["attention_config"]]
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [row.split("|")[1].strip() for row in rows] == ["mamba"]
-    assert float(rows[0].split("|")[3].replace(",", "")) > 0  # train tokens/s
+    assert float(rows[0].split("|")[3].replace(",", "")) == 2 * 32 / 0.5  # train tokens/s: batch x seq / step
+    assert float(rows[0].split("|")[4].replace(",", "")) == 123.0
