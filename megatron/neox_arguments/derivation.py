@@ -456,14 +456,6 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         f"checkpoint files (layer_<i>_expert_<e>_...) per pipeline stage, so the stages' files would "
                         f"collide; use pipe_parallel_size 0 (expert parallelism composes with model_parallel_size), or "
                         f"moe_expert_parallel_size 1 (the dropless layer then runs in the pipeline)")
-    per_parameter = [flag for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
-                     if getattr(args, flag)]
-    if ep > 1 and args.model_parallel_size > 1 and per_parameter:
-        problems.append(f"{', '.join(per_parameter)} with moe_expert_parallel_size={ep} and model_parallel_size="
-                        f"{args.model_parallel_size} is not supported yet: an expert's logged name carries its global "
-                        f"index over the expert-parallel ranks but not the tensor-parallel rank's block of experts, "
-                        f"so the ranks' values would collide (with model_parallel_size 1, or "
-                        f"moe_expert_parallel_size 1, they are logged)")
     if ep > 1 and dp is not None and dp % ep:
         problems.append(f"moe_expert_parallel_size={ep} must divide the data-parallel size {dp} (the experts are split "
                         f"over groups of data-parallel ranks)")

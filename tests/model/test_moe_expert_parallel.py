@@ -11,9 +11,10 @@ import torch
 
 from megatron.mpu.parallel_state import expert_parallel_ranks
 from tests.distributed_helpers import run_distributed
-from tests.model.helpers import random_batch
+from tests.model.helpers import random_batch, stacked_expert_logs
 
 STEPS = 10
+LOGGED = ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
 
 
 @pytest.mark.parametrize("world,tp,pp,ep", [(8, 1, 1, 2), (8, 1, 1, 4), (16, 2, 1, 4), (16, 2, 2, 2), (8, 2, 2, 2)])
@@ -59,15 +60,19 @@ def _setup(args):
     return ctx, engine, optimizer
 
 
-def _steps(args, ctx, engine, optimizer, rank: int, first: int, count: int):
-    """[(loss over both ranks, gradient norm)] of train_step for steps first .. first + count - 1."""
+def _steps(args, ctx, engine, optimizer, rank: int, first: int, count: int, logs: list = None):
+    """[(loss over both ranks, gradient norm)] of train_step for steps first .. first + count - 1; with ``logs``
+    the first two steps also take the per-parameter logs (train_step's debug values), appended to it."""
     from megatron.training import train_step
 
     out = []
     for step in range(first, first + count):
         batches = iter([random_batch(batch=2, seed=10 * (step % 2) + rank)])  # two batches a rank, to learn
-        loss, skipped, _, _ = train_step(args, engine, batches, ctx, optimizer)
+        debug = logs is not None and step < 2
+        loss, skipped, _, extras = train_step(args, engine, batches, ctx, optimizer, debug=debug)
         assert not skipped
+        if debug:
+            logs.append(extras)
         out.append((loss, float(engine.get_global_grad_norm())))
     return out
 
@@ -217,7 +222,8 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
 
     save = os.path.join(root, layer)
     for tp, ep, zero in runs:
-        args = _neox_args(layer, ep, zero, save, num_gpus=4, model_parallel_size=tp)
+        args = _neox_args(layer, ep, zero, save, num_gpus=4, model_parallel_size=tp,
+                          **{flag: True for flag in LOGGED})
         ctx, engine, optimizer = _setup(args)
         state = ctx.parallel_state
         dp_rank, tp_rank = state.get_data_parallel_rank(), state.get_model_parallel_rank()
@@ -228,8 +234,9 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
         local = 4 // (ep * tp) if layer == "megablocks" else 4 // ep
         out[(layer, "experts", tp, ep)] = _tp_experts(engine.module, first, local)
         out[(layer, "groups", tp, ep)] = (state.group_ranks("expert") if ep == 2 else None, tp_rank, dp_rank)
+        logs = out[(layer, "logs", tp, ep, zero)] = []
         if zero == 2:
-            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 4)
+            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 4, logs)
             save_checkpoint(args, ctx.model_config, 4, engine)
             out[(layer, "saved")] = _tp_experts(engine.module, first, local)
             out[(layer, tp, ep, zero)] += _steps(args, ctx, engine, optimizer, seed, 4, STEPS - 4)
@@ -245,7 +252,7 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
             first = 2 * ctx.parallel_state.get_model_parallel_rank() if layer == "megablocks" else 0
             out[(layer, "inference")] = (iteration, _tp_experts(model, first, 2))
         else:
-            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, STEPS)
+            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, STEPS, logs)
         ctx.parallel_state.destroy()
 
 
@@ -315,3 +322,41 @@ def test_deepspeed_layer_with_tensor_parallelism_trains_as_without(tensor_parall
     files = tensor_parallel_runs[0][(layer, "files")]
     assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
                                                             for e in range(4) for tp in range(2)]
+
+
+def _assert_logs_equal(logs: list, reference: list, what) -> None:
+    """Two runs' per-parameter logs (train_step's debug values of the first two steps) hold the same keys, every
+    kind of value, and the same values; but for the zero entries of the query_key_value bias's gradient: its key
+    part's gradient is zero in exact arithmetic (softmax ignores a shift shared by all keys), so which of its
+    entries round to exactly zero depends on the order of the sums."""
+    assert len(logs) == len(reference) == 2
+    assert {key.split("/", 1)[0] for key in reference[1]} == {
+        "gradient_norms", "gradient_pct_zeros", "parameter_norms", "optimizer_state_norms", "grad_norm_total",
+        "param_norm_total"}
+    for step, (values, want) in enumerate(zip(logs, reference)):
+        assert set(values) == set(want), (what, step, set(values) ^ set(want))
+        wrong = [(key, values[key], value) for key, value in want.items()
+                 if values[key] != pytest.approx(value, rel=2e-3, abs=1e-6)
+                 and not (key.startswith("gradient_pct_zeros/") and key.endswith("query_key_value.bias"))]
+        assert not wrong, (what, step, wrong)
+
+
+def test_per_parameter_logs_with_expert_and_tensor_parallelism(tensor_parallel_runs):
+    """log_grad_norm, log_param_norm, log_grad_pct_zeros, log_optimizer_states at TP=2 x DP=2, on every rank.
+    The dropless layer at EP=2 (ZeRO 0 and 2): one entry per global expert (tensor-parallel rank t's block offset
+    counted: experts 0 .. 3, w1 / w2, of the one MoE layer), which stacked are EP=1's values
+    (its experts split over the tensor-parallel ranks). DeepSpeed's layer (experts replicated on the tensor-parallel
+    ranks, counted once) at EP=1 and EP=2 (ZeRO 2): the values of TP=1 x DP=4, name for name."""
+    for rank, out in enumerate(tensor_parallel_runs):
+        reference = out[("megablocks", "logs", 2, 1, 0)]
+        for zero in (0, 2):
+            logs = out[("megablocks", "logs", 2, 2, zero)]
+            for values in logs:
+                norms = {k for k in values if k.startswith("parameter_norms/") and ".deepspeed_experts." in k}
+                assert {int(k.split(".deepspeed_experts.")[1].split(".")[0]) for k in norms} == {0, 1, 2, 3}
+                assert len(norms) == 4 * 2  # one MoE layer (expert_interval 2), 4 experts x w1 / w2
+            _assert_logs_equal([stacked_expert_logs(v) for v in logs], reference, (rank, "megablocks", zero))
+        for run in ((2, 1, 0), (2, 2, 2)):
+            _assert_logs_equal(out[("deepspeed", "logs", *run)], out[("deepspeed", "logs", 1, 1, 0)],
+                               (rank, "deepspeed", run))
+        assert out[("megablocks", "logs", 2, 2, 0)] == tensor_parallel_runs[0][("megablocks", "logs", 2, 2, 0)]
