@@ -81,7 +81,7 @@ ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv
                      "max_position_embeddings", "padded_vocab_size", "no_weight_tying", "gpt_j_residual",
                      "gpt_j_tied", "use_bias_in_norms", "use_bias_in_attn_linear", "use_bias_in_mlp",
                      "use_qk_layernorm", "attention_config", "num_unique_layers", "model_parallel_size",
-                     "pipe_parallel_size")
+                     "pipe_parallel_size", "enable_expert_tensor_parallelism")
 """Arguments that must match between a checkpoint and the model loading it."""
 LAYOUT_KEYS = ("model_parallel_size", "pipe_parallel_size")
 

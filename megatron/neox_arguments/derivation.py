@@ -445,6 +445,10 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         f"yet: DeepSpeed's engine numbers the expert checkpoint files (layer_<i>_expert_<e>_...) per "
                         f"pipeline stage, so the stages' files would collide; use pipe_parallel_size 0 (model_parallel_size > 1 works), or moe_type megablocks in a "
                         f"pipeline")
+    if args.moe_type == "megablocks" and args.enable_expert_tensor_parallelism:
+        problems.append("enable_expert_tensor_parallelism=true with moe_type='megablocks': it splits each of DeepSpeed's "
+                        "experts column / row over the tensor-parallel ranks (moe_type: deepspeed); the dropless layer "
+                        "splits whole experts over them already; remove it or use moe_type deepspeed")
     if args.moe_type == "megablocks" and "moe_use_residual" in provided and args.moe_use_residual:
         problems.append("moe_use_residual=true with moe_type='megablocks': residual MoE (a dense MLP beside the "
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")

@@ -43,18 +43,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
                                               "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
                                                   "config key; use use_comet and the comet_* keys"),
-    ("enable_expert_tensor_parallelism", bool,
-     "expert tensor parallelism (enable_expert_tensor_parallelism: each expert's MLP split column / row over the "
-     "tensor-parallel ranks) is not supported yet: DeepSpeed's MoE layer (moe_type deepspeed) runs with "
-     "model_parallel_size > 1 here with whole experts replicated on the tensor-parallel ranks. DeepSpeed's own path "
-     "does not split the experts (it expects a tensor-parallel expert); it splits each expert's capacity slots over "
-     "the tensor-parallel ranks before its all-to-all (asserting a capacity divisible by model_parallel_size, which "
-     "token dropping does not round to) and gathers them after with all_gather_into_tensor into a flat 1-D buffer, "
-     "which gloo (CPU ranks) refuses ('ProcessGroupGloo::allgather: invalid tensor size': gloo wants the output "
-     "shaped as the input with its first dimension times the ranks). Column / row split experts on whole tokens "
-     "are not built, nor the merging of their per-rank expert files (layer_N_expert_M_mp_rank_T) for conversion "
-     "and inference. Remove enable_expert_tensor_parallelism; moe_type megablocks splits whole experts over the "
-     "tensor-parallel ranks instead, moe_expert_parallel_size splits them over data-parallel ranks"),
     ("use_tutel", bool,
      "use_tutel=true is not supported: tutel cannot be installed as a dependency (the package is not on the Python "
      "package registry, PyPI: it installs from its GitHub repository and builds CUDA kernels, so it needs CUDA). "

@@ -32,6 +32,8 @@ def test_expert_groups_are_laid_out_as_deepspeed_lays_them_out(world, tp, pp, ep
 LAYERS = {"deepspeed": {"moe_type": "deepspeed", "moe_train_capacity_factor": 1.0, "moe_token_dropping": True},
           "megablocks": {"moe_type": "megablocks", "moe_router_type": "sinkhorn"}}
 """DeepSpeed's layer drops tokens at capacity factor 1; the dropless one routes by Sinkhorn (GPT-NeoX's default)."""
+SPLIT = {**LAYERS["deepspeed"], "enable_expert_tensor_parallelism": True}
+"""DeepSpeed's layer with each expert split column / row over the tensor-parallel ranks."""
 
 
 def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
@@ -41,7 +43,7 @@ def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
         "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 16, "max_position_embeddings": 16,
         "make_vocab_size_divisible_by": 64, "hidden_dropout": 0.0, "attention_dropout": 0.0, "seed": 1234,
         "moe_num_experts": 4, "moe_top_k": 2, "expert_interval": 2, "moe_loss_coeff": 0.1,
-        "moe_expert_parallel_size": ep, **LAYERS[layer],
+        "moe_expert_parallel_size": ep, **{**LAYERS, "deepspeed_split": SPLIT}[layer],
         "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
         "weight_decay": 0.01, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0, "zero_optimization": {"stage": zero}, "num_gpus": 4, "train_iters": STEPS,
@@ -246,6 +248,7 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
             out[(layer, "reloaded")] = _tp_experts(engine.module, first, local)
             out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, seed, 4, 3)
             out[(layer, "files")] = sorted(os.listdir(os.path.join(save, "global_step4")))
+            out[(layer, "root")] = save
             ctx.parallel_state.destroy()
             # generate.py / eval.py: every expert of the tensor-parallel rank's share on every rank, from the files
             model, ctx, iteration = setup_for_inference(args)
@@ -263,6 +266,7 @@ def _expert_and_tensor_parallel_run(rank: int, world_size: int, save_root: str):
     out = {}
     _tensor_parallel_layer_runs("megablocks", ((2, 1, 0), (2, 2, 0), (2, 2, 2)), save_root, out)
     _tensor_parallel_layer_runs("deepspeed", ((1, 1, 0), (2, 1, 0), (2, 2, 2)), save_root, out)
+    _tensor_parallel_layer_runs("deepspeed_split", ((2, 1, 0), (2, 2, 2)), save_root, out)
     return out
 
 
@@ -360,3 +364,38 @@ def test_per_parameter_logs_with_expert_and_tensor_parallelism(tensor_parallel_r
             _assert_logs_equal(out[("deepspeed", "logs", *run)], out[("deepspeed", "logs", 1, 1, 0)],
                                (rank, "deepspeed", run))
         assert out[("megablocks", "logs", 2, 2, 0)] == tensor_parallel_runs[0][("megablocks", "logs", 2, 2, 0)]
+
+
+def test_deepspeed_layer_with_split_experts_trains_as_with_replicated_experts(tensor_parallel_runs):
+    """enable_expert_tensor_parallelism: DeepSpeed's layer at TP=2 x DP=2 with each expert split column / row over
+    the tensor-parallel ranks (tokens whole on both) starts from the replicated experts' shards, gives TP=1 x DP=4's
+    losses and gradient norms over 10 steps (EP=1, and EP=2 with ZeRO 2) and per-parameter logs; each
+    tensor-parallel rank writes its shards in its own expert files, which resume exactly, load for inference and
+    merge into the whole experts for conversion."""
+    from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+
+    layer = "deepspeed_split"
+    reference = torch.tensor(tensor_parallel_runs[0][("deepspeed", 1, 1, 0)])
+    for rank, out in enumerate(tensor_parallel_runs):
+        tp_rank = rank % 2
+        whole, split = out[("deepspeed", "experts", 2, 1)], out[(layer, "experts", 2, 1)]
+        assert set(split) == set(whole) and len(whole) == 4 * 4  # 4 experts x linear1 / linear2 weight and bias
+        for (prefix, e, tensor), weight in whole.items():
+            dim = {"linear1.weight": 0, "linear1.bias": 0, "linear2.weight": 1}.get(tensor)
+            want = weight if dim is None else weight.chunk(2, dim)[tp_rank]
+            torch.testing.assert_close(split[(prefix, e, tensor)], want, rtol=0, atol=0)
+        for run in ((2, 1, 0), (2, 2, 2)):
+            torch.testing.assert_close(torch.tensor(out[(layer, *run)]), reference, rtol=2e-3, atol=0)
+            _assert_logs_equal(out[(layer, "logs", *run)], out[("deepspeed", "logs", 1, 1, 0)], (rank, layer, run))
+        _check_resume_and_inference(out, layer, (layer, 2, 2, 2), set(range(4)))
+    root = tensor_parallel_runs[0][(layer, "root")]
+    files = sorted(os.listdir(os.path.join(root, "global_step4")))
+    assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
+                                                            for e in range(4) for tp in range(2)]
+    merged = read_checkpoint(os.path.join(root, "global_step4")).state
+    shards = [out[(layer, "saved")] for out in tensor_parallel_runs[:2]]  # tensor-parallel ranks 0 and 1
+    for (prefix, e, tensor), weight in shards[0].items():
+        name = next(k for k in merged if k.endswith(f"deepspeed_experts.{e}.{tensor}"))
+        dim = {"linear1.weight": 0, "linear1.bias": 0, "linear2.weight": 1}.get(tensor)
+        want = weight if dim is None else torch.cat([weight, shards[1][(prefix, e, tensor)]], dim)
+        torch.testing.assert_close(merged[name], want, rtol=0, atol=0)

@@ -252,11 +252,14 @@ def test_per_parameter_logging_with_expert_parallelism_validates():
     assert args.log_grad_norm and args.model_parallel_size == 2
 
 
-def test_expert_tensor_parallelism_is_refused_with_the_reason():
-    """DeepSpeed's expert tensor parallelism is not built (the reasons: megatron/neox_arguments/validation.py)."""
-    with pytest.raises(ConfigError, match=r"enable_expert_tensor_parallelism.*not supported yet.*flat 1-D buffer, "
-                                          r"which gloo .*refuses.*Remove enable_expert_tensor_parallelism"):
-        tiny(moe_num_experts=4, moe_type="deepspeed", model_parallel_size=2, num_gpus=2,
+def test_expert_tensor_parallelism_validates_with_deepspeeds_layer_only():
+    """DeepSpeed's experts split over the tensor-parallel ranks (tests/model/test_moe_expert_parallel.py); the dropless
+    layer splits whole experts already."""
+    args = tiny(moe_num_experts=4, moe_type="deepspeed", model_parallel_size=2, num_gpus=2,
+                enable_expert_tensor_parallelism=True)
+    assert args.enable_expert_tensor_parallelism
+    with pytest.raises(ConfigError, match="enable_expert_tensor_parallelism=true with moe_type='megablocks'"):
+        tiny(moe_num_experts=4, moe_type="megablocks", model_parallel_size=2, num_gpus=2,
              enable_expert_tensor_parallelism=True)
 
 
