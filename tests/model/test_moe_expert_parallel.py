@@ -1,8 +1,8 @@
 """Expert parallelism (moe_expert_parallel_size): the expert groups' layout; on one spawn of 4 gloo ranks, both
 layers with their experts split over data-parallel ranks (DP=4, EP=2) training as with every expert on every rank
 (DeepSpeed's engine, ZeRO 0 and 2), with tensor parallelism (TP=2 x DP=2: the dropless layer's experts split over
-EP x TP, DeepSpeed's replicated over TP), their checkpoint files, exact resume, inference, and loading at another
-expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
+EP x TP, DeepSpeed's replicated over TP or, with enable_expert_tensor_parallelism, each split column / row), their
+per-parameter logs, checkpoint files, exact resume, inference, and loading at another expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
 tests/test_checkpointing.py)."""
 import os
 
@@ -254,6 +254,13 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
             model, ctx, iteration = setup_for_inference(args)
             first = 2 * ctx.parallel_state.get_model_parallel_rank() if layer == "megablocks" else 0
             out[(layer, "inference")] = (iteration, _tp_experts(model, first, 2))
+            if layer == "deepspeed_split":  # and into whole experts (the split merged, every rank a copy)
+                inputs = random_batch(batch=1)[0]
+                logits = model(inputs)
+                ctx.parallel_state.destroy()
+                model, ctx, _ = setup_for_inference(_neox_args("deepspeed", ep, zero, save, num_gpus=4,
+                                                               model_parallel_size=tp))
+                out[(layer, "inference logits")] = (logits, model(inputs), _tp_experts(model, 0, 4))
         else:
             out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, STEPS, logs)
         ctx.parallel_state.destroy()
@@ -370,8 +377,8 @@ def test_deepspeed_layer_with_split_experts_trains_as_with_replicated_experts(te
     """enable_expert_tensor_parallelism: DeepSpeed's layer at TP=2 x DP=2 with each expert split column / row over
     the tensor-parallel ranks (tokens whole on both) starts from the replicated experts' shards, gives TP=1 x DP=4's
     losses and gradient norms over 10 steps (EP=1, and EP=2 with ZeRO 2) and per-parameter logs; each
-    tensor-parallel rank writes its shards in its own expert files, which resume exactly, load for inference and
-    merge into the whole experts for conversion."""
+    tensor-parallel rank writes its shards in its own expert files, which resume exactly, load for inference (split,
+    and merged into whole experts: the same logits) and merge into the whole experts for conversion."""
     from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 
     layer = "deepspeed_split"
@@ -388,6 +395,12 @@ def test_deepspeed_layer_with_split_experts_trains_as_with_replicated_experts(te
             torch.testing.assert_close(torch.tensor(out[(layer, *run)]), reference, rtol=2e-3, atol=0)
             _assert_logs_equal(out[(layer, "logs", *run)], out[("deepspeed", "logs", 1, 1, 0)], (rank, layer, run))
         _check_resume_and_inference(out, layer, (layer, 2, 2, 2), set(range(4)))
+        split_logits, whole_logits, whole = out[(layer, "inference logits")]
+        torch.testing.assert_close(whole_logits, split_logits, rtol=1e-5, atol=1e-5)
+        for (prefix, e, tensor), weight in whole.items():
+            dim = {"linear1.weight": 0, "linear1.bias": 0, "linear2.weight": 1}.get(tensor)
+            shard = weight if dim is None else weight.chunk(2, dim)[tp_rank]
+            torch.testing.assert_close(shard, out[(layer, "inference")][1][(prefix, e, tensor)], rtol=0, atol=0)
     root = tensor_parallel_runs[0][(layer, "root")]
     files = sorted(os.listdir(os.path.join(root, "global_step4")))
     assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
