@@ -81,9 +81,11 @@ ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv
                      "max_position_embeddings", "padded_vocab_size", "no_weight_tying", "gpt_j_residual",
                      "gpt_j_tied", "use_bias_in_norms", "use_bias_in_attn_linear", "use_bias_in_mlp",
                      "use_qk_layernorm", "attention_config", "num_unique_layers", "model_parallel_size",
-                     "pipe_parallel_size")
+                     "pipe_parallel_size", "enable_expert_tensor_parallelism")
 """Arguments that must match between a checkpoint and the model loading it."""
 LAYOUT_KEYS = ("model_parallel_size", "pipe_parallel_size")
+MERGED_ON_READ = ("enable_expert_tensor_parallelism",)
+"""Architecture keys of a layout that inference merges on reading (megatron.inference), DeepSpeed's engine not."""
 
 
 RESHARD_KEY = "optimizer_layout"
@@ -514,6 +516,7 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
         # this project's checkpoints load into any tensor / pipeline layout (megatron.checkpoint_resharding)
         keys = tuple(k for k in ARCHITECTURE_KEYS if k not in LAYOUT_KEYS) if kind == OURS or not layout_must_match \
             else ARCHITECTURE_KEYS
+        keys = keys if layout_must_match else tuple(k for k in keys if k not in MERGED_ON_READ)
         mismatches = _architecture_mismatches(saved, saved_args(neox_args, model_config), keys)
         if mismatches:
             raise CheckpointError(f"checkpoint {path} was saved by a model of another architecture or parallel "

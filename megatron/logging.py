@@ -607,7 +607,8 @@ def debug_sums(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim
 def gather_debug_sums(sums: Dict[str, List[float]], parallel_state: Any = None) -> List[Dict[str, List[float]]]:
     """Every rank's share of one model replica (every pipeline stage and tensor-parallel rank of
     data-parallel rank 0; with expert parallelism the experts of every expert-parallel rank, from the first rank
-    of each expert-data-parallel group), on every rank, in rank order. Data-parallel replicas hold the same values
+    of each expert-data-parallel group, at every tensor-parallel rank: their global names tell them apart,
+    megatron.model.moe.naming), on every rank, in rank order. Data-parallel replicas hold the same values
     and send nothing. Without a torch.distributed world, or without `parallel_state`: [sums] (this rank's
     view)."""
     from megatron.model.moe.naming import is_expert_name

@@ -301,6 +301,18 @@ def test_an_old_layout_checkpoint_is_refused_for_training_with_the_upgrade_comma
     assert resolve_checkpoint(args, _model(args), layout_must_match=False) == (str(tmp_path), "global_step3")
 
 
+def test_split_and_replicated_experts_do_not_load_into_each_other(tmp_path):
+    """DeepSpeed's experts split over the tensor-parallel ranks (enable_expert_tensor_parallelism) are saved as
+    shards: a checkpoint of whole experts is refused by a training run that splits them, with the key named;
+    inference (which merges the checkpoint and takes its own slices) reads it."""
+    moe = dict(moe_num_experts=4, moe_type="deepspeed", model_parallel_size=2, num_gpus=2)
+    save(args_for(tmp_path, **moe), 3, FakeEngine())
+    split = args_for(tmp_path, enable_expert_tensor_parallelism=True, **moe)
+    with pytest.raises(CheckpointError, match="enable_expert_tensor_parallelism: checkpoint False, config True"):
+        resolve(split)
+    assert resolve_checkpoint(split, _model(split), layout_must_match=False) == (str(tmp_path), "global_step3")
+
+
 def test_save_writes_gpt_neox_client_state(tmp_path):
     args = args_for(tmp_path)
     path = save(args, 5, FakeEngine(), {"consumed_train_samples": 10})

@@ -6,7 +6,7 @@ Splits follow megatron.mpu's layers, which are GPT-NeoX's: vocabulary-parallel e
 the query, key and value blocks with grouped-query attention, see megatron.model.attention) and MLP up
 projection (rows; a gated MLP's [up | gate] halves are each split), row-parallel attention output and MLP
 down projection (columns), the rpe table and ALiBi slopes (heads), the MoE experts' stacked w1 / w2 / w3 (rows:
-whole experts); Mamba's inner channels (in_proj's [x | z] halves each split) and RWKV's heads, as
+whole experts), DeepSpeed's experts with enable_expert_tensor_parallelism as the dense MLP (else replicated); Mamba's inner channels (in_proj's [x | z] halves each split) and RWKV's heads, as
 megatron.model.mamba / rwkv split them. Everything else (norms, row-parallel biases, learned positions, RWKV's
 time-mix tables over hidden_size) is replicated.
 """
@@ -18,7 +18,7 @@ import torch
 
 from megatron.checkpoint_conversion.errors import ConversionError
 from megatron.model.attention import qkv_blocks
-from megatron.model_config import ModelConfig
+from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
 from megatron.mpu.utils import Chunks, join_shards, shard_of
 
 _QKV = ("attention.query_key_value.weight", "attention.query_key_value.bias")
@@ -39,6 +39,8 @@ _RECURRENT_ROW = ("mixer.x_proj.weight", "mixer.out_proj.weight", "att.output.we
 
 def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
     """(dimension, blocks) along which ``name`` is split, or None when every rank holds all of it."""
+    if ".deepspeed_experts." in name:  # DeepSpeed's experts: whole, or with enable_expert_tensor_parallelism split
+        return _split_expert_rule(name, config)
     if name.endswith(_QKV):
         return 0, qkv_blocks(config)
     if name.endswith(_GATED):
@@ -51,6 +53,18 @@ def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
         return 1, 1
     if name.endswith("att.time_decay"):  # [1, 1, dim_att]
         return 2, 1
+    return None
+
+
+def _split_expert_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
+    """One of DeepSpeed's experts (megatron.model.moe.deepspeed_layer): a dense MLP (linear1 / linear2) split as
+    megatron.model.mlp's with enable_expert_tensor_parallelism, else replicated on every tensor-parallel rank."""
+    if not config.enable_expert_tensor_parallelism:
+        return None
+    if name.endswith((".linear1.weight", ".linear1.bias")):
+        return 0, 2 if config.expert_activation in GATED_ACTIVATIONS else 1
+    if name.endswith(".linear2.weight"):
+        return 1, 1
     return None
 
 

@@ -445,6 +445,10 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         f"yet: DeepSpeed's engine numbers the expert checkpoint files (layer_<i>_expert_<e>_...) per "
                         f"pipeline stage, so the stages' files would collide; use pipe_parallel_size 0 (model_parallel_size > 1 works), or moe_type megablocks in a "
                         f"pipeline")
+    if args.moe_type == "megablocks" and args.enable_expert_tensor_parallelism:
+        problems.append("enable_expert_tensor_parallelism=true with moe_type='megablocks': it splits each of DeepSpeed's "
+                        "experts column / row over the tensor-parallel ranks (moe_type: deepspeed); the dropless layer "
+                        "splits whole experts over them already; remove it or use moe_type deepspeed")
     if args.moe_type == "megablocks" and "moe_use_residual" in provided and args.moe_use_residual:
         problems.append("moe_use_residual=true with moe_type='megablocks': residual MoE (a dense MLP beside the "
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
@@ -456,14 +460,6 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         f"checkpoint files (layer_<i>_expert_<e>_...) per pipeline stage, so the stages' files would "
                         f"collide; use pipe_parallel_size 0 (expert parallelism composes with model_parallel_size), or "
                         f"moe_expert_parallel_size 1 (the dropless layer then runs in the pipeline)")
-    per_parameter = [flag for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
-                     if getattr(args, flag)]
-    if ep > 1 and args.model_parallel_size > 1 and per_parameter:
-        problems.append(f"{', '.join(per_parameter)} with moe_expert_parallel_size={ep} and model_parallel_size="
-                        f"{args.model_parallel_size} is not supported yet: an expert's logged name carries its global "
-                        f"index over the expert-parallel ranks but not the tensor-parallel rank's block of experts, "
-                        f"so the ranks' values would collide (with model_parallel_size 1, or "
-                        f"moe_expert_parallel_size 1, they are logged)")
     if ep > 1 and dp is not None and dp % ep:
         problems.append(f"moe_expert_parallel_size={ep} must divide the data-parallel size {dp} (the experts are split "
                         f"over groups of data-parallel ranks)")

@@ -43,15 +43,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
                                               "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
                                                   "config key; use use_comet and the comet_* keys"),
-    ("enable_expert_tensor_parallelism", bool,
-     "expert tensor parallelism (enable_expert_tensor_parallelism: each expert's MLP split column / row over the "
-     "tensor-parallel ranks) is not supported yet: DeepSpeed's MoE layer (moe_type deepspeed) runs with "
-     "model_parallel_size > 1 here with whole experts replicated on the tensor-parallel ranks. DeepSpeed's split "
-     "experts gather their capacity slots over the tensor-parallel ranks with all_gather_into_tensor into a flat "
-     "buffer, which gloo (CPU ranks) refuses, need a capacity divisible by model_parallel_size for every batch, and "
-     "their column / row shards would need their own checkpoint conversion: not built. "
-     "moe_type megablocks splits whole experts over the tensor-parallel ranks instead; moe_expert_parallel_size "
-     "splits them over data-parallel ranks"),
     ("use_tutel", bool,
      "use_tutel=true is not supported: tutel cannot be installed as a dependency (the package is not on the Python "
      "package registry, PyPI: it installs from its GitHub repository and builds CUDA kernels, so it needs CUDA). "

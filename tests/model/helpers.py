@@ -1,5 +1,7 @@
 """Shared bits for model tests: a tiny ModelConfig and a random batch in GPT-NeoX format."""
 
+import math
+
 import torch
 
 from megatron.model.batch import masks_and_position_ids
@@ -19,3 +21,24 @@ def random_batch(batch: int = 2, seq: int = 16, vocab: int = 128, seed: int = 0)
     tokens, labels = text[:, :-1], text[:, 1:]
     mask, loss_mask, pos = masks_and_position_ids(tokens, None, False)
     return (tokens, pos, mask), (labels, loss_mask)
+
+
+_EXPERTS = "deepspeed_moe.experts.deepspeed_experts."
+
+
+def stacked_expert_logs(values: dict) -> dict:
+    """The logged values with each MoE layer's experts' entries (``...deepspeed_experts.{e}.w1``) combined into
+    the stacked tensor's of the layer without expert parallelism (``...experts.mlp.w1``): norms add in squares,
+    zero percentages by entries (every expert has as many)."""
+    out, parts = {}, {}
+    for key, value in values.items():
+        if _EXPERTS in key:
+            head, rest = key.split(_EXPERTS)
+            tensor = rest.split(".", 1)[1]
+            parts.setdefault(f"{head}experts.mlp.{tensor}", []).append(value)
+        else:
+            out[key] = value
+    for key, items in parts.items():
+        zeros = key.startswith("gradient_pct_zeros/")
+        out[key] = sum(items) / len(items) if zeros else math.sqrt(sum(v * v for v in items))
+    return out

@@ -1,8 +1,8 @@
 """Expert parallelism (moe_expert_parallel_size): the expert groups' layout; on one spawn of 4 gloo ranks, both
 layers with their experts split over data-parallel ranks (DP=4, EP=2) training as with every expert on every rank
 (DeepSpeed's engine, ZeRO 0 and 2), with tensor parallelism (TP=2 x DP=2: the dropless layer's experts split over
-EP x TP, DeepSpeed's replicated over TP), their checkpoint files, exact resume, inference, and loading at another
-expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
+EP x TP, DeepSpeed's replicated over TP or, with enable_expert_tensor_parallelism, each split column / row), their
+per-parameter logs, checkpoint files, exact resume, inference, and loading at another expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
 tests/test_checkpointing.py)."""
 import os
 
@@ -11,9 +11,10 @@ import torch
 
 from megatron.mpu.parallel_state import expert_parallel_ranks
 from tests.distributed_helpers import run_distributed
-from tests.model.helpers import random_batch
+from tests.model.helpers import random_batch, stacked_expert_logs
 
 STEPS = 10
+LOGGED = ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
 
 
 @pytest.mark.parametrize("world,tp,pp,ep", [(8, 1, 1, 2), (8, 1, 1, 4), (16, 2, 1, 4), (16, 2, 2, 2), (8, 2, 2, 2)])
@@ -31,6 +32,8 @@ def test_expert_groups_are_laid_out_as_deepspeed_lays_them_out(world, tp, pp, ep
 LAYERS = {"deepspeed": {"moe_type": "deepspeed", "moe_train_capacity_factor": 1.0, "moe_token_dropping": True},
           "megablocks": {"moe_type": "megablocks", "moe_router_type": "sinkhorn"}}
 """DeepSpeed's layer drops tokens at capacity factor 1; the dropless one routes by Sinkhorn (GPT-NeoX's default)."""
+SPLIT = {**LAYERS["deepspeed"], "enable_expert_tensor_parallelism": True}
+"""DeepSpeed's layer with each expert split column / row over the tensor-parallel ranks."""
 
 
 def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
@@ -40,7 +43,7 @@ def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
         "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "seq_length": 16, "max_position_embeddings": 16,
         "make_vocab_size_divisible_by": 64, "hidden_dropout": 0.0, "attention_dropout": 0.0, "seed": 1234,
         "moe_num_experts": 4, "moe_top_k": 2, "expert_interval": 2, "moe_loss_coeff": 0.1,
-        "moe_expert_parallel_size": ep, **LAYERS[layer],
+        "moe_expert_parallel_size": ep, **{**LAYERS, "deepspeed_split": SPLIT}[layer],
         "optimizer": {"type": "Adam", "params": {"lr": 1.0e-2, "betas": [0.9, 0.95], "eps": 1.0e-8}},
         "weight_decay": 0.01, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0, "zero_optimization": {"stage": zero}, "num_gpus": 4, "train_iters": STEPS,
@@ -59,15 +62,19 @@ def _setup(args):
     return ctx, engine, optimizer
 
 
-def _steps(args, ctx, engine, optimizer, rank: int, first: int, count: int):
-    """[(loss over both ranks, gradient norm)] of train_step for steps first .. first + count - 1."""
+def _steps(args, ctx, engine, optimizer, rank: int, first: int, count: int, logs: list = None):
+    """[(loss over both ranks, gradient norm)] of train_step for steps first .. first + count - 1; with ``logs``
+    the first two steps also take the per-parameter logs (train_step's debug values), appended to it."""
     from megatron.training import train_step
 
     out = []
     for step in range(first, first + count):
         batches = iter([random_batch(batch=2, seed=10 * (step % 2) + rank)])  # two batches a rank, to learn
-        loss, skipped, _, _ = train_step(args, engine, batches, ctx, optimizer)
+        debug = logs is not None and step < 2
+        loss, skipped, _, extras = train_step(args, engine, batches, ctx, optimizer, debug=debug)
         assert not skipped
+        if debug:
+            logs.append(extras)
         out.append((loss, float(engine.get_global_grad_norm())))
     return out
 
@@ -217,7 +224,8 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
 
     save = os.path.join(root, layer)
     for tp, ep, zero in runs:
-        args = _neox_args(layer, ep, zero, save, num_gpus=4, model_parallel_size=tp)
+        args = _neox_args(layer, ep, zero, save, num_gpus=4, model_parallel_size=tp,
+                          **{flag: True for flag in LOGGED})
         ctx, engine, optimizer = _setup(args)
         state = ctx.parallel_state
         dp_rank, tp_rank = state.get_data_parallel_rank(), state.get_model_parallel_rank()
@@ -228,8 +236,9 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
         local = 4 // (ep * tp) if layer == "megablocks" else 4 // ep
         out[(layer, "experts", tp, ep)] = _tp_experts(engine.module, first, local)
         out[(layer, "groups", tp, ep)] = (state.group_ranks("expert") if ep == 2 else None, tp_rank, dp_rank)
+        logs = out[(layer, "logs", tp, ep, zero)] = []
         if zero == 2:
-            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 4)
+            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 4, logs)
             save_checkpoint(args, ctx.model_config, 4, engine)
             out[(layer, "saved")] = _tp_experts(engine.module, first, local)
             out[(layer, tp, ep, zero)] += _steps(args, ctx, engine, optimizer, seed, 4, STEPS - 4)
@@ -239,13 +248,21 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
             out[(layer, "reloaded")] = _tp_experts(engine.module, first, local)
             out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, seed, 4, 3)
             out[(layer, "files")] = sorted(os.listdir(os.path.join(save, "global_step4")))
+            out[(layer, "root")] = save
             ctx.parallel_state.destroy()
             # generate.py / eval.py: every expert of the tensor-parallel rank's share on every rank, from the files
             model, ctx, iteration = setup_for_inference(args)
             first = 2 * ctx.parallel_state.get_model_parallel_rank() if layer == "megablocks" else 0
             out[(layer, "inference")] = (iteration, _tp_experts(model, first, 2))
+            if layer == "deepspeed_split":  # and into whole experts (the split merged, every rank a copy)
+                inputs = random_batch(batch=1)[0]
+                logits = model(inputs)
+                ctx.parallel_state.destroy()
+                model, ctx, _ = setup_for_inference(_neox_args("deepspeed", ep, zero, save, num_gpus=4,
+                                                               model_parallel_size=tp))
+                out[(layer, "inference logits")] = (logits, model(inputs), _tp_experts(model, 0, 4))
         else:
-            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, STEPS)
+            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, STEPS, logs)
         ctx.parallel_state.destroy()
 
 
@@ -256,6 +273,7 @@ def _expert_and_tensor_parallel_run(rank: int, world_size: int, save_root: str):
     out = {}
     _tensor_parallel_layer_runs("megablocks", ((2, 1, 0), (2, 2, 0), (2, 2, 2)), save_root, out)
     _tensor_parallel_layer_runs("deepspeed", ((1, 1, 0), (2, 1, 0), (2, 2, 2)), save_root, out)
+    _tensor_parallel_layer_runs("deepspeed_split", ((2, 1, 0), (2, 2, 2)), save_root, out)
     return out
 
 
@@ -315,3 +333,82 @@ def test_deepspeed_layer_with_tensor_parallelism_trains_as_without(tensor_parall
     files = tensor_parallel_runs[0][(layer, "files")]
     assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
                                                             for e in range(4) for tp in range(2)]
+
+
+def _assert_logs_equal(logs: list, reference: list, what) -> None:
+    """Two runs' per-parameter logs (train_step's debug values of the first two steps) hold the same keys, every
+    kind of value, and the same values; but for the zero entries of the query_key_value bias's gradient: its key
+    part's gradient is zero in exact arithmetic (softmax ignores a shift shared by all keys), so which of its
+    entries round to exactly zero depends on the order of the sums."""
+    assert len(logs) == len(reference) == 2
+    assert {key.split("/", 1)[0] for key in reference[1]} == {
+        "gradient_norms", "gradient_pct_zeros", "parameter_norms", "optimizer_state_norms", "grad_norm_total",
+        "param_norm_total"}
+    for step, (values, want) in enumerate(zip(logs, reference)):
+        assert set(values) == set(want), (what, step, set(values) ^ set(want))
+        wrong = [(key, values[key], value) for key, value in want.items()
+                 if values[key] != pytest.approx(value, rel=2e-3, abs=1e-6)
+                 and not (key.startswith("gradient_pct_zeros/") and key.endswith("query_key_value.bias"))]
+        assert not wrong, (what, step, wrong)
+
+
+def test_per_parameter_logs_with_expert_and_tensor_parallelism(tensor_parallel_runs):
+    """log_grad_norm, log_param_norm, log_grad_pct_zeros, log_optimizer_states at TP=2 x DP=2, on every rank.
+    The dropless layer at EP=2 (ZeRO 0 and 2): one entry per global expert (tensor-parallel rank t's block offset
+    counted: experts 0 .. 3, w1 / w2, of the one MoE layer), which stacked are EP=1's values
+    (its experts split over the tensor-parallel ranks). DeepSpeed's layer (experts replicated on the tensor-parallel
+    ranks, counted once) at EP=1 and EP=2 (ZeRO 2): the values of TP=1 x DP=4, name for name."""
+    for rank, out in enumerate(tensor_parallel_runs):
+        reference = out[("megablocks", "logs", 2, 1, 0)]
+        for zero in (0, 2):
+            logs = out[("megablocks", "logs", 2, 2, zero)]
+            for values in logs:
+                norms = {k for k in values if k.startswith("parameter_norms/") and ".deepspeed_experts." in k}
+                assert {int(k.split(".deepspeed_experts.")[1].split(".")[0]) for k in norms} == {0, 1, 2, 3}
+                assert len(norms) == 4 * 2  # one MoE layer (expert_interval 2), 4 experts x w1 / w2
+            _assert_logs_equal([stacked_expert_logs(v) for v in logs], reference, (rank, "megablocks", zero))
+        for run in ((2, 1, 0), (2, 2, 2)):
+            _assert_logs_equal(out[("deepspeed", "logs", *run)], out[("deepspeed", "logs", 1, 1, 0)],
+                               (rank, "deepspeed", run))
+        assert out[("megablocks", "logs", 2, 2, 0)] == tensor_parallel_runs[0][("megablocks", "logs", 2, 2, 0)]
+
+
+def test_deepspeed_layer_with_split_experts_trains_as_with_replicated_experts(tensor_parallel_runs):
+    """enable_expert_tensor_parallelism: DeepSpeed's layer at TP=2 x DP=2 with each expert split column / row over
+    the tensor-parallel ranks (tokens whole on both) starts from the replicated experts' shards, gives TP=1 x DP=4's
+    losses and gradient norms over 10 steps (EP=1, and EP=2 with ZeRO 2) and per-parameter logs; each
+    tensor-parallel rank writes its shards in its own expert files, which resume exactly, load for inference (split,
+    and merged into whole experts: the same logits) and merge into the whole experts for conversion."""
+    from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+
+    layer = "deepspeed_split"
+    reference = torch.tensor(tensor_parallel_runs[0][("deepspeed", 1, 1, 0)])
+    for rank, out in enumerate(tensor_parallel_runs):
+        tp_rank = rank % 2
+        whole, split = out[("deepspeed", "experts", 2, 1)], out[(layer, "experts", 2, 1)]
+        assert set(split) == set(whole) and len(whole) == 4 * 4  # 4 experts x linear1 / linear2 weight and bias
+        for (prefix, e, tensor), weight in whole.items():
+            dim = {"linear1.weight": 0, "linear1.bias": 0, "linear2.weight": 1}.get(tensor)
+            want = weight if dim is None else weight.chunk(2, dim)[tp_rank]
+            torch.testing.assert_close(split[(prefix, e, tensor)], want, rtol=0, atol=0)
+        for run in ((2, 1, 0), (2, 2, 2)):
+            torch.testing.assert_close(torch.tensor(out[(layer, *run)]), reference, rtol=2e-3, atol=0)
+            _assert_logs_equal(out[(layer, "logs", *run)], out[("deepspeed", "logs", 1, 1, 0)], (rank, layer, run))
+        _check_resume_and_inference(out, layer, (layer, 2, 2, 2), set(range(4)))
+        split_logits, whole_logits, whole = out[(layer, "inference logits")]
+        torch.testing.assert_close(whole_logits, split_logits, rtol=1e-5, atol=1e-5)
+        for (prefix, e, tensor), weight in whole.items():
+            dim = {"linear1.weight": 0, "linear1.bias": 0, "linear2.weight": 1}.get(tensor)
+            shard = weight if dim is None else weight.chunk(2, dim)[tp_rank]
+            torch.testing.assert_close(shard, out[(layer, "inference")][1][(prefix, e, tensor)], rtol=0, atol=0)
+    root = tensor_parallel_runs[0][(layer, "root")]
+    files = sorted(os.listdir(os.path.join(root, "global_step4")))
+    assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
+                                                            for e in range(4) for tp in range(2)]
+    merged = read_checkpoint(os.path.join(root, "global_step4")).state
+    shards = [out[(layer, "saved")] for out in tensor_parallel_runs[:2]]  # tensor-parallel ranks 0 and 1
+    for (prefix, e, tensor), weight in shards[0].items():
+        name = next(k for k in merged if k.endswith(f"deepspeed_experts.{e}.{tensor}"))
+        dim = {"linear1.weight": 0, "linear1.bias": 0, "linear2.weight": 1}.get(tensor)
+        want = weight if dim is None else torch.cat([weight, shards[1][(prefix, e, tensor)]], dim)
+        torch.testing.assert_close(merged[name], want, rtol=0, atol=0)

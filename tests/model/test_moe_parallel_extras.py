@@ -7,14 +7,13 @@
 * sequence_parallel with the dropless layer on 2 tensor-parallel ranks: the loss and the gradients of
   sequence_parallel false.
 """
-import math
 import os
 
 import pytest
 import torch
 
 from tests.distributed_helpers import run_distributed
-from tests.model.helpers import random_batch
+from tests.model.helpers import random_batch, stacked_expert_logs
 
 pytestmark = pytest.mark.slow  # one spawned pair of processes (~8 s on an idle 2-core machine)
 
@@ -104,24 +103,6 @@ def runs(tmp_path_factory):
     return root, run_distributed(_run, world_size=2, args=(str(root),))
 
 
-def _stacked(values: dict) -> dict:
-    """The logged values with each MoE layer's experts' entries (``...deepspeed_experts.{e}.w1``) combined into
-    the stacked tensor's of the layer without expert parallelism (``...experts.mlp.w1``): norms add in squares,
-    zero percentages by entries (every expert has as many)."""
-    out, parts = {}, {}
-    for key, value in values.items():
-        if EXPERTS in key:
-            head, rest = key.split(EXPERTS)
-            tensor = rest.split(".", 1)[1]
-            parts.setdefault(f"{head}experts.mlp.{tensor}", []).append(value)
-        else:
-            out[key] = value
-    for key, items in parts.items():
-        zeros = key.startswith("gradient_pct_zeros/")
-        out[key] = sum(items) / len(items) if zeros else math.sqrt(sum(v * v for v in items))
-    return out
-
-
 def test_expert_parallel_per_parameter_logs_equal_expert_parallel_size_one(runs):
     """EP=2 (two experts per rank): every logged per-parameter value, under the expert's global index, and the
     totals equal EP=1's, on every rank, without ZeRO and with ZeRO 2 (optimizer states from the second step)."""
@@ -139,7 +120,7 @@ def test_expert_parallel_per_parameter_logs_equal_expert_parallel_size_one(runs)
                 for kind in ("gradient_norms/", "parameter_norms/"):
                     mine = {k for k in experts if k.startswith(kind)}
                     assert {int(k.split(EXPERTS)[1].split(".")[0]) for k in mine} == {0, 1, 2, 3} and len(mine) == 24
-                stacked = _stacked(values)
+                stacked = stacked_expert_logs(values)
                 want = {k: v for k, v in reference[step].items() if not k.startswith("memory/")}
                 assert set(stacked) == set(want)
                 for key, value in want.items():

@@ -241,15 +241,26 @@ def test_dropless_moe_with_sequence_parallel_validates():
 
 
 def test_per_parameter_logging_with_expert_parallelism_validates():
-    """The values are gathered from every expert-parallel rank (tests/model/test_moe_parallel_extras.py)."""
+    """The values are gathered from every expert-parallel rank (tests/model/test_moe_parallel_extras.py), with
+    tensor parallelism too (tests/model/test_moe_expert_parallel.py)."""
     args = tiny(moe_num_experts=4, moe_type="deepspeed", moe_expert_parallel_size=2, num_gpus=2,
                 train_batch_size=4, log_grad_norm=True, log_param_norm=True, log_grad_pct_zeros=True,
                 log_optimizer_states=True)
     assert args.log_grad_norm and args.moe_expert_parallel_size == 2
-    with pytest.raises(ConfigError, match="log_grad_norm with moe_expert_parallel_size=2 and model_parallel_size=2 "
-                                          "is not supported yet"):
-        tiny(moe_num_experts=4, moe_expert_parallel_size=2, model_parallel_size=2, num_gpus=4,
-             train_batch_size=4, log_grad_norm=True)
+    args = tiny(moe_num_experts=4, moe_expert_parallel_size=2, model_parallel_size=2, num_gpus=4,
+                train_batch_size=4, log_grad_norm=True)
+    assert args.log_grad_norm and args.model_parallel_size == 2
+
+
+def test_expert_tensor_parallelism_validates_with_deepspeeds_layer_only():
+    """DeepSpeed's experts split over the tensor-parallel ranks (tests/model/test_moe_expert_parallel.py); the dropless
+    layer splits whole experts already."""
+    args = tiny(moe_num_experts=4, moe_type="deepspeed", model_parallel_size=2, num_gpus=2,
+                enable_expert_tensor_parallelism=True)
+    assert args.enable_expert_tensor_parallelism
+    with pytest.raises(ConfigError, match="enable_expert_tensor_parallelism=true with moe_type='megablocks'"):
+        tiny(moe_num_experts=4, moe_type="megablocks", model_parallel_size=2, num_gpus=2,
+             enable_expert_tensor_parallelism=True)
 
 
 @pytest.mark.parametrize("moe_type", ["deepspeed", "megablocks"])

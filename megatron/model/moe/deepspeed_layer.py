@@ -42,7 +42,14 @@ the tensor-parallel ranks (counted once by the gradient norm, like any replicate
 data-parallel ranks at the same tensor-parallel rank (the ParallelState's expert groups, registered with DeepSpeed at
 EP 1 too, so that DeepSpeed's own EP 1 groups, which span the tensor-parallel ranks, are not built), and each
 tensor-parallel rank writes its copy in its own files. The price: the experts' work is repeated on the T ranks.
-DeepSpeed's expert tensor parallelism (each expert split column / row over the ranks) is not built. No pipeline.
+enable_expert_tensor_parallelism avoids it: each local expert is then megatron.model.mlp.ParallelMLP on the
+tensor-parallel group (linear1 column-, linear2 row-parallel, built here rather than deep-copied by DeepSpeed, since
+process groups do not copy), initialised as the whole expert's shard; DeepSpeed still sees one tensor-parallel rank,
+so every rank keeps all its tokens (no drop / gather of capacity slots: DeepSpeed's own path gathers them with
+all_gather_into_tensor into a flat buffer, which gloo refuses, and asserts a capacity divisible by T), runs its
+share of every expert on them, and the row-parallel layer all-reduces the outputs. An expert shard's gradient is
+whole (all tokens), reduced over the same expert-data-parallel groups; each tensor-parallel rank writes its shards
+in its own ``mp_rank`` expert files (megatron.checkpoint_conversion.tensor_parallel merges them). No pipeline.
 """
 from __future__ import annotations
 
@@ -51,6 +58,7 @@ from typing import Iterator
 
 import torch
 from deepspeed.moe.layer import MoE
+from torch import nn
 
 from megatron.model.mlp import ParallelMLP
 from megatron.model.moe.stats import MoELayerBase
@@ -97,6 +105,20 @@ def _one_tensor_parallel_rank() -> Iterator[None]:
         groups.mpu = mpu
 
 
+class _ExpertInitializer:
+    """The model's initializer with the dense MLP's entries (``mlp.linear1``) named as global expert ``e``'s
+    (``mlp.deepspeed_moe.experts.deepspeed_experts.{e}.linear1``): a split expert starts as the whole one."""
+
+    def __init__(self, initializer, expert: int) -> None:
+        self._initializer, self._prefix = initializer, f"mlp.deepspeed_moe.experts.deepspeed_experts.{expert}."
+
+    def weight(self, layer_number: int, name: str):
+        return self._initializer.weight(layer_number, name.replace("mlp.", self._prefix, 1))
+
+    def output_weight(self, layer_number: int, name: str):
+        return self._initializer.output_weight(layer_number, name.replace("mlp.", self._prefix, 1))
+
+
 class DeepSpeedMoE(MoE, MoELayerBase):
     """deepspeed.moe.layer.MoE with the load counters and the auxiliary-loss attachment; called with the
     hidden states, returns the output (module docstring)."""
@@ -128,6 +150,14 @@ class DeepSpeedMoE(MoE, MoELayerBase):
         self.first_expert = 0  # the global id of local expert 0 (every expert is local at EP 1, e.g. inference)
         if self.ep_size > 1:
             self.first_expert = parallel_state.get_expert_parallel_rank() * self.num_local_experts
+        self.split_experts = config.enable_expert_tensor_parallelism and tp > 1
+        if self.split_experts:  # each expert column / row split over the tensor-parallel ranks (module docstring)
+            self.deepspeed_moe.experts.deepspeed_experts = nn.ModuleList([
+                ParallelMLP(config.replace(activation=config.expert_activation), parallel_state,
+                            _ExpertInitializer(initializer, e), layer_number)
+                for e in range(self.first_expert, self.first_expert + self.num_local_experts)])
+            for param in self.deepspeed_moe.experts.parameters():  # DeepSpeed's expert mark (deepspeed.moe.experts)
+                param.allreduce, param.group_name = False, self.expert_group_name
         self._reinitialise(initializer, layer_number)
         for param in self.deepspeed_moe.experts.parameters():
             setattr(param, MOE_EXPERT_FLAG, True)
@@ -143,7 +173,9 @@ class DeepSpeedMoE(MoE, MoELayerBase):
     def _reinitialise(self, initializer, layer_number: int) -> None:
         """Every expert, the gate and the residual MLP from their own seeds (names as in the state dict)."""
         with torch.no_grad():
-            for e, expert in enumerate(self.deepspeed_moe.experts.deepspeed_experts, start=self.first_expert):
+            # split experts were initialised by their tensor-parallel layers (the full tensor's shard)
+            experts = [] if self.split_experts else self.deepspeed_moe.experts.deepspeed_experts
+            for e, expert in enumerate(experts, start=self.first_expert):
                 prefix = f"mlp.deepspeed_moe.experts.deepspeed_experts.{e}."  # the global expert's entry
                 initializer.weight(layer_number, prefix + "linear1")(expert.linear1.weight)
                 initializer.output_weight(layer_number, prefix + "linear2")(expert.linear2.weight)

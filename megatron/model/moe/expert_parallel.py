@@ -88,6 +88,7 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         stacked = GroupedExperts(config, initializer, layer_number)
         self.act, self.gated, width = stacked.act, stacked.gated, stacked.width
         first = self.block.start + parallel_state.get_expert_parallel_rank() * self.num_local_experts
+        self.first_expert = first  # the global index of local expert 0 (megatron.model.moe.naming)
         experts = []
         for e in range(first, first + self.num_local_experts):
             rows = {}

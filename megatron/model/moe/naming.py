@@ -2,7 +2,11 @@
 
 Both expert-parallel layers (DeepSpeed's, deepspeed_layer.py; the dropless one, expert_parallel.py) keep a rank's
 E / EP experts as DeepSpeed's ``deepspeed_moe.experts.deepspeed_experts.{l}``, l the local index: expert l of
-expert-parallel rank r is global expert r x E / EP + l. Per-parameter logs (log_grad_norm & co.) name an expert's
+expert-parallel rank r is global expert r x E / EP + l. With tensor parallelism too (model_parallel_size T > 1), the
+dropless layer's tensor-parallel rank t holds the block t x E / T .. (t+1) x E / T - 1, shared out over its
+expert-parallel group, so its local expert l is global expert t x E / T + r x E / (EP x T) + l: the layer says where
+its experts start (``first_expert``); DeepSpeed's layer holds the same experts on every tensor-parallel rank
+(replicated). Per-parameter logs (log_grad_norm & co.) name an expert's
 parameter by its global expert, so the ranks' experts are told apart and carry the names they have at EP=1 (where
 local is global), as DeepSpeed's per-expert checkpoint files name them."""
 from __future__ import annotations
@@ -35,7 +39,9 @@ def global_expert_names(model: nn.Module, parallel_state) -> Dict[str, str]:
     for prefix, module in model.named_modules():
         if getattr(module, "ep_size", 1) <= 1 or not hasattr(module, "deepspeed_moe"):
             continue
-        first = parallel_state.get_expert_parallel_rank() * module.num_local_experts
+        first = getattr(module, "first_expert", None)
+        if first is None:  # DeepSpeed's layer: the expert-parallel rank's share of all experts
+            first = parallel_state.get_expert_parallel_rank() * module.num_local_experts
         for name, _ in module.named_parameters(prefix=prefix):
             if is_expert_name(name):
                 out[name] = global_expert_name(name, first)

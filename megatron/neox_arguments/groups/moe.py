@@ -148,6 +148,10 @@ class NeoXArgsMoE:
 
     enable_expert_tensor_parallelism: bool = False
     """
-    Enable expert tensor parallelism (DeepSpeed's layer: each expert's MLP split over the tensor-parallel ranks).
-    Not supported yet: true is refused (DeepSpeed's layer keeps whole experts on every tensor-parallel rank).
+    Enable expert tensor parallelism (moe_type deepspeed, model_parallel_size > 1): each expert's MLP is split
+    column / row over the tensor-parallel ranks, as the dense MLP (every rank runs its share of every expert on
+    all of its tokens; the outputs are all-reduced). False: DeepSpeed's layer keeps whole experts, replicated, on
+    every tensor-parallel rank. Each tensor-parallel rank saves its shards in its own expert files
+    (layer_N_expert_M_mp_rank_T); they resume, load for generate.py / eval.py and merge for conversion. With
+    moe_type megablocks refused (it splits whole experts over the tensor-parallel ranks already).
     """
