@@ -42,7 +42,8 @@ the tensor-parallel ranks (counted once by the gradient norm, like any replicate
 data-parallel ranks at the same tensor-parallel rank (the ParallelState's expert groups, registered with DeepSpeed at
 EP 1 too, so that DeepSpeed's own EP 1 groups, which span the tensor-parallel ranks, are not built), and each
 tensor-parallel rank writes its copy in its own files. The price: the experts' work is repeated on the T ranks.
-DeepSpeed's expert tensor parallelism (each expert split column / row over the ranks) is not built. No pipeline.
+DeepSpeed's expert tensor parallelism (each expert split column / row over the ranks) is not built. In a pipeline
+(PP x DP, tensor parallelism not yet): megatron.model.moe.pipeline.
 """
 from __future__ import annotations
 
