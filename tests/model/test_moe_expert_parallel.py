@@ -357,8 +357,20 @@ def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
             ctx.parallel_state.destroy()
             model, ctx, iteration = setup_for_inference(args)
             out[(layer, "inference")] = (iteration, _experts(getattr(model, "module", model)))
+            out[(layer, "logits")] = [_inference_logits(model, ctx)]
+            ctx.parallel_state.destroy()
+            no_pipeline = _neox_args(layer, ep, zero, save, expert_interval=1, train_iters=PIPELINE_STEPS)
+            model, ctx, _ = setup_for_inference(no_pipeline)  # the same logits
+            out[(layer, "logits")].append(_inference_logits(model, ctx))
             ctx.parallel_state.destroy()
     return out
+
+
+def _inference_logits(model, ctx) -> torch.Tensor:
+    """generate.py's logits of one random sequence (megatron.text_generation_utils' runner of ``model``)."""
+    from megatron.text_generation_utils import build_runner
+
+    return build_runner(model, ctx.parallel_state, ctx.model_config)(*random_batch(batch=1)[0])
 
 
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -367,7 +379,8 @@ def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inf
     gradients reduced over the expert-data-parallel ranks, the rest over the data-parallel ones) gives EP=1's losses
     and gradient norms (over both stages) for 6 steps; the checkpoint holds each stage's experts in files of its own
     (the stage's model-parallel rank in their names) beside GPT-NeoX's layer files; a fresh engine resumes it
-    exactly (the stages stay in step while loading), and generate.py's setup loads every expert of its stage."""
+    exactly (the stages stay in step while loading), and generate.py's setup loads every expert of its stage and
+    gives the logits of the same checkpoint loaded without a pipeline."""
     runs = [out["pp"] for out in four_rank_runs]
     for rank, out in enumerate(runs):
         stage, ep_rank = out[(layer, "stage")], rank % 2
@@ -388,6 +401,9 @@ def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inf
         assert iteration == 3 and {(p, e) for p, e, _ in inference_experts} == {(slot, e) for e in range(4)}
         for key, weight in saved.items():
             torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
+        in_pipeline, without = out[(layer, "logits")]
+        assert in_pipeline.shape == without.shape and in_pipeline.shape[:2] == (1, 16)
+        torch.testing.assert_close(in_pipeline, without, rtol=1e-5, atol=1e-5)
     files = runs[0][(layer, "files")]
     assert [f for f in files if "_expert_" in f] == [f"layer_0_expert_{e}_mp_rank_0{stage}_model_states.pt"
                                                      for e in range(4) for stage in range(2)]
