@@ -322,15 +322,15 @@ PIPELINE_STEPS = 6
 
 
 def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
-    """4 ranks, PP=2 x DP=2, both layers, one MoE layer on each stage (expert_interval 1): EP=1 (ZeRO 0), then EP=2
-    (ZeRO 1) saved after 3 steps and resumed by a fresh engine, then loaded by generate.py's setup."""
+    """4 ranks, PP=2 x DP=2, both layers, one MoE layer on each stage (expert_interval 1): EP=1 and EP=2 (ZeRO 0), then
+    EP=2 (ZeRO 1) saved after 3 steps and resumed by a fresh engine, then loaded by generate.py's setup."""
     from megatron.checkpointing import load_checkpoint, save_checkpoint
     from megatron.inference import setup_for_inference
 
     out = {}
     for layer in LAYERS:
         save = os.path.join(save_root, layer)
-        for ep, zero in ((1, 0), (2, 1)):
+        for ep, zero in ((1, 0), (2, 0), (2, 1)):
             args = _neox_args(layer, ep, zero, save, pipe_parallel_size=2, expert_interval=1,
                               train_iters=PIPELINE_STEPS)
             ctx, engine, optimizer = _setup(args)
@@ -338,14 +338,14 @@ def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
             seed, ep_rank = state.get_data_parallel_rank(), state.get_expert_parallel_rank()
             out[(layer, "stage")] = state.get_pipe_parallel_rank()
             out[(layer, "experts", ep)] = _experts(engine.module, ep_rank, 4 // ep)
-            if ep == 1:
-                out[(layer, ep)] = _steps(args, ctx, engine, optimizer, seed, 0, PIPELINE_STEPS)
+            if zero == 0:
+                out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, PIPELINE_STEPS)
                 state.destroy()
                 continue
-            out[(layer, ep)] = _steps(args, ctx, engine, optimizer, seed, 0, 3)
+            out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 3)
             save_checkpoint(args, ctx.model_config, 3, engine)
             out[(layer, "saved")] = _experts(engine.module, ep_rank, 2)
-            out[(layer, ep)] += _steps(args, ctx, engine, optimizer, seed, 3, PIPELINE_STEPS - 3)
+            out[(layer, ep, zero)] += _steps(args, ctx, engine, optimizer, seed, 3, PIPELINE_STEPS - 3)
             state.destroy()
             ctx, engine, optimizer = _setup(args)
             assert load_checkpoint(args, ctx.model_config, engine)[0] == 3
@@ -377,7 +377,7 @@ def _inference_logits(model, ctx) -> torch.Tensor:
 def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inference(four_rank_runs, layer):
     """PP=2 x DP=2 under DeepSpeed's PipelineEngine, an MoE layer on each stage: EP=2 (two experts a rank, expert
     gradients reduced over the expert-data-parallel ranks, the rest over the data-parallel ones) gives EP=1's losses
-    and gradient norms (over both stages) for 6 steps; the checkpoint holds each stage's experts in files of its own
+    and gradient norms (over both stages) for 6 steps, with ZeRO 0 and 1; the checkpoint holds each stage's experts in files of its own
     (the stage's model-parallel rank in their names) beside GPT-NeoX's layer files; a fresh engine resumes it
     exactly (the stages stay in step while loading), and generate.py's setup loads every expert of its stage and
     gives the logits of the same checkpoint loaded without a pipeline."""
@@ -390,13 +390,14 @@ def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inf
         assert {(p, e) for p, e, _ in mine} == {(slot, 2 * ep_rank), (slot, 2 * ep_rank + 1)}
         for key, weight in mine.items():
             torch.testing.assert_close(weight, everything[key], rtol=0, atol=0)
-        reference = torch.tensor(out[(layer, 1)])  # [step, (loss, gradient norm)], equal on every rank
-        torch.testing.assert_close(reference, torch.tensor(runs[0][(layer, 1)]), rtol=0, atol=0)
+        reference = torch.tensor(out[(layer, 1, 0)])  # [step, (loss, gradient norm)], equal on every rank
+        torch.testing.assert_close(reference, torch.tensor(runs[0][(layer, 1, 0)]), rtol=0, atol=0)
         assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
-        torch.testing.assert_close(torch.tensor(out[(layer, 2)]), reference, rtol=2e-3, atol=0)
+        for zero in (0, 1):
+            torch.testing.assert_close(torch.tensor(out[(layer, 2, zero)]), reference, rtol=2e-3, atol=0)
         saved = out[(layer, "saved")]
         assert all(torch.equal(saved[key], weight) for key, weight in out[(layer, "reloaded")].items())
-        assert out[(layer, "resumed")] == out[(layer, 2)][3:]
+        assert out[(layer, "resumed")] == out[(layer, 2, 1)][3:]
         iteration, inference_experts = out[(layer, "inference")]
         assert iteration == 3 and {(p, e) for p, e, _ in inference_experts} == {(slot, e) for e in range(4)}
         for key, weight in saved.items():

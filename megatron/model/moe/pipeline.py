@@ -13,6 +13,10 @@ gaps of its pipeline engine with MoE are closed here, per engine (no global patc
 * saving: a stage with MoE layers writes its weights into its ``mp_rank`` file only, not into GPT-NeoX's
   ``layer_{slot:02d}-model_{t:02d}-model_states.pt`` files, which megatron.checkpoint_conversion (inference,
   export, resharding) reads in a pipeline. They are written too here, without the experts (in their own files).
+
+And with expert parallelism without ZeRO, DeepSpeed's clipping norm averages the data-parallel ranks' norms, which
+hold other experts: every stage clips by megatron.mpu.grad_norm's norm of the whole gradient instead (as without a
+pipeline, megatron.training), summed over the stages. (ZeRO 1 computes a whole norm itself.)
 """
 from __future__ import annotations
 
@@ -22,12 +26,24 @@ EXPERT_MARK = ".deepspeed_moe.experts."
 """What every expert parameter's name holds (DeepSpeed's layer and the expert-parallel dropless layer)."""
 
 
-def adapt_pipeline_moe_engine(engine) -> bool:
-    """Close the two gaps (module docstring) on ``engine`` when it is a pipeline stage with DeepSpeed MoE layers;
-    returns whether it did."""
+def adapt_pipeline_moe_engine(engine, parallel_state) -> bool:
+    """Close the gaps (module docstring) on ``engine`` when it is a pipeline engine of a model with DeepSpeed MoE
+    layers (on some stage); returns whether it did."""
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
-    if not isinstance(engine, PipelineEngine) or not engine.has_moe_layers:
+    from megatron.mpu.grad_norm import clip_grad_norm
+
+    if not isinstance(engine, PipelineEngine):
+        return False
+    if parallel_state.get_expert_parallel_world_size() > 1:  # every stage: the norm sums over all of them
+        stages = engine.mpu.get_model_parallel_group()
+
+        def clip_and_record() -> None:
+            engine._global_grad_norm = clip_grad_norm(engine.module.parameters(), engine.gradient_clipping(),
+                                                      parallel_state, pipeline_group=stages)
+
+        engine.clip_fp32_gradients = clip_and_record
+    if not engine.has_moe_layers:
         return False
     load_module = engine.load_module_state_dict
     save_moe = engine._save_moe_checkpoint
