@@ -377,9 +377,9 @@ def _inference_logits(model, ctx) -> torch.Tensor:
 def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inference(four_rank_runs, layer):
     """PP=2 x DP=2 under DeepSpeed's PipelineEngine, an MoE layer on each stage: EP=2 (two experts a rank, expert
     gradients reduced over the expert-data-parallel ranks, the rest over the data-parallel ones) gives EP=1's losses
-    and gradient norms (over both stages) for 6 steps, with ZeRO 0 and 1; the checkpoint holds each stage's experts in files of its own
-    (the stage's model-parallel rank in their names) beside GPT-NeoX's layer files; a fresh engine resumes it
-    exactly (the stages stay in step while loading), and generate.py's setup loads every expert of its stage and
+    and gradient norms (over both stages) for 6 steps, with ZeRO 0 and 1; the checkpoint holds each stage's experts
+    in files of their own (the stage's model-parallel rank in their names) beside GPT-NeoX's layer files; a fresh
+    engine resumes it exactly (the stages stay in step while loading), and generate.py's setup loads every expert of its stage and
     gives the logits of the same checkpoint loaded without a pipeline."""
     runs = [out["pp"] for out in four_rank_runs]
     for rank, out in enumerate(runs):
