@@ -27,8 +27,9 @@ EXPERT_MARK = ".deepspeed_moe.experts."
 
 
 def adapt_pipeline_moe_engine(engine, parallel_state) -> bool:
-    """Close the gaps (module docstring) on ``engine`` when it is a pipeline engine of a model with DeepSpeed MoE
-    layers (on some stage); returns whether it did."""
+    """Close the gaps (module docstring) on ``engine``, a pipeline engine of a model with DeepSpeed MoE layers (on
+    some stage): the clipping norm on every stage, loading and saving on the stages with MoE layers; returns whether
+    this stage has them."""
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
     from megatron.mpu.grad_norm import clip_grad_norm
