@@ -330,6 +330,12 @@ def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
     out = {}
     for layer in LAYERS:
         save = os.path.join(save_root, layer)
+        # no pipeline: TP=2 x DP=2 reads the same batches (data-parallel rank d: seed d), layers laid out anew
+        args = _neox_args(layer, 1, 0, save, model_parallel_size=2, expert_interval=1, train_iters=PIPELINE_STEPS)
+        ctx, engine, optimizer = _setup(args)
+        out[(layer, "no pipeline")] = _steps(args, ctx, engine, optimizer, ctx.parallel_state.get_data_parallel_rank(),
+                                             0, PIPELINE_STEPS)
+        ctx.parallel_state.destroy()
         for ep, zero in ((1, 0), (2, 0), (2, 1)):
             args = _neox_args(layer, ep, zero, save, pipe_parallel_size=2, expert_interval=1,
                               train_iters=PIPELINE_STEPS)
@@ -375,7 +381,8 @@ def _inference_logits(model, ctx) -> torch.Tensor:
 
 @pytest.mark.parametrize("layer", list(LAYERS))
 def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inference(four_rank_runs, layer):
-    """PP=2 x DP=2 under DeepSpeed's PipelineEngine, an MoE layer on each stage: EP=2 (two experts a rank, expert
+    """PP=2 x DP=2 under DeepSpeed's PipelineEngine, an MoE layer on each stage: EP=1 trains as the model without a
+    pipeline (TP=2 x DP=2 on the same batches), and EP=2 (two experts a rank, expert
     gradients reduced over the expert-data-parallel ranks, the rest over the data-parallel ones) gives EP=1's losses
     and gradient norms (over both stages) for 6 steps, with ZeRO 0 and 1; the checkpoint holds each stage's experts
     in files of their own (the stage's model-parallel rank in their names) beside GPT-NeoX's layer files; a fresh
@@ -392,6 +399,7 @@ def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inf
             torch.testing.assert_close(weight, everything[key], rtol=0, atol=0)
         reference = torch.tensor(out[(layer, 1, 0)])  # [step, (loss, gradient norm)], equal on every rank
         torch.testing.assert_close(reference, torch.tensor(runs[0][(layer, 1, 0)]), rtol=0, atol=0)
+        torch.testing.assert_close(reference, torch.tensor(out[(layer, "no pipeline")]), rtol=2e-3, atol=0)
         assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
         for zero in (0, 1):
             torch.testing.assert_close(torch.tensor(out[(layer, 2, zero)]), reference, rtol=2e-3, atol=0)
