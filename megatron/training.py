@@ -153,6 +153,10 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
         # samples/sec) the batch is the real one again
         engine._config.train_batch_size = neox_args.train_batch_size
     _record_clipping_grad_norm(engine)
+    if neox_args.is_pipe_parallel and neox_args.moe_num_experts > 1:
+        from megatron.model.moe.pipeline import adapt_pipeline_moe_engine
+
+        adapt_pipeline_moe_engine(engine, ctx.parallel_state)
     use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
     return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler

@@ -7,7 +7,9 @@ megatron.model.gpt2_model: 0 embedding, i + 2 transformer layer i, L + 3 final n
     keys ``sequential.{slot}.{name}``;
   * P >= 1: ``layer_{slot:02d}-model_{t:02d}-model_states.pt`` with slot ``slot``'s state dict on tensor rank t
     (a tied head is the embedding and is not saved again), plus ``mp_rank_{m:02d}_model_states.pt`` for every
-    m < P*T with ``module`` None;
+    m < P*T with ``module`` None (a stage with DeepSpeed MoE experts: its module without the experts, which are
+    in ``layer_{i}_expert_{e}_mp_rank_{m:02d}_model_states.pt``, i the stage's MoE layer, m = stage x T + t, keys
+    ``{slot}.{name}``: megatron.model.moe.pipeline);
   * the mp_rank files also hold DeepSpeed's engine metadata and GPT-NeoX's client state (``iteration``,
     ``args``); ZeRO-3 (P == 0) keeps the weights in ``zero_pp_rank_*`` files, read with DeepSpeed's
     zero_to_fp32;
@@ -288,6 +290,7 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
             if slot_kind(slot, num_layers) is None:
                 raise ConversionError(f"{f}: layer file index {index} does not fit num_layers={num_layers}")
             per_slot.setdefault(slot, {})[rank] = (f, _load(f))
+        _add_pipeline_experts(files, tp, per_slot)
     else:
         from megatron.model.moe.layer import stack_expert_parallel_experts
 
@@ -320,6 +323,25 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
             states.append(from_neox(kind, state, config, rank, tp, source=source))
         slots[slot] = _merge(states, config, ranks[0][0])
     return slots
+
+
+def _add_pipeline_experts(files: List[str], tp: int, per_slot: Dict[int, Dict[int, Tuple[str, Dict]]]) -> None:
+    """A pipeline's DeepSpeed MoE experts (their own files, megatron.model.moe.pipeline) into their slots' states,
+    the dropless layer's stacked as GPT-NeoX's ``experts.mlp.w1`` & co."""
+    from megatron.model.moe.layer import stack_expert_parallel_experts
+    from megatron.model.moe.pipeline import expert_slot_states
+
+    expert_files: Dict[int, Dict[str, torch.Tensor]] = {}
+    for f in files:
+        match = EXPERT_FILE.search(os.path.basename(f))
+        if match:
+            expert_files.setdefault(int(match.group(3)), {}).update(_load(f))
+    for (slot, rank), experts in expert_slot_states(expert_files, tp).items():
+        if rank not in per_slot.get(slot, {}):
+            raise ConversionError(f"expert files of layer file slot {slot} (tensor-parallel rank {rank}) without "
+                                  f"its layer_{slot:02d}-model_{rank:02d}-model_states.pt")
+        source, state = per_slot[slot][rank]
+        per_slot[slot][rank] = (source, stack_expert_parallel_experts({**state, **experts}))
 
 
 def _read_zero3(path: str, config: ModelConfig, old: Optional[str]) -> Dict[int, Dict[str, torch.Tensor]]:

@@ -8,7 +8,10 @@ clipping (and the logged norm) would change with moe_expert_parallel_size. Here,
 * a tensor-parallel shard (``model_parallel`` / ``tensor_model_parallel``) is counted on every tensor-parallel rank,
   a replicated parameter on tensor-parallel rank 0 only (summed over the model-parallel group);
 * an expert parameter (DeepSpeed's mark: ``allreduce`` false) is summed over the expert-parallel group, whose
-  ranks hold different experts; the expert-data-parallel ranks hold the same ones and count them once each.
+  ranks hold different experts; the expert-data-parallel ranks hold the same ones and count them once each;
+* under DeepSpeed's pipeline engine (``pipeline_group``: its model-parallel group, every stage and tensor rank of
+  one data-parallel index) a parameter counts where megatron.training marked it ``model_parallel`` (the tied
+  copies once), and the sum runs over that group.
 """
 from __future__ import annotations
 
@@ -25,16 +28,16 @@ def is_expert_parameter(param: torch.nn.Parameter) -> bool:
     return hasattr(param, "allreduce") and not param.allreduce
 
 
-def global_grad_norm(parameters: Iterable[torch.nn.Parameter], parallel_state) -> torch.Tensor:
+def global_grad_norm(parameters: Iterable[torch.nn.Parameter], parallel_state, pipeline_group=None) -> torch.Tensor:
     """The L2 norm (fp32, one element, on CPU) of the gradient of every parameter of the model (module docstring);
-    collective over the model-parallel and expert-parallel groups."""
+    collective over the model-parallel (or ``pipeline_group``) and expert-parallel groups."""
     shared, experts = torch.zeros(1), torch.zeros(1)
     tp_rank0 = parallel_state.get_model_parallel_rank() == 0
     for param in parameters:
         if param.grad is None:
             continue
         split = getattr(param, "tensor_model_parallel", False) or getattr(param, "model_parallel", False)
-        if split or tp_rank0:
+        if (getattr(param, "model_parallel", False) if pipeline_group is not None else split or tp_rank0):
             square = param.grad.detach().float().pow(2).sum().cpu()
             if is_expert_parameter(param):
                 experts += square
@@ -43,16 +46,19 @@ def global_grad_norm(parameters: Iterable[torch.nn.Parameter], parallel_state) -
     if dist.is_initialized() and parallel_state.get_expert_parallel_world_size() > 1:
         collectives().all_reduce(experts, group=parallel_state.get_expert_parallel_group())
     total = shared + experts
-    if dist.is_initialized() and parallel_state.get_model_parallel_world_size() > 1:
+    if pipeline_group is not None:
+        collectives().all_reduce(total, group=pipeline_group)
+    elif dist.is_initialized() and parallel_state.get_model_parallel_world_size() > 1:
         collectives().all_reduce(total, group=parallel_state.get_model_parallel_group())
     return total.sqrt()
 
 
-def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, parallel_state) -> torch.Tensor:
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float, parallel_state,
+                   pipeline_group=None) -> torch.Tensor:
     """Scale every gradient by min(1, max_norm / (norm + 1e-6)), DeepSpeed's rule, with ``global_grad_norm``;
     returns the norm before clipping."""
     parameters = [p for p in parameters if p.grad is not None]
-    norm = global_grad_norm(parameters, parallel_state)
+    norm = global_grad_norm(parameters, parallel_state, pipeline_group)
     scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
     for param in parameters:
         param.grad.detach().mul_(scale.to(param.grad.device, param.grad.dtype))

@@ -440,11 +440,6 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     if args.moe_type == "megablocks" and args.moe_token_dropping:
         problems.append("moe_token_dropping=true with moe_type='megablocks': the dropless layer never drops tokens; "
                         "token dropping with a capacity is DeepSpeed's layer (moe_type: deepspeed)")
-    if args.moe_type == "deepspeed" and args.pipe_parallel_size >= 1:
-        problems.append(f"moe_type='deepspeed' with pipe_parallel_size={args.pipe_parallel_size} is not supported "
-                        f"yet: DeepSpeed's engine numbers the expert checkpoint files (layer_<i>_expert_<e>_...) per "
-                        f"pipeline stage, so the stages' files would collide; use pipe_parallel_size 0 (model_parallel_size > 1 works), or moe_type megablocks in a "
-                        f"pipeline")
     if args.moe_type == "megablocks" and args.enable_expert_tensor_parallelism:
         problems.append("enable_expert_tensor_parallelism=true with moe_type='megablocks': it splits each of DeepSpeed's "
                         "experts column / row over the tensor-parallel ranks (moe_type: deepspeed); the dropless layer "
@@ -454,16 +449,35 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
     ep = args.moe_expert_parallel_size
     dp = args.data_parallel_size
-    if ep > 1 and args.moe_type == "megablocks" and args.pipe_parallel_size >= 1:
-        problems.append(f"moe_expert_parallel_size={ep} with moe_type='megablocks' and pipe_parallel_size="
-                        f"{args.pipe_parallel_size} is not supported yet: DeepSpeed's engine numbers the expert "
-                        f"checkpoint files (layer_<i>_expert_<e>_...) per pipeline stage, so the stages' files would "
-                        f"collide; use pipe_parallel_size 0 (expert parallelism composes with model_parallel_size), or "
-                        f"moe_expert_parallel_size 1 (the dropless layer then runs in the pipeline)")
+    per_parameter = [flag for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
+                     if getattr(args, flag)]
+    problems += _pipeline_moe_problems(args, per_parameter)
     if ep > 1 and dp is not None and dp % ep:
         problems.append(f"moe_expert_parallel_size={ep} must divide the data-parallel size {dp} (the experts are split "
                         f"over groups of data-parallel ranks)")
     problems += _moe_engine_problems(args)
+    return problems
+
+
+def _pipeline_moe_problems(args: NeoXArgsSchema, per_parameter: List[str]) -> List[str]:
+    """DeepSpeed's MoE experts (moe_type deepspeed, or expert parallelism) in a pipeline
+    (megatron.model.moe.pipeline): trained, resumed and loaded at PP x DP; not yet verified with tensor parallelism or
+    with the per-parameter logs."""
+    if args.pipe_parallel_size < 1 or (args.moe_type != "deepspeed" and args.moe_expert_parallel_size == 1):
+        return []
+    experts = ("moe_type='deepspeed'" if args.moe_type == "deepspeed" else
+               f"moe_expert_parallel_size={args.moe_expert_parallel_size}")
+    problems = []
+    if args.model_parallel_size > 1:
+        problems.append(f"{experts} with pipe_parallel_size={args.pipe_parallel_size} and model_parallel_size="
+                        f"{args.model_parallel_size} is not supported yet: DeepSpeed's experts in a pipeline are built "
+                        f"and tested with pipeline and data parallelism only; use model_parallel_size 1 in a pipeline, "
+                        f"or pipe_parallel_size 0 with tensor parallelism")
+    if per_parameter:
+        problems.append(f"{', '.join(per_parameter)} with {experts} and pipe_parallel_size="
+                        f"{args.pipe_parallel_size} is not supported yet: gathering the experts' per-parameter values "
+                        f"over the expert-parallel ranks of each pipeline stage is not built; remove them or use "
+                        f"pipe_parallel_size 0")
     return problems
 
 

@@ -365,17 +365,21 @@ def test_gmlp_style_model_loads_ready_to_train(tmp_path):
 
 # What other open issues build: each refused with a message naming it as not supported yet.
 NOT_BUILT = {
-    "moe_deepspeed_pipeline": ('"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "deepspeed",',
-                               "moe_type='deepspeed' with pipe_parallel_size=1 is not supported yet"),
-    "moe_expert_parallel": ('"moe_num_experts": 8, "moe_expert_parallel_size": 2, "num_gpus": 2,',
-                            "moe_expert_parallel_size=2 with moe_type='megablocks' and pipe_parallel_size=1 is not "
-                            "supported yet"),
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
     "data_efficiency": ('"data_efficiency": {"enabled": true, "data_routing": {"enabled": true}},',
                         "DeepSpeed's data_efficiency library (data_sampling: curriculum sampling by offline-analysed "
                         "difficulty metrics; data_routing: random layerwise token dropping) is not supported yet"),
 }
+
+
+@pytest.mark.parametrize("keys", ['"moe_num_experts": 8, "moe_top_k": 2, "moe_type": "deepspeed",',
+                                  '"moe_num_experts": 8, "moe_expert_parallel_size": 2, "num_gpus": 2,'])
+def test_deepspeed_experts_load_ready_to_train_in_a_pipeline(tmp_path, keys):
+    """DeepSpeed's layer and expert parallelism with pipe_parallel_size 1 (megatron.model.moe.pipeline)."""
+    args, _ = load([write(tmp_path, "model.yml", SMALL % ""), write(tmp_path, "moe.yml", "{" + keys + "}"),
+                    write(tmp_path, "setup.yml", SETUP)])
+    assert args.is_pipe_parallel and args.moe_num_experts == 8 and args.training_problems() == []
 
 
 @pytest.mark.parametrize("feature", list(NOT_BUILT))

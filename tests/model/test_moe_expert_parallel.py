@@ -1,8 +1,9 @@
 """Expert parallelism (moe_expert_parallel_size): the expert groups' layout; on one spawn of 4 gloo ranks, both
 layers with their experts split over data-parallel ranks (DP=4, EP=2) training as with every expert on every rank
 (DeepSpeed's engine, ZeRO 0 and 2), with tensor parallelism (TP=2 x DP=2: the dropless layer's experts split over
-EP x TP, DeepSpeed's replicated over TP or, with enable_expert_tensor_parallelism, each split column / row), their
-per-parameter logs, checkpoint files, exact resume, inference, and loading at another expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
+EP x TP, DeepSpeed's replicated over TP or, with enable_expert_tensor_parallelism, each split column / row), in a
+pipeline (PP=2 x DP=2, EP=2 as EP=1), their per-parameter logs, checkpoint files, exact resume, inference, and
+loading at another expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
 tests/test_checkpointing.py)."""
 import os
 
@@ -182,7 +183,8 @@ def four_rank_runs(tmp_path_factory):
 
 def _four_rank_runs(rank: int, world_size: int, save_root: str) -> dict:
     return {"dp": _expert_parallel_run(rank, world_size, os.path.join(save_root, "dp")),
-            "tp": _expert_and_tensor_parallel_run(rank, world_size, os.path.join(save_root, "tp"))}
+            "tp": _expert_and_tensor_parallel_run(rank, world_size, os.path.join(save_root, "tp")),
+            "pp": _pipeline_run(rank, world_size, os.path.join(save_root, "pp"))}
 
 
 @pytest.fixture(scope="module")
@@ -412,3 +414,108 @@ def test_deepspeed_layer_with_split_experts_trains_as_with_replicated_experts(te
         dim = {"linear1.weight": 0, "linear1.bias": 0, "linear2.weight": 1}.get(tensor)
         want = weight if dim is None else torch.cat([weight, shards[1][(prefix, e, tensor)]], dim)
         torch.testing.assert_close(merged[name], want, rtol=0, atol=0)
+
+
+PIPELINE_STEPS = 6
+
+
+def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
+    """4 ranks, PP=2 x DP=2, both layers, one MoE layer on each stage (expert_interval 1): EP=1 and EP=2 (ZeRO 0), then
+    EP=2 (ZeRO 1) saved after 3 steps and resumed by a fresh engine, then loaded by generate.py's setup."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.inference import setup_for_inference
+
+    out = {}
+    for layer in LAYERS:
+        save = os.path.join(save_root, layer)
+        # no pipeline: TP=2 x DP=2 reads the same batches (data-parallel rank d: seed d), layers laid out anew
+        args = _neox_args(layer, 1, 0, save, model_parallel_size=2, expert_interval=1, train_iters=PIPELINE_STEPS)
+        ctx, engine, optimizer = _setup(args)
+        out[(layer, "no pipeline")] = _steps(args, ctx, engine, optimizer, ctx.parallel_state.get_data_parallel_rank(),
+                                             0, PIPELINE_STEPS)
+        ctx.parallel_state.destroy()
+        for ep, zero in ((1, 0), (2, 0), (2, 1)):
+            args = _neox_args(layer, ep, zero, save, pipe_parallel_size=2, expert_interval=1,
+                              train_iters=PIPELINE_STEPS)
+            ctx, engine, optimizer = _setup(args)
+            state = ctx.parallel_state
+            seed, ep_rank = state.get_data_parallel_rank(), state.get_expert_parallel_rank()
+            out[(layer, "stage")] = state.get_pipe_parallel_rank()
+            out[(layer, "experts", ep)] = _experts(engine.module, ep_rank, 4 // ep)
+            if zero == 0:
+                out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, PIPELINE_STEPS)
+                state.destroy()
+                continue
+            out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 3)
+            save_checkpoint(args, ctx.model_config, 3, engine)
+            out[(layer, "saved")] = _experts(engine.module, ep_rank, 2)
+            out[(layer, ep, zero)] += _steps(args, ctx, engine, optimizer, seed, 3, PIPELINE_STEPS - 3)
+            state.destroy()
+            ctx, engine, optimizer = _setup(args)
+            assert load_checkpoint(args, ctx.model_config, engine)[0] == 3
+            out[(layer, "reloaded")] = _experts(engine.module, ep_rank, 2)
+            out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, seed, 3, PIPELINE_STEPS - 3)
+            out[(layer, "files")] = sorted(os.listdir(os.path.join(save, "global_step3")))
+            out[(layer, "expert keys")] = {f: sorted(torch.load(os.path.join(save, "global_step3", f)))
+                                           for f in out[(layer, "files")] if "_expert_" in f}
+            ctx.parallel_state.destroy()
+            model, ctx, iteration = setup_for_inference(args)
+            out[(layer, "inference")] = (iteration, _experts(getattr(model, "module", model)))
+            out[(layer, "logits")] = [_inference_logits(model, ctx)]
+            ctx.parallel_state.destroy()
+            no_pipeline = _neox_args(layer, ep, zero, save, expert_interval=1, train_iters=PIPELINE_STEPS)
+            model, ctx, _ = setup_for_inference(no_pipeline)  # the same logits
+            out[(layer, "logits")].append(_inference_logits(model, ctx))
+            ctx.parallel_state.destroy()
+    return out
+
+
+def _inference_logits(model, ctx) -> torch.Tensor:
+    """generate.py's logits of one random sequence (megatron.text_generation_utils' runner of ``model``)."""
+    from megatron.text_generation_utils import build_runner
+
+    return build_runner(model, ctx.parallel_state, ctx.model_config)(*random_batch(batch=1)[0])
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inference(four_rank_runs, layer):
+    """PP=2 x DP=2 under DeepSpeed's PipelineEngine, an MoE layer on each stage: EP=1 trains as the model without a
+    pipeline (TP=2 x DP=2 on the same batches), and EP=2 (two experts a rank, expert
+    gradients reduced over the expert-data-parallel ranks, the rest over the data-parallel ones) gives EP=1's losses
+    and gradient norms (over both stages) for 6 steps, with ZeRO 0 and 1; the checkpoint holds each stage's experts
+    in files of their own (the stage's model-parallel rank in their names) beside GPT-NeoX's layer files; a fresh
+    engine resumes it exactly (the stages stay in step while loading), and generate.py's setup loads every expert of its stage and
+    gives the logits of the same checkpoint loaded without a pipeline."""
+    runs = [out["pp"] for out in four_rank_runs]
+    for rank, out in enumerate(runs):
+        stage, ep_rank = out[(layer, "stage")], rank % 2
+        assert stage == rank // 2
+        slot = f"{2 + stage}.mlp."  # the stage's transformer layer (GPT-NeoX's slot)
+        mine, everything = out[(layer, "experts", 2)], out[(layer, "experts", 1)]
+        assert {(p, e) for p, e, _ in mine} == {(slot, 2 * ep_rank), (slot, 2 * ep_rank + 1)}
+        for key, weight in mine.items():
+            torch.testing.assert_close(weight, everything[key], rtol=0, atol=0)
+        reference = torch.tensor(out[(layer, 1, 0)])  # [step, (loss, gradient norm)], equal on every rank
+        torch.testing.assert_close(reference, torch.tensor(runs[0][(layer, 1, 0)]), rtol=0, atol=0)
+        torch.testing.assert_close(reference, torch.tensor(out[(layer, "no pipeline")]), rtol=2e-3, atol=0)
+        assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
+        for zero in (0, 1):
+            torch.testing.assert_close(torch.tensor(out[(layer, 2, zero)]), reference, rtol=2e-3, atol=0)
+        saved = out[(layer, "saved")]
+        assert all(torch.equal(saved[key], weight) for key, weight in out[(layer, "reloaded")].items())
+        assert out[(layer, "resumed")] == out[(layer, 2, 1)][3:]
+        iteration, inference_experts = out[(layer, "inference")]
+        assert iteration == 3 and {(p, e) for p, e, _ in inference_experts} == {(slot, e) for e in range(4)}
+        for key, weight in saved.items():
+            torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
+        in_pipeline, without = out[(layer, "logits")]
+        assert in_pipeline.shape == without.shape and in_pipeline.shape[:2] == (1, 16)
+        torch.testing.assert_close(in_pipeline, without, rtol=1e-5, atol=1e-5)
+    files = runs[0][(layer, "files")]
+    assert [f for f in files if "_expert_" in f] == [f"layer_0_expert_{e}_mp_rank_0{stage}_model_states.pt"
+                                                     for e in range(4) for stage in range(2)]
+    for name, keys in runs[0][(layer, "expert keys")].items():  # stage s's file: its layer's (slot 2 + s) expert
+        stage, expert = int(name[-len("_model_states.pt") - 1]), int(name.split("_")[3])
+        assert keys and all(k.startswith(f"{2 + stage}.mlp.deepspeed_moe.experts.deepspeed_experts.{expert}.")
+                            for k in keys)
+    assert {f"layer_{slot:02d}-model_00-model_states.pt" for slot in (0, 2, 3, 5)} <= set(files)

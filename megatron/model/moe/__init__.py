@@ -6,13 +6,16 @@
 * ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs;
 * ``expert_parallel``: the dropless layer with its experts split over data-parallel ranks (moe_expert_parallel_size
   > 1; DeepSpeed's layer does it itself, deepspeed_layer);
-* ``naming``: an expert-parallel expert's parameter names with its global expert index (per-parameter logs).
+* ``naming``: an expert-parallel expert's parameter names with its global expert index (per-parameter logs);
+* ``pipeline``: DeepSpeed's MoE experts (DeepSpeed's layer, the expert-parallel dropless layer) under DeepSpeed's
+  PipelineEngine: the stages kept in step while loading, GPT-NeoX's layer files written beside the expert files.
 With tensor parallelism the dropless layer's experts are split over the tensor-parallel ranks (GPT-NeoX's dMoE), with
 sequence_parallel too (the sequence gathered for routing, the partial sums reduce-scattered), and with expert
 parallelism too over the expert-parallel ranks within each tensor-parallel rank's block (EP x TP).
-DeepSpeed's layer runs with tensor parallelism too, its experts replicated over the tensor-parallel ranks.
-Expert parallelism with pipeline parallelism, DeepSpeed's layer in a pipeline, and DeepSpeed's expert tensor
-parallelism are not built yet: megatron.neox_arguments refuses them.
+DeepSpeed's layer runs with tensor parallelism too, its experts replicated over the tensor-parallel ranks or, with
+enable_expert_tensor_parallelism, each split column / row over them (deepspeed_layer).
+Expert parallelism and DeepSpeed's layer run in a pipeline with data parallelism (PP x DP; not yet with tensor
+parallelism there: megatron.neox_arguments refuses it).
 """
 from __future__ import annotations
 
@@ -27,13 +30,13 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
     """The MoE MLP of layer ``layer_number``; ValueError for a configuration not built here (validation refuses
     those first, naming the key)."""
     unbuilt = []
-    if config.moe_expert_parallel_size != 1 and config.moe_type == "megablocks" and config.is_pipe_parallel:
-        unbuilt.append(f"moe_expert_parallel_size={config.moe_expert_parallel_size} with moe_type 'megablocks' and "
-                       f"pipe_parallel_size={config.pipe_parallel_size}")
+    deepspeed_experts = config.moe_type == "deepspeed" or config.moe_expert_parallel_size > 1
+    if deepspeed_experts and config.is_pipe_parallel and config.model_parallel_size > 1:
+        unbuilt.append(f"DeepSpeed's experts (moe_type {config.moe_type!r}, moe_expert_parallel_size="
+                       f"{config.moe_expert_parallel_size}) with pipe_parallel_size={config.pipe_parallel_size} and "
+                       f"model_parallel_size={config.model_parallel_size}")
     if config.moe_type == "megablocks" and config.moe_token_dropping:
         unbuilt.append("moe_token_dropping=true with moe_type 'megablocks' (dropless)")
-    if config.moe_type == "deepspeed" and config.is_pipe_parallel:
-        unbuilt.append(f"moe_type 'deepspeed' with pipe_parallel_size={config.pipe_parallel_size}")
     if unbuilt:
         raise ValueError(f"mixture of experts with {', '.join(unbuilt)} is not supported yet")
     if config.moe_type == "deepspeed":

@@ -32,7 +32,7 @@ with GPT-NeoX's per-expert w1 / [w3] / w2 rows ([width, hidden] each), named by 
 files (``layer_{i}_expert_{e}_mp_rank_00_model_states.pt``); megatron.checkpoint_conversion stacks them back into
 GPT-NeoX's ``mlp.experts.mlp.w1`` & co. for conversion and inference. The router keeps GPT-NeoX's
 ``mlp.router.layer.weight``. Initialised from the same stacked tensors as the layer without expert parallelism.
-No pipeline (refused by the argument checks: DeepSpeed numbers the expert files per stage).
+In a pipeline (PP x DP) each stage's experts are in files of their own (megatron.model.moe.pipeline).
 """
 from __future__ import annotations
 

@@ -12,11 +12,12 @@ class NeoXArgsMoE:
     """Mixture-of-experts settings. Built: the dropless layer (moe_type megablocks, GPT-NeoX's dMoE) in plain
     PyTorch, with pipeline, data and tensor parallelism (the experts split over the tensor-parallel ranks, as
     GPT-NeoX's dMoE; with sequence_parallel too); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
-    and tensor parallelism (its experts replicated over the tensor-parallel ranks) and ZeRO 0-2
-    (pipe_parallel_size 0); expert parallelism for both (moe_expert_parallel_size, pipe_parallel_size 0);
-    conversion to Hugging Face's Mixtral. Not built yet, and refused with a message: expert parallelism or
-    DeepSpeed's layer in a pipeline, expert tensor parallelism, tutel, sequence_parallel with DeepSpeed's layer or
-    expert parallelism. Every MoE setting written while moe_num_experts is 1 is refused (nothing would read it)."""
+    and tensor parallelism (its experts replicated over the tensor-parallel ranks) and ZeRO 0-2; expert
+    parallelism for both (moe_expert_parallel_size); DeepSpeed's layer and expert parallelism in a pipeline with
+    data parallelism (PP x DP); conversion to Hugging Face's Mixtral. Not built yet, and refused with a message:
+    DeepSpeed's layer or expert parallelism in a pipeline with tensor parallelism or the per-parameter logs, expert
+    tensor parallelism, tutel, sequence_parallel with DeepSpeed's layer or expert parallelism. Every MoE setting
+    written while moe_num_experts is 1 is refused (nothing would read it)."""
 
     expert_interval: int = 2
     """
@@ -96,7 +97,9 @@ class NeoXArgsMoE:
     groups of this many, each rank holding moe_num_experts / moe_expert_parallel_size of the experts and sending
     tokens to the others' experts by all-to-all; expert gradients are reduced over the ranks holding the same
     experts. Must divide the data-parallel size and moe_num_experts. Both layer types (GPT-NeoX: DeepSpeed's only),
-    with pipe_parallel_size 0, and with model_parallel_size > 1: DeepSpeed's layer keeps its experts whole and
+    in a pipeline with data parallelism (each stage's experts in files of their own; not yet with tensor
+    parallelism there), and with model_parallel_size > 1 (pipe_parallel_size 0): DeepSpeed's layer keeps its
+    experts whole and
     replicated on the tensor-parallel ranks, the dropless layer splits each tensor-parallel rank's block of
     moe_num_experts / model_parallel_size experts over the expert-parallel ranks (moe_num_experts divisible by
     both sizes' product); experts are saved one per file (DeepSpeed's
