@@ -81,7 +81,8 @@ def main() -> None:
             records, _ = train_with_deepy(train_config(args, asynchronous, data, directory), directory,
                                           "async" if asynchronous else "sync", args.port)
             results[name] = measure(records, args.every, args.steps)
-            print(f"{name}: {results[name]}", flush=True)
+            print(f"{name}: {results[name]}\n  step times: {[round(r['iteration_time_s'], 2) for r in records]}",
+                  flush=True)
     rows = [[name, f"{r['pause']:.3f}", f"{r['quiet']:.3f}", f"{r['first']:.3f}", f"{r['second']:.3f}",
              f"{r['first'] / r['quiet']:.2f}", f"{r['second'] / r['quiet']:.2f}", f"{r['per_iteration']:.3f}"]
             for name, r in results.items()]

@@ -2,8 +2,8 @@
 
 DeepSpeed's engine writes every checkpoint file through its ``checkpoint_engine``. ``BackgroundWriter`` takes
 that place: its ``save`` copies the state (to CPU memory, so the next optimizer step cannot change what is
-written) and hands it to one writer thread per rank, which writes and fsyncs the files at the lowest CPU
-priority (the step, which needs the cores, keeps them). ``AsyncCheckpoints`` keeps the save atomic as
+written) and hands it to one writer thread per rank, which writes and fsyncs the files at a low CPU priority
+(the step, which needs the cores, keeps most of them). ``AsyncCheckpoints`` keeps the save atomic as
 megatron.checkpointing's synchronous one is: the checkpoint is completed (checksums, ``COMPLETE``, ``latest``)
 only once every rank's writer has finished, so a kill at any moment leaves either the previous checkpoint named
 by ``latest`` or a directory without ``COMPLETE`` that no resume loads. Completion is noticed without stalling:
@@ -26,6 +26,8 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointComm
 from megatron.checkpoint_files import CheckpointError
 
 WRITING, DONE, FAILED = 0, 1, -1
+WRITER_NICENESS = 10
+"""The background writer's niceness (lower_thread_priority)."""
 
 
 def snapshot(state: Any) -> Any:
@@ -50,14 +52,16 @@ def snapshot(state: Any) -> Any:
 
 
 def lower_thread_priority() -> None:
-    """Give the calling thread the lowest CPU priority (nice 19), where the system allows it.
+    """Give the calling thread a low CPU priority (nice WRITER_NICENESS), where the system allows it.
 
-    Linux schedules threads on their own, so the writer takes only CPU time the step leaves idle: on a machine
-    whose cores all train (CPU training) a writer at normal priority took a share of every core, and the step
-    it overlapped grew by 15-20 %; at nice 19 the write stretches over a step or two instead (bench/async_save.py).
-    Elsewhere (no per-thread priorities, or not permitted) the thread keeps its priority."""
+    Linux schedules threads on their own. On a machine whose cores all train (CPU training), a writer at normal
+    priority took a share of every core and the step it overlapped grew by 15-20 %; at nice 19 the step kept its
+    speed but the writer got next to no CPU, so the write was still running at the next save, which waited for it
+    (the loop's pause grew back to the synchronous save's). At nice 10 the write spreads over a few steps, each
+    5-15 % slower on 2 CPU cores (bench/async_save.py); on a GPU the cores are mostly idle and the write costs the
+    step little. Elsewhere (no per-thread priorities, or not permitted) the thread keeps its priority."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
     except (AttributeError, OSError):
         pass
 

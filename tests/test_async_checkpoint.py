@@ -9,7 +9,8 @@ import threading
 import pytest
 import torch
 
-from megatron.async_checkpoint import DONE, FAILED, WRITING, AsyncCheckpoints, BackgroundWriter, snapshot
+from megatron.async_checkpoint import (DONE, FAILED, WRITER_NICENESS, WRITING, AsyncCheckpoints, BackgroundWriter,
+                                      snapshot)
 from megatron.checkpoint_files import CheckpointError
 from megatron.checkpointing import (COMPLETE_MARKER, LATEST_FILE, complete_checkpoint, complete_tags, failed_save,
                                     read_latest)
@@ -71,13 +72,13 @@ def test_files_are_written_on_the_writer_thread_and_errors_are_reported(tmp_path
 
 @pytest.mark.skipif(not hasattr(os, "getpriority") or not os.path.isdir("/proc/self/task"),
                     reason="per-thread priorities are Linux's")
-def test_the_writer_thread_runs_at_the_lowest_priority_and_the_training_thread_keeps_its_own():
+def test_the_writer_thread_runs_at_a_low_priority_and_the_training_thread_keeps_its_own():
     before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     writer = BackgroundWriter(Inner())
     seen = []
     writer.submit(lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
     writer.wait()
-    assert seen == [19]
+    assert len(seen) == 1 and seen[0] >= WRITER_NICENESS > 0
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
 
 
