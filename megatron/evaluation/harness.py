@@ -34,6 +34,23 @@ def set_offline_env() -> None:
 
 
 @contextlib.contextmanager
+def no_forked_pool() -> Iterator[None]:
+    """lm-eval's bootstrap standard errors (perplexity) run in a ``multiprocessing.Pool`` unless DISABLE_MULTIPROC
+    is set. Forking a training process whose other threads (gloo, the tensorboard writer, the async checkpoint
+    writer, tqdm's monitor) may hold a lock at that moment can leave the child deadlocked, and the run hangs at
+    "bootstrapping for stddev" (seen in CI). The single-process path draws the same resamples."""
+    before = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["DISABLE_MULTIPROC"]
+        else:
+            os.environ["DISABLE_MULTIPROC"] = before
+
+
+@contextlib.contextmanager
 def _untouched_rng() -> Iterator[None]:
     """Restore the Python, numpy and torch RNG states after lm-eval (which reseeds them)."""
     py_state, np_state = random.getstate(), np.random.get_state()
@@ -104,7 +121,7 @@ def run_eval_tasks(neox_args, engine, ctx, iteration: int, limit: Optional[int] 
                     max_length=max_sequence_length(ctx.model_config),
                     batch_size=int(neox_args.train_micro_batch_size_per_gpu or 1), device=ctx.device,
                     seed=int(neox_args.seed))
-        with _untouched_rng():
+        with _untouched_rng(), no_forked_pool():
             raw = simple_evaluate(model=lm, tasks=selection.names, task_manager=manager, limit=limit,
                                   bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False, random_seed=None,
                                   numpy_random_seed=None, torch_random_seed=None,

@@ -128,14 +128,26 @@ def test_requests_match_lm_eval_hf_model_one_by_one(tiny, hf_lm):
     assert got_text == want_text and any(t.strip() for t in got_text)
 
 
-def test_restores_training_mode_and_rng(tiny):
+def test_restores_training_mode_and_rng_and_never_forks(tiny, monkeypatch):
+    """Also: the perplexity's bootstrap standard error is computed without forking the (threaded) training
+    process, which could deadlock in the child (a CI hang at "bootstrapping for stddev")."""
+    import multiprocessing
+
+    def no_fork(*args, **kwargs):
+        raise AssertionError("lm-eval forked a multiprocessing.Pool inside the training process")
+
+    monkeypatch.setattr(multiprocessing, "Pool", no_fork)
+    monkeypatch.delenv("DISABLE_MULTIPROC", raising=False)
     tiny.model.train()
     state = torch.get_rng_state()
-    args = tiny_args(train_micro_batch_size_per_gpu=3, eval_tasks=[str(tiny.tasks["neox_mc_local"])])
+    args = tiny_args(train_micro_batch_size_per_gpu=3,
+                     eval_tasks=[str(tiny.tasks["neox_mc_local"]), str(tiny.tasks["neox_ll_local"])])
     result = run_eval_tasks(args, tiny.model, tiny.ctx, iteration=1, limit=3)
     assert tiny.model.training and torch.equal(torch.get_rng_state(), state)
     tiny.model.eval()
-    assert list(result["results"]) == ["neox_mc_local"]
+    assert sorted(result["results"]) == ["neox_ll_local", "neox_mc_local"]
+    assert result["metrics"]["neox_ll_local/perplexity_stderr"] > 0
+    assert "DISABLE_MULTIPROC" not in os.environ
 
 
 def test_resolve_tasks(tmp_path):
