@@ -56,16 +56,46 @@ def test_bf16_zero3_data_parallel_trains_and_resumes(data, tmp_path):
     assert [r["iteration"] for r in run.records()][-2:] == [11, 12]
 
 
-@pytest.mark.parametrize("layout", [{"model_parallel_size": 2}, {"pipe_parallel_size": 2}],
-                         ids=["model_parallel", "pipe_parallel"])
-def test_parallel_layout_matches_single_rank(data, tmp_path, single_rank_losses, layout):
-    run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=12, train_batch_size=8,
-                      gradient_accumulation_steps=2, checkpoint_factor=12, **layout)
+def test_tensor_parallel_matches_single_rank(data, tmp_path, single_rank_losses):
+    """TP=2 reproduces one rank's losses (its exact resume through deepy.py: tests/e2e/test_deepspeed_features.py,
+    tests/e2e/test_gpt_neox_checkpoints.py and the DPO run of tests/e2e/test_post_training.py)."""
+    run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=12, train_batch_size=8, gradient_accumulation_steps=2,
+                      save=None, load=None, model_parallel_size=2)
     run.launch()
     run.assert_ok()
     losses = run.losses()
     for it, loss in single_rank_losses.items():
         assert losses[it] == pytest.approx(loss, rel=2e-4, abs=2e-4), it
+
+
+def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_path, single_rank_losses):
+    """PP=2 with ZeRO 1 reproduces one rank's losses and continues from its checkpoint. GPT-NeoX's Pythia 12B / 2.8B
+    configs log gradient norms with a pipeline and ZeRO 1: metrics.jsonl (written by rank 0, the first stage) holds
+    both stages' parameters under the sequential model's names, the tied embedding once, and totals that are the
+    norm DeepSpeed clips with."""
+    run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=12, train_batch_size=8, gradient_accumulation_steps=2,
+                      checkpoint_factor=12, pipe_parallel_size=2, zero_optimization={"stage": 1},
+                      log_grad_norm=True, log_grad_pct_zeros=True, log_optimizer_states=True)
+    run.launch()
+    run.assert_ok()
+    losses = run.losses()
+    for it, loss in single_rank_losses.items():
+        assert losses[it] == pytest.approx(loss, rel=2e-4, abs=2e-4), it
+    train = run.records("train")
+    assert [r["iteration"] for r in train] == list(range(1, 13))
+    for record in train:
+        norms = {k.split("/", 1)[1]: v for k, v in record.items() if k.startswith("gradient_norms/")}
+        # stage 0: the embedding (tied to the last stage's head) and layer slot 2; stage 1: slot 3 and the final norm
+        assert "sequential.0.word_embeddings.weight" in norms and "tied_modules.embed.word_embeddings.weight" not in norms
+        for slot in ("2", "3", "5"):
+            assert any(name.startswith(f"sequential.{slot}.") for name in norms), slot
+        assert record["grad_norm_total"] == pytest.approx(record["grad_norm"], rel=1e-5)
+        assert record["grad_norm_total"] == pytest.approx(math.sqrt(sum(v * v for v in norms.values())), rel=1e-9)
+        assert {k.split("/", 1)[1] for k in record if k.startswith("gradient_pct_zeros/")} == set(norms)
+        states = {k.split("/", 1)[1] for k in record if k.startswith("optimizer_state_norms/")}
+        # before the first optimizer step there are no states; after it, Adam's two for every parameter
+        assert states == (set() if record["iteration"] == 1 else
+                          {f"{name}/{key}" for name in norms for key in ("exp_avg", "exp_avg_sq")})
     run.launch(train_iters=14, override_lr_scheduler=True)
     run.assert_ok()
     assert max(run.losses()) == 14
@@ -135,32 +165,6 @@ def test_metrics_tensorboard_debug_values_epochs_and_eval_tasks(data, tmp_path):
     acc = EventAccumulator(str(events[0].parent))
     acc.Reload()
     assert any("loss" in tag for tag in acc.Tags()["scalars"])
-
-
-def test_pipeline_logs_gradient_and_optimizer_values_of_every_stage(data, tmp_path):
-    """GPT-NeoX's Pythia 12B / 2.8B configs log gradient norms with a pipeline and ZeRO 1. metrics.jsonl (written by
-    rank 0, the first stage) holds both stages' parameters under the sequential model's names, the tied embedding
-    once, and totals that are the norm DeepSpeed clips with."""
-    run = TrainingRun(tmp_path, data, num_gpus=2, pipe_parallel_size=2, zero_optimization={"stage": 1},
-                      train_iters=3, save=None, load=None, log_grad_norm=True, log_grad_pct_zeros=True,
-                      log_optimizer_states=True)
-    run.launch()
-    run.assert_ok()
-    train = run.records("train")
-    assert [r["iteration"] for r in train] == [1, 2, 3]
-    for record in train:
-        norms = {k.split("/", 1)[1]: v for k, v in record.items() if k.startswith("gradient_norms/")}
-        # stage 0: the embedding (tied to the last stage's head) and layer slot 2; stage 1: slot 3 and the final norm
-        assert "sequential.0.word_embeddings.weight" in norms and "tied_modules.embed.word_embeddings.weight" not in norms
-        for slot in ("2", "3", "5"):
-            assert any(name.startswith(f"sequential.{slot}.") for name in norms), slot
-        assert record["grad_norm_total"] == pytest.approx(record["grad_norm"], rel=1e-5)
-        assert record["grad_norm_total"] == pytest.approx(math.sqrt(sum(v * v for v in norms.values())), rel=1e-9)
-        assert {k.split("/", 1)[1] for k in record if k.startswith("gradient_pct_zeros/")} == set(norms)
-        states = {k.split("/", 1)[1] for k in record if k.startswith("optimizer_state_norms/")}
-        # before the first optimizer step there are no states; after it, Adam's two for every parameter
-        assert states == (set() if record["iteration"] == 1 else
-                          {f"{name}/{key}" for name in norms for key in ("exp_avg", "exp_avg_sq")})
 
 
 @pytest.mark.fault
