@@ -2,7 +2,8 @@
 unreachable host is reported in a second instead of by every worker half a minute later.
 
 - files the workers will open: the data (train.py), the tokenizer files and the `load` directory
-  (train.py, generate.py, eval.py), and that train.py can write in `save`; on several nodes the same paths must exist on every node, and this
+  (train.py, generate.py, eval.py), generate.py's sample_input_file, the local task YAML files / directories
+  of eval_tasks (eval.py, and train.py's in-loop evaluation), and that train.py can write in `save`; on several nodes the same paths must exist on every node, and this
   checks the launching one;
 - hosts: every host of a pdsh / Open MPI / MVAPICH launch answers passwordless ssh; the address of rank 0
   is known (master_addr, MASTER_ADDR, or `hostname -I` on the first host, as DeepSpeed's runner finds it);
@@ -195,6 +196,29 @@ def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
             f"schedule), or point save / load at a new directory to start again")
 
 
+def sample_input_problems(args: NeoXArgsSchema) -> List[str]:
+    """generate.py's prompts file (text_gen_type input-file), as the worker words it (generate.py)."""
+    path = args.sample_input_file
+    if args.text_gen_type != "input-file" or not path or os.path.isfile(path):
+        return []
+    return [f"sample_input_file not found: {path!r} (set sample_input_file or -i to a text file with one prompt per "
+            f"line)"]
+
+
+def eval_task_problems(args: NeoXArgsSchema) -> List[str]:
+    """eval_tasks entries that name a local file or directory which is missing or holds no task (task names of
+    lm-eval's registry are looked up by the workers, which load lm-eval)."""
+    from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
+
+    if script_name(args) != "eval.py" and not args.eval_tasks:
+        return []
+    try:
+        resolve_tasks(args.eval_tasks or [])
+    except EvalTaskError as err:
+        return [str(err)]
+    return []
+
+
 def file_problems(args: NeoXArgsSchema) -> List[str]:
     script = script_name(args)
     problems: List[str] = []
@@ -202,6 +226,10 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
         problems += data_problems(args)
     if script in MODEL_SCRIPTS:
         problems += tokenizer_problems(args) + load_problems(args)
+    if script == "generate.py":
+        problems += sample_input_problems(args)
+    if script in ("eval.py", *TRAINING_SCRIPTS):
+        problems += eval_task_problems(args)
     problems += save_problems(args)
     return problems
 

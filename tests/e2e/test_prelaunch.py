@@ -59,11 +59,11 @@ def deepy_main(tmp_path, monkeypatch, capsys):
     (bin_dir / "ssh").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
 
-    def run(config, *extra):
+    def run(config, *extra, script="train.py"):
         path = tmp_path / f"config{time.time_ns()}.yml"
         path.write_text(yaml.safe_dump(config))
         capsys.readouterr()
-        code = deepy.main([str(Path(REPO) / "train.py"), str(path), *extra])
+        code = deepy.main([str(Path(REPO) / script), str(path), *extra])
         return code, capsys.readouterr().err, calls
 
     return run
@@ -101,6 +101,28 @@ def test_load_directory_that_does_not_exist(deepy_main, files, tmp_path):
     # the first run of a config that saves and resumes in one directory starts from scratch
     code, _, launched = deepy_main({**BASE, **files, "load": str(tmp_path / "ckpt"), "save": str(tmp_path / "ckpt")})
     assert code == 0 and len(launched) == 1
+
+
+def test_a_missing_prompts_file_or_eval_task_file_is_named_before_launch(deepy_main, files, tmp_path):
+    """generate.py's -i file and eval_tasks' local task files are the launching machine's to check: one message
+    naming the file, exit status 2, no worker started (the workers would each fail after their start-up)."""
+    from tests.evaluation.local_tasks import write_local_tasks
+
+    code, err, launched = deepy_main({**BASE, **files}, "-i", str(tmp_path / "nope.txt"), script="generate.py")
+    assert code == 2 and launched == [] and "Traceback" not in err
+    assert f"sample_input_file not found: '{tmp_path / 'nope.txt'}'" in err
+    tasks = write_local_tasks(tmp_path / "tasks", docs=2)
+    missing = str(tmp_path / "no_such_task.yaml")
+    for script in ("eval.py", "train.py"):
+        code, err, launched = deepy_main({**BASE, **files, "eval_tasks": [str(tmp_path / "tasks"), missing]},
+                                         script=script)
+        assert code == 2 and launched == [] and "Traceback" not in err, script
+        assert f"eval_tasks entry {missing!r}: no such file or directory" in err, script
+    (tmp_path / "prompts.txt").write_text("def f(x):\n")
+    code, _, launched = deepy_main({**BASE, **files}, "-i", str(tmp_path / "prompts.txt"), script="generate.py")
+    assert code == 0 and len(launched) == 1
+    code, _, launched = deepy_main({**BASE, **files, "eval_tasks": [str(tasks["neox_mc_local"])]}, script="eval.py")
+    assert code == 0 and len(launched) == 2
 
 
 @pytest.mark.fault
