@@ -15,7 +15,7 @@ from tests.checkpoint_conversion.helpers import (hf_greedy, random_tokens, save_
                                                 tiny_llama)
 from tests.e2e.launch import free_port, run_deepy
 from tests.e2e.training_run import build_tiny_corpus
-from tests.tools.tool_runner import load_tool, run_tool
+from tests.tools.tool_runner import load_tool
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 TOOL = "tools/ckpts/convert_hf_to_neox.py"
