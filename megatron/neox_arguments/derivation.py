@@ -449,35 +449,10 @@ def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
                         "experts) is DeepSpeed's layer (moe_type: deepspeed); remove it or set it false")
     ep = args.moe_expert_parallel_size
     dp = args.data_parallel_size
-    per_parameter = [flag for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
-                     if getattr(args, flag)]
-    problems += _pipeline_moe_problems(args, per_parameter)
     if ep > 1 and dp is not None and dp % ep:
         problems.append(f"moe_expert_parallel_size={ep} must divide the data-parallel size {dp} (the experts are split "
                         f"over groups of data-parallel ranks)")
     problems += _moe_engine_problems(args)
-    return problems
-
-
-def _pipeline_moe_problems(args: NeoXArgsSchema, per_parameter: List[str]) -> List[str]:
-    """DeepSpeed's MoE experts (moe_type deepspeed, or expert parallelism) in a pipeline
-    (megatron.model.moe.pipeline): trained, resumed and loaded at PP x DP; not yet verified with tensor parallelism or
-    with the per-parameter logs."""
-    if args.pipe_parallel_size < 1 or (args.moe_type != "deepspeed" and args.moe_expert_parallel_size == 1):
-        return []
-    experts = ("moe_type='deepspeed'" if args.moe_type == "deepspeed" else
-               f"moe_expert_parallel_size={args.moe_expert_parallel_size}")
-    problems = []
-    if args.model_parallel_size > 1:
-        problems.append(f"{experts} with pipe_parallel_size={args.pipe_parallel_size} and model_parallel_size="
-                        f"{args.model_parallel_size} is not supported yet: DeepSpeed's experts in a pipeline are built "
-                        f"and tested with pipeline and data parallelism only; use model_parallel_size 1 in a pipeline, "
-                        f"or pipe_parallel_size 0 with tensor parallelism")
-    if per_parameter:
-        problems.append(f"{', '.join(per_parameter)} with {experts} and pipe_parallel_size="
-                        f"{args.pipe_parallel_size} is not supported yet: gathering the experts' per-parameter values "
-                        f"over the expert-parallel ranks of each pipeline stage is not built; remove them or use "
-                        f"pipe_parallel_size 0")
     return problems
 
 

@@ -2,7 +2,8 @@
 layers with their experts split over data-parallel ranks (DP=4, EP=2) training as with every expert on every rank
 (DeepSpeed's engine, ZeRO 0 and 2), with tensor parallelism (TP=2 x DP=2: the dropless layer's experts split over
 EP x TP, DeepSpeed's replicated over TP or, with enable_expert_tensor_parallelism, each split column / row), in a
-pipeline (PP=2 x DP=2, EP=2 as EP=1), their per-parameter logs, checkpoint files, exact resume, inference, and
+pipeline (PP=2 x DP=2, EP=2 as EP=1; PP=2 x TP=2, DeepSpeed's layer replicated and split, as without a pipeline),
+their per-parameter logs, checkpoint files, exact resume, inference, and
 loading at another expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
 tests/test_checkpointing.py)."""
 import os
@@ -16,6 +17,7 @@ from tests.model.helpers import random_batch, stacked_expert_logs
 
 STEPS = 10
 LOGGED = ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
+LOGGED_ON = {flag: True for flag in LOGGED}
 
 
 @pytest.mark.parametrize("world,tp,pp,ep", [(8, 1, 1, 2), (8, 1, 1, 4), (16, 2, 1, 4), (16, 2, 2, 2), (8, 2, 2, 2)])
@@ -63,14 +65,16 @@ def _setup(args):
     return ctx, engine, optimizer
 
 
-def _steps(args, ctx, engine, optimizer, rank: int, first: int, count: int, logs: list = None):
+def _steps(args, ctx, engine, optimizer, rank, first: int, count: int, logs: list = None):
     """[(loss over both ranks, gradient norm)] of train_step for steps first .. first + count - 1; with ``logs``
-    the first two steps also take the per-parameter logs (train_step's debug values), appended to it."""
+    the first two steps also take the per-parameter logs (train_step's debug values), appended to it. ``rank``:
+    the seed of this rank's batch, or a tuple of seeds, one per micro batch (gradient accumulation)."""
     from megatron.training import train_step
 
     out = []
-    for step in range(first, first + count):
-        batches = iter([random_batch(batch=2, seed=10 * (step % 2) + rank)])  # two batches a rank, to learn
+    seeds = rank if isinstance(rank, tuple) else (rank,)
+    for step in range(first, first + count):  # two batches a rank, to learn
+        batches = iter([random_batch(batch=2, seed=10 * (step % 2) + seed) for seed in seeds])
         debug = logs is not None and step < 2
         loss, skipped, _, extras = train_step(args, engine, batches, ctx, optimizer, debug=debug)
         assert not skipped
@@ -184,7 +188,8 @@ def four_rank_runs(tmp_path_factory):
 def _four_rank_runs(rank: int, world_size: int, save_root: str) -> dict:
     return {"dp": _expert_parallel_run(rank, world_size, os.path.join(save_root, "dp")),
             "tp": _expert_and_tensor_parallel_run(rank, world_size, os.path.join(save_root, "tp")),
-            "pp": _pipeline_run(rank, world_size, os.path.join(save_root, "pp"))}
+            "pp": _pipeline_run(rank, world_size, os.path.join(save_root, "pp")),
+            "pptp": _pipeline_tensor_parallel_run(rank, world_size, os.path.join(save_root, "pptp"))}
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +232,7 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
     save = os.path.join(root, layer)
     for tp, ep, zero in runs:
         args = _neox_args(layer, ep, zero, save, num_gpus=4, model_parallel_size=tp,
-                          **{flag: True for flag in LOGGED})
+                          **LOGGED_ON)
         ctx, engine, optimizer = _setup(args)
         state = ctx.parallel_state
         dp_rank, tp_rank = state.get_data_parallel_rank(), state.get_model_parallel_rank()
@@ -420,8 +425,9 @@ PIPELINE_STEPS = 6
 
 
 def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
-    """4 ranks, PP=2 x DP=2, both layers, one MoE layer on each stage (expert_interval 1): EP=1 and EP=2 (ZeRO 0), then
-    EP=2 (ZeRO 1) saved after 3 steps and resumed by a fresh engine, then loaded by generate.py's setup."""
+    """4 ranks, PP=2 x DP=2, both layers, one MoE layer on each stage (expert_interval 1): EP=1 and EP=2 (ZeRO 0, with
+    the per-parameter logs, as the reference without a pipeline), then EP=2 (ZeRO 1) saved after 3 steps and
+    resumed by a fresh engine, then loaded by generate.py's setup."""
     from megatron.checkpointing import load_checkpoint, save_checkpoint
     from megatron.inference import setup_for_inference
 
@@ -429,21 +435,25 @@ def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
     for layer in LAYERS:
         save = os.path.join(save_root, layer)
         # no pipeline: TP=2 x DP=2 reads the same batches (data-parallel rank d: seed d), layers laid out anew
-        args = _neox_args(layer, 1, 0, save, model_parallel_size=2, expert_interval=1, train_iters=PIPELINE_STEPS)
+        args = _neox_args(layer, 1, 0, save, model_parallel_size=2, expert_interval=1, train_iters=PIPELINE_STEPS,
+                          **LOGGED_ON)
         ctx, engine, optimizer = _setup(args)
+        logs = out[(layer, "logs", "no pipeline")] = []
         out[(layer, "no pipeline")] = _steps(args, ctx, engine, optimizer, ctx.parallel_state.get_data_parallel_rank(),
-                                             0, PIPELINE_STEPS)
+                                             0, PIPELINE_STEPS, logs)
         ctx.parallel_state.destroy()
         for ep, zero in ((1, 0), (2, 0), (2, 1)):
+            logged = LOGGED_ON if (ep, zero) == (2, 0) else {}
             args = _neox_args(layer, ep, zero, save, pipe_parallel_size=2, expert_interval=1,
-                              train_iters=PIPELINE_STEPS)
+                              train_iters=PIPELINE_STEPS, **logged)
             ctx, engine, optimizer = _setup(args)
             state = ctx.parallel_state
             seed, ep_rank = state.get_data_parallel_rank(), state.get_expert_parallel_rank()
             out[(layer, "stage")] = state.get_pipe_parallel_rank()
             out[(layer, "experts", ep)] = _experts(engine.module, ep_rank, 4 // ep)
             if zero == 0:
-                out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, PIPELINE_STEPS)
+                logs = out[(layer, "logs", ep)] = [] if logged else None
+                out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, PIPELINE_STEPS, logs)
                 state.destroy()
                 continue
             out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 3)
@@ -467,6 +477,46 @@ def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
             model, ctx, _ = setup_for_inference(no_pipeline)  # the same logits
             out[(layer, "logits")].append(_inference_logits(model, ctx))
             ctx.parallel_state.destroy()
+    return out
+
+
+def _pipeline_tensor_parallel_run(rank: int, world_size: int, save_root: str) -> dict:
+    """4 ranks, PP=2 x TP=2 x DP=1, DeepSpeed's layer at EP=1 with its experts replicated over the tensor-parallel
+    ranks and split over them (enable_expert_tensor_parallelism), one MoE layer on each stage, ZeRO 1: each step
+    two micro batches, the batches of _pipeline_run's no-pipeline run's two data-parallel ranks; per-parameter logs;
+    saved after 3 steps and resumed by a fresh engine, then loaded by generate.py's setup."""
+    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.inference import setup_for_inference
+
+    out = {}
+    for layer in ("deepspeed", "deepspeed_split"):
+        save = os.path.join(save_root, layer)
+        args = _neox_args(layer, 1, 1, save, model_parallel_size=2, pipe_parallel_size=2, expert_interval=1,
+                          train_iters=PIPELINE_STEPS, gradient_accumulation_steps=2, **LOGGED_ON)
+        ctx, engine, optimizer = _setup(args)
+        state = ctx.parallel_state
+        out["coords"] = (state.get_pipe_parallel_rank(), state.get_model_parallel_rank(),
+                         state.get_data_parallel_world_size())
+        logs = out[(layer, "logs")] = []
+        out[(layer, "run")] = _steps(args, ctx, engine, optimizer, (0, 1), 0, 3, logs)
+        save_checkpoint(args, ctx.model_config, 3, engine)
+        out[(layer, "saved")] = _experts(engine.module)
+        out[(layer, "run")] += _steps(args, ctx, engine, optimizer, (0, 1), 3, PIPELINE_STEPS - 3)
+        state.destroy()
+        ctx, engine, optimizer = _setup(args)
+        assert load_checkpoint(args, ctx.model_config, engine)[0] == 3
+        out[(layer, "reloaded")] = _experts(engine.module)
+        out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, (0, 1), 3, PIPELINE_STEPS - 3)
+        out[(layer, "root")] = os.path.join(save, "global_step3")
+        ctx.parallel_state.destroy()
+        model, ctx, iteration = setup_for_inference(args)
+        out[(layer, "inference")] = (iteration, _experts(getattr(model, "module", model)))
+        out[(layer, "logits")] = [_inference_logits(model, ctx)]
+        ctx.parallel_state.destroy()
+        no_pipeline = _neox_args(layer, 1, 1, save, model_parallel_size=2, expert_interval=1)
+        model, ctx, _ = setup_for_inference(no_pipeline)  # TP=2 x DP=2: the same logits
+        out[(layer, "logits")].append(_inference_logits(model, ctx))
+        ctx.parallel_state.destroy()
     return out
 
 
@@ -519,3 +569,72 @@ def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inf
         assert keys and all(k.startswith(f"{2 + stage}.mlp.deepspeed_moe.experts.deepspeed_experts.{expert}.")
                             for k in keys)
     assert {f"layer_{slot:02d}-model_00-model_states.pt" for slot in (0, 2, 3, 5)} <= set(files)
+
+
+def test_per_parameter_logs_of_experts_in_a_pipeline(four_rank_runs):
+    """log_grad_norm, log_param_norm, log_grad_pct_zeros, log_optimizer_states of DeepSpeed's experts in a pipeline
+    (PP=2 x DP=2 at EP=2, ZeRO 0; both layers): one entry per global expert of each stage's MoE layer, under the
+    sequential model's names, the values of the model without a pipeline (TP=2 x DP=2, EP=1; the dropless layer's
+    experts stacked there), on every rank."""
+    runs = [out["pp"] for out in four_rank_runs]
+    for rank, out in enumerate(runs):
+        for layer, tensors in (("deepspeed", 4), ("megablocks", 2)):  # linear1 / linear2 weight, bias; w1 / w2
+            logs = out[(layer, "logs", 2)]
+            for values in logs:
+                norms = {k.split(".deepspeed_experts.")[0] + "." + k.split(".deepspeed_experts.")[1].split(".")[0]
+                         for k in values if k.startswith("parameter_norms/") and ".deepspeed_experts." in k}
+                assert norms == {f"parameter_norms/sequential.{slot}.mlp.deepspeed_moe.experts.{e}"
+                                 for slot in (2, 3) for e in range(4)}
+                assert len([k for k in values if k.startswith("parameter_norms/") and ".deepspeed_experts." in k]) \
+                    == 2 * 4 * tensors
+            if layer == "megablocks":
+                logs = [stacked_expert_logs(v) for v in logs]
+            _assert_logs_equal(logs, out[(layer, "logs", "no pipeline")], (rank, layer))
+        assert out[("deepspeed", "logs", 2)] == runs[0][("deepspeed", "logs", 2)]
+
+
+@pytest.mark.parametrize("layer", ["deepspeed", "deepspeed_split"])
+def test_deepspeed_layer_in_a_pipeline_with_tensor_parallelism(four_rank_runs, layer):
+    """PP=2 x TP=2 (DP=1, ZeRO 1, EP=1) under DeepSpeed's PipelineEngine, DeepSpeed's layer on each stage, its
+    experts replicated over the tensor-parallel ranks or split column / row (enable_expert_tensor_parallelism):
+    trains as the model without a pipeline (TP=2 x DP=2 on the same batches, two micro batches a step here) for 6
+    steps with the same per-parameter logs; each stage's and tensor-parallel rank's experts are in files of their own
+    (model-parallel rank stage x 2 + tensor rank) which a fresh engine resumes exactly, generate.py's setup loads
+    (the logits of the same checkpoint loaded without a pipeline) and conversion merges into whole experts."""
+    from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+
+    runs = [out["pptp"] for out in four_rank_runs]
+    reference = torch.tensor(four_rank_runs[0]["pp"][("deepspeed", "no pipeline")])
+    reference_logs = four_rank_runs[0]["pp"][("deepspeed", "logs", "no pipeline")]
+    for rank, out in enumerate(runs):
+        stage, tp_rank, dp = out["coords"]
+        assert (stage, tp_rank, dp) == (rank // 2, rank % 2, 1)
+        torch.testing.assert_close(torch.tensor(out[(layer, "run")]), reference, rtol=2e-3, atol=0)
+        _assert_logs_equal(out[(layer, "logs")], reference_logs, (rank, layer))
+        saved = out[(layer, "saved")]
+        assert {(p, e) for p, e, _ in saved} == {(f"{2 + stage}.mlp.", e) for e in range(4)}
+        assert all(torch.equal(saved[key], weight) for key, weight in out[(layer, "reloaded")].items())
+        assert out[(layer, "resumed")] == out[(layer, "run")][3:]
+        iteration, inference_experts = out[(layer, "inference")]
+        assert iteration == 3 and set(inference_experts) == set(saved)
+        for key, weight in saved.items():
+            torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
+        in_pipeline, without = out[(layer, "logits")]
+        assert in_pipeline.shape == without.shape == (1, 16, 512)
+        torch.testing.assert_close(in_pipeline, without, rtol=1e-5, atol=1e-5)
+    root = runs[0][(layer, "root")]
+    files = sorted(os.listdir(root))
+    assert [f for f in files if "_expert_" in f] == [f"layer_0_expert_{e}_mp_rank_0{m}_model_states.pt"
+                                                     for e in range(4) for m in range(4)]
+    merged = read_checkpoint(root).state
+    for stage in range(2):
+        shards = [runs[2 * stage + t][(layer, "saved")] for t in range(2)]  # the stage's tensor-parallel ranks
+        for (prefix, e, tensor), weight in shards[0].items():
+            dim = {"linear1.weight": 0, "linear1.bias": 0, "linear2.weight": 1}.get(tensor)
+            split = layer == "deepspeed_split" and dim is not None
+            want = torch.cat([weight, shards[1][(prefix, e, tensor)]], dim) if split else weight
+            assert split or torch.equal(shards[1][(prefix, e, tensor)], weight)  # replicated: the same on both
+            name = f"layers.{stage}.mlp.deepspeed_moe.experts.deepspeed_experts.{e}.{tensor}"
+            torch.testing.assert_close(merged[name], want, rtol=0, atol=0)
+            if tensor == "linear1.weight":  # the whole expert: 4 x hidden rows
+                assert merged[name].shape == (128, 32) and weight.shape == ((64, 32) if split else (128, 32))

@@ -138,20 +138,12 @@ def test_required_model_fields():
     ({"train_impl": "dpo"}, "train_impl 'dpo' trains on chosen / rejected pairs: set dataset_impl: pairwise"),
     ({"dpo_beta": 0.5}, "dpo_beta=0.5 is a setting of train_impl 'dpo'"),
     ({"train_impl": "rm"}, "train_impl 'rm' trains on chosen / rejected pairs: set dataset_impl: pairwise"),
-    ({"moe_num_experts": 4, "moe_type": "deepspeed", "pipe_parallel_size": 2, "model_parallel_size": 2,
-      "num_gpus": 4},
-     "moe_type='deepspeed' with pipe_parallel_size=2 and model_parallel_size=2 is not supported yet"),
-    ({"moe_num_experts": 4, "moe_type": "deepspeed", "pipe_parallel_size": 1, "log_grad_norm": True},
-     "log_grad_norm with moe_type='deepspeed' and pipe_parallel_size=1 is not supported yet"),
     ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_router_type": "sinkhorn"},
      "DeepSpeed's MoE layer routes with its own top-k gate"),
     ({"moe_num_experts": 4, "moe_type": "deepspeed", "moe_jitter_eps": 0.1}, "fixed eps of 0.01"),
     ({"moe_top_k": 2}, "moe_top_k=2 is a setting of mixture of experts, which is off (moe_num_experts=1)"),
     ({"moe_num_experts": 4, "moe_top_k": 5}, "moe_top_k=5 must be between 1 and moe_num_experts=4"),
     ({"moe_num_experts": 4, "moe_token_dropping": True}, "moe_token_dropping=true with moe_type='megablocks'"),
-    ({"moe_num_experts": 4, "moe_expert_parallel_size": 2, "num_gpus": 8, "pipe_parallel_size": 2,
-      "model_parallel_size": 2},
-     "moe_expert_parallel_size=2 with pipe_parallel_size=2 and model_parallel_size=2 is not supported yet"),
     ({"moe_num_experts": 6, "moe_expert_parallel_size": 2, "num_gpus": 4, "model_parallel_size": 2},
      "moe_num_experts=6 must be divisible by moe_expert_parallel_size x model_parallel_size = 2 x 2"),
     ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
@@ -311,6 +303,17 @@ def test_deepspeed_experts_are_accepted_in_a_pipeline_with_data_parallelism(moe_
     """DeepSpeed's layer and expert parallelism under the pipeline engine (tests/model/test_moe_expert_parallel.py)."""
     args = tiny(moe_num_experts=4, moe_type=moe_type, moe_expert_parallel_size=2, pipe_parallel_size=2, num_gpus=4)
     assert args.is_pipe_parallel and args.moe_expert_parallel_size == 2 and args.data_parallel_size == 2
+
+
+@pytest.mark.parametrize("moe_type", ["deepspeed", "megablocks"])
+def test_deepspeed_experts_are_accepted_in_a_pipeline_with_tensor_parallelism_and_logs(moe_type):
+    """PP x TP (x DP, expert parallelism) with the per-parameter logs (tests/model/test_moe_expert_parallel.py;
+    EP=2 at PP=2 x TP=2 x DP=2 was run by hand on 8 ranks)."""
+    logs = {flag: True for flag in ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")}
+    args = tiny(moe_num_experts=4, moe_type=moe_type, moe_expert_parallel_size=2, pipe_parallel_size=2,
+                model_parallel_size=2, num_gpus=8, zero_optimization={"stage": 1}, **logs)
+    assert args.is_pipe_parallel and args.model_parallel_size == 2 and args.data_parallel_size == 2
+    assert args.log_grad_norm and args.log_optimizer_states
 
 
 TE_AT_DEFAULTS = {"te_columnparallel": False, "te_rowparallel": False, "te_layernorm_mlp": False, "te_mha": False,

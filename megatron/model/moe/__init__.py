@@ -14,8 +14,7 @@ sequence_parallel too (the sequence gathered for routing, the partial sums reduc
 parallelism too over the expert-parallel ranks within each tensor-parallel rank's block (EP x TP).
 DeepSpeed's layer runs with tensor parallelism too, its experts replicated over the tensor-parallel ranks or, with
 enable_expert_tensor_parallelism, each split column / row over them (deepspeed_layer).
-Expert parallelism and DeepSpeed's layer run in a pipeline with data parallelism (PP x DP; not yet with tensor
-parallelism there: megatron.neox_arguments refuses it).
+Expert parallelism and DeepSpeed's layer run in a pipeline with data and tensor parallelism (PP x DP x TP).
 """
 from __future__ import annotations
 
@@ -30,11 +29,6 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
     """The MoE MLP of layer ``layer_number``; ValueError for a configuration not built here (validation refuses
     those first, naming the key)."""
     unbuilt = []
-    deepspeed_experts = config.moe_type == "deepspeed" or config.moe_expert_parallel_size > 1
-    if deepspeed_experts and config.is_pipe_parallel and config.model_parallel_size > 1:
-        unbuilt.append(f"DeepSpeed's experts (moe_type {config.moe_type!r}, moe_expert_parallel_size="
-                       f"{config.moe_expert_parallel_size}) with pipe_parallel_size={config.pipe_parallel_size} and "
-                       f"model_parallel_size={config.model_parallel_size}")
     if config.moe_type == "megablocks" and config.moe_token_dropping:
         unbuilt.append("moe_token_dropping=true with moe_type 'megablocks' (dropless)")
     if unbuilt:

@@ -50,7 +50,7 @@ all_gather_into_tensor into a flat buffer, which gloo refuses, and asserts a cap
 share of every expert on them, and the row-parallel layer all-reduces the outputs. An expert shard's gradient is
 whole (all tokens), reduced over the same expert-data-parallel groups; each tensor-parallel rank writes its shards
 in its own ``mp_rank`` expert files (megatron.checkpoint_conversion.tensor_parallel merges them). In a pipeline
-(PP x DP, tensor parallelism not yet): megatron.model.moe.pipeline.
+(PP x DP x TP): megatron.model.moe.pipeline.
 """
 from __future__ import annotations
 

@@ -4,8 +4,11 @@ DeepSpeed 0.19 (pinned >=0.19.8,<0.20) trains them in a pipeline as it does with
 reduces its experts' gradients over the expert-data-parallel group and the rest over the data-parallel group, and
 saves each expert in a file of its own, ``layer_{i}_expert_{e}_mp_rank_{m:02d}_model_states.pt``, where i counts
 the MoE layers of that stage's module and m is the pipeline engine's model-parallel rank (stage x T + tensor rank):
-the stages' files are distinct, and every key inside names the global pipeline layer (``{slot}.mlp....``). Two
-gaps of its pipeline engine with MoE are closed here, per engine (no global patch):
+the files of the stages and of their tensor-parallel ranks (each with its replicated or, with
+enable_expert_tensor_parallelism, split experts; the dropless layer's block) are distinct, and every key inside names
+the global pipeline layer (``{slot}.mlp....``); DeepSpeed's engine loads them by the same m.
+megatron.checkpoint_conversion reads them back by stage and tensor-parallel rank (expert_slot_states). Two gaps of
+its pipeline engine with MoE are closed here, per engine (no global patch):
 
 * loading: a stage with MoE layers loads its module from its ``mp_rank`` file and skips the pipeline module's
   tied-weight broadcast, which the stages without MoE layers do run: the stages would wait on each other for

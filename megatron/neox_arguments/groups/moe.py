@@ -14,9 +14,9 @@ class NeoXArgsMoE:
     GPT-NeoX's dMoE; with sequence_parallel too); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
     and tensor parallelism (its experts replicated over the tensor-parallel ranks) and ZeRO 0-2; expert
     parallelism for both (moe_expert_parallel_size); DeepSpeed's layer and expert parallelism in a pipeline with
-    data parallelism (PP x DP); conversion to Hugging Face's Mixtral. Not built yet, and refused with a message:
-    DeepSpeed's layer or expert parallelism in a pipeline with tensor parallelism or the per-parameter logs, expert
-    tensor parallelism, tutel, sequence_parallel with DeepSpeed's layer or expert parallelism. Every MoE setting
+    data and tensor parallelism (PP x DP x TP), with the per-parameter logs; conversion to Hugging Face's Mixtral.
+    Not built yet, and refused with a message: tutel, sequence_parallel with DeepSpeed's layer or expert
+    parallelism. Every MoE setting
     written while moe_num_experts is 1 is refused (nothing would read it)."""
 
     expert_interval: int = 2
@@ -97,13 +97,11 @@ class NeoXArgsMoE:
     groups of this many, each rank holding moe_num_experts / moe_expert_parallel_size of the experts and sending
     tokens to the others' experts by all-to-all; expert gradients are reduced over the ranks holding the same
     experts. Must divide the data-parallel size and moe_num_experts. Both layer types (GPT-NeoX: DeepSpeed's only),
-    in a pipeline with data parallelism (each stage's experts in files of their own; not yet with tensor
-    parallelism there), and with model_parallel_size > 1 (pipe_parallel_size 0): DeepSpeed's layer keeps its
-    experts whole and
-    replicated on the tensor-parallel ranks, the dropless layer splits each tensor-parallel rank's block of
-    moe_num_experts / model_parallel_size experts over the expert-parallel ranks (moe_num_experts divisible by
-    both sizes' product); experts are saved one per file (DeepSpeed's
-    layer_N_expert_M files). A checkpoint resumes at the same value; at another one with no_load_optim: true
+    in a pipeline with data and tensor parallelism (each stage's and tensor-parallel rank's experts in files of
+    their own), and with model_parallel_size > 1: DeepSpeed's layer keeps its experts whole and replicated on the
+    tensor-parallel ranks, the dropless layer splits each tensor-parallel rank's block of moe_num_experts /
+    model_parallel_size experts over the expert-parallel ranks (moe_num_experts divisible by both sizes' product);
+    experts are saved one per file (DeepSpeed's layer_N_expert_M files). A checkpoint resumes at the same value; at another one with no_load_optim: true
     (DeepSpeed's layer: any value; the dropless layer: any value above 1). generate.py and eval.py hold every
     expert on every rank. The per-parameter logs (log_grad_norm & co.) gather every rank's experts.
     """
@@ -155,6 +153,7 @@ class NeoXArgsMoE:
     column / row over the tensor-parallel ranks, as the dense MLP (every rank runs its share of every expert on
     all of its tokens; the outputs are all-reduced). False: DeepSpeed's layer keeps whole experts, replicated, on
     every tensor-parallel rank. Each tensor-parallel rank saves its shards in its own expert files
-    (layer_N_expert_M_mp_rank_T); they resume, load for generate.py / eval.py and merge for conversion. With
+    (layer_N_expert_M_mp_rank_T; in a pipeline mp_rank stage x model_parallel_size + T); they resume, load for
+    generate.py / eval.py and merge for conversion. With
     moe_type megablocks refused (it splits whole experts over the tensor-parallel ranks already).
     """
