@@ -185,7 +185,7 @@ def _four_rank_runs(rank: int, world_size: int, save_root: str) -> dict:
     return {"dp": _expert_parallel_run(rank, world_size, os.path.join(save_root, "dp")),
             "tp": _expert_and_tensor_parallel_run(rank, world_size, os.path.join(save_root, "tp")),
             "pp": _pipeline_run(rank, world_size, os.path.join(save_root, "pp")),
-            "sp": _sequence_parallel_run(rank)}
+            "sp": _sequence_parallel_run(rank, os.path.join(save_root, "sp"))}
 
 
 @pytest.fixture(scope="module")
@@ -538,10 +538,12 @@ its random token selection, jitter and a residual MLP) with replicated experts, 
 with replicated and with split experts (enable_expert_tensor_parallelism)."""
 
 
-def _sequence_parallel_run(rank: int) -> dict:
+def _sequence_parallel_run(rank: int, save_root: str) -> dict:
     """{(layer, sequence_parallel): ([loss of each SGD step], {name: first gradient}, [(slots per expert, kept) of
     each MoE layer in the first step])}: the same model, weights and per-data-parallel-rank batch with and without
-    sequence_parallel, on the model alone (the engine's data-parallel reduction does not depend on it)."""
+    sequence_parallel, on the model alone; and "engine": the first steps' (loss, gradient norm) of DeepSpeed's
+    layer with split experts at EP=2, ZeRO 2 through DeepSpeed's engine (the run of _tensor_parallel_layer_runs
+    with sequence_parallel)."""
     from megatron.deepspeed_comm import init_deepspeed_comm
     from megatron.model import build_model
     from megatron.model.moe import moe_layers
@@ -573,6 +575,11 @@ def _sequence_parallel_run(rank: int) -> dict:
                 losses.append(float(loss))
             out[(layer, sp)] = (losses, grads, loads)
         state.destroy()
+    args = _neox_args("deepspeed_split", 2, 2, save_root, num_gpus=4, model_parallel_size=2, sequence_parallel=True)
+    ctx, engine, optimizer = _setup(args)
+    out["engine"] = _steps(args, ctx, engine, optimizer, ctx.parallel_state.get_data_parallel_rank(), 0,
+                           SEQUENCE_PARALLEL_STEPS)
+    ctx.parallel_state.destroy()
     return out
 
 
@@ -592,3 +599,11 @@ def test_moe_with_sequence_parallel_equals_without(four_rank_runs, layer):
         assert on[2] == off[2] and len(off[2]) == 2
         if layer.startswith("deepspeed"):  # capacity factor 1 drops some routes
             assert all(kept < sum(routed) for routed, kept in off[2])
+
+
+def test_moe_with_sequence_parallel_trains_through_the_engine_as_without(four_rank_runs):
+    """DeepSpeed's layer with split experts at TP=2 x DP=2, EP=2, ZeRO 2, sequence_parallel on: DeepSpeed's engine
+    gives the losses and gradient norms of the same run without sequence_parallel."""
+    for outs in four_rank_runs:
+        want = outs["tp"][("deepspeed_split", 2, 2, 2)][:SEQUENCE_PARALLEL_STEPS]
+        torch.testing.assert_close(torch.tensor(outs["sp"]["engine"]), torch.tensor(want), rtol=1e-5, atol=1e-5)
