@@ -3,8 +3,8 @@ layers with their experts split over data-parallel ranks (DP=4, EP=2) training a
 (DeepSpeed's engine, ZeRO 0 and 2), with tensor parallelism (TP=2 x DP=2: the dropless layer's experts split over
 EP x TP, DeepSpeed's replicated over TP or, with enable_expert_tensor_parallelism, each split column / row), in a
 pipeline (PP=2 x DP=2, EP=2 as EP=1), with sequence_parallel (TP=2 x DP=2, as without), their per-parameter logs,
-checkpoint files, exact resume, inference, and loading at another expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
-tests/test_checkpointing.py)."""
+checkpoint files, exact resume, inference, and loading at another expert-parallel size (the refusals of bad sizes:
+tests/neox_arguments/test_validation.py, tests/test_checkpointing.py)."""
 import os
 
 import pytest
