@@ -692,11 +692,6 @@ def moe_problems(config: ModelConfig) -> List[str]:
     if config.use_tutel and kind == "megablocks":
         problems.append("use_tutel=true with moe_type='megablocks': tutel only accelerates DeepSpeed's layer "
                         "(moe_type: deepspeed)")
-    if config.sequence_parallel and (kind != "megablocks" or ep > 1):
-        problems.append(f"sequence_parallel=true with a mixture of experts of moe_type={kind!r} and "
-                        f"moe_expert_parallel_size={ep} is not supported yet: only the dropless layer without expert "
-                        f"parallelism (moe_type megablocks, moe_expert_parallel_size 1) gathers the sequence for its "
-                        f"experts")
     return problems
 
 

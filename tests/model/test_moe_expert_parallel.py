@@ -3,9 +3,9 @@ layers with their experts split over data-parallel ranks (DP=4, EP=2) training a
 (DeepSpeed's engine, ZeRO 0 and 2), with tensor parallelism (TP=2 x DP=2: the dropless layer's experts split over
 EP x TP, DeepSpeed's replicated over TP or, with enable_expert_tensor_parallelism, each split column / row), in a
 pipeline (PP=2 x DP=2, EP=2 as EP=1; PP=2 x TP=2, DeepSpeed's layer replicated and split, as without a pipeline),
-their per-parameter logs, checkpoint files, exact resume, inference, and
-loading at another expert-parallel size (the refusals of bad sizes: tests/neox_arguments/test_validation.py,
-tests/test_checkpointing.py)."""
+with sequence_parallel (TP=2 x DP=2, as without), their per-parameter logs, checkpoint files, exact resume,
+inference, and loading at another expert-parallel size (the refusals of bad sizes:
+tests/neox_arguments/test_validation.py, tests/test_checkpointing.py)."""
 import os
 
 import pytest
@@ -189,7 +189,8 @@ def _four_rank_runs(rank: int, world_size: int, save_root: str) -> dict:
     return {"dp": _expert_parallel_run(rank, world_size, os.path.join(save_root, "dp")),
             "tp": _expert_and_tensor_parallel_run(rank, world_size, os.path.join(save_root, "tp")),
             "pp": _pipeline_run(rank, world_size, os.path.join(save_root, "pp")),
-            "pptp": _pipeline_tensor_parallel_run(rank, world_size, os.path.join(save_root, "pptp"))}
+            "pptp": _pipeline_tensor_parallel_run(rank, world_size, os.path.join(save_root, "pptp")),
+            "sp": _sequence_parallel_run(rank, os.path.join(save_root, "sp"))}
 
 
 @pytest.fixture(scope="module")
@@ -638,3 +639,90 @@ def test_deepspeed_layer_in_a_pipeline_with_tensor_parallelism(four_rank_runs, l
             torch.testing.assert_close(merged[name], want, rtol=0, atol=0)
             if tensor == "linear1.weight":  # the whole expert: 4 x hidden rows
                 assert merged[name].shape == (128, 32) and weight.shape == ((64, 32) if split else (128, 32))
+
+
+SEQUENCE_PARALLEL_STEPS = 3
+_DROPPING = dict(moe_type="deepspeed", moe_router_type="topk", moe_token_dropping=True, moe_train_capacity_factor=1.0)
+SEQUENCE_PARALLEL = {
+    "megablocks_ep2": dict(moe_type="megablocks", moe_expert_parallel_size=2, moe_router_type="topk", moe_top_k=2,
+                           activation="swiglu", norm="rmsnorm"),
+    "deepspeed_ep1": dict(_DROPPING, moe_top_k=1, moe_jitter_eps=0.01, moe_use_residual=True),
+    "deepspeed_ep2": dict(_DROPPING, moe_expert_parallel_size=2, moe_top_k=2),
+    "deepspeed_split_ep2": dict(_DROPPING, moe_expert_parallel_size=2, moe_top_k=2,
+                                enable_expert_tensor_parallelism=True),
+}
+"""The layers sequence_parallel gathers the sequence for at TP=2 x DP=2 (4 experts, every layer MoE, auxiliary loss
+on): the dropless layer with expert parallelism; DeepSpeed's layer dropping tokens at capacity factor 1, top-1 (with
+its random token selection, jitter and a residual MLP) with replicated experts, top-2 over 2 expert-parallel ranks,
+with replicated and with split experts (enable_expert_tensor_parallelism)."""
+
+
+def _sequence_parallel_run(rank: int, save_root: str) -> dict:
+    """{(layer, sequence_parallel): ([loss of each SGD step], {name: first gradient}, [(slots per expert, kept) of
+    each MoE layer in the first step])}: the same model, weights and per-data-parallel-rank batch with and without
+    sequence_parallel, on the model alone; and "engine": the first steps' (loss, gradient norm) of DeepSpeed's
+    layer with split experts at EP=2, ZeRO 2 through DeepSpeed's engine (the run of _tensor_parallel_layer_runs
+    with sequence_parallel)."""
+    from megatron.deepspeed_comm import init_deepspeed_comm
+    from megatron.model import build_model
+    from megatron.model.moe import moe_layers
+    from megatron.mpu import ParallelState
+    from tests.model.helpers import tiny_config
+
+    init_deepspeed_comm("gloo")  # DeepSpeed's layer exchanges its tokens through deepspeed.comm (started already
+    out = {}                     # when the runs before this one have)
+    for layer, overrides in SEQUENCE_PARALLEL.items():
+        ep = overrides.get("moe_expert_parallel_size", 1)
+        state = ParallelState(pipe_parallel_size=0, model_parallel_size=2, expert_parallel_size=ep,
+                              expert_groups_at_one=True)
+        inputs, labels = random_batch(seq=16, seed=state.get_data_parallel_rank())
+        for sp in (False, True):
+            config = tiny_config(model_parallel_size=2, sequence_parallel=sp, moe_num_experts=4, expert_interval=1,
+                                 moe_loss_coeff=0.1, **overrides)
+            model = build_model(config, state)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            losses = []
+            for step in range(SEQUENCE_PARALLEL_STEPS):
+                torch.manual_seed(step)  # DeepSpeed's gate draws (jitter, random token selection), alike on every rank
+                loss = model.loss_fn(model(inputs), labels)
+                loss.backward()
+                if step == 0:
+                    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+                    loads = [(m.load.routed.tolist(), m.load.kept) for m in moe_layers(model)]
+                optimizer.step()
+                optimizer.zero_grad()
+                losses.append(float(loss))
+            out[(layer, sp)] = (losses, grads, loads)
+        state.destroy()
+    args = _neox_args("deepspeed_split", 2, 2, save_root, num_gpus=4, model_parallel_size=2, sequence_parallel=True)
+    ctx, engine, optimizer = _setup(args)
+    out["engine"] = _steps(args, ctx, engine, optimizer, ctx.parallel_state.get_data_parallel_rank(), 0,
+                           SEQUENCE_PARALLEL_STEPS)
+    ctx.parallel_state.destroy()
+    return out
+
+
+@pytest.mark.parametrize("layer", list(SEQUENCE_PARALLEL))
+def test_moe_with_sequence_parallel_equals_without(four_rank_runs, layer):
+    """TP=2 x DP=2 with sequence_parallel (each tensor-parallel rank holds half of the sequence; the MoE layer
+    gathers it): the same loss, gradients of every parameter (gate / router, experts, residual MLP, norms) and
+    expert load (the same tokens dropped at capacity factor 1) as without, and the same losses over 3 SGD steps."""
+    for rank, outs in enumerate(four_rank_runs):
+        off, on = outs["sp"][(layer, False)], outs["sp"][(layer, True)]
+        torch.testing.assert_close(torch.tensor(on[0]), torch.tensor(off[0]), rtol=1e-5, atol=1e-5)
+        assert off[0][-1] < off[0][0]  # it learns
+        assert set(on[1]) == set(off[1]) and any("experts" in n for n in off[1])
+        for name, grad in off[1].items():
+            assert grad.abs().sum() > 0, (rank, name)
+            torch.testing.assert_close(on[1][name], grad, rtol=1e-5, atol=1e-5, msg=f"rank {rank} grad {name}")
+        assert on[2] == off[2] and len(off[2]) == 2
+        if layer.startswith("deepspeed"):  # capacity factor 1 drops some routes
+            assert all(kept < sum(routed) for routed, kept in off[2])
+
+
+def test_moe_with_sequence_parallel_trains_through_the_engine_as_without(four_rank_runs):
+    """DeepSpeed's layer with split experts at TP=2 x DP=2, EP=2, ZeRO 2, sequence_parallel on: DeepSpeed's engine
+    gives the losses and gradient norms of the same run without sequence_parallel."""
+    for outs in four_rank_runs:
+        want = outs["tp"][("deepspeed_split", 2, 2, 2)][:SEQUENCE_PARALLEL_STEPS]
+        torch.testing.assert_close(torch.tensor(outs["sp"]["engine"]), torch.tensor(want), rtol=1e-5, atol=1e-5)

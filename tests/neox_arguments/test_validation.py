@@ -148,15 +148,6 @@ def test_required_model_fields():
      "moe_num_experts=6 must be divisible by moe_expert_parallel_size x model_parallel_size = 2 x 2"),
     ({"moe_num_experts": 3, "model_parallel_size": 2, "num_gpus": 2},
      "moe_num_experts=3 must be divisible by moe_expert_parallel_size x model_parallel_size = 1 x 2"),
-    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 2, "sequence_parallel": True,
-      "moe_type": "deepspeed"},
-     "sequence_parallel=true with a mixture of experts of moe_type='deepspeed' and moe_expert_parallel_size=1 is not "
-     "supported yet: only the dropless layer without expert parallelism (moe_type megablocks, "
-     "moe_expert_parallel_size 1) gathers the sequence for its experts"),
-    ({"moe_num_experts": 4, "model_parallel_size": 2, "num_gpus": 4, "sequence_parallel": True,
-      "moe_expert_parallel_size": 2},
-     "sequence_parallel=true with a mixture of experts of moe_type='megablocks' and moe_expert_parallel_size=2 is "
-     "not supported yet"),
     ({"moe_num_experts": 4, "moe_use_residual": True}, "moe_use_residual=true with moe_type='megablocks'"),
     ({"moe_num_experts": 4, "moe_train_capacity_factor": 2.0}, "only applies with moe_token_dropping: true"),
     ({"moe_num_experts": 4, "use_tutel": True, "moe_type": "deepspeed"},
@@ -229,10 +220,16 @@ def test_expert_parallel_size_that_does_not_divide_gives_one_message(overrides, 
         f"Invalid NeoX configuration: {message}"
 
 
-def test_dropless_moe_with_sequence_parallel_validates():
-    """The dropless layer gathers the sequence (tests/model/test_moe_parallel_extras.py)."""
-    args = tiny(moe_num_experts=4, model_parallel_size=2, num_gpus=2, sequence_parallel=True)
-    assert args.sequence_parallel and args.moe_type == "megablocks"
+@pytest.mark.parametrize("overrides", [
+    {}, {"moe_expert_parallel_size": 2}, {"moe_type": "deepspeed"},
+    {"moe_type": "deepspeed", "moe_expert_parallel_size": 2},
+    {"moe_type": "deepspeed", "moe_expert_parallel_size": 2, "enable_expert_tensor_parallelism": True}])
+def test_moe_with_sequence_parallel_validates(overrides):
+    """Both layers gather the sequence, with and without expert parallelism (tests/model/test_moe_parallel_extras.py,
+    tests/model/test_moe_expert_parallel.py)."""
+    args = tiny(moe_num_experts=4, model_parallel_size=2, num_gpus=4, train_batch_size=4, sequence_parallel=True,
+                **overrides)
+    assert args.sequence_parallel and args.moe_expert_parallel_size == overrides.get("moe_expert_parallel_size", 1)
 
 
 def test_per_parameter_logging_with_expert_parallelism_validates():

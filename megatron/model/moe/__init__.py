@@ -13,7 +13,9 @@ With tensor parallelism the dropless layer's experts are split over the tensor-p
 sequence_parallel too (the sequence gathered for routing, the partial sums reduce-scattered), and with expert
 parallelism too over the expert-parallel ranks within each tensor-parallel rank's block (EP x TP).
 DeepSpeed's layer runs with tensor parallelism too, its experts replicated over the tensor-parallel ranks or, with
-enable_expert_tensor_parallelism, each split column / row over them (deepspeed_layer).
+enable_expert_tensor_parallelism, each split column / row over them (deepspeed_layer). With sequence_parallel every
+layer gathers the sequence: the dropless ones (with or without expert parallelism) reduce-scatter their partial sums
+(layer.sequence_parallel_moe), DeepSpeed's layer runs on the whole sequence and keeps its rank's chunk.
 Expert parallelism and DeepSpeed's layer run in a pipeline with data and tensor parallelism (PP x DP x TP).
 """
 from __future__ import annotations

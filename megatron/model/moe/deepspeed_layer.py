@@ -49,8 +49,12 @@ so every rank keeps all its tokens (no drop / gather of capacity slots: DeepSpee
 all_gather_into_tensor into a flat buffer, which gloo refuses, and asserts a capacity divisible by T), runs its
 share of every expert on them, and the row-parallel layer all-reduces the outputs. An expert shard's gradient is
 whole (all tokens), reduced over the same expert-data-parallel groups; each tensor-parallel rank writes its shards
-in its own ``mp_rank`` expert files (megatron.checkpoint_conversion.tensor_parallel merges them). In a pipeline
-(PP x DP x TP): megatron.model.moe.pipeline.
+in its own ``mp_rank`` expert files (megatron.checkpoint_conversion.tensor_parallel merges them).
+With sequence_parallel each tensor-parallel rank holds a chunk of the sequence; the layer all-gathers the chunks and
+runs on the whole sequence as without sequence_parallel (the gate's capacity counts the same tokens, so the same ones
+are dropped; the gate, replicated experts and residual MLP see every token, so their gradients are whole on each
+rank and need no reduction over the tensor-parallel ranks, unlike the norms'), then keeps this rank's chunk of its
+output, which is the same on every tensor-parallel rank. In a pipeline (PP x DP x TP): megatron.model.moe.pipeline.
 """
 from __future__ import annotations
 
@@ -64,7 +68,7 @@ from torch import nn
 from megatron.model.mlp import ParallelMLP
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import ModelConfig
-from megatron.mpu import SingleProcessState
+from megatron.mpu import SingleProcessState, gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
 from megatron.optimizers import MOE_EXPERT_FLAG
 
 JITTER_POLICY = "Jitter"
@@ -125,7 +129,9 @@ class DeepSpeedMoE(MoE, MoELayerBase):
     hidden states, returns the output (module docstring)."""
 
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
-        expert_config = config.replace(activation=config.expert_activation, model_parallel_size=1)
+        # the layer sees the whole sequence (sequence_parallel: module docstring), so its experts never split it
+        expert_config = config.replace(activation=config.expert_activation, model_parallel_size=1,
+                                       sequence_parallel=False)
         tp = parallel_state.get_model_parallel_world_size()
         # the expert is whole on every tensor-parallel rank: it needs no process group (DeepSpeed deep-copies it,
         # groups do not copy)
@@ -153,9 +159,9 @@ class DeepSpeedMoE(MoE, MoELayerBase):
             self.first_expert = parallel_state.get_expert_parallel_rank() * self.num_local_experts
         self.split_experts = config.enable_expert_tensor_parallelism and tp > 1
         if self.split_experts:  # each expert column / row split over the tensor-parallel ranks (module docstring)
+            split_config = config.replace(activation=config.expert_activation, sequence_parallel=False)
             self.deepspeed_moe.experts.deepspeed_experts = nn.ModuleList([
-                ParallelMLP(config.replace(activation=config.expert_activation), parallel_state,
-                            _ExpertInitializer(initializer, e), layer_number)
+                ParallelMLP(split_config, parallel_state, _ExpertInitializer(initializer, e), layer_number)
                 for e in range(self.first_expert, self.first_expert + self.num_local_experts)])
             for param in self.deepspeed_moe.experts.parameters():  # DeepSpeed's expert mark (deepspeed.moe.experts)
                 param.allreduce, param.group_name = False, self.expert_group_name
@@ -164,6 +170,8 @@ class DeepSpeedMoE(MoE, MoELayerBase):
             setattr(param, MOE_EXPERT_FLAG, True)
         self._kept = 0.0
         self.deepspeed_moe.gate.register_forward_hook(self._count_kept)
+        self.sequence_group = parallel_state.get_model_parallel_group() if config.sequence_parallel and tp > 1 \
+            else None
 
     def set_deepspeed_parallelism(self, use_data_before_expert_parallel_: bool = False) -> None:
         """DeepSpeed's group lookup, once: the engine calls it again at initialisation, and DeepSpeed's gate refuses
@@ -195,6 +203,15 @@ class DeepSpeedMoE(MoE, MoELayerBase):
             self._kept = float(output[2].sum())
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.sequence_group is None:
+            return self._forward(hidden_states)
+        # sequence_parallel (module docstring): the whole sequence in, this rank's chunk of the (equal) outputs out;
+        # the input's gradient is whole on every rank, so the gather's backward only keeps this rank's chunk
+        whole = gather_from_sequence_parallel_region(hidden_states, self.sequence_group, seq_dim=1,
+                                                     tensor_parallel_output_grad=False)
+        return scatter_to_sequence_parallel_region(self._forward(whole), self.sequence_group, seq_dim=1)
+
+    def _forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         gate = self.deepspeed_moe.gate
         tokens = hidden_states.numel() // hidden_states.shape[-1]
         floor = gate.min_capacity

@@ -20,6 +20,10 @@ them at their place among all sorted slots (zeros elsewhere), and one all-reduce
 gives every rank every slot's output, as the layer without expert parallelism does. The router's gradients are then
 equal on the tensor-parallel ranks; the input's gradient through the experts is summed over them. The experts are
 marked ``model_parallel`` (each tensor-parallel rank holds others: megatron.mpu.grad_norm counts them on every rank).
+With sequence_parallel each tensor-parallel rank holds a chunk of the sequence: the chunks are all-gathered, routed
+and exchanged as above, and each rank's partial sums (its block's slots only) are reduce-scattered back into the
+chunks instead of the all-reduce (megatron.model.moe.layer.sequence_parallel_moe, as the layer without expert
+parallelism): the same tokens per rank, routing and gradients as without sequence_parallel.
 DeepSpeed writes each tensor-parallel rank's experts in its own files (``..._expert_{j}_mp_rank_{t}_...``, j the
 expert's index in the block), so stacked per rank they are the dMoE layout's ``experts.mlp.w1`` shard of rank t.
 
@@ -41,7 +45,7 @@ from deepspeed.moe.layer import MoE
 from torch import nn
 
 from megatron.deepspeed_comm import collectives
-from megatron.model.moe.layer import GroupedExperts, combine, route, run_by_expert
+from megatron.model.moe.layer import GroupedExperts, combine, route, run_by_expert, sequence_parallel_moe
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import ModelConfig
@@ -74,6 +78,7 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
             raise ValueError(f"moe_num_experts={config.moe_num_experts} must be divisible by moe_expert_parallel_size "
                              f"x model_parallel_size = {ep} x {tp}")
         self.tp, self.model_group = tp, parallel_state.get_model_parallel_group()
+        self.sequence_parallel = config.sequence_parallel and tp > 1
         # what DeepSpeed's engine reads of an MoE layer
         self.ep_size, self.num_experts = ep, config.moe_num_experts
         self.num_local_experts = config.moe_num_experts // (ep * tp)
@@ -116,6 +121,9 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         return h @ expert.w2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:  # x is this rank's chunk of the sequence (module docstring)
+            return self._finish(*sequence_parallel_moe(x, self.router, self.model_group, self.num_experts,
+                                                       self.top_k, self.block, self._exchange_and_run))
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         routing, aux, order, counts, token_of_slot = route(self.router, tokens, self.num_experts, self.top_k)

@@ -42,6 +42,7 @@ from megatron.mpu import (
     reduce_from_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
 )
+from megatron.mpu.collectives import group_size
 from megatron.optimizers import MOE_EXPERT_FLAG
 
 
@@ -155,7 +156,7 @@ class DroplessMoE(MoELayerBase):
     one all-reduce of the [T x k, hidden] slot outputs gives every rank all of them; the combine step is then
     the same on every rank, so the router's gradients are equal on all ranks without a reduction. The input's
     gradient through the experts is summed over the ranks (copy_to_model_parallel_region). With sequence_parallel
-    see ``_sequence_parallel_forward``."""
+    see ``sequence_parallel_moe``."""
 
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
         super().__init__()
@@ -191,29 +192,44 @@ class DroplessMoE(MoELayerBase):
         return self._finish(out, aux, counts, float(order.numel())).view(shape)
 
     def _sequence_parallel_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [batch, seq / T, hidden] is this rank's chunk of the sequence (sequence_parallel). The chunks are
-        all-gathered, every rank routes all tokens (identically), runs its experts on their slots and combines
-        their outputs into partial sums [batch, seq, hidden]; one reduce-scatter adds the ranks' partial sums and
-        leaves each rank its chunk (no all-reduce of the [tokens x k, hidden] slot outputs).
+        """x [batch, seq / T, hidden] is this rank's chunk of the sequence (sequence_parallel): see
+        ``sequence_parallel_moe``; this rank's experts run on their slots."""
+        out, aux, counts, slots = sequence_parallel_moe(
+            x, self.router, self.group, self.num_experts, self.top_k, self.local_experts,
+            lambda rows, block_counts: self.experts.mlp(rows, block_counts.tolist()))
+        return self._finish(out, aux, counts, slots)
 
-        Gradients: the all-gather's backward adds the ranks' gradients of the gathered tokens, which through the
-        experts are partial (this rank's experts only) and through the router whole on every rank, so the router's
-        input gradient is divided by T first (``_ScaleGradient``); the combine weights' gradients are partial and
-        summed over the ranks (copy_to_model_parallel_region), so the router's own gradients are whole and equal on
-        every rank, as without sequence_parallel."""
-        full = gather_from_sequence_parallel_region(x, self.group, seq_dim=1)
-        tokens = full.reshape(-1, full.shape[-1])
-        routing, aux, order, counts, token_of_slot = route(self.router, _ScaleGradient.apply(tokens, 1.0 / self.tp),
-                                                           self.num_experts, self.top_k)
-        routing = dataclasses.replace(routing, weights=copy_to_model_parallel_region(routing.weights, self.group))
-        counts_list = counts.tolist()
-        first, last = self.local_experts.start, self.local_experts.stop
-        start, stop = sum(counts_list[:first]), sum(counts_list[:last])
-        mine = token_of_slot[start:stop]
-        local_out = self.experts.mlp(tokens[mine], counts_list[first:last])
-        partial = combine(tokens, routing, order[start:stop], mine, local_out)
-        out = reduce_scatter_to_sequence_parallel_region(partial.view(full.shape), self.group, seq_dim=1)
-        return self._finish(out, aux, counts, float(order.numel()))
+
+def sequence_parallel_moe(x: torch.Tensor, router: nn.Module, group, num_experts: int, top_k: int, block: range,
+                          run_block: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    """(output chunk, auxiliary loss, slots per expert, number of slots) of a dropless layer whose tensor-parallel
+    rank holds the experts ``block`` of all, on x [batch, seq / T, hidden], this rank's chunk of the sequence
+    (sequence_parallel over ``group``, T ranks). ``run_block(rows, counts)`` returns the outputs of the block's
+    experts for ``rows`` [sum(counts), hidden], grouped by expert (counts[j] rows for expert block.start + j).
+
+    The chunks are all-gathered, every rank routes all tokens (identically: the same tokens, capacity and load
+    statistics as without sequence_parallel), runs its block's experts on their slots and combines their outputs
+    into partial sums [batch, seq, hidden]; one reduce-scatter adds the ranks' partial sums and leaves each rank its
+    chunk (no all-reduce of the [tokens x k, hidden] slot outputs).
+
+    Gradients: the all-gather's backward adds the ranks' gradients of the gathered tokens, which through the experts
+    are partial (this rank's experts only) and through the router whole on every rank, so the router's input
+    gradient is divided by T first (``_ScaleGradient``); the combine weights' gradients are partial and summed over
+    the ranks (copy_to_model_parallel_region), so the router's own gradients are whole and equal on every rank, as
+    without sequence_parallel."""
+    tp = group_size(group)
+    full = gather_from_sequence_parallel_region(x, group, seq_dim=1)
+    tokens = full.reshape(-1, full.shape[-1])
+    routing, aux, order, counts, token_of_slot = route(router, _ScaleGradient.apply(tokens, 1.0 / tp), num_experts,
+                                                       top_k)
+    routing = dataclasses.replace(routing, weights=copy_to_model_parallel_region(routing.weights, group))
+    start = int(counts[:block.start].sum())
+    stop = start + int(counts[block.start:block.stop].sum())
+    mine = token_of_slot[start:stop]
+    local_out = run_block(tokens[mine], counts[block.start:block.stop])
+    partial = combine(tokens, routing, order[start:stop], mine, local_out)
+    out = reduce_scatter_to_sequence_parallel_region(partial.view(full.shape), group, seq_dim=1)
+    return out, aux, counts, float(order.numel())
 
 
 class _ScaleGradient(torch.autograd.Function):

@@ -11,12 +11,12 @@ from typing import Literal, Optional
 class NeoXArgsMoE:
     """Mixture-of-experts settings. Built: the dropless layer (moe_type megablocks, GPT-NeoX's dMoE) in plain
     PyTorch, with pipeline, data and tensor parallelism (the experts split over the tensor-parallel ranks, as
-    GPT-NeoX's dMoE; with sequence_parallel too); DeepSpeed's token-dropping layer (moe_type deepspeed) with data
-    and tensor parallelism (its experts replicated over the tensor-parallel ranks) and ZeRO 0-2; expert
-    parallelism for both (moe_expert_parallel_size); DeepSpeed's layer and expert parallelism in a pipeline with
-    data and tensor parallelism (PP x DP x TP), with the per-parameter logs; conversion to Hugging Face's Mixtral.
-    Not built yet, and refused with a message: tutel, sequence_parallel with DeepSpeed's layer or expert
-    parallelism. Every MoE setting
+    GPT-NeoX's dMoE); DeepSpeed's token-dropping layer (moe_type deepspeed) with data and tensor parallelism (its
+    experts replicated over the tensor-parallel ranks, or split with enable_expert_tensor_parallelism) and ZeRO 0-2;
+    expert parallelism for both (moe_expert_parallel_size); sequence_parallel for both, with and without expert
+    parallelism (the layers gather the sequence); DeepSpeed's layer and expert parallelism in a pipeline with data
+    and tensor parallelism (PP x DP x TP), with the per-parameter logs; conversion to Hugging Face's Mixtral.
+    Not built yet, and refused with a message: tutel. Every MoE setting
     written while moe_num_experts is 1 is refused (nothing would read it)."""
 
     expert_interval: int = 2
