@@ -21,6 +21,14 @@ checkpoint's. Each rank restores the RNG state of the saved rank with its number
 had fewer ranks): with another layout the ranks draw other streams anyway, so dropout noise is not the
 uninterrupted run's. Every rank reads the optimizer state of its own parameters only (memory-mapped files), but
 without ZeRO the weights of the whole model (megatron.checkpoint_conversion.neox_checkpoint.read_checkpoint).
+
+Mixture of experts: the dropless layer (moe_type megablocks) at moe_expert_parallel_size 1, GPT-NeoX's dMoE, keeps
+its experts stacked in the model files (``mlp.experts.mlp.w1`` & co.), split by whole experts over the
+tensor-parallel ranks, and its router replicated; they are ordinary parameters of the engine (in an optimizer group
+of their own with create_moe_param_group), so they reshard as the rest. Resharding DeepSpeed's experts (moe_type
+deepspeed, or moe_expert_parallel_size > 1: one file per expert, the experts' optimizer state per expert-parallel
+rank) is refused (``moe_problem``). The load-balancing loss is computed per micro-batch, so a layout that changes
+the micro-batch size (not the global batch) changes the losses of an MoE model by itself.
 """
 from __future__ import annotations
 
@@ -77,6 +85,25 @@ def reference_problem(path: str, saved: Mapping[str, int], current: Mapping[str,
             f"{saved['model_parallel_size']}, and resharding it to {current['model_parallel_size']} is not supported "
             f"yet: resume with model_parallel_size={saved['model_parallel_size']} (another pipeline, data-parallel or "
             f"ZeRO layout reshards)")
+
+
+def moe_problem(path: str, saved_args: Mapping[str, Any], config: ModelConfig) -> str:
+    """Why the mixture of experts of checkpoint ``path`` cannot be resharded into a run of ``config``, or "". The
+    dropless layer at moe_expert_parallel_size 1 reshards: its experts are stacked in the model files (GPT-NeoX's
+    dMoE), split by expert over the tensor-parallel ranks, and its parameters are the engine's ordinary ones.
+    DeepSpeed's layer and expert parallelism keep their experts in DeepSpeed's per-expert files, with the experts'
+    optimizer state per expert-parallel rank, which this module does not read yet."""
+    moe = [(int(values.get("moe_num_experts") or 1), values.get("moe_type") or "megablocks",
+            int(values.get("moe_expert_parallel_size") or 1)) for values in (saved_args, vars(config))]
+    unbuilt = [f"{who} (moe_type {kind}, moe_expert_parallel_size {ep})" for who, (experts, kind, ep)
+               in zip(("the checkpoint's", "this run's"), moe) if experts > 1 and (kind != "megablocks" or ep > 1)]
+    if not unbuilt:
+        return ""
+    return (f"checkpoint {path} was saved with another parallel layout ({describe(layout_of(saved_args))}), and "
+            f"resharding the mixture of experts of {' and '.join(unbuilt)} is not supported yet: DeepSpeed's "
+            f"experts (moe_type deepspeed, or moe_expert_parallel_size > 1) are saved one file per expert with "
+            f"their optimizer state per expert-parallel rank. The dropless layer (moe_type megablocks) at "
+            f"moe_expert_parallel_size 1 reshards; resume with the layout the checkpoint was saved with")
 
 
 def describe(layout: Mapping[str, int]) -> str:
@@ -211,11 +238,9 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
     weights (and the client state) are loaded; without ``strict`` parameters the checkpoint lacks keep their values
     (a reward model's new value head); ``restore_counters``: DeepSpeed's step / sample counters are the
     checkpoint's (not for a fine-tune)."""
-    if model_config.moe_num_experts > 1:
-        raise CheckpointError(f"checkpoint {path} was saved with another parallel layout "
-                              f"({describe(layout_of(saved_args))}), and resharding a mixture-of-experts model (its "
-                              f"experts spread over the expert-parallel ranks) is not supported yet: resume with the "
-                              f"layout it was saved with")
+    problem = moe_problem(path, saved_args, model_config)
+    if problem:
+        raise CheckpointError(problem)
     saved_layout = (int(saved_args.get("model_parallel_size") or 1), int(saved_args.get("pipe_parallel_size") or 0))
     names = {id(p): flat_name(n, model_config.num_layers) for n, p in engine.module.named_parameters()}
     if load_optim:
