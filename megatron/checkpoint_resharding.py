@@ -24,11 +24,14 @@ without ZeRO the weights of the whole model (megatron.checkpoint_conversion.neox
 
 Mixture of experts: the dropless layer (moe_type megablocks) at moe_expert_parallel_size 1, GPT-NeoX's dMoE, keeps
 its experts stacked in the model files (``mlp.experts.mlp.w1`` & co.), split by whole experts over the
-tensor-parallel ranks, and its router replicated; they are ordinary parameters of the engine (in an optimizer group
-of their own with create_moe_param_group), so they reshard as the rest. Resharding DeepSpeed's experts (moe_type
-deepspeed, or moe_expert_parallel_size > 1: one file per expert, the experts' optimizer state per expert-parallel
-rank) is refused (``moe_problem``). The load-balancing loss is computed per micro-batch, so a layout that changes
-the micro-batch size (not the global batch) changes the losses of an MoE model by itself.
+tensor-parallel ranks, as ordinary parameters of the engine (in an optimizer group of their own with
+create_moe_param_group). DeepSpeed's layer (moe_type deepspeed) at moe_expert_parallel_size 1 keeps its experts
+(and residual MLP) whole on every tensor-parallel rank, the experts in DeepSpeed's per-expert files (read_checkpoint
+reads them) and their optimizer state with the rest's: ZeRO partitions DeepSpeed's expert groups over the
+expert-data-parallel ranks, which at EP 1 are the data-parallel ranks. So both reshard as the rest. Refused by
+``moe_problem``: expert parallelism, DeepSpeed's layer in a pipeline or with enable_expert_tensor_parallelism. The
+load-balancing loss is computed per micro-batch, so a layout that changes the micro-batch size (not the global
+batch) changes the losses of an MoE model by itself.
 """
 from __future__ import annotations
 
@@ -88,22 +91,32 @@ def reference_problem(path: str, saved: Mapping[str, int], current: Mapping[str,
 
 
 def moe_problem(path: str, saved_args: Mapping[str, Any], config: ModelConfig) -> str:
-    """Why the mixture of experts of checkpoint ``path`` cannot be resharded into a run of ``config``, or "". The
-    dropless layer at moe_expert_parallel_size 1 reshards: its experts are stacked in the model files (GPT-NeoX's
-    dMoE), split by expert over the tensor-parallel ranks, and its parameters are the engine's ordinary ones.
-    DeepSpeed's layer and expert parallelism keep their experts in DeepSpeed's per-expert files, with the experts'
-    optimizer state per expert-parallel rank, which this module does not read yet."""
-    moe = [(int(values.get("moe_num_experts") or 1), values.get("moe_type") or "megablocks",
-            int(values.get("moe_expert_parallel_size") or 1)) for values in (saved_args, vars(config))]
-    unbuilt = [f"{who} (moe_type {kind}, moe_expert_parallel_size {ep})" for who, (experts, kind, ep)
-               in zip(("the checkpoint's", "this run's"), moe) if experts > 1 and (kind != "megablocks" or ep > 1)]
+    """Why the mixture of experts of checkpoint ``path`` cannot be resharded into a run of ``config``, or "".
+    Resharded (module docstring): the dropless layer at moe_expert_parallel_size 1 in any layout, DeepSpeed's layer
+    at moe_expert_parallel_size 1 without a pipeline and without enable_expert_tensor_parallelism (its experts and
+    residual MLP whole on every tensor-parallel rank, its ZeRO partitions over the data-parallel ranks). Not yet:
+    expert parallelism (each expert-parallel rank's experts carry local names in DeepSpeed's files and ZeRO
+    partitions them over the expert-data-parallel group), DeepSpeed's layer in a pipeline (its experts in
+    per-stage files, megatron.model.moe.pipeline) or with its experts split over the tensor-parallel ranks."""
+    unbuilt = []
+    for who, values in (("the checkpoint's", saved_args), ("this run's", vars(config))):
+        if int(values.get("moe_num_experts") or 1) <= 1:
+            continue
+        kind, ep = values.get("moe_type") or "megablocks", int(values.get("moe_expert_parallel_size") or 1)
+        what = [f"moe_expert_parallel_size {ep}"] if ep > 1 else []
+        if kind == "deepspeed" and int(values.get("pipe_parallel_size") or 0) >= 1:
+            what.append(f"pipe_parallel_size {values.get('pipe_parallel_size')}")
+        if kind == "deepspeed" and values.get("enable_expert_tensor_parallelism"):
+            what.append("enable_expert_tensor_parallelism")
+        if what:
+            unbuilt.append(f"{who} (moe_type {kind}, {', '.join(what)})")
     if not unbuilt:
         return ""
     return (f"checkpoint {path} was saved with another parallel layout ({describe(layout_of(saved_args))}), and "
-            f"resharding the mixture of experts of {' and '.join(unbuilt)} is not supported yet: DeepSpeed's "
-            f"experts (moe_type deepspeed, or moe_expert_parallel_size > 1) are saved one file per expert with "
-            f"their optimizer state per expert-parallel rank. The dropless layer (moe_type megablocks) at "
-            f"moe_expert_parallel_size 1 reshards; resume with the layout the checkpoint was saved with")
+            f"resharding the mixture of experts of {' and '.join(unbuilt)} is not supported yet. Resharded are: "
+            f"the dropless layer (moe_type megablocks) at moe_expert_parallel_size 1 in any layout, and DeepSpeed's "
+            f"layer (moe_type deepspeed) at moe_expert_parallel_size 1 without a pipeline (pipe_parallel_size 0) and "
+            f"without enable_expert_tensor_parallelism. Resume with the layout the checkpoint was saved with")
 
 
 def describe(layout: Mapping[str, int]) -> str:

@@ -7,8 +7,8 @@ One group of four gloo ranks runs megatron.training's own setup_model_and_optimi
 and load_checkpoint on a tiny model: the reference run trains 5 steps and saves after step 2, then each target
 layout loads that checkpoint and trains steps 3 to 5 on the same global batches. Step 3's loss is taken before
 its update, so it checks the weights; steps 4 and 5 check the optimizer state too (without it, step 4 differs).
-The same group does it for a dropless mixture of experts (GPT-NeoX's dMoE, at micro-batches of one sample in every
-layout: its load-balancing loss is per micro-batch)."""
+The same group does it for mixtures of experts (GPT-NeoX's dMoE and DeepSpeed's layer, at micro-batches of one
+sample in every layout: the load-balancing loss is per micro-batch)."""
 from types import SimpleNamespace
 
 import pytest
@@ -42,6 +42,14 @@ CLOSE_BF16 = 5e-4
 WEIGHTS_ONLY = dict(model_parallel_size=2, pipe_parallel_size=1, zero_stage=1, no_load_optim=True)
 """The checkpoint as GPT-NeoX writes it, resharded without its optimizer state: step 3's loss (before its update)
 is the reference's, step 4's is not."""
+DS = dict(moe_num_experts=4, moe_top_k=1, moe_expert_interval=1, moe_type="deepspeed", create_moe_param_group=True)
+"""DeepSpeed's layer (top-1, residual MoE on, nothing dropped) at EP 1: experts and residual MLP whole on every
+tensor-parallel rank, the experts in DeepSpeed's per-expert files, ZeRO partitioning DeepSpeed's expert groups."""
+DS_SOURCE = dict(model_parallel_size=2, pipe_parallel_size=0, zero_stage=1, **DS)
+DS_TARGETS = {
+    "ds_tp1_pp0_dp4_zero0": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=0, **DS),
+    "ds_tp1_pp0_dp4_zero2": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=2, **DS),
+}
 CLOSE = 1e-5
 MOE = dict(moe_num_experts=4, moe_top_k=2, moe_expert_interval=1, create_moe_param_group=True)
 """GPT-NeoX's dMoE (the dropless layer, moe_type megablocks, at moe_expert_parallel_size 1) in both layers: four
@@ -137,6 +145,13 @@ def _as_gpt_neox(save: str) -> str:
     return neox
 
 
+def _deepspeed_layouts(world_size: int, save: str) -> dict:
+    results = {"ds_reference": _run(world_size, DS_SOURCE, save, None, 1, save_at=SAVED_AT)}
+    for name, layout in DS_TARGETS.items():
+        results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1)
+    return results
+
+
 def _all_layouts(rank: int, world_size: int, save: str) -> dict:
     import torch.distributed as dist
 
@@ -151,6 +166,7 @@ def _all_layouts(rank: int, world_size: int, save: str) -> dict:
     dist.barrier()
     results["gpt_neox_weights"] = _run(world_size, WEIGHTS_ONLY, save + "-from-neox", save + "-gpt-neox", SAVED_AT + 1)
     results.update(_moe_layouts(world_size, save + "-moe"))
+    results.update(_deepspeed_layouts(world_size, save + "-ds"))
     results["reference_bf16"] = _run(world_size, SOURCE_BF16, save + "-bf16", None, 1, save_at=SAVED_AT)
     for name, layout in TARGETS_BF16.items():
         results[name] = _run(world_size, layout, save + "-" + name, save + "-bf16", SAVED_AT + 1)
@@ -236,6 +252,17 @@ def test_a_dropless_moe_zero_2_checkpoint_splits_its_experts_over_tensor_ranks_a
         assert max(abs(a - b) for a, b in zip(weights_only[1:], reference[SAVED_AT + 1:])) > 5 * CLOSE_BF16, rank
 
 
+@pytest.mark.parametrize("target", DS_TARGETS)
+def test_a_checkpoint_of_deepspeeds_moe_layer_continues_in_another_layout_with_the_same_losses(runs, target):
+    """DeepSpeed's layer at TP=2 x DP=2 under ZeRO 1 continues at TP=1 x DP=4 without ZeRO and under ZeRO 2
+    (measured equal to the last bit); its residual MLP is whole on each tensor rank (before, merging it as a split
+    MLP doubled it)."""
+    for rank, results in enumerate(runs):
+        reference, resumed = results["ds_reference"], results[target]
+        assert resumed["iteration"] == resumed["engine_steps"] == SAVED_AT, rank
+        assert resumed["losses"] == pytest.approx(reference["losses"][SAVED_AT:], abs=CLOSE), rank
+
+
 def test_which_layout_changes_need_resharding():
     from megatron.checkpoint_resharding import needs_resharding
 
@@ -257,27 +284,30 @@ def test_which_layout_changes_need_resharding():
     assert needs_resharding(zero, {**zero, "zero_stage": 3}, optimizer_state=False)
 
 
-def test_deepspeeds_experts_are_refused_naming_what_reshards(tmp_path):
-    """DeepSpeed's layer and expert parallelism (per-expert files, expert optimizer state per expert-parallel rank)
-    are refused, in the checkpoint or in the run; the dropless layer at moe_expert_parallel_size 1 passes."""
+def test_expert_parallelism_and_deepspeeds_experts_in_a_pipeline_are_refused_naming_what_reshards(tmp_path):
+    """Expert parallelism, DeepSpeed's layer in a pipeline or with enable_expert_tensor_parallelism are refused, in
+    the checkpoint or in the run; the dropless layer, and DeepSpeed's without a pipeline, at EP 1 pass."""
     from megatron.checkpoint_resharding import load_resharded, moe_problem
     from megatron.checkpointing import CheckpointError
     from megatron.model_config import ModelConfig
     from tests.neox_arguments.helpers import tiny
 
-    dropless = ModelConfig.from_neox_args(tiny(moe_num_experts=2), padded_vocab_size=128)
+    run = ModelConfig.from_neox_args(tiny(moe_num_experts=2, pipe_parallel_size=0), padded_vocab_size=128)
     saved = dict(model_parallel_size=2, pipe_parallel_size=2, data_parallel_size=1, zero_stage=0, moe_num_experts=2,
                  moe_type="megablocks", moe_expert_parallel_size=1)
-    assert moe_problem(str(tmp_path), saved, dropless) == ""
-    for change in ({"moe_type": "deepspeed"}, {"moe_expert_parallel_size": 2}):
-        with pytest.raises(CheckpointError, match=r"TP=2 PP=2 DP=1 ZeRO-0\), and resharding the mixture of experts "
-                                                  r"of the checkpoint's \(moe_type \w+, moe_expert_parallel_size \d\)"
-                                                  r" is not supported yet.*moe_type megablocks\) at "
-                                                  r"moe_expert_parallel_size 1 reshards"):
-            load_resharded(str(tmp_path), {**saved, **change}, dropless, engine=None, load_optim=True, load_rng=True)
-    deepspeed = dropless.replace(moe_type="deepspeed")
-    assert "this run's (moe_type deepspeed, moe_expert_parallel_size 1)" in moe_problem(str(tmp_path), saved,
-                                                                                         deepspeed)
+    assert moe_problem(str(tmp_path), saved, run) == ""
+    assert moe_problem(str(tmp_path), {**saved, "pipe_parallel_size": 0, "moe_type": "deepspeed"},
+                       run.replace(moe_type="deepspeed")) == ""
+    for change, what in (({"moe_type": "deepspeed"}, "moe_type deepspeed, pipe_parallel_size 2"),
+                         ({"moe_expert_parallel_size": 2}, "moe_type megablocks, moe_expert_parallel_size 2")):
+        with pytest.raises(CheckpointError, match=rf"TP=2 PP=2 DP=1 ZeRO-0\), and resharding the mixture of experts "
+                                                  rf"of the checkpoint's \({what}\) is not supported yet.*"
+                                                  rf"dropless layer \(moe_type megablocks\) at "
+                                                  rf"moe_expert_parallel_size 1 in any layout"):
+            load_resharded(str(tmp_path), {**saved, **change}, run, engine=None, load_optim=True, load_rng=True)
+    split = run.replace(moe_type="deepspeed", enable_expert_tensor_parallelism=True)
+    assert "this run's (moe_type deepspeed, enable_expert_tensor_parallelism)" in moe_problem(str(tmp_path), saved,
+                                                                                               split)
 
 
 def test_dpo_refuses_another_tensor_parallel_size_for_its_reference_model(tmp_path):
