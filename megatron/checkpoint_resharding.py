@@ -26,12 +26,12 @@ Mixture of experts: the dropless layer (moe_type megablocks) at moe_expert_paral
 its experts stacked in the model files (``mlp.experts.mlp.w1`` & co.), split by whole experts over the
 tensor-parallel ranks, as ordinary parameters of the engine (in an optimizer group of their own with
 create_moe_param_group). DeepSpeed's layer (moe_type deepspeed) at moe_expert_parallel_size 1 keeps its experts
-(and residual MLP) whole on every tensor-parallel rank, the experts in DeepSpeed's per-expert files (read_checkpoint
-reads them) and their optimizer state with the rest's: ZeRO partitions DeepSpeed's expert groups over the
-expert-data-parallel ranks, which at EP 1 are the data-parallel ranks. So both reshard as the rest. Refused by
-``moe_problem``: expert parallelism, DeepSpeed's layer in a pipeline or with enable_expert_tensor_parallelism. The
-load-balancing loss is computed per micro-batch, so a layout that changes the micro-batch size (not the global
-batch) changes the losses of an MoE model by itself.
+(and residual MLP) whole on every tensor-parallel rank (with enable_expert_tensor_parallelism the experts split as
+the dense MLP), the experts in DeepSpeed's per-expert files (read_checkpoint reads them) and their optimizer state
+with the rest's: ZeRO partitions DeepSpeed's expert groups over the expert-data-parallel ranks, which at EP 1 are
+the data-parallel ranks. So both reshard as the rest. Refused by ``moe_problem``: expert parallelism, and DeepSpeed's
+layer in a pipeline. The load-balancing loss is computed per micro-batch, so a layout that changes the micro-batch
+size (not the global batch) changes the losses of an MoE model by itself.
 """
 from __future__ import annotations
 
@@ -93,11 +93,11 @@ def reference_problem(path: str, saved: Mapping[str, int], current: Mapping[str,
 def moe_problem(path: str, saved_args: Mapping[str, Any], config: ModelConfig) -> str:
     """Why the mixture of experts of checkpoint ``path`` cannot be resharded into a run of ``config``, or "".
     Resharded (module docstring): the dropless layer at moe_expert_parallel_size 1 in any layout, DeepSpeed's layer
-    at moe_expert_parallel_size 1 without a pipeline and without enable_expert_tensor_parallelism (its experts and
-    residual MLP whole on every tensor-parallel rank, its ZeRO partitions over the data-parallel ranks). Not yet:
-    expert parallelism (each expert-parallel rank's experts carry local names in DeepSpeed's files and ZeRO
-    partitions them over the expert-data-parallel group), DeepSpeed's layer in a pipeline (its experts in
-    per-stage files, megatron.model.moe.pipeline) or with its experts split over the tensor-parallel ranks."""
+    at moe_expert_parallel_size 1 without a pipeline (its experts whole on every tensor-parallel rank, or split with
+    enable_expert_tensor_parallelism, its ZeRO partitions over the data-parallel ranks). Not yet: expert parallelism
+    (each expert-parallel rank's experts carry local names in DeepSpeed's files and ZeRO partitions them over the
+    expert-data-parallel group) and DeepSpeed's layer in a pipeline (its experts in per-stage files,
+    megatron.model.moe.pipeline)."""
     unbuilt = []
     for who, values in (("the checkpoint's", saved_args), ("this run's", vars(config))):
         if int(values.get("moe_num_experts") or 1) <= 1:
@@ -106,8 +106,6 @@ def moe_problem(path: str, saved_args: Mapping[str, Any], config: ModelConfig) -
         what = [f"moe_expert_parallel_size {ep}"] if ep > 1 else []
         if kind == "deepspeed" and int(values.get("pipe_parallel_size") or 0) >= 1:
             what.append(f"pipe_parallel_size {values.get('pipe_parallel_size')}")
-        if kind == "deepspeed" and values.get("enable_expert_tensor_parallelism"):
-            what.append("enable_expert_tensor_parallelism")
         if what:
             unbuilt.append(f"{who} (moe_type {kind}, {', '.join(what)})")
     if not unbuilt:
@@ -115,8 +113,8 @@ def moe_problem(path: str, saved_args: Mapping[str, Any], config: ModelConfig) -
     return (f"checkpoint {path} was saved with another parallel layout ({describe(layout_of(saved_args))}), and "
             f"resharding the mixture of experts of {' and '.join(unbuilt)} is not supported yet. Resharded are: "
             f"the dropless layer (moe_type megablocks) at moe_expert_parallel_size 1 in any layout, and DeepSpeed's "
-            f"layer (moe_type deepspeed) at moe_expert_parallel_size 1 without a pipeline (pipe_parallel_size 0) and "
-            f"without enable_expert_tensor_parallelism. Resume with the layout the checkpoint was saved with")
+            f"layer (moe_type deepspeed) at moe_expert_parallel_size 1 without a pipeline (pipe_parallel_size 0). "
+            f"Resume with the layout the checkpoint was saved with")
 
 
 def describe(layout: Mapping[str, int]) -> str:

@@ -48,8 +48,12 @@ tensor-parallel rank, the experts in DeepSpeed's per-expert files, ZeRO partitio
 DS_SOURCE = dict(model_parallel_size=2, pipe_parallel_size=0, zero_stage=1, **DS)
 DS_TARGETS = {
     "ds_tp1_pp0_dp4_zero0": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=0, **DS),
-    "ds_tp1_pp0_dp4_zero2": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=2, **DS),
 }
+DS_SPLIT = dict(DS, enable_expert_tensor_parallelism=True)
+"""Each expert split column / row over the tensor ranks (its shards in each rank's expert files); an architecture
+key, so it reshards to another data-parallel / ZeRO layout at TP=2 (at TP=4 the tiny experts do not split)."""
+DS_SPLIT_SOURCE = dict(model_parallel_size=2, pipe_parallel_size=0, zero_stage=1, **DS_SPLIT)
+DS_SPLIT_TARGET = dict(model_parallel_size=2, pipe_parallel_size=0, zero_stage=2, **DS_SPLIT)
 CLOSE = 1e-5
 MOE = dict(moe_num_experts=4, moe_top_k=2, moe_expert_interval=1, create_moe_param_group=True)
 """GPT-NeoX's dMoE (the dropless layer, moe_type megablocks, at moe_expert_parallel_size 1) in both layers: four
@@ -149,6 +153,8 @@ def _deepspeed_layouts(world_size: int, save: str) -> dict:
     results = {"ds_reference": _run(world_size, DS_SOURCE, save, None, 1, save_at=SAVED_AT)}
     for name, layout in DS_TARGETS.items():
         results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1)
+    results["ds_split_reference"] = _run(world_size, DS_SPLIT_SOURCE, save + "-split", None, 1, save_at=SAVED_AT)
+    results["ds_split_zero2"] = _run(world_size, DS_SPLIT_TARGET, save + "-split-zero2", save + "-split", SAVED_AT + 1)
     return results
 
 
@@ -252,15 +258,17 @@ def test_a_dropless_moe_zero_2_checkpoint_splits_its_experts_over_tensor_ranks_a
         assert max(abs(a - b) for a, b in zip(weights_only[1:], reference[SAVED_AT + 1:])) > 5 * CLOSE_BF16, rank
 
 
-@pytest.mark.parametrize("target", DS_TARGETS)
-def test_a_checkpoint_of_deepspeeds_moe_layer_continues_in_another_layout_with_the_same_losses(runs, target):
-    """DeepSpeed's layer at TP=2 x DP=2 under ZeRO 1 continues at TP=1 x DP=4 without ZeRO and under ZeRO 2
-    (measured equal to the last bit); its residual MLP is whole on each tensor rank (before, merging it as a split
-    MLP doubled it)."""
+@pytest.mark.parametrize("reference,target", [("ds_reference", name) for name in DS_TARGETS]
+                         + [("ds_split_reference", "ds_split_zero2")])
+def test_a_checkpoint_of_deepspeeds_moe_layer_continues_in_another_layout_with_the_same_losses(runs, reference,
+                                                                                               target):
+    """DeepSpeed's layer at TP=2 x DP=2 under ZeRO 1 continues at TP=1 x DP=4 without ZeRO, and with
+    enable_expert_tensor_parallelism under ZeRO 2 (measured equal to the last bit); its residual MLP is whole on
+    each tensor rank (before, merging it as a split MLP doubled it)."""
     for rank, results in enumerate(runs):
-        reference, resumed = results["ds_reference"], results[target]
+        expected, resumed = results[reference]["losses"][SAVED_AT:], results[target]
         assert resumed["iteration"] == resumed["engine_steps"] == SAVED_AT, rank
-        assert resumed["losses"] == pytest.approx(reference["losses"][SAVED_AT:], abs=CLOSE), rank
+        assert resumed["losses"] == pytest.approx(expected, abs=CLOSE), rank
 
 
 def test_which_layout_changes_need_resharding():
@@ -284,9 +292,9 @@ def test_which_layout_changes_need_resharding():
     assert needs_resharding(zero, {**zero, "zero_stage": 3}, optimizer_state=False)
 
 
-def test_expert_parallelism_and_deepspeeds_experts_in_a_pipeline_are_refused_naming_what_reshards(tmp_path):
-    """Expert parallelism, DeepSpeed's layer in a pipeline or with enable_expert_tensor_parallelism are refused, in
-    the checkpoint or in the run; the dropless layer, and DeepSpeed's without a pipeline, at EP 1 pass."""
+def test_expert_parallelism_and_deepspeeds_layer_in_a_pipeline_are_refused_naming_what_reshards(tmp_path):
+    """Expert parallelism and DeepSpeed's layer in a pipeline are refused, in the checkpoint or in the run; the
+    dropless layer, and DeepSpeed's without a pipeline, at EP 1 pass."""
     from megatron.checkpoint_resharding import load_resharded, moe_problem
     from megatron.checkpointing import CheckpointError
     from megatron.model_config import ModelConfig
@@ -305,9 +313,8 @@ def test_expert_parallelism_and_deepspeeds_experts_in_a_pipeline_are_refused_nam
                                                   rf"dropless layer \(moe_type megablocks\) at "
                                                   rf"moe_expert_parallel_size 1 in any layout"):
             load_resharded(str(tmp_path), {**saved, **change}, run, engine=None, load_optim=True, load_rng=True)
-    split = run.replace(moe_type="deepspeed", enable_expert_tensor_parallelism=True)
-    assert "this run's (moe_type deepspeed, enable_expert_tensor_parallelism)" in moe_problem(str(tmp_path), saved,
-                                                                                               split)
+    in_pipeline = run.replace(moe_type="deepspeed", pipe_parallel_size=1)
+    assert "this run's (moe_type deepspeed, pipe_parallel_size 1)" in moe_problem(str(tmp_path), saved, in_pipeline)
 
 
 def test_dpo_refuses_another_tensor_parallel_size_for_its_reference_model(tmp_path):
