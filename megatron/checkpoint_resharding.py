@@ -21,6 +21,17 @@ checkpoint's. Each rank restores the RNG state of the saved rank with its number
 had fewer ranks): with another layout the ranks draw other streams anyway, so dropout noise is not the
 uninterrupted run's. Every rank reads the optimizer state of its own parameters only (memory-mapped files), but
 without ZeRO the weights of the whole model (megatron.checkpoint_conversion.neox_checkpoint.read_checkpoint).
+
+Mixture of experts: the dropless layer (moe_type megablocks) at moe_expert_parallel_size 1, GPT-NeoX's dMoE, keeps
+its experts stacked in the model files (``mlp.experts.mlp.w1`` & co.), split by whole experts over the
+tensor-parallel ranks, as ordinary parameters of the engine (in an optimizer group of their own with
+create_moe_param_group). DeepSpeed's layer (moe_type deepspeed) at moe_expert_parallel_size 1 keeps its experts
+(and residual MLP) whole on every tensor-parallel rank (with enable_expert_tensor_parallelism the experts split as
+the dense MLP), the experts in DeepSpeed's per-expert files (read_checkpoint reads them) and their optimizer state
+with the rest's: ZeRO partitions DeepSpeed's expert groups over the expert-data-parallel ranks, which at EP 1 are
+the data-parallel ranks. So both reshard as the rest. Refused by ``moe_problem``: expert parallelism, and DeepSpeed's
+layer in a pipeline. The load-balancing loss is computed per micro-batch, so a layout that changes the micro-batch
+size (not the global batch) changes the losses of an MoE model by itself.
 """
 from __future__ import annotations
 
@@ -77,6 +88,33 @@ def reference_problem(path: str, saved: Mapping[str, int], current: Mapping[str,
             f"{saved['model_parallel_size']}, and resharding it to {current['model_parallel_size']} is not supported "
             f"yet: resume with model_parallel_size={saved['model_parallel_size']} (another pipeline, data-parallel or "
             f"ZeRO layout reshards)")
+
+
+def moe_problem(path: str, saved_args: Mapping[str, Any], config: ModelConfig) -> str:
+    """Why the mixture of experts of checkpoint ``path`` cannot be resharded into a run of ``config``, or "".
+    Resharded (module docstring): the dropless layer at moe_expert_parallel_size 1 in any layout, DeepSpeed's layer
+    at moe_expert_parallel_size 1 without a pipeline (its experts whole on every tensor-parallel rank, or split with
+    enable_expert_tensor_parallelism, its ZeRO partitions over the data-parallel ranks). Not yet: expert parallelism
+    (each expert-parallel rank's experts carry local names in DeepSpeed's files and ZeRO partitions them over the
+    expert-data-parallel group) and DeepSpeed's layer in a pipeline (its experts in per-stage files,
+    megatron.model.moe.pipeline)."""
+    unbuilt = []
+    for who, values in (("the checkpoint's", saved_args), ("this run's", vars(config))):
+        if int(values.get("moe_num_experts") or 1) <= 1:
+            continue
+        kind, ep = values.get("moe_type") or "megablocks", int(values.get("moe_expert_parallel_size") or 1)
+        what = [f"moe_expert_parallel_size {ep}"] if ep > 1 else []
+        if kind == "deepspeed" and int(values.get("pipe_parallel_size") or 0) >= 1:
+            what.append(f"pipe_parallel_size {values.get('pipe_parallel_size')}")
+        if what:
+            unbuilt.append(f"{who} (moe_type {kind}, {', '.join(what)})")
+    if not unbuilt:
+        return ""
+    return (f"checkpoint {path} was saved with another parallel layout ({describe(layout_of(saved_args))}), and "
+            f"resharding the mixture of experts of {' and '.join(unbuilt)} is not supported yet. Resharded are: "
+            f"the dropless layer (moe_type megablocks) at moe_expert_parallel_size 1 in any layout, and DeepSpeed's "
+            f"layer (moe_type deepspeed) at moe_expert_parallel_size 1 without a pipeline (pipe_parallel_size 0). "
+            f"Resume with the layout the checkpoint was saved with")
 
 
 def describe(layout: Mapping[str, int]) -> str:
@@ -211,11 +249,9 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
     weights (and the client state) are loaded; without ``strict`` parameters the checkpoint lacks keep their values
     (a reward model's new value head); ``restore_counters``: DeepSpeed's step / sample counters are the
     checkpoint's (not for a fine-tune)."""
-    if model_config.moe_num_experts > 1:
-        raise CheckpointError(f"checkpoint {path} was saved with another parallel layout "
-                              f"({describe(layout_of(saved_args))}), and resharding a mixture-of-experts model (its "
-                              f"experts spread over the expert-parallel ranks) is not supported yet: resume with the "
-                              f"layout it was saved with")
+    problem = moe_problem(path, saved_args, model_config)
+    if problem:
+        raise CheckpointError(problem)
     saved_layout = (int(saved_args.get("model_parallel_size") or 1), int(saved_args.get("pipe_parallel_size") or 0))
     names = {id(p): flat_name(n, model_config.num_layers) for n, p in engine.module.named_parameters()}
     if load_optim:

@@ -6,7 +6,9 @@ TP=2 x PP=2 run: weights, Adam's moments and step, the LR schedule and the itera
 One group of four gloo ranks runs megatron.training's own setup_model_and_optimizer, train_step, save_checkpoint
 and load_checkpoint on a tiny model: the reference run trains 5 steps and saves after step 2, then each target
 layout loads that checkpoint and trains steps 3 to 5 on the same global batches. Step 3's loss is taken before
-its update, so it checks the weights; steps 4 and 5 check the optimizer state too (without it, step 4 differs)."""
+its update, so it checks the weights; steps 4 and 5 check the optimizer state too (without it, step 4 differs).
+The same group does it for mixtures of experts (GPT-NeoX's dMoE and DeepSpeed's layer, at micro-batches of one
+sample in every layout: the load-balancing loss is per micro-batch)."""
 from types import SimpleNamespace
 
 import pytest
@@ -40,7 +42,33 @@ CLOSE_BF16 = 5e-4
 WEIGHTS_ONLY = dict(model_parallel_size=2, pipe_parallel_size=1, zero_stage=1, no_load_optim=True)
 """The checkpoint as GPT-NeoX writes it, resharded without its optimizer state: step 3's loss (before its update)
 is the reference's, step 4's is not."""
+DS = dict(moe_num_experts=4, moe_top_k=1, moe_expert_interval=1, moe_type="deepspeed", create_moe_param_group=True)
+"""DeepSpeed's layer (top-1, residual MoE on, nothing dropped) at EP 1: experts and residual MLP whole on every
+tensor-parallel rank, the experts in DeepSpeed's per-expert files, ZeRO partitioning DeepSpeed's expert groups."""
+DS_SOURCE = dict(model_parallel_size=2, pipe_parallel_size=0, zero_stage=1, **DS)
+DS_TARGETS = {
+    "ds_tp1_pp0_dp4_zero0": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=0, **DS),
+}
+DS_SPLIT = dict(DS, enable_expert_tensor_parallelism=True)
+"""Each expert split column / row over the tensor ranks (its shards in each rank's expert files); an architecture
+key, so it reshards to another data-parallel / ZeRO layout at TP=2 (at TP=4 the tiny experts do not split)."""
+DS_SPLIT_SOURCE = dict(model_parallel_size=2, pipe_parallel_size=0, zero_stage=1, **DS_SPLIT)
+DS_SPLIT_TARGET = dict(model_parallel_size=2, pipe_parallel_size=0, zero_stage=2, **DS_SPLIT)
 CLOSE = 1e-5
+MOE = dict(moe_num_experts=4, moe_top_k=2, moe_expert_interval=1, create_moe_param_group=True)
+"""GPT-NeoX's dMoE (the dropless layer, moe_type megablocks, at moe_expert_parallel_size 1) in both layers: four
+gated experts stacked in the model files, two per tensor-parallel rank at TP=2, in an optimizer group of their own;
+the load-balancing loss is part of the loss."""
+MOE_SOURCE = {**SOURCE, **MOE}
+MOE_TARGETS = {
+    "moe_tp1_pp0_dp4_zero2": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=2, **MOE),
+    "moe_tp1_pp2_dp2_zero1": dict(model_parallel_size=1, pipe_parallel_size=2, zero_stage=1, **MOE),
+}
+MOE_CHAINED = dict(model_parallel_size=2, pipe_parallel_size=1, zero_stage=0, **MOE)
+"""From moe_tp1_pp0_dp4_zero2's checkpoint after step 3 (ZeRO 2's partitions of four data-parallel ranks): the
+experts split again over two tensor-parallel ranks."""
+MOE_WEIGHTS_ONLY = dict(model_parallel_size=1, pipe_parallel_size=1, zero_stage=0, no_load_optim=True, **MOE)
+"""The MoE checkpoint's weights alone: step 3 is the reference's, steps 4-5 are not (the optimizer state matters)."""
 """The layouts add the same numbers in other orders (fp32): measured within 5e-7 of each other over these steps."""
 
 
@@ -50,7 +78,8 @@ def _args(world: int, layout: dict, save: str, load=None):
     layout = dict(layout)
     zero = layout.pop("zero_stage")
     dp = world // (layout["model_parallel_size"] * max(layout["pipe_parallel_size"], 1))
-    micro = min(2, GLOBAL_BATCH // dp)
+    # the load-balancing loss is a product of per-micro-batch averages: an MoE layout keeps micro-batches of one
+    micro = 1 if layout.get("moe_num_experts") else min(2, GLOBAL_BATCH // dp)
     return NeoXArgs.from_dict({
         "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_kv_heads": 2, "activation": "swiglu",
         "seq_length": 16,
@@ -120,6 +149,15 @@ def _as_gpt_neox(save: str) -> str:
     return neox
 
 
+def _deepspeed_layouts(world_size: int, save: str) -> dict:
+    results = {"ds_reference": _run(world_size, DS_SOURCE, save, None, 1, save_at=SAVED_AT)}
+    for name, layout in DS_TARGETS.items():
+        results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1)
+    results["ds_split_reference"] = _run(world_size, DS_SPLIT_SOURCE, save + "-split", None, 1, save_at=SAVED_AT)
+    results["ds_split_zero2"] = _run(world_size, DS_SPLIT_TARGET, save + "-split-zero2", save + "-split", SAVED_AT + 1)
+    return results
+
+
 def _all_layouts(rank: int, world_size: int, save: str) -> dict:
     import torch.distributed as dist
 
@@ -133,9 +171,22 @@ def _all_layouts(rank: int, world_size: int, save: str) -> dict:
         _as_gpt_neox(save)
     dist.barrier()
     results["gpt_neox_weights"] = _run(world_size, WEIGHTS_ONLY, save + "-from-neox", save + "-gpt-neox", SAVED_AT + 1)
+    results.update(_moe_layouts(world_size, save + "-moe"))
+    results.update(_deepspeed_layouts(world_size, save + "-ds"))
     results["reference_bf16"] = _run(world_size, SOURCE_BF16, save + "-bf16", None, 1, save_at=SAVED_AT)
     for name, layout in TARGETS_BF16.items():
         results[name] = _run(world_size, layout, save + "-" + name, save + "-bf16", SAVED_AT + 1)
+    return results
+
+
+def _moe_layouts(world_size: int, save: str) -> dict:
+    results = {"moe_reference": _run(world_size, MOE_SOURCE, save, None, 1, save_at=SAVED_AT)}
+    for name, layout in MOE_TARGETS.items():
+        results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1,
+                             save_at=SAVED_AT + 1 if name == "moe_tp1_pp0_dp4_zero2" else None)
+    results["moe_from_zero2"] = _run(world_size, MOE_CHAINED, save + "-chained", save + "-moe_tp1_pp0_dp4_zero2",
+                                     SAVED_AT + 2)
+    results["moe_weights_only"] = _run(world_size, MOE_WEIGHTS_ONLY, save + "-weights", save, SAVED_AT + 1)
     return results
 
 
@@ -182,6 +233,44 @@ def test_a_gpt_neox_checkpoint_loads_its_weights_into_another_split_and_the_opti
         assert max(abs(a - b) for a, b in zip(resumed[1:], reference[SAVED_AT + 1:])) > 5 * CLOSE_BF16
 
 
+@pytest.mark.parametrize("target", MOE_TARGETS)
+def test_a_dropless_moe_checkpoint_continues_in_another_layout_with_the_same_losses(runs, target):
+    """GPT-NeoX's dMoE at TP=2 x PP=2 (two experts per tensor rank, ZeRO 0) continues without tensor parallelism,
+    without a pipeline under ZeRO 2 and in a pipeline under ZeRO 1 (measured within 5e-7 of the reference)."""
+    for rank, results in enumerate(runs):
+        reference, resumed = results["moe_reference"], results[target]
+        assert resumed["iteration"] == resumed["engine_steps"] == SAVED_AT, rank
+        assert resumed["consumed"] == SAVED_AT * GLOBAL_BATCH, rank
+        assert resumed["losses"] == pytest.approx(reference["losses"][SAVED_AT:], abs=CLOSE), rank
+
+
+def test_a_dropless_moe_zero_2_checkpoint_splits_its_experts_over_tensor_ranks_again(runs):
+    """moe_tp1_pp0_dp4_zero2's step-3 checkpoint (the experts whole, ZeRO 2's partitions of four ranks) continues at
+    TP=2 x PP=1 x DP=2 without ZeRO; and the MoE checkpoint's weights without its optimizer state give the
+    reference's step 3 (before its update) but not steps 4-5 (measured 1.0e-3 and 1.6e-2 off): the optimizer state
+    of the router and the experts is what the tests above check."""
+    for rank, results in enumerate(runs):
+        reference, chained = results["moe_reference"]["losses"], results["moe_from_zero2"]
+        assert chained["iteration"] == chained["engine_steps"] == SAVED_AT + 1, rank
+        assert chained["losses"] == pytest.approx(reference[SAVED_AT + 1:], abs=CLOSE), rank
+        weights_only = results["moe_weights_only"]["losses"]
+        assert weights_only[0] == pytest.approx(reference[SAVED_AT], abs=CLOSE), rank
+        assert max(abs(a - b) for a, b in zip(weights_only[1:], reference[SAVED_AT + 1:])) > 5 * CLOSE_BF16, rank
+
+
+@pytest.mark.parametrize("reference,target", [("ds_reference", name) for name in DS_TARGETS]
+                         + [("ds_split_reference", "ds_split_zero2")])
+def test_a_checkpoint_of_deepspeeds_moe_layer_continues_in_another_layout_with_the_same_losses(runs, reference,
+                                                                                               target):
+    """DeepSpeed's layer at TP=2 x DP=2 under ZeRO 1 continues at TP=1 x DP=4 without ZeRO, and with
+    enable_expert_tensor_parallelism under ZeRO 2 (measured equal to the last bit); its residual MLP is whole on
+    each tensor rank (before, merging it as a split MLP doubled it)."""
+    for rank, results in enumerate(runs):
+        expected, resumed = results[reference]["losses"][SAVED_AT:], results[target]
+        assert resumed["iteration"] == resumed["engine_steps"] == SAVED_AT, rank
+        assert resumed["losses"] == pytest.approx(expected, abs=CLOSE), rank
+
+
 def test_which_layout_changes_need_resharding():
     from megatron.checkpoint_resharding import needs_resharding
 
@@ -203,17 +292,29 @@ def test_which_layout_changes_need_resharding():
     assert needs_resharding(zero, {**zero, "zero_stage": 3}, optimizer_state=False)
 
 
-def test_a_mixture_of_experts_checkpoint_is_refused_naming_its_layout(tmp_path):
-    from megatron.checkpoint_resharding import load_resharded
+def test_expert_parallelism_and_deepspeeds_layer_in_a_pipeline_are_refused_naming_what_reshards(tmp_path):
+    """Expert parallelism and DeepSpeed's layer in a pipeline are refused, in the checkpoint or in the run; the
+    dropless layer, and DeepSpeed's without a pipeline, at EP 1 pass."""
+    from megatron.checkpoint_resharding import load_resharded, moe_problem
     from megatron.checkpointing import CheckpointError
     from megatron.model_config import ModelConfig
     from tests.neox_arguments.helpers import tiny
 
-    config = ModelConfig.from_neox_args(tiny(moe_num_experts=2), padded_vocab_size=128)
-    saved = dict(model_parallel_size=2, pipe_parallel_size=2, data_parallel_size=1, zero_stage=0)
-    with pytest.raises(CheckpointError, match=r"TP=2 PP=2 DP=1 ZeRO-0\), and resharding a mixture-of-experts model.*"
-                                              r"resume with the layout it was saved with"):
-        load_resharded(str(tmp_path), saved, config, engine=None, load_optim=True, load_rng=True)
+    run = ModelConfig.from_neox_args(tiny(moe_num_experts=2, pipe_parallel_size=0), padded_vocab_size=128)
+    saved = dict(model_parallel_size=2, pipe_parallel_size=2, data_parallel_size=1, zero_stage=0, moe_num_experts=2,
+                 moe_type="megablocks", moe_expert_parallel_size=1)
+    assert moe_problem(str(tmp_path), saved, run) == ""
+    assert moe_problem(str(tmp_path), {**saved, "pipe_parallel_size": 0, "moe_type": "deepspeed"},
+                       run.replace(moe_type="deepspeed")) == ""
+    for change, what in (({"moe_type": "deepspeed"}, "moe_type deepspeed, pipe_parallel_size 2"),
+                         ({"moe_expert_parallel_size": 2}, "moe_type megablocks, moe_expert_parallel_size 2")):
+        with pytest.raises(CheckpointError, match=rf"TP=2 PP=2 DP=1 ZeRO-0\), and resharding the mixture of experts "
+                                                  rf"of the checkpoint's \({what}\) is not supported yet.*"
+                                                  rf"dropless layer \(moe_type megablocks\) at "
+                                                  rf"moe_expert_parallel_size 1 in any layout"):
+            load_resharded(str(tmp_path), {**saved, **change}, run, engine=None, load_optim=True, load_rng=True)
+    in_pipeline = run.replace(moe_type="deepspeed", pipe_parallel_size=1)
+    assert "this run's (moe_type deepspeed, pipe_parallel_size 1)" in moe_problem(str(tmp_path), saved, in_pipeline)
 
 
 def test_dpo_refuses_another_tensor_parallel_size_for_its_reference_model(tmp_path):

@@ -6,7 +6,8 @@ Splits follow megatron.mpu's layers, which are GPT-NeoX's: vocabulary-parallel e
 the query, key and value blocks with grouped-query attention, see megatron.model.attention) and MLP up
 projection (rows; a gated MLP's [up | gate] halves are each split), row-parallel attention output and MLP
 down projection (columns), the rpe table and ALiBi slopes (heads), the MoE experts' stacked w1 / w2 / w3 (rows:
-whole experts), DeepSpeed's experts with enable_expert_tensor_parallelism as the dense MLP (else replicated); Mamba's inner channels (in_proj's [x | z] halves each split) and RWKV's heads, as
+whole experts), DeepSpeed's experts with enable_expert_tensor_parallelism as the dense MLP (else replicated; its
+residual MLP always replicated); Mamba's inner channels (in_proj's [x | z] halves each split) and RWKV's heads, as
 megatron.model.mamba / rwkv split them. Everything else (norms, row-parallel biases, learned positions, RWKV's
 time-mix tables over hidden_size) is replicated.
 """
@@ -28,6 +29,10 @@ _ROW = ("attention.dense.weight", "mlp.linear2.weight", "attention.rpe.weight")
 _HEADS = ("attention.alibi_embed.slopes",)
 _EXPERTS = ("mlp.experts.mlp.w1", "mlp.experts.mlp.w2", "mlp.experts.mlp.w3")
 """The dropless MoE's stacked expert weights: split by rows, i.e. by expert (megatron.model.moe.layer)."""
+_RESIDUAL = "mlp.mlp.linear"
+"""DeepSpeed's residual MoE (moe_use_residual): its dense MLP ``mlp.mlp`` is a copy of the whole expert, replicated
+over the tensor-parallel ranks as the experts are (megatron.model.moe.deepspeed_layer), even with
+enable_expert_tensor_parallelism (which splits the experts only)."""
 _MAMBA_XZ = ("mixer.in_proj.weight", "mixer.in_proj.bias")
 _CHANNELS = ("mixer.conv1d.weight", "mixer.conv1d.bias", "mixer.dt_proj.weight", "mixer.dt_proj.bias", "mixer.A_log",
              "mixer.D", "att.receptance.weight", "att.key.weight", "att.value.weight", "att.gate.weight",
@@ -41,6 +46,8 @@ def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
     """(dimension, blocks) along which ``name`` is split, or None when every rank holds all of it."""
     if ".deepspeed_experts." in name:  # DeepSpeed's experts: whole, or with enable_expert_tensor_parallelism split
         return _split_expert_rule(name, config)
+    if _RESIDUAL in name:  # DeepSpeed's residual MoE MLP: a copy of the whole expert on every tensor-parallel rank
+        return None
     if name.endswith(_QKV):
         return 0, qkv_blocks(config)
     if name.endswith(_GATED):

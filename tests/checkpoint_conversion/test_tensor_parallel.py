@@ -27,6 +27,11 @@ GQA = tiny_config(num_kv_heads=2)  # 4 query heads, 2 kv heads, head_dim 8: bloc
     ("layers.0.input_layernorm.weight", MHA, None),
     ("final_norm.norm.scale", MHA, None),
     ("embedding.position_embeddings.weight", MHA, None),
+    # DeepSpeed's residual MoE MLP is a whole copy of the expert on every tensor rank, as the experts (not split)
+    ("layers.0.mlp.mlp.linear1.weight", GATED, None),
+    ("mlp.mlp.linear2.weight", GATED, None),
+    ("layers.0.mlp.deepspeed_moe.experts.deepspeed_experts.1.linear1.weight", GATED, None),
+    ("layers.0.mlp.experts.mlp.w1", GATED, (0, 1)),
 ])
 def test_split_rules(name, config, rule):
     assert split_rule(name, config) == rule
