@@ -377,3 +377,24 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
     if kind == "madgrad_wd":
         return MADGRAD(groups, **params)
     return Lion(groups, **params)
+
+
+def describe_param_groups(groups: List[Dict[str, Any]]) -> List[str]:
+    """What distinguishes each optimizer group, in order (its name, whether it decays, DeepSpeed's expert mark)."""
+    return [f"{group.get('name') or ('decay' if group.get('weight_decay') else 'no_decay')}"
+            f"{' (experts)' if group.get('moe') else ''}" for group in groups]
+
+
+def pipeline_group_mismatch(stage_groups: List[List[str]]) -> Optional[str]:
+    """Why ZeRO 1 / 2 would hang in this pipeline, or None. DeepSpeed's ZeRO 1 / 2 computes the gradient norm one
+    parameter group at a time, each with an all-reduce over the model-parallel ranks, pipeline stages included: stages
+    with different numbers of groups wait on each other for ever (e.g. a mixture of experts whose experts' group exists
+    only on the stages that hold an MoE layer)."""
+    if all(len(groups) == len(stage_groups[0]) for groups in stage_groups):
+        return None
+    listed = "; ".join(f"stage {stage}: {', '.join(groups) or 'none'}" for stage, groups in enumerate(stage_groups))
+    return (f"the pipeline stages have different optimizer parameter groups ({listed}), and DeepSpeed's ZeRO stage "
+            f"1 / 2 reduces the gradient norm group by group over all stages, so the run would hang at its first "
+            f"step. Give every stage the same groups: with a mixture of experts set create_moe_param_group: false, "
+            f"or put an MoE layer on every stage (moe_expert_interval / num_layers / pipe_partition_method); or use "
+            f"zero_optimization.stage 0")

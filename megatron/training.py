@@ -129,6 +129,8 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     if loss_fn is not None:  # DPO / KTO: the model's own loss (the LM loss, or a reward model's) is replaced
         model.loss_fn = loss_fn
     optimizer = build_optimizer(neox_args, model)
+    if neox_args.is_pipe_parallel and neox_args.zero_stage in (1, 2):
+        _check_stage_param_groups(optimizer, ctx.parallel_state)
     lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
     config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
               and not (k == "scheduler" and lr_scheduler is not None)}
@@ -160,6 +162,20 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
     return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
+
+
+def _check_stage_param_groups(optimizer: torch.optim.Optimizer, ps) -> None:
+    """Every pipeline stage must have the same optimizer groups under ZeRO 1 / 2 (megatron.optimizers.
+    pipeline_group_mismatch): a ConfigError on every rank instead of a hang at the first step."""
+    from megatron.neox_arguments import ConfigError
+    from megatron.optimizers import describe_param_groups, pipeline_group_mismatch
+
+    mine = describe_param_groups(optimizer.param_groups)
+    stages: List[Any] = [None] * ps.get_pipe_parallel_world_size()
+    dist.all_gather_object(stages, mine, group=ps.get_pipe_parallel_group())
+    problem = pipeline_group_mismatch(stages)
+    if problem:
+        raise ConfigError([problem])
 
 
 def _partition_over_data_and_context(model: torch.nn.Module, ctx: RunContext, config: Dict[str, Any]) -> None:

@@ -240,3 +240,28 @@ def test_adam_on_cuda_is_deepspeed_fused_adam_matching_torch():
             opt.step()
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_pipeline_stages_with_other_param_groups_are_named_before_zero_would_hang():
+    """The experts' own group exists only on stages holding an MoE layer: under ZeRO 1 / 2 that would hang DeepSpeed's
+    group-by-group norm all-reduce (megatron.training checks it over the pipe group: by hand, PP=2 with one MoE layer
+    of 2 gives this message on both ranks instead of a hang)."""
+    from megatron.optimizers import MOE_EXPERT_FLAG, describe_param_groups, pipeline_group_mismatch
+
+    def stage(with_experts: bool) -> nn.Module:
+        model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+        if with_experts:
+            experts = nn.Linear(4, 4, bias=False)
+            setattr(experts.weight, MOE_EXPERT_FLAG, True)
+            model.append(experts)
+        return model
+
+    first = describe_param_groups(get_param_groups(stage(True), 0.1, moe_param_group=True))
+    second = describe_param_groups(get_param_groups(stage(False), 0.1, moe_param_group=True))
+    assert first == ["decay", "no_decay", "moe_experts"] and second == ["decay", "no_decay"]
+    assert pipeline_group_mismatch([first, first]) is None
+    problem = pipeline_group_mismatch([first, second])
+    assert "stage 0: decay, no_decay, moe_experts; stage 1: decay, no_decay" in problem
+    assert "create_moe_param_group: false" in problem
+    assert pipeline_group_mismatch([describe_param_groups(get_param_groups(stage(s), 0.1)) for s in (True, False)]) \
+        is None
