@@ -19,7 +19,7 @@ from tests.checkpoint_conversion.gpt_neox_files import (
 )
 from tests.checkpoint_conversion.helpers import random_tokens, save_tiny_tokenizer
 from tests.checkpoint_conversion.test_gpt_neox_layout import VARIANTS, client_args, hf_reference
-from tests.e2e.training_run import TrainingRun, build_tiny_corpus
+from tests.e2e.training_run import TrainingRun, build_tiny_corpus, falls
 from tests.tools.tool_runner import load_tool
 
 pytestmark = pytest.mark.slow
@@ -100,13 +100,15 @@ def _as_gpt_neox_writes_it(ckpt: Path, out: Path) -> Path:
 
 
 def test_resume_with_optimizer_state_from_a_gpt_neox_checkpoint_and_our_files(data, tmp_path):
-    """Two data-parallel ranks with ZeRO stage 1 (how GPT-NeoX trained Pythia): a run saved at step 3 and
-    rewritten as GPT-NeoX writes checkpoints resumes with its optimizer and LR state to the losses of the run
+    """Two data-parallel ranks with ZeRO stage 1 (how GPT-NeoX trained Pythia) learn and save every 3 steps; the
+    run saved at step 3 and rewritten as GPT-NeoX writes checkpoints resumes with its optimizer and LR state to the losses of the run
     that never stopped; and the files train.py wrote are GPT-NeoX's."""
     straight = TrainingRun(tmp_path / "straight", data, num_gpus=2, zero_optimization={"stage": 1}, train_iters=6,
                            checkpoint_factor=3)
     straight.launch()
     straight.assert_ok()
+    assert sorted(straight.losses()) == list(range(1, 7)) and falls(straight.losses())  # it learns
+    assert straight.checkpoints() == ["global_step3", "global_step6"] and straight.latest() == "global_step6"
     saved = straight.directory / "ckpt" / "global_step3"
 
     names = sorted(p.name for p in saved.iterdir())

@@ -31,18 +31,6 @@ def single_rank_losses(data, tmp_path_factory):
     return run.losses()
 
 
-def test_data_parallel_zero1_trains_and_saves(data, tmp_path):
-    """Two data-parallel ranks with ZeRO 1 learn and save; their exact resume (optimizer and LR state, from our
-    files and from GPT-NeoX's) is tests/e2e/test_gpt_neox_checkpoints.py's, and the fault suite's."""
-    run = TrainingRun(tmp_path, data, num_gpus=2, zero_optimization={"stage": 1}, train_iters=12,
-                      checkpoint_factor=6)
-    run.launch()
-    run.assert_ok()
-    losses = run.losses()
-    assert sorted(losses) == list(range(1, 13)) and falls(losses)
-    assert run.checkpoints() == ["global_step12", "global_step6"] and run.latest() == "global_step12"
-
-
 def test_bf16_zero3_data_parallel_trains_and_resumes(data, tmp_path):
     """bf16 under ZeRO-3 on two ranks (one launch for both: bf16 with ZeRO 0-2 goes through DeepSpeed's bf16
     optimizer, tested in process by tests/test_checkpoint_resharding.py) learns, saves and continues."""
