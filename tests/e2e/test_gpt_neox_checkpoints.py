@@ -101,8 +101,8 @@ def _as_gpt_neox_writes_it(ckpt: Path, out: Path) -> Path:
 
 def test_resume_with_optimizer_state_from_a_gpt_neox_checkpoint_and_our_files(data, tmp_path):
     """Two data-parallel ranks with ZeRO stage 1 (how GPT-NeoX trained Pythia) learn and save every 3 steps; the
-    run saved at step 3 and rewritten as GPT-NeoX writes checkpoints resumes with its optimizer and LR state to the losses of the run
-    that never stopped; and the files train.py wrote are GPT-NeoX's."""
+    run saved at step 3 and rewritten as GPT-NeoX writes checkpoints resumes with its optimizer and LR state to the
+    losses of the run that never stopped; and the files train.py wrote are GPT-NeoX's."""
     straight = TrainingRun(tmp_path / "straight", data, num_gpus=2, zero_optimization={"stage": 1}, train_iters=6,
                            checkpoint_factor=3)
     straight.launch()
