@@ -1,5 +1,5 @@
 """`python deepy.py train.py tiny.yml` with autotuning_run: run — DeepSpeed's autotuner explores ZeRO stage x micro
-batch (here stages 0 and 1 at micro batch 1) on 2 CPU ranks, writes its results and the optimal config, and then trains with that config (one launch)."""
+batch (here stages 0 and 1 at micro batch 1) on one CPU rank, writes its results and the optimal config, and then trains with that config (one launch)."""
 
 import json
 
@@ -15,7 +15,7 @@ TRAIN_ITERS = 4
 def test_autotuning_run_tunes_stage_and_micro_batch_then_trains_with_the_optimal_config(tmp_path):
     data = build_tiny_corpus(tmp_path / "corpus")
     results, exps = tmp_path / "autotuning_results", tmp_path / "autotuning_exps"
-    run = TrainingRun(tmp_path / "run", data, num_gpus=2, pipe_parallel_size=0, train_iters=TRAIN_ITERS,
+    run = TrainingRun(tmp_path / "run", data, num_gpus=1, pipe_parallel_size=0, train_iters=TRAIN_ITERS,
                       train_micro_batch_size_per_gpu=1, zero_optimization={"stage": [0, 1]}, autotuning_run="run",
                       autotuning={"enabled": True, "fast": True, "start_profile_step": 1,
                                   "end_profile_step": END_PROFILE_STEP, "max_train_micro_batch_size_per_gpu": 1,
