@@ -6,10 +6,10 @@ written) and hands it to one writer thread per rank, which writes and fsyncs the
 (the step, which needs the cores, keeps most of them), hashing each file's bytes as it writes them
 (megatron.hashed_save: no torch CRC32, no reading back for the checksums). ``AsyncCheckpoints`` keeps the save
 atomic as megatron.checkpointing's synchronous one is: the checkpoint is completed (checksums, ``COMPLETE``,
-``latest``) only once every rank's writer has finished, so a kill at any moment leaves either the previous checkpoint named
-by ``latest`` or a directory without ``COMPLETE`` that no resume loads. Completion is noticed without stalling:
-after each step the ranks agree (one tiny all-reduce, only while a save is in flight) whether all writes are
-done, rank 0 gathers the digests every rank's writer computed, and its writer thread then writes the checksums
+``latest``) only once every rank's writer has finished, so a kill at any moment leaves either the previous
+checkpoint named by ``latest`` or a directory without ``COMPLETE`` that no resume loads. Completion is noticed
+without stalling: after each step the ranks agree (one tiny all-reduce, only while a save is in flight) whether
+all writes are done, rank 0 gathers the digests every rank's writer computed, and its writer thread then writes the checksums
 (reading back only the small files written outside the writer) and the markers. A save that comes while the
 previous one is still writing, and the end of the run, wait for it.
 """

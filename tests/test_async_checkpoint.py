@@ -95,8 +95,8 @@ def _save(saves: AsyncCheckpoints, save_dir, iteration: int, value: float) -> st
 
 def test_the_checkpoint_is_complete_and_latest_moves_only_after_the_writes(tmp_path):
     engine = Engine()
-    saves = AsyncCheckpoints(engine, torch.device("cpu"),
-                             complete=lambda path, it, digests: complete_checkpoint(path, it, 2, digests=digests), failure=failed_save)
+    saves = AsyncCheckpoints(engine, torch.device("cpu"), failure=failed_save,
+                             complete=lambda path, it, digests: complete_checkpoint(path, it, 2, digests=digests))
     assert engine.checkpoint_engine is saves.writer
     gate = threading.Event()
     saves.writer.submit(gate.wait)  # a slow disk: nothing gets written until the gate opens
