@@ -6,17 +6,22 @@ every --every steps (checkpoint_factor). Read from the run's metrics (wall_clock
 stands still for each save (``time_ms/save``: the whole write with synchronous saves — DeepSpeed's own
 checkpoint engine, the competitor — only the copy to CPU memory with async_save), the step time of the two steps
 after each save (a background write runs then) against steps without one, and the time per iteration with the
-saves included.
+saves included. Then, in this process, the CPU seconds the writer thread spends per save of --writer-mb MB
+(what competes with training for the cores): torch.save, fsync and the SHA-256 read back from the file (how the
+writer worked before) against megatron.hashed_save (hashed as written, no torch CRC32) — CPU time of the thread,
+so it holds on a machine that other work loads too.
 
     python bench/async_save.py                      # 6 layers, hidden 512: ~300 MB of weights and Adam state
     python bench/async_save.py --size small --steps 12 --every 3
+    python bench/async_save.py --writer-only        # the writer's CPU table alone (seconds)
 """
 
 import argparse
 import os
 import sys
 import tempfile
-from typing import Dict, List
+import time
+from typing import Callable, Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -61,6 +66,45 @@ def measure(records: List[Dict], every: int, steps: int) -> Dict[str, float]:
             "per_iteration": per_iteration}
 
 
+def writer_cpu_seconds(megabytes: int, repeats: int, directory: str) -> Dict[str, float]:
+    """{method: median CPU seconds of the calling thread to write a state of ``megabytes`` MB of fp32 tensors}."""
+    import torch
+
+    from megatron.checkpoint_integrity import file_digest
+    from megatron.hashed_save import save_hashed
+
+    state = {f"t{i}": torch.randn(1 << 20) for i in range(megabytes // 4)}  # 4 MB tensors, as an optimizer's
+    path = os.path.join(directory, "writer.pt")
+
+    def read_back() -> None:
+        torch.save(state, path)
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())
+        file_digest(path)
+
+    methods: Dict[str, Callable[[], object]] = {
+        "torch.save (CRC32), fsync, SHA-256 read back": read_back,
+        "hashed as written, no CRC32 (megatron.hashed_save)": lambda: save_hashed(state, path)}
+    seconds: Dict[str, List[float]] = {name: [] for name in methods}
+    for _ in range(repeats):
+        for name, write in methods.items():
+            start = time.thread_time()
+            write()
+            seconds[name].append(time.thread_time() - start)
+            os.remove(path)
+    return {name: median(values) for name, values in seconds.items()}
+
+
+def print_writer_table(args) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        seconds = writer_cpu_seconds(args.writer_mb, args.repeats, directory)
+    first = next(iter(seconds.values()))
+    print_table(f"The writer thread's CPU time per save of {args.writer_mb} MB (median of {args.repeats}), on "
+                f"{machine_description()}", ["writer", "CPU s per save", "MB per CPU s", "vs before"],
+                [[name, f"{value:.3f}", f"{args.writer_mb / value:.0f}", f"{value / first:.2f}"]
+                 for name, value in seconds.items()])
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="medium")
@@ -69,15 +113,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=17)
     parser.add_argument("--every", type=int, default=4, help="checkpoint_factor (>= 3: quiet steps between saves)")
     parser.add_argument("--port", type=int, default=29763)
+    parser.add_argument("--writer-mb", type=int, default=300, help="the state the writer's CPU table writes")
+    parser.add_argument("--repeats", type=int, default=3, help="of the writer's CPU table")
+    parser.add_argument("--writer-only", action="store_true", help="only the writer's CPU table")
+    parser.add_argument("--async-only", action="store_true",
+                        help="train with async_save only (to repeat its measurement: the synchronous row's figures do "
+                             "not depend on the writer)")
     return parser.parse_args(argv)
 
 
 def main() -> None:
     args = parse_args()
+    if args.writer_only:
+        print_writer_table(args)
+        return
     results = {}
     with tempfile.TemporaryDirectory() as directory:
         data = write_data(directory, args.batch * args.seq * (args.steps + 2) * 2)
         for name, asynchronous in MODES.items():
+            if args.async_only and not asynchronous:
+                continue
             records, _ = train_with_deepy(train_config(args, asynchronous, data, directory), directory,
                                           "async" if asynchronous else "sync", args.port)
             results[name] = measure(records, args.every, args.steps)
@@ -91,6 +146,7 @@ def main() -> None:
                 f"{shape['hidden_size']}), seq {args.seq}, batch {args.batch}, fp32 Adam, on {machine_description()}",
                 ["save", "loop paused per save s", "step s (no write)", "1st step after a save s",
                  "2nd step after s", "1st / no write", "2nd / no write", "s per iteration incl. saves"], rows)
+    print_writer_table(args)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 DeepSpeed's engine writes every checkpoint file through its ``checkpoint_engine``. ``BackgroundWriter`` takes
 that place: its ``save`` copies the state (to CPU memory, so the next optimizer step cannot change what is
 written) and hands it to one writer thread per rank, which writes and fsyncs the files at a low CPU priority
-(the step, which needs the cores, keeps most of them). ``AsyncCheckpoints`` keeps the save atomic as
-megatron.checkpointing's synchronous one is: the checkpoint is completed (checksums, ``COMPLETE``, ``latest``)
-only once every rank's writer has finished, so a kill at any moment leaves either the previous checkpoint named
-by ``latest`` or a directory without ``COMPLETE`` that no resume loads. Completion is noticed without stalling:
-after each step the ranks agree (one tiny all-reduce, only while a save is in flight) whether all writes are
-done, and rank 0's writer thread then writes the checksums and the markers. A save that comes while the
+(the step, which needs the cores, keeps most of them), hashing each file's bytes as it writes them
+(megatron.hashed_save: no torch CRC32, no reading back for the checksums). ``AsyncCheckpoints`` keeps the save
+atomic as megatron.checkpointing's synchronous one is: the checkpoint is completed (checksums, ``COMPLETE``,
+``latest``) only once every rank's writer has finished, so a kill at any moment leaves either the previous
+checkpoint named by ``latest`` or a directory without ``COMPLETE`` that no resume loads. Completion is noticed
+without stalling: after each step the ranks agree (one tiny all-reduce, only while a save is in flight) whether
+all writes are done, rank 0 gathers the digests every rank's writer computed, and its writer thread then writes the checksums
+(reading back only the small files written outside the writer) and the markers. A save that comes while the
 previous one is still writing, and the end of the run, wait for it.
 """
 from __future__ import annotations
@@ -17,13 +19,14 @@ import copy
 import os
 import queue
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 from megatron.checkpoint_files import CheckpointError
+from megatron.hashed_save import save_hashed
 
 WRITING, DONE, FAILED = 0, 1, -1
 WRITER_NICENESS = 10
@@ -75,6 +78,8 @@ class BackgroundWriter(CheckpointEngine):
         self.inner = inner
         self._jobs: "queue.Queue[Callable[[], None]]" = queue.Queue()
         self._error: Optional[BaseException] = None
+        self._digests: Dict[str, str] = {}  # {absolute path: sha256} of the files written, until taken
+        self._digests_lock = threading.Lock()  # a failed save takes them while another file may still be written
         self._thread = threading.Thread(target=self._work, name="checkpoint-writer", daemon=True)
         self._thread.start()
 
@@ -98,9 +103,9 @@ class BackgroundWriter(CheckpointEngine):
         copied = snapshot(state_dict)
 
         def write() -> None:
-            torch.save(copied, path)
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
+            digest = save_hashed(copied, path)
+            with self._digests_lock:
+                self._digests[os.path.abspath(path)] = digest
 
         self.submit(write)
 
@@ -112,6 +117,16 @@ class BackgroundWriter(CheckpointEngine):
 
     def wait(self) -> None:
         self._jobs.join()
+
+    def take_digests(self, directory: str) -> Dict[str, str]:
+        """{file relative to ``directory``: sha256} of the files written under it so far (forgotten here)."""
+        root = os.path.abspath(directory)
+        with self._digests_lock:
+            taken = {name: digest for name, digest in self._digests.items()
+                     if os.path.commonpath([root, name]) == root}
+            for name in taken:
+                del self._digests[name]
+        return {os.path.relpath(name, root): digest for name, digest in taken.items()}
 
     def take_error(self) -> Optional[BaseException]:
         error, self._error = self._error, None
@@ -139,10 +154,10 @@ class BackgroundWriter(CheckpointEngine):
 class AsyncCheckpoints:
     """The checkpoint in flight (at most one) of a run with ``async_save``."""
 
-    def __init__(self, engine, device: torch.device,
-                 complete: Callable[[str, int], None], failure: Callable[[str, BaseException], CheckpointError]
-                 ) -> None:
-        """``complete(path, iteration)``: rank 0's completion (checksums, COMPLETE, latest, pruning);
+    def __init__(self, engine, device: torch.device, complete: Callable[[str, int, Dict[str, str]], None],
+                 failure: Callable[[str, BaseException], CheckpointError]) -> None:
+        """``complete(path, iteration, digests)``: rank 0's completion (checksums, COMPLETE, latest, pruning),
+        ``digests`` being {file relative to path: sha256} of the files every rank's writer wrote;
         ``failure(path, exc)``: the error to raise when a write failed (and the partial directory is removed)."""
         self.writer = BackgroundWriter(engine.checkpoint_engine)
         engine.checkpoint_engine = self.writer
@@ -183,11 +198,23 @@ class AsyncCheckpoints:
         if error is not None:
             raise CheckpointError(f"completing the last checkpoint failed: {type(error).__name__}: {error}")
 
+    def _gathered_digests(self, path: str) -> Tuple[bool, Dict[str, str]]:
+        """(whether this is rank 0, the digests of ``path``'s files that every rank's writer wrote): collective."""
+        digests = self.writer.take_digests(path)
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return True, digests
+        rank0 = dist.get_rank() == 0
+        gathered = [None] * dist.get_world_size() if rank0 else None
+        dist.gather_object(digests, gathered, dst=0)
+        return rank0, {name: digest for part in (gathered or []) for name, digest in part.items()}
+
     def _finish(self, status: int) -> None:
         path, iteration = self.pending
         self.pending = None
         if status == FAILED:
+            self.writer.take_digests(path)
             error = self.writer.take_error() or OSError("another rank could not write its checkpoint files")
             raise self._failure(path, error)
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
-            self.writer.submit(lambda: self._complete(path, iteration))
+        rank0, digests = self._gathered_digests(path)
+        if rank0:
+            self.writer.submit(lambda: self._complete(path, iteration, digests))

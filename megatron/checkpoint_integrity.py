@@ -5,13 +5,14 @@ damage left it readable: training went on from weights that were never saved. Ea
 holds `checksums.sha256`, the SHA-256 of every file in it, in `sha256sum`'s format (so
 `cd global_step8 && sha256sum -c checksums.sha256` checks it by hand too). It is written after every rank has
 finished and every file has been flushed to disk (fsync), and before the COMPLETE marker; loading checks it
-first and refuses a checkpoint with a missing or changed file, naming the file.
+first and refuses a checkpoint with a missing or changed file, naming the file. With async_save the large files'
+digests are computed while they are written (megatron.hashed_save) and only the small ones are read back.
 
 Checkpoints without the file (GPT-NeoX's, and this project's before it was introduced) are loaded unverified."""
 
 import hashlib
 import os
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Mapping, Optional
 
 MANIFEST = "checksums.sha256"
 UNLISTED = ("COMPLETE", MANIFEST)
@@ -53,12 +54,17 @@ def file_digest(path: str) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def write_manifest(path: str) -> None:
-    """fsync every file of checkpoint ``path``, then write (atomically, flushed) their checksums."""
+def write_manifest(path: str, known: Optional[Mapping[str, str]] = None) -> None:
+    """fsync every file of checkpoint ``path``, then write (atomically, flushed) their checksums.
+
+    ``known``: {relative file: sha256} computed while those files were written (megatron.hashed_save, async_save's
+    writer): recorded as they are, not read back. They are the digests of the bytes the save meant to write, so a
+    file damaged since does not get its damage recorded as the truth; the other files are read and hashed."""
+    known = known or {}
     files = checkpoint_files(path)
     fsync_tree(path, files)
-    write_atomically(os.path.join(path, MANIFEST),
-                     "".join(f"{file_digest(os.path.join(path, relative))}  {relative}\n" for relative in files))
+    digests = {relative: known.get(relative) or file_digest(os.path.join(path, relative)) for relative in files}
+    write_atomically(os.path.join(path, MANIFEST), "".join(f"{digests[relative]}  {relative}\n" for relative in files))
 
 
 def write_atomically(path: str, text: str) -> None:

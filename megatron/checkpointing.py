@@ -379,12 +379,14 @@ def failed_save(path: str, exc: BaseException) -> CheckpointError:
     return error
 
 
-def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int], only: bool = False) -> None:
+def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int], only: bool = False,
+                        digests: Optional[Mapping[str, str]] = None) -> None:
     """Rank 0, once every rank's files of ``path`` are written: checksums, COMPLETE, then `latest` moves.
     Then the oldest beyond ``keep_last`` are pruned, or with ``only`` (a non-persistent checkpoint) every other
-    checkpoint of the directory is removed."""
+    checkpoint of the directory is removed. ``digests``: {file relative to ``path``: sha256} hashed as written
+    (async_save), not read back."""
     save_dir = os.path.dirname(path)
-    write_manifest(path)  # every file flushed to disk and checksummed before COMPLETE
+    write_manifest(path, digests)  # every file flushed to disk and checksummed before COMPLETE
     _write_atomically(os.path.join(path, COMPLETE_MARKER), f"{iteration}\n")
     _write_atomically(os.path.join(save_dir, LATEST_FILE), os.path.basename(path))
     _remove_stray_temporaries(save_dir)

@@ -634,8 +634,9 @@ def _async_checkpoints(neox_args, engine, ctx: RunContext):
     from megatron.non_persistent_checkpoints import in_non_persistent_dir
 
     return AsyncCheckpoints(engine, ctx.device, failure=failed_save,
-                            complete=lambda path, it: complete_checkpoint(path, it, neox_args.keep_last_n_checkpoints,
-                                                                          only=in_non_persistent_dir(neox_args, path)))
+                            complete=lambda path, it, digests: complete_checkpoint(
+                                path, it, neox_args.keep_last_n_checkpoints,
+                                only=in_non_persistent_dir(neox_args, path), digests=digests))
 
 
 def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str]):

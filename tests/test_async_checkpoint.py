@@ -3,6 +3,7 @@ written; the files are written on a thread; the checkpoint is completed (checksu
 every file is written, and a failed write is an error that leaves `latest` where it was. Killed mid-write on
 two ranks, resumed exactly: the fault suite (tests/e2e/test_fault_suite.py) kills half its segments with
 async_save, some while rank 0's writer is writing."""
+import hashlib
 import os
 import threading
 
@@ -14,7 +15,8 @@ from megatron.async_checkpoint import (DONE, FAILED, WRITER_NICENESS, WRITING, A
 from megatron.checkpoint_files import CheckpointError
 from megatron.checkpointing import (COMPLETE_MARKER, LATEST_FILE, complete_checkpoint, complete_tags, failed_save,
                                     read_latest)
-from megatron.checkpoint_integrity import verification_problems
+from megatron import checkpoint_integrity
+from megatron.checkpoint_integrity import read_manifest, verification_problems
 
 
 class Inner:
@@ -93,8 +95,8 @@ def _save(saves: AsyncCheckpoints, save_dir, iteration: int, value: float) -> st
 
 def test_the_checkpoint_is_complete_and_latest_moves_only_after_the_writes(tmp_path):
     engine = Engine()
-    saves = AsyncCheckpoints(engine, torch.device("cpu"),
-                             complete=lambda path, it: complete_checkpoint(path, it, keep_last=2), failure=failed_save)
+    saves = AsyncCheckpoints(engine, torch.device("cpu"), failure=failed_save,
+                             complete=lambda path, it, digests: complete_checkpoint(path, it, 2, digests=digests))
     assert engine.checkpoint_engine is saves.writer
     gate = threading.Event()
     saves.writer.submit(gate.wait)  # a slow disk: nothing gets written until the gate opens
@@ -119,7 +121,7 @@ def test_the_checkpoint_is_complete_and_latest_moves_only_after_the_writes(tmp_p
 
 def test_a_failed_background_write_is_an_error_and_latest_stays(tmp_path):
     saves = AsyncCheckpoints(Engine(), torch.device("cpu"),
-                             complete=lambda path, it: complete_checkpoint(path, it, keep_last=None),
+                             complete=lambda path, it, digests: complete_checkpoint(path, it, None, digests=digests),
                              failure=failed_save)
     _save(saves, tmp_path, 2, 1.0)
     saves.wait()
@@ -134,3 +136,37 @@ def test_a_failed_background_write_is_an_error_and_latest_stays(tmp_path):
     with pytest.raises(CheckpointError, match="global_step4 failed.*global_step2.*will be resumed from"):
         saves.wait()
     assert not os.path.exists(path) and open(os.path.join(tmp_path, LATEST_FILE)).read() == "global_step2"
+
+
+def test_the_writers_digests_are_the_manifests_and_a_byte_damaged_before_completion_is_caught(tmp_path, monkeypatch):
+    """The large files are hashed as they are written, not read back; so damage between the write and the
+    checksums (which reading back would have recorded as the truth) is caught at load, as damage after it is."""
+    read_back = []
+    digest = checkpoint_integrity.file_digest
+    monkeypatch.setattr(checkpoint_integrity, "file_digest", lambda file: read_back.append(file) or digest(file))
+    saves = AsyncCheckpoints(Engine(), torch.device("cpu"), failure=failed_save,
+                             complete=lambda path, it, digests: complete_checkpoint(path, it, None, digests=digests))
+    path = _save(saves, tmp_path, 2, 1.0)
+    with open(os.path.join(path, "rng_state_rank0.pt"), "wb") as handle:  # written outside the writer: read back
+        handle.write(b"rng")
+    saves.wait()
+    model = os.path.join(path, "mp_rank_00_model_states.pt")
+    with open(model, "rb") as handle:
+        intact = handle.read()
+    assert read_manifest(path) == {"mp_rank_00_model_states.pt": hashlib.sha256(intact).hexdigest(),
+                                   "rng_state_rank0.pt": hashlib.sha256(b"rng").hexdigest()}
+    assert read_back == [os.path.join(path, "rng_state_rank0.pt")] and verification_problems(path) == []
+
+    path = _save(saves, tmp_path, 4, 2.0)
+    saves.writer.wait()
+    model = os.path.join(path, "mp_rank_00_model_states.pt")
+    with open(model, "r+b") as handle:  # one byte of the weights damaged on the disk before the checksums
+        handle.seek(os.path.getsize(model) // 2)
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x10]))
+    assert torch.load(model, weights_only=True)["w"].shape == (4,)  # still loads: torch checks no checksum
+    saves.wait()
+    assert read_latest(str(tmp_path)) == "global_step4"
+    assert verification_problems(path) == ["mp_rank_00_model_states.pt is damaged (its SHA-256 differs from the one "
+                                           "recorded when it was saved)"]
