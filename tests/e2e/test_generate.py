@@ -21,20 +21,28 @@ PROMPTS = ["def main(", "import os\nimport sys", "class Foo:", "for i in range("
 
 def trained_checkpoint(base: Path, pipe_parallel_size: int = 0, model_parallel_size: int = 1) -> Dict[str, object]:
     """Train the tiny model once per test session and layout (reused through the directory); returns the
-    training config (its `load` is the checkpoint)."""
+    training config (its `load` is the checkpoint). Under pytest-xdist the checkpoints live beside the workers'
+    own temporary directories, behind a file lock, so that generate's and eval's tests on two workers share them
+    instead of each worker training both layouts."""
+    from filelock import FileLock
+
+    if base.name.startswith("popen-gw"):
+        base = base.parent
     directory = base / f"trained_pp{pipe_parallel_size}_mp{model_parallel_size}"
     config_file = directory / "config0.yml"
-    if not (directory / "ckpt" / "latest").is_file():
-        corpus = base / "corpus"
-        data = build_tiny_corpus(corpus) if not (corpus / "tokenizer.json").is_file() else {
-            "data_path": str(corpus / "corpus_text_document"), "vocab_file": str(corpus / "tokenizer.json"),
-            "tokenizer_type": "HFTokenizer"}
-        ranks = max(pipe_parallel_size, 1) * model_parallel_size
-        run = TrainingRun(directory, data, num_gpus=ranks, pipe_parallel_size=pipe_parallel_size,
-                          model_parallel_size=model_parallel_size, train_iters=30, checkpoint_factor=30,
-                          lr_decay_iters=30)
-        run.launch()
-        run.assert_ok()
+    with FileLock(str(directory) + ".lock"):
+        if not (directory / "ckpt" / "latest").is_file():
+            corpus = base / "corpus"
+            with FileLock(str(corpus) + ".lock"):
+                data = build_tiny_corpus(corpus) if not (corpus / "tokenizer.json").is_file() else {
+                    "data_path": str(corpus / "corpus_text_document"), "vocab_file": str(corpus / "tokenizer.json"),
+                    "tokenizer_type": "HFTokenizer"}
+            ranks = max(pipe_parallel_size, 1) * model_parallel_size
+            run = TrainingRun(directory, data, num_gpus=ranks, pipe_parallel_size=pipe_parallel_size,
+                              model_parallel_size=model_parallel_size, train_iters=30, checkpoint_factor=30,
+                              lr_decay_iters=30)
+            run.launch()
+            run.assert_ok()
     return yaml.safe_load(config_file.read_text())
 
 
