@@ -1,7 +1,8 @@
 """Mixture-of-experts models train end to end through deepy.py on CPU: the dropless layer (pipeline engine) and
 DeepSpeed's token-dropping layer (two data-parallel ranks, ZeRO 1). Losses fall, the auxiliary loss and the
-expert load are logged, the checkpoints hold GPT-NeoX's expert tensors (DeepSpeed's expert files for its layer),
-and the dropless run resumes exactly (DeepSpeed's layer's exact resume: tests/model/test_moe_expert_parallel.py)."""
+expert load are logged, the checkpoints hold GPT-NeoX's expert tensors (DeepSpeed's expert files for its layer).
+Both layers' exact resume, in and out of a pipeline, is tests/model/test_moe_expert_parallel.py's (four ranks, one
+process group)."""
 
 import pytest
 import torch
@@ -18,9 +19,8 @@ DEEPSPEED = {"num_layers": 2, "moe_num_experts": 4, "moe_top_k": 2, "moe_type": 
 
 
 @pytest.mark.slow
-def test_moe_layers_train_log_the_aux_loss_and_resume_exactly(tmp_path):
+def test_moe_layers_train_log_the_aux_loss_and_save_gpt_neox_expert_tensors(tmp_path):
     data = build_tiny_corpus(tmp_path / "corpus")
-    # the straight runs save on their way; a second launch resumes from that checkpoint and must reproduce them
     straight = TrainingRun(tmp_path / "straight", data, **MOE, checkpoint_factor=8)
     straight.launch()
     straight.assert_ok()
@@ -38,10 +38,6 @@ def test_moe_layers_train_log_the_aux_loss_and_resume_exactly(tmp_path):
                       map_location="cpu", weights_only=True)
     assert slot["mlp.router.layer.weight"].shape == (4, 32)
     assert slot["mlp.experts.mlp.w1"].shape == slot["mlp.experts.mlp.w2"].shape == (4 * 256, 32)
-    resumed = straight.resumed_from(8, tmp_path / "resumed")
-    resumed.launch()
-    resumed.assert_ok()
-    assert resumed.losses() == {i: losses[i] for i in range(9, 17)}
 
     # DeepSpeed's layer: tokens over capacity (factor 1) are dropped, the experts are in DeepSpeed's files
     # (its exact resume, also at another expert-parallel size: tests/model/test_moe_expert_parallel.py, in-process)
