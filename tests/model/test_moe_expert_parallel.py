@@ -7,6 +7,7 @@ with sequence_parallel (TP=2 x DP=2, as without), their per-parameter logs, chec
 inference, and loading at another expert-parallel size (the refusals of bad sizes:
 tests/neox_arguments/test_validation.py, tests/test_checkpointing.py)."""
 import os
+from typing import Callable
 
 import pytest
 import torch
@@ -102,8 +103,29 @@ def _experts(model, ep_rank: int = 0, local: int = 4) -> dict:
     return out
 
 
-def _expert_parallel_run(rank: int, world_size: int, save_root: str):
+def _straight_save_resume(args, ctx, engine, optimizer, seed, at: int, total: int, resume: int,
+                          experts: Callable, logs: list = None):
+    """Exact resume: train steps 0 .. total - 1 saving after step ``at`` (``logs`` as _steps takes them), then a
+    fresh engine loads that checkpoint and repeats ``resume`` steps from ``at``. Returns (the straight run's steps,
+    the experts saved, the experts reloaded, the resumed steps); ``experts(module)`` reads a module's experts. Both
+    engines' parallel states are destroyed."""
     from megatron.checkpointing import load_checkpoint, save_checkpoint
+
+    straight = _steps(args, ctx, engine, optimizer, seed, 0, at, logs)
+    save_checkpoint(args, ctx.model_config, at, engine)
+    saved = experts(engine.module)
+    straight += _steps(args, ctx, engine, optimizer, seed, at, total - at)
+    ctx.parallel_state.destroy()
+    ctx, engine, optimizer = _setup(args)
+    assert load_checkpoint(args, ctx.model_config, engine)[0] == at
+    reloaded = experts(engine.module)
+    resumed = _steps(args, ctx, engine, optimizer, seed, at, resume)
+    ctx.parallel_state.destroy()
+    return straight, saved, reloaded, resumed
+
+
+def _expert_parallel_run(rank: int, world_size: int, save_root: str):
+    from megatron.checkpointing import load_checkpoint
     from megatron.inference import setup_for_inference
 
     out = {}
@@ -117,19 +139,13 @@ def _expert_parallel_run(rank: int, world_size: int, save_root: str):
             out[(layer, "experts", ep)] = _experts(engine.module, ep_rank, 4 // ep)
             out[(layer, "groups", ep)] = (ep_rank, ep, state.get_expert_data_parallel_world_size())
             if zero == 2:  # exact resume: save after 4 steps; a fresh engine loads it and repeats steps 4 .. 6
-                out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, rank, 0, 4)
-                save_checkpoint(args, ctx.model_config, 4, engine)
-                out[(layer, "saved")] = _experts(engine.module, ep_rank, 2)
-                out[(layer, ep, zero)] += _steps(args, ctx, engine, optimizer, rank, 4, STEPS - 4)
-                state.destroy()
-                ctx, engine, optimizer = _setup(args)
-                assert load_checkpoint(args, ctx.model_config, engine)[0] == 4
-                out[(layer, "reloaded")] = _experts(engine.module, ep_rank, 2)
-                out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, rank, 4, 3)
+                (out[(layer, ep, zero)], out[(layer, "saved")], out[(layer, "reloaded")],
+                 out[(layer, "resumed")]) = _straight_save_resume(args, ctx, engine, optimizer, rank, 4, STEPS, 3,
+                                                                  lambda module: _experts(module, ep_rank, 2))
                 out[(layer, "files")] = sorted(os.listdir(os.path.join(save_dir, "global_step4")))
             else:
                 out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, rank, 0, STEPS)
-            ctx.parallel_state.destroy()
+                ctx.parallel_state.destroy()
         # generate.py / eval.py: every expert on every rank, whatever the run's expert-parallel size
         model, ctx, iteration = setup_for_inference(_neox_args(layer, 2, 2, save_dir))
         out[(layer, "inference")] = (iteration, _experts(model), model(random_batch(batch=1)[0]))
@@ -227,7 +243,6 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
     ZeRO 2 saved at step 4 and resumed by a fresh engine (out[(layer, 'saved' / 'reloaded' / 'resumed' /
     'files')]), then loaded by generate.py's setup (out[(layer, 'inference')]). With one tensor-parallel rank the
     data-parallel ranks 2d and 2d + 1 read the batches of data-parallel rank d at two tensor-parallel ranks."""
-    from megatron.checkpointing import load_checkpoint, save_checkpoint
     from megatron.inference import setup_for_inference
 
     save = os.path.join(root, layer)
@@ -246,18 +261,11 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
         out[(layer, "groups", tp, ep)] = (state.group_ranks("expert") if ep == 2 else None, tp_rank, dp_rank)
         logs = out[(layer, "logs", tp, ep, zero)] = []
         if zero == 2:
-            out[(layer, tp, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 4, logs)
-            save_checkpoint(args, ctx.model_config, 4, engine)
-            out[(layer, "saved")] = _tp_experts(engine.module, first, local)
-            out[(layer, tp, ep, zero)] += _steps(args, ctx, engine, optimizer, seed, 4, STEPS - 4)
-            state.destroy()
-            ctx, engine, optimizer = _setup(args)
-            assert load_checkpoint(args, ctx.model_config, engine)[0] == 4
-            out[(layer, "reloaded")] = _tp_experts(engine.module, first, local)
-            out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, seed, 4, 3)
+            (out[(layer, tp, ep, zero)], out[(layer, "saved")], out[(layer, "reloaded")],
+             out[(layer, "resumed")]) = _straight_save_resume(args, ctx, engine, optimizer, seed, 4, STEPS, 3,
+                                                              lambda module: _tp_experts(module, first, local), logs)
             out[(layer, "files")] = sorted(os.listdir(os.path.join(save, "global_step4")))
             out[(layer, "root")] = save
-            ctx.parallel_state.destroy()
             # generate.py / eval.py: every expert of the tensor-parallel rank's share on every rank, from the files
             model, ctx, iteration = setup_for_inference(args)
             first = 2 * ctx.parallel_state.get_model_parallel_rank() if layer == "megablocks" else 0
@@ -429,7 +437,6 @@ def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
     """4 ranks, PP=2 x DP=2, both layers, one MoE layer on each stage (expert_interval 1): EP=1 and EP=2 (ZeRO 0, with
     the per-parameter logs, as the reference without a pipeline), then EP=2 (ZeRO 1) saved after 3 steps and
     resumed by a fresh engine, then loaded by generate.py's setup."""
-    from megatron.checkpointing import load_checkpoint, save_checkpoint
     from megatron.inference import setup_for_inference
 
     out = {}
@@ -457,19 +464,13 @@ def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
                 out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, PIPELINE_STEPS, logs)
                 state.destroy()
                 continue
-            out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, seed, 0, 3)
-            save_checkpoint(args, ctx.model_config, 3, engine)
-            out[(layer, "saved")] = _experts(engine.module, ep_rank, 2)
-            out[(layer, ep, zero)] += _steps(args, ctx, engine, optimizer, seed, 3, PIPELINE_STEPS - 3)
-            state.destroy()
-            ctx, engine, optimizer = _setup(args)
-            assert load_checkpoint(args, ctx.model_config, engine)[0] == 3
-            out[(layer, "reloaded")] = _experts(engine.module, ep_rank, 2)
-            out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, seed, 3, PIPELINE_STEPS - 3)
+            (out[(layer, ep, zero)], out[(layer, "saved")], out[(layer, "reloaded")],
+             out[(layer, "resumed")]) = _straight_save_resume(args, ctx, engine, optimizer, seed, 3, PIPELINE_STEPS,
+                                                              PIPELINE_STEPS - 3,
+                                                              lambda module: _experts(module, ep_rank, 2))
             out[(layer, "files")] = sorted(os.listdir(os.path.join(save, "global_step3")))
             out[(layer, "expert keys")] = {f: sorted(torch.load(os.path.join(save, "global_step3", f)))
                                            for f in out[(layer, "files")] if "_expert_" in f}
-            ctx.parallel_state.destroy()
             model, ctx, iteration = setup_for_inference(args)
             out[(layer, "inference")] = (iteration, _experts(getattr(model, "module", model)))
             out[(layer, "logits")] = [_inference_logits(model, ctx)]
@@ -486,7 +487,6 @@ def _pipeline_tensor_parallel_run(rank: int, world_size: int, save_root: str) ->
     ranks and split over them (enable_expert_tensor_parallelism), one MoE layer on each stage, ZeRO 1: each step
     two micro batches, the batches of _pipeline_run's no-pipeline run's two data-parallel ranks; per-parameter logs;
     saved after 3 steps and resumed by a fresh engine, then loaded by generate.py's setup."""
-    from megatron.checkpointing import load_checkpoint, save_checkpoint
     from megatron.inference import setup_for_inference
 
     out = {}
@@ -499,17 +499,10 @@ def _pipeline_tensor_parallel_run(rank: int, world_size: int, save_root: str) ->
         out["coords"] = (state.get_pipe_parallel_rank(), state.get_model_parallel_rank(),
                          state.get_data_parallel_world_size())
         logs = out[(layer, "logs")] = []
-        out[(layer, "run")] = _steps(args, ctx, engine, optimizer, (0, 1), 0, 3, logs)
-        save_checkpoint(args, ctx.model_config, 3, engine)
-        out[(layer, "saved")] = _experts(engine.module)
-        out[(layer, "run")] += _steps(args, ctx, engine, optimizer, (0, 1), 3, PIPELINE_STEPS - 3)
-        state.destroy()
-        ctx, engine, optimizer = _setup(args)
-        assert load_checkpoint(args, ctx.model_config, engine)[0] == 3
-        out[(layer, "reloaded")] = _experts(engine.module)
-        out[(layer, "resumed")] = _steps(args, ctx, engine, optimizer, (0, 1), 3, PIPELINE_STEPS - 3)
+        out[(layer, "run")], out[(layer, "saved")], out[(layer, "reloaded")], out[(layer, "resumed")] = \
+            _straight_save_resume(args, ctx, engine, optimizer, (0, 1), 3, PIPELINE_STEPS, PIPELINE_STEPS - 3,
+                                  _experts, logs)
         out[(layer, "root")] = os.path.join(save, "global_step3")
-        ctx.parallel_state.destroy()
         model, ctx, iteration = setup_for_inference(args)
         out[(layer, "inference")] = (iteration, _experts(getattr(model, "module", model)))
         out[(layer, "logits")] = [_inference_logits(model, ctx)]
