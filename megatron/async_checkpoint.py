@@ -9,9 +9,9 @@ atomic as megatron.checkpointing's synchronous one is: the checkpoint is complet
 ``latest``) only once every rank's writer has finished, so a kill at any moment leaves either the previous
 checkpoint named by ``latest`` or a directory without ``COMPLETE`` that no resume loads. Completion is noticed
 without stalling: after each step the ranks agree (one tiny all-reduce, only while a save is in flight) whether
-all writes are done, rank 0 gathers the digests every rank's writer computed, and its writer thread then writes the checksums
-(reading back only the small files written outside the writer) and the markers. A save that comes while the
-previous one is still writing, and the end of the run, wait for it.
+all writes are done, rank 0 gathers the digests every rank's writer computed, and its writer thread then writes
+the checksums (reading back only the small files written outside the writer) and the markers. A save that comes
+while the previous one is still writing, and the end of the run, wait for it.
 """
 from __future__ import annotations
 
