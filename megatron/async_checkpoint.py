@@ -1,47 +1,105 @@
 """Asynchronous checkpoint saves (``async_save``): the step goes on while the files are written.
 
 DeepSpeed's engine writes every checkpoint file through its ``checkpoint_engine``. ``BackgroundWriter`` takes
-that place: its ``save`` copies the state (to CPU memory, so the next optimizer step cannot change what is
-written) and hands it to one writer thread per rank, which writes and fsyncs the files at a low CPU priority
-(the step, which needs the cores, keeps most of them), hashing each file's bytes as it writes them
-(megatron.hashed_save: no torch CRC32, no reading back for the checksums). ``AsyncCheckpoints`` keeps the save
-atomic as megatron.checkpointing's synchronous one is: the checkpoint is completed (checksums, ``COMPLETE``,
-``latest``) only once every rank's writer has finished, so a kill at any moment leaves either the previous
-checkpoint named by ``latest`` or a directory without ``COMPLETE`` that no resume loads. Completion is noticed
-without stalling: after each step the ranks agree (one tiny all-reduce, only while a save is in flight) whether
-all writes are done, rank 0 gathers the digests every rank's writer computed, and its writer thread then writes
-the checksums (reading back only the small files written outside the writer) and the markers. A save that comes
-while the previous one is still writing, and the end of the run, wait for it.
+that place: its ``save`` copies the state (to CPU memory, into page-aligned blocks kept from one save to the next,
+so the next optimizer step cannot change what is written) and hands it to one writer thread per rank, which
+writes and fsyncs the files at a low CPU priority, hashing each file's bytes as it writes them
+(megatron.hashed_save: past the page cache from the copies' own memory, XXH3-128, no torch CRC32, no reading back
+for the checksums), its writes paced over most of the time to the next save (WritePacer) so that no one step
+bears the disk's cost. ``AsyncCheckpoints`` keeps the save atomic as megatron.checkpointing's synchronous one is:
+the checkpoint is completed (checksums, ``COMPLETE``, ``latest``) only once every rank's writer has finished, so a
+kill at any moment leaves either the previous checkpoint named by ``latest`` or a directory without ``COMPLETE``
+that no resume loads. Completion is noticed without stalling: after each step the ranks agree (one tiny
+all-reduce, only while a save is in flight) whether all writes are done, rank 0 gathers the digests every rank's
+writer computed, and its writer thread then writes the checksums (reading back only the small files written
+outside the writer) and the markers. A save that comes while the previous one is still writing, and the end of
+the run, wait for it (unpaced).
 """
 from __future__ import annotations
 
+import collections
 import copy
+import mmap
 import os
 import queue
 import threading
-from typing import Any, Callable, Dict, Optional, Tuple
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 from megatron.checkpoint_files import CheckpointError
-from megatron.hashed_save import save_hashed
+from megatron.hashed_save import BLOCK, save_hashed
 
 WRITING, DONE, FAILED = 0, 1, -1
+PACE_SHARE = 0.75
+"""The share of the time until the next save over which a checkpoint's writes are spread (WritePacer): the rest
+is margin for the final flush, a slower disk or slower steps, so that the next save rarely waits for this one."""
 WRITER_NICENESS = 10
 """The background writer's niceness (lower_thread_priority)."""
 
 
-def snapshot(state: Any) -> Any:
-    """A deep copy of ``state`` in CPU memory. Each tensor is copied once (one tensor object met twice stays one
-    in the copy) and on its own: a view is saved as its own elements, not with the whole buffer it views."""
+class ArenaPool:
+    """Page-aligned blocks of memory for snapshots, kept from one save to the next.
+
+    A fresh block for every save cost the loop's pause the kernel's work of mapping and zeroing every page (845 MB:
+    0.2-0.4 s on the 2-core machine) and the step after it the unmapping; the next save of the same files needs
+    blocks of the same sizes, so a block whose file is written is given back and taken again. The price is memory:
+    one copy of the saved state stays allocated between saves (async_save needs it at every save anyway)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: List[mmap.mmap] = []
+
+    def take(self, nbytes: int) -> mmap.mmap:
+        """A block of at least ``nbytes`` (the smallest free one, or a new one)."""
+        with self._lock:
+            fitting = [arena for arena in self._free if len(arena) >= nbytes]
+            if fitting:
+                arena = min(fitting, key=len)
+                self._free.remove(arena)
+                return arena
+        return mmap.mmap(-1, nbytes)
+
+    def give_back(self, arena: mmap.mmap) -> None:
+        """``arena``'s copies are written (or their save failed): nothing reads them any more."""
+        with self._lock:
+            self._free.append(arena)
+
+
+def snapshot(state: Any, arenas: ArenaPool) -> Tuple[Any, Optional[mmap.mmap]]:
+    """(A deep copy of ``state`` in CPU memory, the block of ``arenas`` it lies in, to give back once the copy is
+    written). Each tensor is copied once (one tensor object met twice stays one in the copy) and on its own: a view
+    is saved as its own elements, not with the whole buffer it views. The copies lie at page-aligned addresses of
+    the block, each its own storage, so that the writer hands them to the disk without copying them again
+    (megatron.hashed_save writes with O_DIRECT)."""
+    tensors = _distinct_tensors(state)
+    alignable = {key: tensor for key, tensor in tensors.items() if _alignable(tensor)}
+    offsets, end = {}, 0
+    for key, tensor in alignable.items():
+        offsets[key] = end
+        end += -(-tensor.numel() * tensor.element_size() // BLOCK) * BLOCK
+    arena = arenas.take(end) if end else None
     memo: Dict[int, Any] = {}
+    with torch.no_grad():
+        for key, tensor in tensors.items():
+            if key in alignable:
+                copied = torch.frombuffer(arena, dtype=tensor.dtype, count=tensor.numel(), offset=offsets[key])
+                memo[key] = copied.view(tensor.shape).copy_(tensor.detach())
+            else:
+                memo[key] = tensor.detach().to("cpu", copy=True)
+        return copy.deepcopy(state, memo), arena
+
+
+def _distinct_tensors(state: Any) -> Dict[int, torch.Tensor]:
+    """{id: tensor} of the tensors in ``state``'s dicts, lists and tuples, each once, in the order met."""
+    tensors: Dict[int, torch.Tensor] = {}
 
     def visit(obj: Any) -> None:
         if isinstance(obj, torch.Tensor):
-            if id(obj) not in memo:
-                memo[id(obj)] = obj.detach().to("cpu", copy=True)
+            tensors.setdefault(id(obj), obj)
         elif isinstance(obj, dict):
             for value in obj.values():
                 visit(value)
@@ -50,23 +108,79 @@ def snapshot(state: Any) -> Any:
                 visit(value)
 
     visit(state)
-    with torch.no_grad():
-        return copy.deepcopy(state, memo)
+    return tensors
+
+
+def _tensor_bytes(state: Any) -> int:
+    """The bytes of the distinct tensors in ``state`` (about the size of its file)."""
+    return sum(t.numel() * t.element_size() for t in _distinct_tensors(state).values())
+
+
+def _alignable(tensor: torch.Tensor) -> bool:
+    """Whether snapshot can place a copy of ``tensor`` in its aligned block (a plain dense tensor, not empty)."""
+    return (type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.layout == torch.strided
+            and tensor.numel() > 0 and not tensor.is_quantized and not tensor.is_complex())
 
 
 def lower_thread_priority() -> None:
     """Give the calling thread a low CPU priority (nice WRITER_NICENESS), where the system allows it.
 
-    Linux schedules threads on their own. On a machine whose cores all train (CPU training), a writer at normal
-    priority took a share of every core and the step it overlapped grew by 15-20 %; at nice 19 the step kept its
-    speed but the writer got next to no CPU, so the write was still running at the next save, which waited for it
-    (the loop's pause grew back to the synchronous save's). At nice 10 the write spreads over a few steps, each
-    5-15 % slower on 2 CPU cores (bench/async_save.py); on a GPU the cores are mostly idle and the write costs the
-    step little. Elsewhere (no per-thread priorities, or not permitted) the thread keeps its priority."""
+    Linux schedules threads on their own. On a machine whose cores all train (CPU training), the first writer
+    (buffered writes, SHA-256) at normal priority took a share of every core and the step it overlapped grew by
+    15-20 %; at nice 19 it got next to no CPU and was still writing at the next save, which waited for it. The
+    writer now needs little CPU (megatron.hashed_save) and its pace is set by WritePacer; nice 10 keeps what CPU it
+    does need (pickling, hashing) from delaying the step's threads. Elsewhere (no per-thread priorities, or not
+    permitted) the thread keeps its priority."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
     except (AttributeError, OSError):
         pass
+
+
+class WritePacer:
+    """Spreads a checkpoint's disk writes over the steps before the next save.
+
+    On the 2-core test machine the disk's own work (a virtual disk: the hypervisor's I/O runs on the cores the VM
+    trains on, seen as steal time) cost ~1.1 s of the training's CPU per 845 MB however the writer wrote, and
+    written at full speed it all landed on the step after the save (1.19x). Paced, the same cost spreads over
+    several steps. ``spread(seconds)`` sets the rate that writes what is still queued in that time; ``hurry()``
+    (a save waiting for this one, the end of the run) lifts it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hurry = threading.Event()
+        self._queued = 0  # bytes queued and not yet handed to the disk (an estimate: the tensors' bytes)
+        self._rate: Optional[float] = None  # bytes per second; None: as fast as the disk takes them
+        self._start = 0.0
+        self._sent = 0
+
+    def queue(self, nbytes: int) -> None:
+        with self._lock:
+            self._queued += nbytes
+
+    def spread(self, seconds: float) -> None:
+        """Write what is queued in about ``seconds`` from now."""
+        with self._lock:
+            if self._queued <= 0 or seconds <= 0:
+                return
+            self._rate, self._start, self._sent = self._queued / seconds, time.monotonic(), 0
+            self._hurry.clear()
+
+    def hurry(self) -> None:
+        with self._lock:
+            self._rate = None
+            self._hurry.set()
+
+    def wrote(self, nbytes: int) -> None:
+        """The writer thread handed ``nbytes`` to the disk: wait until the rate allows the next ones."""
+        with self._lock:
+            self._queued = max(0, self._queued - nbytes)
+            if self._rate is None:
+                return
+            self._sent += nbytes
+            delay = self._start + self._sent / self._rate - time.monotonic()
+        if delay > 0:
+            self._hurry.wait(delay)
 
 
 class BackgroundWriter(CheckpointEngine):
@@ -78,8 +192,10 @@ class BackgroundWriter(CheckpointEngine):
         self.inner = inner
         self._jobs: "queue.Queue[Callable[[], None]]" = queue.Queue()
         self._error: Optional[BaseException] = None
-        self._digests: Dict[str, str] = {}  # {absolute path: sha256} of the files written, until taken
+        self._digests: Dict[str, str] = {}  # {absolute path: XXH3-128} of the files written, until taken
         self._digests_lock = threading.Lock()  # a failed save takes them while another file may still be written
+        self.pacer = WritePacer()
+        self.arenas = ArenaPool()
         self._thread = threading.Thread(target=self._work, name="checkpoint-writer", daemon=True)
         self._thread.start()
 
@@ -100,10 +216,15 @@ class BackgroundWriter(CheckpointEngine):
         self._jobs.put(job)
 
     def save(self, state_dict: Any, path: str) -> None:
-        copied = snapshot(state_dict)
+        copied, arena = snapshot(state_dict, self.arenas)
+        self.pacer.queue(_tensor_bytes(copied))
 
         def write() -> None:
-            digest = save_hashed(copied, path)
+            try:
+                digest = save_hashed(copied, path, pace=self.pacer.wrote)
+            finally:
+                if arena is not None:
+                    self.arenas.give_back(arena)
             with self._digests_lock:
                 self._digests[os.path.abspath(path)] = digest
 
@@ -116,10 +237,11 @@ class BackgroundWriter(CheckpointEngine):
         return DONE if self._jobs.unfinished_tasks == 0 else WRITING
 
     def wait(self) -> None:
+        self.pacer.hurry()
         self._jobs.join()
 
     def take_digests(self, directory: str) -> Dict[str, str]:
-        """{file relative to ``directory``: sha256} of the files written under it so far (forgotten here)."""
+        """{file relative to ``directory``: XXH3-128} of the files written under it so far (forgotten here)."""
         root = os.path.abspath(directory)
         with self._digests_lock:
             taken = {name: digest for name, digest in self._digests.items()
@@ -157,17 +279,30 @@ class AsyncCheckpoints:
     def __init__(self, engine, device: torch.device, complete: Callable[[str, int, Dict[str, str]], None],
                  failure: Callable[[str, BaseException], CheckpointError]) -> None:
         """``complete(path, iteration, digests)``: rank 0's completion (checksums, COMPLETE, latest, pruning),
-        ``digests`` being {file relative to path: sha256} of the files every rank's writer wrote;
+        ``digests`` being {file relative to path: XXH3-128} of the files every rank's writer wrote;
         ``failure(path, exc)``: the error to raise when a write failed (and the partial directory is removed)."""
         self.writer = BackgroundWriter(engine.checkpoint_engine)
         engine.checkpoint_engine = self.writer
         self.device = device
         self._complete, self._failure = complete, failure
         self.pending: Optional[tuple] = None  # (path, iteration) written but not yet complete
+        self._step_ends: Deque[float] = collections.deque(maxlen=9)  # time.monotonic() at the last polls
 
-    def started(self, path: str, iteration: int) -> None:
-        """The engine has queued ``path``'s files (megatron.checkpointing.save_checkpoint with complete=False)."""
+    def step_seconds(self) -> Optional[float]:
+        """The median time between the last steps (a step with an evaluation or a save is an outlier), None
+        before two steps."""
+        ends = list(self._step_ends)
+        gaps = sorted(later - earlier for earlier, later in zip(ends, ends[1:]))
+        return gaps[len(gaps) // 2] if gaps else None
+
+    def started(self, path: str, iteration: int, steps_ahead: Optional[int] = None) -> None:
+        """The engine has queued ``path``'s files (megatron.checkpointing.save_checkpoint with complete=False).
+        ``steps_ahead``: the steps until the next save (or the run's end): the writes are spread over PACE_SHARE
+        of their time; None: written as fast as the disk takes them."""
         self.pending = (path, iteration)
+        step = self.step_seconds()
+        if steps_ahead and step:
+            self.writer.pacer.spread(PACE_SHARE * steps_ahead * step)
 
     def _agreed(self, status: int) -> int:
         """The worst status over all ranks (FAILED < WRITING < DONE)."""
@@ -180,6 +315,7 @@ class AsyncCheckpoints:
     def poll(self) -> bool:
         """After a step: complete the checkpoint in flight if every rank has written its files (collective while
         a save is in flight, so every rank calls it at the same point). True when one was completed."""
+        self._step_ends.append(time.monotonic())
         if self.pending is None:
             return False
         status = self._agreed(self.writer.status())

@@ -15,8 +15,9 @@ Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety 
                                checkpoint_layout: gpt-neox
     global_step{N}/configs/*.yml    the user's YAML files, verbatim (as GPT-NeoX)
     global_step{N}/rng_state_rank{R}.pt   each rank's RNG states (unless no_save_rng)
-    global_step{N}/checksums.sha256   SHA-256 of every file above, written after they are all flushed to disk;
-                               verified before a load (megatron.checkpoint_integrity)
+    global_step{N}/checksums.xxh128   XXH3-128 of every file above, written after they are all flushed to disk;
+                               verified before a load (megatron.checkpoint_integrity; checksums.sha256 in
+                               checkpoints saved before)
     global_step{N}/COMPLETE   written last, after every rank has finished
     latest                     the tag of the newest complete checkpoint
     .run.lock                  held by the training run writing here (megatron.run_lock)
@@ -383,7 +384,7 @@ def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int], onl
                         digests: Optional[Mapping[str, str]] = None) -> None:
     """Rank 0, once every rank's files of ``path`` are written: checksums, COMPLETE, then `latest` moves.
     Then the oldest beyond ``keep_last`` are pruned, or with ``only`` (a non-persistent checkpoint) every other
-    checkpoint of the directory is removed. ``digests``: {file relative to ``path``: sha256} hashed as written
+    checkpoint of the directory is removed. ``digests``: {file relative to ``path``: XXH3-128} hashed as written
     (async_save), not read back."""
     save_dir = os.path.dirname(path)
     write_manifest(path, digests)  # every file flushed to disk and checksummed before COMPLETE

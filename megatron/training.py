@@ -639,6 +639,17 @@ def _async_checkpoints(neox_args, engine, ctx: RunContext):
                                 only=in_non_persistent_dir(neox_args, path), digests=digests))
 
 
+def steps_to_next_save(neox_args, schedule: TrainingSchedule, at: int) -> Optional[int]:
+    """Steps from a save at ``at`` to the next save of any kind or the run's end or exit (async_save spreads its
+    writes over them), None when there are none."""
+    ahead = [i for i in schedule.save_iters if i > at] + [schedule.train_iters]
+    for interval in (neox_args.non_persistent_save_interval, neox_args.exit_interval):
+        if interval:
+            ahead.append((at // interval + 1) * interval)
+    steps = min(ahead) - at
+    return steps if steps > 0 else None
+
+
 def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str]):
     """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none.
     ``resumed``: the checkpoint this run resumed training from (None for a fresh or fine-tuning start)."""
@@ -737,7 +748,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                                    write_extra=reference.save if reference is not None else None,
                                    complete=background is None, non_persistent=non_persistent)
             if background is not None:
-                background.started(path, at)
+                background.started(path, at, steps_to_next_save(neox_args, schedule, at))
             timers("save").stop()
             if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
                 last_saved = at

@@ -3,20 +3,28 @@ written; the files are written on a thread; the checkpoint is completed (checksu
 every file is written, and a failed write is an error that leaves `latest` where it was. Killed mid-write on
 two ranks, resumed exactly: the fault suite (tests/e2e/test_fault_suite.py) kills half its segments with
 async_save, some while rank 0's writer is writing."""
-import hashlib
 import os
 import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from megatron.async_checkpoint import (DONE, FAILED, WRITER_NICENESS, WRITING, AsyncCheckpoints, BackgroundWriter,
-                                      snapshot)
+from megatron.async_checkpoint import (DONE, FAILED, PACE_SHARE, WRITER_NICENESS, WRITING, ArenaPool,
+                                      AsyncCheckpoints, BackgroundWriter, WritePacer, snapshot)
 from megatron.checkpoint_files import CheckpointError
 from megatron.checkpointing import (COMPLETE_MARKER, LATEST_FILE, complete_checkpoint, complete_tags, failed_save,
                                     read_latest)
-from megatron import checkpoint_integrity
+from megatron import async_checkpoint, checkpoint_integrity
 from megatron.checkpoint_integrity import read_manifest, verification_problems
+from megatron.hashed_save import BLOCK, new_digest
+
+
+def xxh128(data: bytes) -> str:
+    digest = new_digest()
+    digest.update(data)
+    return digest.hexdigest()
 
 
 class Inner:
@@ -44,7 +52,8 @@ def test_the_snapshot_is_not_changed_by_later_steps_and_copies_each_tensor_once(
     weight = torch.arange(6.0).reshape(2, 3)
     flat = torch.zeros(10)
     state = {"module": {"w": weight, "tied": weight}, "optimizer": [{"step": 3, "buffer": flat[2:5]}], "lr": 0.1}
-    copied = snapshot(state)
+    arenas = ArenaPool()
+    copied, arena = snapshot(state, arenas)
     weight.add_(100.0)  # the next optimizer step, in place
     flat.fill_(7.0)
     assert torch.equal(copied["module"]["w"], torch.arange(6.0).reshape(2, 3))
@@ -52,8 +61,61 @@ def test_the_snapshot_is_not_changed_by_later_steps_and_copies_each_tensor_once(
     assert torch.equal(copied["optimizer"][0]["buffer"], torch.zeros(3))
     assert copied["optimizer"][0]["buffer"].untyped_storage().nbytes() == 3 * 4  # the view alone, not the buffer
     assert copied["optimizer"][0]["step"] == 3 and copied["lr"] == 0.1
+    for tensor in (copied["module"]["w"], copied["optimizer"][0]["buffer"]):  # where O_DIRECT writes from
+        assert tensor.data_ptr() % BLOCK == 0
     leaf = torch.ones(2, requires_grad=True)
-    assert not snapshot({"x": leaf * 2})["x"].requires_grad  # non-leaf tensors (views of flat buffers) copy too
+    assert not snapshot({"x": leaf * 2}, arenas)[0]["x"].requires_grad  # non-leaf tensors (flat buffers' views) too
+    odd = {"empty": torch.zeros(0), "complex": torch.ones(2, dtype=torch.complex64), "bf16": torch.ones(3).bfloat16()}
+    again = snapshot(odd, arenas)[0]  # what cannot lie in the block is copied the ordinary way
+    assert all(torch.equal(again[key], value) and again[key].dtype == value.dtype for key, value in odd.items())
+
+
+def test_a_written_snapshots_block_is_taken_again_by_the_next_save_and_one_in_use_is_not():
+    arenas = ArenaPool()
+    state = {"w": torch.randn(1000), "b": torch.randn(10)}
+    first, block = snapshot(state, arenas)
+    second, other = snapshot(state, arenas)  # the first is still being written
+    assert other is not block and first["w"].data_ptr() != second["w"].data_ptr()
+    arenas.give_back(block)
+    third, again = snapshot({"w": torch.ones(1000), "b": torch.ones(10)}, arenas)
+    assert again is block and torch.equal(third["w"], torch.ones(1000))
+    assert torch.equal(second["w"], state["w"])  # the block still in use was left alone
+
+
+def test_the_pacer_spreads_the_queued_bytes_over_the_time_given_and_hurry_lifts_it():
+    pacer = WritePacer()
+    pacer.wrote(1 << 20)  # nothing set: no wait
+    pacer.queue(4 << 20)
+    pacer.spread(0.4)
+    start = time.monotonic()
+    for _ in range(4):
+        pacer.wrote(1 << 20)
+    assert 0.3 < time.monotonic() - start < 2.0
+    pacer.queue(100 << 20)
+    pacer.spread(1000.0)  # a rate that would take minutes...
+    threading.Timer(0.2, pacer.hurry).start()  # ...until a save waits for it
+    start = time.monotonic()
+    pacer.wrote(50 << 20)
+    pacer.wrote(50 << 20)
+    assert time.monotonic() - start < 5.0
+
+
+def test_a_save_spreads_its_writes_over_the_steps_to_the_next_one(monkeypatch):
+    saves = AsyncCheckpoints(Engine(), torch.device("cpu"), complete=lambda *a: None, failure=failed_save)
+    spread = []
+    monkeypatch.setattr(saves.writer.pacer, "spread", spread.append)
+    saves.started("unused", 1, steps_ahead=4)
+    assert spread == []  # no step timed yet: as fast as the disk takes them
+    saves.pending = None
+    clock = iter([10.0, 12.0, 14.5, 16.5])  # steps of 2.0, 2.5 and 2.0 s
+    monkeypatch.setattr(async_checkpoint, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    for _ in range(4):
+        saves.poll()
+    assert saves.step_seconds() == 2.0
+    saves.started("unused", 4, steps_ahead=5)
+    assert spread == [pytest.approx(PACE_SHARE * 5 * 2.0)]
+    saves.started("unused", 4, steps_ahead=None)  # no later save nor end: not paced
+    assert len(spread) == 1
 
 
 def test_files_are_written_on_the_writer_thread_and_errors_are_reported(tmp_path):
@@ -143,7 +205,8 @@ def test_the_writers_digests_are_the_manifests_and_a_byte_damaged_before_complet
     checksums (which reading back would have recorded as the truth) is caught at load, as damage after it is."""
     read_back = []
     digest = checkpoint_integrity.file_digest
-    monkeypatch.setattr(checkpoint_integrity, "file_digest", lambda file: read_back.append(file) or digest(file))
+    monkeypatch.setattr(checkpoint_integrity, "file_digest",
+                        lambda file, *how: read_back.append(file) or digest(file, *how))
     saves = AsyncCheckpoints(Engine(), torch.device("cpu"), failure=failed_save,
                              complete=lambda path, it, digests: complete_checkpoint(path, it, None, digests=digests))
     path = _save(saves, tmp_path, 2, 1.0)
@@ -153,9 +216,9 @@ def test_the_writers_digests_are_the_manifests_and_a_byte_damaged_before_complet
     model = os.path.join(path, "mp_rank_00_model_states.pt")
     with open(model, "rb") as handle:
         intact = handle.read()
-    assert read_manifest(path) == {"mp_rank_00_model_states.pt": hashlib.sha256(intact).hexdigest(),
-                                   "rng_state_rank0.pt": hashlib.sha256(b"rng").hexdigest()}
-    assert read_back == [os.path.join(path, "rng_state_rank0.pt")] and verification_problems(path) == []
+    assert read_manifest(path) == {"mp_rank_00_model_states.pt": xxh128(intact), "rng_state_rank0.pt": xxh128(b"rng")}
+    assert read_back == [os.path.join(path, "rng_state_rank0.pt")]
+    assert verification_problems(path) == []
 
     path = _save(saves, tmp_path, 4, 2.0)
     saves.writer.wait()
@@ -168,5 +231,17 @@ def test_the_writers_digests_are_the_manifests_and_a_byte_damaged_before_complet
     assert torch.load(model, weights_only=True)["w"].shape == (4,)  # still loads: torch checks no checksum
     saves.wait()
     assert read_latest(str(tmp_path)) == "global_step4"
-    assert verification_problems(path) == ["mp_rank_00_model_states.pt is damaged (its SHA-256 differs from the one "
+    assert verification_problems(path) == ["mp_rank_00_model_states.pt is damaged (its XXH3-128 differs from the one "
                                            "recorded when it was saved)"]
+
+
+def test_the_writes_are_spread_over_the_steps_to_the_next_save_of_any_kind_or_the_end():
+    from megatron.training import steps_to_next_save
+
+    schedule = SimpleNamespace(save_iters=(4, 8), train_iters=10)
+    plain = SimpleNamespace(non_persistent_save_interval=None, exit_interval=None)
+    assert [steps_to_next_save(plain, schedule, at) for at in (4, 8, 10)] == [4, 2, None]
+    often = SimpleNamespace(non_persistent_save_interval=3, exit_interval=None)
+    assert steps_to_next_save(often, schedule, 4) == 2  # the non-persistent save at 6
+    leaving = SimpleNamespace(non_persistent_save_interval=None, exit_interval=5)
+    assert steps_to_next_save(leaving, schedule, 4) == 1  # the run exits at 5 (and waits for the write)

@@ -10,7 +10,8 @@ import uuid
 import pytest
 import torch
 
-from megatron.checkpoint_integrity import MANIFEST, read_manifest, verification_problems
+from megatron.checkpoint_integrity import LEGACY_MANIFEST, MANIFEST, read_manifest, verification_problems
+from megatron.hashed_save import new_digest
 from megatron.checkpointing import (CheckpointError, estimated_checkpoint_bytes, read_latest, space_problem,
                                     tag_for)
 from tests.test_checkpointing import FakeEngine, args_for, load, resolve, save
@@ -27,16 +28,35 @@ def two_checkpoints(tmp_path):
     return args, tmp_path / tag_for(8)
 
 
-def test_the_manifest_lists_every_file_with_its_sha256(two_checkpoints):
+def test_the_manifest_lists_every_file_with_its_xxh128(two_checkpoints):
     _, path = two_checkpoints
     digests = read_manifest(str(path))
     on_disk = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()
                      and p.name not in ("COMPLETE", MANIFEST))
     assert sorted(digests) == on_disk and "mp_rank_00_model_states.pt" in digests and "neox_args.json" in digests
-    assert digests["neox_args.json"] == hashlib.sha256((path / "neox_args.json").read_bytes()).hexdigest()
+    expected = new_digest()
+    expected.update((path / "neox_args.json").read_bytes())
+    assert digests["neox_args.json"] == expected.hexdigest()
     assert verification_problems(str(path)) == []
-    if shutil.which("sha256sum"):  # the standard tool reads it too
-        subprocess.run(["sha256sum", "--quiet", "-c", MANIFEST], cwd=path, check=True)
+    if shutil.which("xxh128sum"):  # the standard tool reads it too (Debian's package xxhash)
+        subprocess.run(["xxh128sum", "--quiet", "-c", MANIFEST], cwd=path, check=True)
+
+
+def test_a_checkpoint_with_the_older_sha256_manifest_is_verified_with_it(two_checkpoints):
+    """Checkpoints saved before XXH3-128 carry checksums.sha256 (sha256sum's format)."""
+    args, path = two_checkpoints
+    files = sorted(read_manifest(str(path)))
+    (path / LEGACY_MANIFEST).write_text("".join(f"{hashlib.sha256((path / name).read_bytes()).hexdigest()}  {name}\n"
+                                                for name in files))
+    os.remove(path / MANIFEST)
+    assert sorted(read_manifest(str(path))) == files and verification_problems(str(path)) == []
+    assert load(args, FakeEngine()) is not None
+    _flip_middle_byte(path / "mp_rank_00_model_states.pt")
+    assert verification_problems(str(path)) == [
+        "mp_rank_00_model_states.pt is damaged (its SHA-256 differs from the one recorded when it was saved)"]
+    save(args, 8, FakeEngine())  # saved again: one manifest, the current kind
+    assert (path / MANIFEST).is_file() and not (path / LEGACY_MANIFEST).exists()
+    assert verification_problems(str(path)) == []
 
 
 def _flip_middle_byte(file):

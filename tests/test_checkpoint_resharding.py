@@ -139,7 +139,7 @@ def _as_gpt_neox(save: str) -> str:
     shutil.copytree(os.path.join(save, tag), os.path.join(neox, tag))
     for name in os.listdir(os.path.join(neox, tag)):
         path = os.path.join(neox, tag, name)
-        if name in ("neox_args.json", "COMPLETE", "checksums.sha256") or name.startswith("rng_state_rank"):
+        if name in ("neox_args.json", "COMPLETE", "checksums.xxh128") or name.startswith("rng_state_rank"):
             os.remove(path)
         elif name.startswith("mp_rank_"):
             state = torch.load(path, weights_only=False)

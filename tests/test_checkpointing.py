@@ -293,7 +293,7 @@ def test_an_old_layout_checkpoint_is_refused_for_training_with_the_upgrade_comma
     saved = json.load(open(os.path.join(path, "neox_args.json")))
     del saved["checkpoint_layout"]  # written before GPT-NeoX's layout
     json.dump(saved, open(os.path.join(path, "neox_args.json"), "w"))
-    os.remove(os.path.join(path, "checksums.sha256"))  # and before checksums
+    os.remove(os.path.join(path, "checksums.xxh128"))  # and before checksums
     assert checkpoint_kind(path) == OURS_OLD
     with pytest.raises(CheckpointError, match=r"(?s)older layout.*tools/ckpts/upgrade_checkpoint.py --input_dir "
                                               r".*global_step3 --output_dir NEW_SAVE_DIR"):

@@ -1,31 +1,55 @@
-"""megatron.hashed_save: the file torch.load reads, its SHA-256 computed from the bytes as they were written, torch's
-CRC32 skipped for this file only (the process-wide setting, which the training thread's torch.save uses, is never
-changed)."""
-import hashlib
+"""megatron.hashed_save: the file torch.load reads, written past the page cache (O_DIRECT) from the tensors' own
+memory where they are aligned, its XXH3-128 computed from the bytes as they were written, torch's CRC32 skipped for
+this file only (the process-wide setting, which the training thread's torch.save uses, is never changed); where
+the file system refuses O_DIRECT, the same file the ordinary way."""
+import errno
+import os
 import zipfile
 
+import pytest
 import torch
 
 from megatron import hashed_save
-from megatron.hashed_save import HashingFile, save_hashed
+from megatron.async_checkpoint import ArenaPool, snapshot
+from megatron.hashed_save import BLOCK, DirectFile, new_digest, save_hashed
+
+
+def xxh128(data: bytes) -> str:
+    digest = new_digest()
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def a_state():
+    state = {"w": torch.randn(300, 70), "tied": [torch.arange(7)], "step": 3, "bf16": torch.randn(5).bfloat16(),
+             "big": torch.randn(3 * BLOCK + 5)}  # a record that ends in a partial block
+    state["again"] = state["w"]
+    return state
+
+
+def check_file(path, digest, state):
+    data = path.read_bytes()
+    assert digest == xxh128(data)
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["again"] is loaded["w"] and loaded["step"] == 3
+    for key in ("w", "bf16", "big"):
+        assert torch.equal(loaded[key], state[key]) and loaded[key].dtype == state[key].dtype
+    assert torch.equal(loaded["tied"][0], state["tied"][0])
+    return data
 
 
 def test_the_digest_is_of_the_bytes_on_disk_and_the_file_loads_without_a_crc32(tmp_path, monkeypatch):
     settings_seen = []
-    write = HashingFile.write
+    write = DirectFile.write
 
     def watched(self, data):  # what a torch.save on another thread would see at every moment of this save
         settings_seen.append(torch.serialization.get_crc32_options())
         return write(self, data)
 
-    monkeypatch.setattr(HashingFile, "write", watched)
-    state = {"w": torch.randn(300, 70), "tied": [torch.arange(7)], "step": 3}
-    state["again"] = state["w"]
+    monkeypatch.setattr(DirectFile, "write", watched)
+    state = a_state()
     path = tmp_path / "a.pt"
-    digest = save_hashed(state, str(path))
-    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
-    loaded = torch.load(path, weights_only=True)
-    assert torch.equal(loaded["w"], state["w"]) and loaded["again"] is loaded["w"] and loaded["step"] == 3
+    check_file(path, save_hashed(state, str(path)), state)
     assert hashed_save.SKIPS_CRC32  # the torch this project pins: the internals it calls are there
     assert zipfile.ZipFile(path).testzip() is not None  # no CRC32 computed for its records...
     assert len(settings_seen) > 3 and all(settings_seen)  # ...while the process-wide setting stayed on throughout
@@ -33,8 +57,96 @@ def test_the_digest_is_of_the_bytes_on_disk_and_the_file_loads_without_a_crc32(t
     assert zipfile.ZipFile(tmp_path / "b.pt").testzip() is None  # torch.save elsewhere keeps its CRC32
 
 
+def test_aligned_tensors_go_to_the_disk_from_their_own_memory_and_paced(tmp_path, monkeypatch):
+    state = a_state()
+    copied, _ = snapshot(state, ArenaPool())  # page-aligned copies, as async_save's writer gets them
+    writes = []
+    real_write = os.write
+
+    def recording(fd, data):
+        writes.append((len(data), hashed_save._address(memoryview(data))))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", recording)
+    paced = []
+    path = tmp_path / "a.pt"
+    file_digest = save_hashed(copied, str(path), pace=paced.append)
+    data = check_file(path, file_digest, state)
+    if not any(length and address == copied["w"].data_ptr() for length, address in writes):
+        pytest.skip("this file system refuses O_DIRECT: written the ordinary way (checked above)")
+    big = copied["big"]
+    whole = big.numel() * big.element_size() // BLOCK * BLOCK
+    assert (whole, big.data_ptr()) in writes  # its whole blocks straight from the tensor, the rest staged
+    assert all(length % BLOCK == 0 and address % BLOCK == 0 for length, address in writes)  # O_DIRECT's rules
+    assert sum(paced) == sum(length for length, _ in writes) >= len(data)  # the last block padded, then cut
+
+
+def test_a_file_system_without_o_direct_gets_the_same_file(tmp_path, monkeypatch):
+    state = a_state()
+    copied, _ = snapshot(state, ArenaPool())
+    direct_path = tmp_path / "direct.pt"
+    expected = check_file(direct_path, save_hashed(copied, str(direct_path)), state)
+    real_open = os.open
+
+    def no_direct_open(path, flags, *rest):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *rest)
+
+    monkeypatch.setattr(os, "open", no_direct_open)
+    path = tmp_path / "plain.pt"
+    assert check_file(path, save_hashed(copied, str(path)), state) == expected
+    monkeypatch.setattr(os, "open", real_open)
+
+    real_write, refused = os.write, []
+
+    def refusing_write(fd, data):  # opened with O_DIRECT, but the write is refused
+        if not refused:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", refusing_write)
+    path = tmp_path / "refused.pt"
+    assert check_file(path, save_hashed(copied, str(path)), state) == expected and refused
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("cannot pickle this")
+
+
+@pytest.mark.parametrize("failure", ["pickling", "disk full", "fsync fails"])
+def test_a_failed_save_raises_its_error_and_closes_the_file(tmp_path, monkeypatch, failure):
+    """torch's zip writer ends the file when it is destroyed and aborts the process if that fails: ended here."""
+    state = {f"t{i}": torch.randn(100000) for i in range(8)}  # 3.2 MB: several writes
+    expected = TypeError if failure == "pickling" else OSError
+    if failure == "pickling":
+        state["bad"] = Unpicklable()
+    elif failure == "disk full":
+        real_write, calls = os.write, []
+
+        def filling(fd, data):
+            calls.append(len(data))
+            if len(calls) > 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "write", filling)
+    else:
+        def failing_fsync(fd):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "fsync", failing_fsync)
+    open_files = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    with pytest.raises(expected):
+        save_hashed(state, str(tmp_path / "a.pt"))
+    if open_files is not None:
+        assert len(os.listdir("/proc/self/fd")) == open_files
+
+
 def test_without_torchs_internals_it_falls_back_to_torch_save(tmp_path, monkeypatch):
     monkeypatch.setattr(hashed_save, "SKIPS_CRC32", False)
     path = tmp_path / "a.pt"
-    assert save_hashed({"w": torch.ones(3)}, str(path)) == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert save_hashed({"w": torch.ones(3)}, str(path)) == xxh128(path.read_bytes())
     assert zipfile.ZipFile(path).testzip() is None and torch.equal(torch.load(path)["w"], torch.ones(3))

@@ -25,7 +25,7 @@ def test_saved_apart_atomically_keeping_only_the_newest_and_resumed_when_newer(t
     os.makedirs(os.path.join(transient, "global_step5"))  # a non-persistent save that died before COMPLETE
     for it in (6, 8):
         path = _save_transient(args, it, engine)
-        assert os.path.isfile(os.path.join(path, "COMPLETE")) and os.path.isfile(os.path.join(path, "checksums.sha256"))
+        assert os.path.isfile(os.path.join(path, "COMPLETE")) and os.path.isfile(os.path.join(path, "checksums.xxh128"))
     assert sorted(os.listdir(transient)) == ["global_step8", "latest"]  # only the newest, no leftovers
     assert in_non_persistent_dir(args, path) and not in_non_persistent_dir(args, str(tmp_path / "global_step4"))
     assert (read_latest(str(tmp_path)), complete_tags(str(tmp_path))) == ("global_step4", ["global_step4"])

@@ -1,5 +1,5 @@
 """The async-save benchmark's two configs are accepted and differ only in async_save, and its reading of the
-metrics takes each save's pause and the step after it (the table itself is produced by hand: two training
+metrics takes each save's pause and the steps after it (the table itself is produced by hand: two training
 launches of a model with a sizeable checkpoint are too slow for the suite)."""
 
 import pytest
@@ -20,12 +20,13 @@ def test_benchmark_configs_differ_only_in_async_save(tmp_path):
     assert sync["checkpoint_factor"] == args.every and sync["wall_clock_breakdown"]
 
 
-def test_measure_reads_the_pause_and_the_two_steps_after_each_save():
+def test_measure_reads_the_pause_and_each_step_after_a_save():
     records = [{"iteration": i, "iteration_time_s": 1.0} for i in range(1, 10)]
     for iteration, pause in ((5, 200.0), (9, 400.0)):  # right after the saves at 4 and 8
         records[iteration - 1]["iteration_time_s"] = 1.5
         records[iteration - 1]["time_ms/save"] = pause
     records[5]["iteration_time_s"] = 1.2  # iteration 6: the second step after the save at 4
+    records[2]["iteration_time_s"] = 0.9  # iteration 3: before the first save
     result = measure(records, every=4, steps=9)
-    assert result == pytest.approx({"pause": 0.3, "first": 1.5, "second": 1.2, "quiet": 1.0,
-                                    "per_iteration": (5 * 1.0 + 2 * 1.5 + 1.2 + 0.6) / 8})
+    assert result == pytest.approx({"pause": 0.3, "pauses": [0.2, 0.4], "after": [1.5, 1.2, 1.0], "before": 1.0, "steady": 1.0,
+                                    "per_iteration": (4 * 1.0 + 0.9 + 2 * 1.5 + 1.2 + 0.6) / 8})

@@ -88,7 +88,7 @@ def _as_gpt_neox_writes_it(ckpt: Path, out: Path) -> Path:
     """Our checkpoint as GPT-NeoX would have written it: no COMPLETE, checksums, neox_args.json or rank RNG
     files, and only GPT-NeoX's client state (the optimizer files untouched)."""
     shutil.copytree(ckpt, out / ckpt.name)
-    for extra in ("COMPLETE", "checksums.sha256", "neox_args.json", *[p.name for p in ckpt.glob("rng_state_rank*.pt")]):
+    for extra in ("COMPLETE", "checksums.xxh128", "neox_args.json", *[p.name for p in ckpt.glob("rng_state_rank*.pt")]):
         (out / ckpt.name / extra).unlink()
     for path in (out / ckpt.name).glob("mp_rank_*_model_states.pt"):
         state = torch.load(path, weights_only=False)
@@ -112,7 +112,7 @@ def test_resume_with_optimizer_state_from_a_gpt_neox_checkpoint_and_our_files(da
     saved = straight.directory / "ckpt" / "global_step3"
 
     names = sorted(p.name for p in saved.iterdir())
-    assert names == ["COMPLETE", "checksums.sha256", "configs", "mp_rank_00_model_states.pt", "neox_args.json", "rng_state_rank0.pt",
+    assert names == ["COMPLETE", "checksums.xxh128", "configs", "mp_rank_00_model_states.pt", "neox_args.json", "rng_state_rank0.pt",
                      "rng_state_rank1.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                      "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     state = torch.load(saved / "mp_rank_00_model_states.pt", weights_only=False)

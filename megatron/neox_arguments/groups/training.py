@@ -388,9 +388,10 @@ class NeoXArgsTraining:
     Megatron-LM's --async-save: write checkpoints in the background while training goes on. Each rank copies
     its state to CPU memory at the save (the only pause) and a writer thread writes and fsyncs the files; the
     checkpoint becomes COMPLETE and `latest` moves only after every rank has finished writing, so a crash
-    mid-write leaves the previous checkpoint as the one resumed from. A save that comes while the previous one
-    is still being written waits for it, as does the end of the run. Needs host memory for one copy of the
-    rank's checkpoint (weights and optimizer state).
+    mid-write leaves the previous checkpoint as the one resumed from. The writes are spread over 75% of the
+    time to the next save (so that no one step bears them) and go past the page cache (O_DIRECT). A save that
+    comes while the previous one is still being written waits for it, as does the end of the run. Needs host
+    memory for one copy of the rank's checkpoint (weights and optimizer state), kept from one save to the next.
     """
 
     non_persistent_save_interval: Optional[int] = None
