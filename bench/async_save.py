@@ -4,14 +4,15 @@
 Both modes train the same model through deepy.py train.py (random tokens, as bench/train_throughput.py) and save
 every --every steps (checkpoint_factor). Read from the run's metrics (wall_clock_breakdown): the time the loop
 stands still for each save (``time_ms/save``: the whole write with synchronous saves — DeepSpeed's own
-checkpoint engine, the competitor — only the copy to CPU memory with async_save), the step time of the two steps
-after each save (a background write runs then) against steps without one, and the time per iteration with the
-saves included. Then, in this process, the CPU seconds the writer thread spends per save of --writer-mb MB
-(what competes with training for the cores): torch.save, fsync and the SHA-256 read back from the file (how the
-writer worked before) against megatron.hashed_save (hashed as written, no torch CRC32) — CPU time of the thread,
-so it holds on a machine that other work loads too.
+checkpoint engine, the competitor — only the copy to CPU memory with async_save), the k-th step after a save
+(async_save's write runs during them, paced over most of the time to the next save) against the synchronous run's
+steps, which no write overlaps, and the time per iteration with the saves included. Then, in this process, what
+writing a --writer-mb MB state costs in CPU: the writer thread's own CPU time, and the whole machine's busy time
+(on a virtual machine the disk's work shows up as steal time on the cores that train), for the first writer
+(torch.save, fsync, the SHA-256 read back) against megatron.hashed_save (O_DIRECT from the page-aligned snapshot,
+XXH3-128 as written, no torch CRC32).
 
-    python bench/async_save.py                      # 6 layers, hidden 512: ~300 MB of weights and Adam state
+    python bench/async_save.py                      # 6 layers, hidden 512: an 845 MB file of weights and Adam state
     python bench/async_save.py --size small --steps 12 --every 3
     python bench/async_save.py --writer-only        # the writer's CPU table alone (seconds)
 """
@@ -49,60 +50,74 @@ def train_config(args, asynchronous: bool, data: Dict[str, str], directory: str)
     }
 
 
-def measure(records: List[Dict], every: int, steps: int) -> Dict[str, float]:
+def measure(records: List[Dict], every: int, steps: int) -> Dict[str, object]:
     """Saves happen after the steps that are multiples of ``every``; the loop's pause for one shows as
-    time_ms/save in the next record (and the final save's is not logged: it is left out). The background write
-    (at the lowest CPU priority) can overlap the two steps after a save: both are reported, against the steps
-    that come later (no write in flight)."""
-    saved_after = {i for i in range(every, steps, every)}
+    time_ms/save in the next record (and the final save's is not logged: it is left out). With async_save the
+    write runs during the steps after a save (spread over most of them): the median of the k-th step after a
+    save, for k = 1 .. every - 1, and the steps before the first save (no write yet)."""
+    saved_after = list(range(every, steps, every))
     by_iteration = {r["iteration"]: r for r in records}
     pauses = [by_iteration[i + 1].get("time_ms/save", 0.0) / 1000 for i in saved_after]
-    first = [by_iteration[i + 1]["iteration_time_s"] for i in saved_after]
-    second = [by_iteration[i + 2]["iteration_time_s"] for i in saved_after if i + 2 in by_iteration]
-    quiet = [r["iteration_time_s"] for r in records
-             if r["iteration"] > 1 and not {r["iteration"] - 1, r["iteration"] - 2} & saved_after]
+    after = [median([by_iteration[i + k]["iteration_time_s"] for i in saved_after if i + k in by_iteration])
+             for k in range(1, every)]
+    before = median([r["iteration_time_s"] for r in records if 1 < r["iteration"] <= every])
+    steady = median([r["iteration_time_s"] for r in records if r["iteration"] > 1])
     per_iteration = (sum(r["iteration_time_s"] for r in records if r["iteration"] > 1) + sum(pauses)) / (steps - 1)
-    return {"pause": median(pauses), "first": median(first), "second": median(second), "quiet": median(quiet),
+    return {"pause": median(pauses), "pauses": pauses, "after": after, "before": before, "steady": steady,
             "per_iteration": per_iteration}
 
 
-def writer_cpu_seconds(megabytes: int, repeats: int, directory: str) -> Dict[str, float]:
-    """{method: median CPU seconds of the calling thread to write a state of ``megabytes`` MB of fp32 tensors}."""
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy so far, the hypervisor's steal included (Linux /proc/stat)."""
+    with open("/proc/stat") as handle:
+        fields = [int(value) for value in handle.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def writer_cpu_seconds(megabytes: int, repeats: int, directory: str) -> Dict[str, Dict[str, float]]:
+    """{method: {'thread': median CPU seconds of the calling thread, 'machine': median busy seconds of the whole
+    machine (steal included: a virtual disk's work)}} to write a state of ``megabytes`` MB of fp32 tensors."""
+    import hashlib
+
     import torch
 
-    from megatron.checkpoint_integrity import file_digest
+    from megatron.async_checkpoint import ArenaPool, snapshot
     from megatron.hashed_save import save_hashed
 
     state = {f"t{i}": torch.randn(1 << 20) for i in range(megabytes // 4)}  # 4 MB tensors, as an optimizer's
+    copied, _ = snapshot(state, ArenaPool())  # where async_save's writer finds them: page-aligned
     path = os.path.join(directory, "writer.pt")
 
     def read_back() -> None:
         torch.save(state, path)
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
-        file_digest(path)
+            hashlib.file_digest(handle, "sha256")
 
     methods: Dict[str, Callable[[], object]] = {
-        "torch.save (CRC32), fsync, SHA-256 read back": read_back,
-        "hashed as written, no CRC32 (megatron.hashed_save)": lambda: save_hashed(state, path)}
-    seconds: Dict[str, List[float]] = {name: [] for name in methods}
+        "torch.save (CRC32), fsync, SHA-256 read back (the first writer)": read_back,
+        "O_DIRECT from the snapshot, XXH3-128 as written (megatron.hashed_save)": lambda: save_hashed(copied, path)}
+    seconds: Dict[str, Dict[str, List[float]]] = {name: {"thread": [], "machine": []} for name in methods}
     for _ in range(repeats):
         for name, write in methods.items():
-            start = time.thread_time()
+            start, busy = time.thread_time(), machine_busy_seconds()
             write()
-            seconds[name].append(time.thread_time() - start)
+            seconds[name]["thread"].append(time.thread_time() - start)
+            seconds[name]["machine"].append(machine_busy_seconds() - busy)
             os.remove(path)
-    return {name: median(values) for name, values in seconds.items()}
+    return {name: {kind: median(values) for kind, values in kinds.items()} for name, kinds in seconds.items()}
 
 
 def print_writer_table(args) -> None:
     with tempfile.TemporaryDirectory() as directory:
         seconds = writer_cpu_seconds(args.writer_mb, args.repeats, directory)
     first = next(iter(seconds.values()))
-    print_table(f"The writer thread's CPU time per save of {args.writer_mb} MB (median of {args.repeats}), on "
-                f"{machine_description()}", ["writer", "CPU s per save", "MB per CPU s", "vs before"],
-                [[name, f"{value:.3f}", f"{args.writer_mb / value:.0f}", f"{value / first:.2f}"]
-                 for name, value in seconds.items()])
+    print_table(f"The writer's CPU time per save of {args.writer_mb} MB (median of {args.repeats}), on "
+                f"{machine_description()}", ["writer", "writer thread CPU s", "whole machine busy s (steal included)",
+                                             "thread vs first", "machine vs first"],
+                [[name, f"{value['thread']:.3f}", f"{value['machine']:.3f}", f"{value['thread'] / first['thread']:.2f}",
+                  f"{value['machine'] / first['machine']:.2f}"] for name, value in seconds.items()])
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -110,7 +125,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--size", choices=sorted(SIZES), default="medium")
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=17)
+    parser.add_argument("--steps", type=int, default=20,
+                        help="the saves measured are those before the last step (the last one's pace has only the "
+                             "steps to the end)")
     parser.add_argument("--every", type=int, default=4, help="checkpoint_factor (>= 3: quiet steps between saves)")
     parser.add_argument("--port", type=int, default=29763)
     parser.add_argument("--writer-mb", type=int, default=300, help="the state the writer's CPU table writes")
@@ -138,14 +155,19 @@ def main() -> None:
             results[name] = measure(records, args.every, args.steps)
             print(f"{name}: {results[name]}\n  step times: {[round(r['iteration_time_s'], 2) for r in records]}",
                   flush=True)
-    rows = [[name, f"{r['pause']:.3f}", f"{r['quiet']:.3f}", f"{r['first']:.3f}", f"{r['second']:.3f}",
-             f"{r['first'] / r['quiet']:.2f}", f"{r['second'] / r['quiet']:.2f}", f"{r['per_iteration']:.3f}"]
-            for name, r in results.items()]
+    baseline = results.get("synchronous (DeepSpeed's engine)", {}).get("steady")
+    rows = []
+    for name, r in results.items():
+        reference = baseline or r["before"]
+        rows.append([name, f"{r['pause']:.3f}", f"{r['before']:.3f}"]
+                    + [f"{value:.3f} ({value / reference:.2f})" for value in r["after"]]
+                    + [f"{r['per_iteration']:.3f}"])
     shape = SIZES[args.size]
     print_table(f"Checkpoint saves every {args.every} steps: {args.size} ({shape['num_layers']} layers, hidden "
-                f"{shape['hidden_size']}), seq {args.seq}, batch {args.batch}, fp32 Adam, on {machine_description()}",
-                ["save", "loop paused per save s", "step s (no write)", "1st step after a save s",
-                 "2nd step after s", "1st / no write", "2nd / no write", "s per iteration incl. saves"], rows)
+                f"{shape['hidden_size']}), seq {args.seq}, batch {args.batch}, fp32 Adam, on {machine_description()}; "
+                f"in brackets: against the synchronous run's median step ({baseline or 0:.3f} s), which no write "
+                f"overlaps", ["save", "loop paused per save s", "step s before the first save"]
+                + [f"step {k} after a save s" for k in range(1, args.every)] + ["s per iteration incl. saves"], rows)
     print_writer_table(args)
 
 
