@@ -22,7 +22,6 @@ a SHA-256 of the bytes 0.7 s, torch's CRC32 of every record more; the step they 
 from __future__ import annotations
 
 import errno
-import fcntl
 import mmap
 import os
 import pickle
@@ -120,6 +119,8 @@ class DirectFile:
                 self.pace(written)
 
     def _stop_direct(self) -> None:
+        import fcntl  # only where O_DIRECT exists (Linux); not importable on every system
+
         fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
         self.direct = False
 
