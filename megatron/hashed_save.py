@@ -82,8 +82,8 @@ class DirectFile:
             return 0
         self.digest.update(view)  # xxhash releases the GIL for large pieces, as os.write does
         self.size += length
-        if length >= BLOCK and self._staged % BLOCK == 0 and (not self.direct or _address(view) % BLOCK == 0):
-            self._drain()  # whole blocks only: the file offset stays aligned
+        if length >= BLOCK and (not self.direct or (self._staged % BLOCK == 0 and _address(view) % BLOCK == 0)):
+            self._drain()  # with O_DIRECT whole blocks only: the file offset stays aligned
             whole = length - length % BLOCK if self.direct else length
             self._write_out(view[:whole])
             view = view[whole:]

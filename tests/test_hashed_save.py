@@ -74,9 +74,24 @@ def test_the_digest_is_of_the_bytes_on_disk_and_the_file_loads_without_a_crc32(t
     assert zipfile.ZipFile(tmp_path / "b.pt").testzip() is None  # torch.save elsewhere keeps its CRC32
 
 
-def test_aligned_tensors_go_to_the_disk_from_their_own_memory_and_paced(tmp_path, monkeypatch):
+def refuse_o_direct(monkeypatch) -> None:
+    """os.open as on a file system without O_DIRECT."""
+    real_open = os.open
+
+    def no_direct_open(path, flags, *rest):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *rest)
+
+    monkeypatch.setattr(os, "open", no_direct_open)
+
+
+@pytest.mark.parametrize("file_system", ["as it is", "without O_DIRECT"])
+def test_aligned_tensors_go_to_the_disk_from_their_own_memory_and_paced(tmp_path, monkeypatch, file_system):
     state = a_state()
     copied, _ = snapshot(state, ArenaPool())  # page-aligned copies, as async_save's writer gets them
+    if file_system == "without O_DIRECT":
+        refuse_o_direct(monkeypatch)
     direct = direct_io_works(tmp_path)
     writes = []
     real_write = os.write
@@ -90,14 +105,16 @@ def test_aligned_tensors_go_to_the_disk_from_their_own_memory_and_paced(tmp_path
     path = tmp_path / "a.pt"
     file_digest = save_hashed(copied, str(path), pace=paced.append)
     data = check_file(path, file_digest, state)
-    if not direct:
-        pytest.skip("this file system refuses O_DIRECT: written the ordinary way (checked above)")
-    assert any(address == copied["w"].data_ptr() for _, address in writes)
+    assert any(address == copied["w"].data_ptr() for _, address in writes)  # large pieces from their own memory
     big = copied["big"]
-    whole = big.numel() * big.element_size() // BLOCK * BLOCK
-    assert (whole, big.data_ptr()) in writes  # its whole blocks straight from the tensor, the rest staged
-    assert all(length % BLOCK == 0 and address % BLOCK == 0 for length, address in writes)  # O_DIRECT's rules
-    assert sum(paced) == sum(length for length, _ in writes) >= len(data)  # the last block padded, then cut
+    nbytes = big.numel() * big.element_size()
+    if direct:
+        assert (nbytes // BLOCK * BLOCK, big.data_ptr()) in writes  # its whole blocks from the tensor, the rest staged
+        assert all(length % BLOCK == 0 and address % BLOCK == 0 for length, address in writes)  # O_DIRECT's rules
+        assert sum(paced) == sum(length for length, _ in writes) >= len(data)  # the last block padded, then cut
+    else:  # a file system without O_DIRECT: the ordinary way, whole pieces, nothing padded
+        assert (nbytes, big.data_ptr()) in writes
+        assert sum(paced) == sum(length for length, _ in writes) == len(data)
 
 
 def test_a_file_system_without_o_direct_gets_the_same_file(tmp_path, monkeypatch):
@@ -105,17 +122,10 @@ def test_a_file_system_without_o_direct_gets_the_same_file(tmp_path, monkeypatch
     copied, _ = snapshot(state, ArenaPool())
     direct_path = tmp_path / "direct.pt"
     expected = check_file(direct_path, save_hashed(copied, str(direct_path)), state)
-    real_open = os.open
-
-    def no_direct_open(path, flags, *rest):
-        if flags & getattr(os, "O_DIRECT", 0):
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *rest)
-
-    monkeypatch.setattr(os, "open", no_direct_open)
-    path = tmp_path / "plain.pt"
-    assert check_file(path, save_hashed(copied, str(path)), state) == expected
-    monkeypatch.setattr(os, "open", real_open)
+    with monkeypatch.context() as refused_here:
+        refuse_o_direct(refused_here)
+        path = tmp_path / "plain.pt"
+        assert check_file(path, save_hashed(copied, str(path)), state) == expected
 
     real_write, refused = os.write, []
 
