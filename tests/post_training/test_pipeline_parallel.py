@@ -124,9 +124,14 @@ def test_pipeline_parallel_preference_training_matches_the_sequential_model(tmp_
             assert len(metrics) == STEPS and set(metrics[0]) == set(want_metrics[0]) and metrics[0], impl
             assert want_losses[0] != want_losses[-1]
             torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=0, atol=1e-5)
+            # the rewards and KL come from sequence log-prob sums (tens of nats here) that the pipeline stages add
+            # in another order: KTO's batch KL estimate moves its metrics by ~1e-5 in fp32 (1.2e-5 measured with
+            # torch 2.13, 0 for DPO and RM), so 5e-5 allows a few ulps and still catches a wrong reward
+            worst = max(abs(got[name] - want[name]) for got, want in zip(metrics, want_metrics) for name in want)
+            print(f"{impl} rank {rank}: largest metric difference from the sequential model {worst:.2e}")
             for got, want in zip(metrics, want_metrics):
                 for name in want:
-                    assert math.isclose(got[name], want[name], abs_tol=1e-5), (impl, rank, name, got, want)
+                    assert math.isclose(got[name], want[name], abs_tol=5e-5), (impl, rank, name, got, want)
             if impl == "dpo":  # policy == reference at the first step
                 assert math.isclose(want_losses[0], math.log(2), abs_tol=1e-6)
             if impl != "rm" and rank == 1:
