@@ -17,7 +17,8 @@ the upper-triangular fused softmax) — deciding it from an s x s mask's values 
 layer of every forward on a GPU, and the s x s mask itself. It is a tensor and not None because DeepSpeed's
 pipeline engine passes only tensors between stages (it sends the shape along, so the next stage sees the same);
 it broadcasts like a full mask wherever one is combined with it, and truncate_batch leaves it as it is.
-Every value here is computed on the device the sample is on, without a host sync.
+Every value here is computed on the device the sample is on: a sample copied to the GPU (from the DataLoader's
+pinned memory, ``to_device``) becomes a batch without a host sync.
 truncate_batch cuts a batch to the current length of a sequence-length curriculum.
 With context_parallel_size C > 1 each context-parallel rank keeps its load-balanced chunks of tokens, position_ids,
 labels and loss_mask (megatron.mpu.context_parallel) and the attention mask is None: ring attention masks by
@@ -51,6 +52,16 @@ def is_causal_only(attention_mask: Optional[torch.Tensor]) -> bool:
     dimensions are 1 x 1 (``causal_only_mask``; a real 1 x 1 mask cannot hide a query's only key either). Read
     from the shape only, so deciding it never waits for the device."""
     return attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[-2:] == (1, 1))
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device`` without the host waiting for the copy: a host tensor bound for a GPU is copied
+    from page-locked memory (the DataLoader's pinned batches as they are, others pinned first), which is what
+    makes ``non_blocking`` asynchronous — from pageable memory CUDA copies synchronously. Elsewhere a plain
+    ``.to``."""
+    if tensor.device.type == "cpu" and torch.device(device).type == "cuda" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_mask_loss: bool,
