@@ -27,6 +27,7 @@ from typing import Callable, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from megatron.model.batch import causal_only_mask
 from megatron.model.kv_cache import KVCache
 from megatron.model_config import ModelConfig
 from megatron.mpu import gather_from_model_parallel_region
@@ -161,10 +162,8 @@ class PipelineRunner(ModelRunner):
                                   "pipe_parallel_size > 1 and mamba / rwkv / gmlp layers: those layers see padding "
                                   "only through the KV cache, which the pipeline cannot pass; decode prompts of one "
                                   "length per batch, or with pipe_parallel_size=1")
-        if attention_mask is None:  # activations between stages must be tensors: state the causal mask
-            from megatron.model.batch import causal_attention_mask
-
-            attention_mask = causal_attention_mask(tokens.size(1), tokens.device)
+        if attention_mask is None:  # activations between stages must be tensors: the causal-only mask
+            attention_mask = causal_only_mask(tokens.device)
         engine = self.engine
         engine.reset_activation_shape()  # every call may have a new sequence length
         # eval_batch accumulates the last stage's outputs (our logits) across calls; start afresh.

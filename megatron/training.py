@@ -302,6 +302,7 @@ class _ModelBatches:
 
     def __next__(self):
         from megatron.model import get_batch
+        from megatron.model.batch import causal_only_mask, to_device
 
         data = next(self.samples) if self.samples is not None else None
         if data is not None and self.pairwise:
@@ -310,10 +311,13 @@ class _ModelBatches:
             data = as_text_and_labels(data)
         if data is not None:
             self._check_token_ids(data["text"])
+            # the sample goes to the device first, asynchronously (pinned memory), and becomes the batch there
+            data = {key: to_device(value, self.ctx.device) if torch.is_tensor(value) else value
+                    for key, value in data.items()}
         inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
         if inputs[2] is None and self.pipelined:  # context parallelism: ring attention needs no mask, but
-            inputs = (*inputs[:2], torch.zeros(1, dtype=torch.bool))  # DeepSpeed's pipeline passes tensors only
-        move = lambda t: None if t is None else t.to(self.ctx.device, non_blocking=True)  # no mask under CP
+            inputs = (*inputs[:2], causal_only_mask())  # DeepSpeed's pipeline passes tensors only
+        move = lambda t: None if t is None else to_device(t, self.ctx.device)  # no mask under CP
         inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
         if self.reference is not None:
             if self.reference.holds:  # the last pipeline stage (the others do not read the labels)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
+from megatron.model.batch import causal_only_mask
 from megatron.text_generation_utils import (
     ModelRunner,
     PipelineRunner,
@@ -89,8 +90,7 @@ class NeoXLM(TemplateLM):
             batch[i, :len(x)] = torch.tensor(x, dtype=torch.long)
         batch = batch.to(self._device)
         positions = torch.arange(width, device=self._device).unsqueeze(0).expand(len(rows), width)
-        causal = torch.ones(width, width, dtype=torch.bool, device=self._device).triu(1).view(1, 1, width, width)
-        logprobs = F.log_softmax(self.runner(batch, positions, causal).float(), dim=-1)
+        logprobs = F.log_softmax(self.runner(batch, positions, causal_only_mask(self._device)).float(), dim=-1)
         answers = []
         for i, (tokens, n) in enumerate(rows):
             length = len(inputs[i])

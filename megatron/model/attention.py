@@ -27,6 +27,9 @@ keys of blocks i - W // 2 .. i, the dense equivalent of DeepSpeed's unidirection
 LocalSlidingWindowSparsityConfig; block-sparse layers sparse_fixed, sparse_variable, bigbird, bslongformer:
 their DeepSpeed layout expanded to positions, per head, megatron.model.block_sparse) and
 combined with the batch's attention_mask (True = masked, as GPT-NeoX). ALiBi / rpe add a float bias.
+A batch mask that hides nothing beyond the future (megatron.model.batch.is_causal_only, known from its shape, so
+no layer waits for the device to find out) counts as no mask: plainly causal attention then runs SDPA's is_causal
+path, flash-attn's causal one or the upper-triangular fused softmax, and builds no s x s mask.
 The scores are q.k / sqrt(head_dim), or with use_mup q.k / (head_dim x mup_attn_temp) (muP's 1/d, which keeps
 them of the same size as the heads widen; flash-attn is then not called, SDPA takes the scale).
 With attention_softmax_in_fp32 or apply_query_key_layer_scaling in half precision, the scores are
@@ -65,6 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.activation_checkpointing import checkpoint_function
+from megatron.model.batch import is_causal_only
 from megatron.model.block_sparse import BlockSparseMask, layer_seed
 from megatron.model.flash import FlashAttention
 from megatron.model.fused import model_fused_ops
@@ -180,28 +184,15 @@ class ParallelSelfAttention(nn.Module):
         return allowed
 
     def _plain_causal(self, q_len: int, k_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
-        """True when the attention is exactly causal over the whole sequence with no additive bias."""
-        if q_len != k_len or self.window is not None or self.blockwise or \
-                self.pos_emb in ("alibi", "rpe"):
-            return False
-        return self._mask_is_causal(q_len, attention_mask)
+        """True when the attention is exactly causal over the whole sequence with no additive bias (host values
+        only: the mask was reduced to None when it hides nothing beyond the future, see ``_context``)."""
+        return q_len == k_len and attention_mask is None and self.window is None and not self.blockwise and \
+            self.pos_emb not in ("alibi", "rpe")
 
     def _single_query_sees_all(self, q_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
         """Decoding one token with no mask, window or bias: it attends to every cached key unmasked."""
         return q_len == 1 and attention_mask is None and self.window is None and \
             not self.blockwise and self.pos_emb not in ("alibi", "rpe")
-
-    @staticmethod
-    def _mask_is_causal(q_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
-        """True when the batch's mask (shared by all samples) hides exactly the future keys, or is None."""
-        k_len = q_len
-        if attention_mask is None:
-            return True
-        if attention_mask.dim() != 4 or attention_mask.size(0) != 1 or attention_mask.size(1) != 1 or \
-                attention_mask.shape[-2:] != (q_len, k_len):
-            return False
-        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=attention_mask.device).triu(1)
-        return torch.equal(attention_mask[0, 0].to(torch.bool), causal)
 
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         """This rank's ALiBi slopes, fp32, on ``device``."""
@@ -228,6 +219,8 @@ class ParallelSelfAttention(nn.Module):
     def _context(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
                  kv_cache: Optional[KVCache]) -> torch.Tensor:
         """Attention over this rank's heads: [batch, seq, local heads * head_dim], before the dense."""
+        if is_causal_only(attention_mask):  # from its shape: the batch hides only the future (model.batch)
+            attention_mask = None
         qkv = self.query_key_value(x)
         b, s = qkv.shape[:2]
         d, g = self.head_dim, self.group_size
@@ -246,9 +239,9 @@ class ParallelSelfAttention(nn.Module):
             raise ValueError("KV-cache decoding with context_parallel_size > 1 is not supported; build the inference "
                              "model with context_parallel_size 1 (the weights are the same)")
         if self.pos_emb == "rotary":
-            if self.cp_size > 1:  # this rank's chunks sit at their global positions
+            if self.cp_size > 1:  # this rank's chunks sit at their global positions, all below s x cp_size
                 cos, sin = self.rotary_emb.tables_at(chunk_positions(s * self.cp_size, self.cp_rank, self.cp_size,
-                                                                     x.device))
+                                                                     x.device), s * self.cp_size)
             else:
                 cos, sin = self.rotary_emb.tables(offset, s, x.device)
             q, k = self.ops.rotary(q, cos, sin), self.ops.rotary(k, cos, sin)
@@ -269,7 +262,7 @@ class ParallelSelfAttention(nn.Module):
         b, s, d = q.size(0), q.size(1), self.head_dim
         g = self.group_size
         offset = kv_cache.length if kv_cache is not None else 0
-        if self._flash_applies(q, s, attention_mask, kv_cache):
+        if self._flash_applies(q, attention_mask):
             return self._flash_context(q, k, v, kv_cache).reshape(b, s, self.local_heads * d)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if kv_cache is not None:
@@ -286,11 +279,12 @@ class ParallelSelfAttention(nn.Module):
             return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
         q_pos = torch.arange(offset, offset + s, device=q.device)
         k_pos = torch.arange(k.size(2), device=q.device)
-        allowed = self._mask(q_pos, k_pos, attention_mask)
         bias = self._bias(q_pos, k_pos)
+        # the fused upper-triangular softmax masks the future by itself: no s x s mask then
+        causal = self.fused_softmax and self._plain_causal(s, k.size(2), attention_mask)
+        allowed = None if causal else self._mask(q_pos, k_pos, attention_mask)
         with self.rng_tracker.fork():
             if explicit:
-                causal = self.fused_softmax and bias is None and self._plain_causal(s, k.size(2), attention_mask)
                 if gqa:
                     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
                 context = self._explicit(q, k, v, allowed, bias, dropout, causal)
@@ -302,14 +296,10 @@ class ParallelSelfAttention(nn.Module):
                                                          scale=self.softmax_scale)
         return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
 
-    def _flash_applies(self, q: torch.Tensor, s: int, attention_mask: Optional[torch.Tensor],
-                       kv_cache: Optional[KVCache]) -> bool:
-        """flash-attn can do this call: no mask beyond causal (none at all when decoding from a cache)."""
-        if self.flash is None or self.force_explicit or not self.flash.supports(q):
-            return False
-        if attention_mask is None:
-            return True
-        return kv_cache is None and self._mask_is_causal(s, attention_mask)
+    def _flash_applies(self, q: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> bool:
+        """flash-attn can do this call: no mask beyond causal (``_context`` made a causal-only mask None)."""
+        return self.flash is not None and not self.force_explicit and attention_mask is None and \
+            self.flash.supports(q)
 
     def _flash_context(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        kv_cache: Optional[KVCache]) -> torch.Tensor:
@@ -338,7 +328,7 @@ class ParallelSelfAttention(nn.Module):
             probs = F.dropout(probs, p=dropout)
         return torch.matmul(probs, v)
 
-    def _fused_softmax(self, scores: torch.Tensor, allowed: torch.Tensor, bias: Optional[torch.Tensor],
+    def _fused_softmax(self, scores: torch.Tensor, allowed: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                        coeff: float, causal: bool) -> torch.Tensor:
         """softmax(coeff * scores + bias) under ``allowed`` through the fused kernels (fp32 inside).
 

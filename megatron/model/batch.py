@@ -2,12 +2,23 @@
 
 ((tokens, position_ids, attention_mask), (labels, loss_mask)):
   tokens = text[:, :-1], labels = text[:, 1:], position_ids = 0..s-1 per row,
-  attention_mask = [1, 1, s, s] bool, True where a query may NOT attend (strict upper triangle),
+  attention_mask = bool, True where a query may NOT attend: ``causal_only_mask()``, [1, 1, 1, 1] False, when
+  attention is plainly causal (the layers hide the future themselves, by position), else [b, 1, s, s],
   loss_mask = 1.0 except, with eod_mask_loss, 0.0 where the input token is the end-of-document token,
   and 0.0 where the label is negative (-100: padding of unpacked samples, or masked by a label dataset).
 With a label dataset ('label' [b, s + 1], BatchOptions.labels) labels come from it.
 reset_position_ids restarts positions after each end-of-document token; reset_attention_mask keeps tokens
-from attending across documents (a per-sample [b, 1, s, s] mask).
+from attending across documents (a per-sample [b, 1, s, s] mask: the strict upper triangle and the other
+documents).
+
+Why plain causality has a mask of its own shape: the attention layers decide from the mask's shape alone
+(``is_causal_only``, host metadata) that they may take the causal kernels (SDPA's is_causal, flash-attn's causal,
+the upper-triangular fused softmax) — deciding it from an s x s mask's values would cost a host sync in every
+layer of every forward on a GPU, and the s x s mask itself. It is a tensor and not None because DeepSpeed's
+pipeline engine passes only tensors between stages (it sends the shape along, so the next stage sees the same);
+it broadcasts like a full mask wherever one is combined with it, and truncate_batch leaves it as it is.
+Every value here is computed on the device the sample is on: a sample copied to the GPU (from the DataLoader's
+pinned memory, ``to_device``) becomes a batch without a host sync.
 truncate_batch cuts a batch to the current length of a sequence-length curriculum.
 With context_parallel_size C > 1 each context-parallel rank keeps its load-balanced chunks of tokens, position_ids,
 labels and loss_mask (megatron.mpu.context_parallel) and the attention mask is None: ring attention masks by
@@ -30,12 +41,35 @@ def causal_attention_mask(seq_length: int, device=None) -> torch.Tensor:
                                                                                            seq_length)
 
 
+def causal_only_mask(device=None) -> torch.Tensor:
+    """[1, 1, 1, 1] False: the attention mask of a plainly causal batch (module docstring). It hides nothing beyond
+    the future, which every layer hides by position."""
+    return torch.zeros(1, 1, 1, 1, dtype=torch.bool, device=device)
+
+
+def is_causal_only(attention_mask: Optional[torch.Tensor]) -> bool:
+    """True when ``attention_mask`` hides nothing beyond the future: None, or a mask whose query and key
+    dimensions are 1 x 1 (``causal_only_mask``; a real 1 x 1 mask cannot hide a query's only key either). Read
+    from the shape only, so deciding it never waits for the device."""
+    return attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[-2:] == (1, 1))
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device`` without the host waiting for the copy: a host tensor bound for a GPU is copied
+    from page-locked memory (the DataLoader's pinned batches as they are, others pinned first), which is what
+    makes ``non_blocking`` asynchronous — from pageable memory CUDA copies synchronously. Elsewhere a plain
+    ``.to``."""
+    if tensor.device.type == "cpu" and torch.device(device).type == "cuda" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_mask_loss: bool,
                            reset_position_ids: bool = False, reset_attention_mask: bool = False
                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(attention_mask, loss_mask, position_ids) for left-to-right language modelling."""
     b, s = tokens.shape
-    attention_mask = causal_attention_mask(s, tokens.device)
+    attention_mask = causal_only_mask(tokens.device)
     loss_mask = torch.ones(b, s, dtype=torch.float32, device=tokens.device)
     if (eod_mask_loss or reset_position_ids or reset_attention_mask) and eod_token is None:
         raise ValueError("eod_mask_loss / reset_position_ids / reset_attention_mask need the tokenizer's eod token id")
@@ -51,7 +85,8 @@ def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_m
             start = torch.cat([torch.zeros_like(last_eod[:, :1]), last_eod[:, :-1] + 1], dim=1)
             position_ids = index - start
         if reset_attention_mask:
-            attention_mask = attention_mask | (document[:, None, :, None] != document[:, None, None, :])
+            attention_mask = causal_attention_mask(s, tokens.device) | \
+                (document[:, None, :, None] != document[:, None, None, :])
     return attention_mask, loss_mask, position_ids
 
 
@@ -78,10 +113,9 @@ def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], pa
     labels = (sample["label"] if "label" in sample else text)[:, 1:].contiguous()
     attention_mask, loss_mask, position_ids = masks_and_position_ids(
         tokens, eod_token, options.eod_mask_loss, options.reset_position_ids, options.reset_attention_mask)
-    negative = labels < 0
-    if bool(negative.any()):
-        loss_mask = loss_mask.masked_fill(negative, 0.0)
-        labels = labels.clamp(min=0)
+    negative = labels < 0  # masked and clamped whether or not there are any: asking would sync with the device
+    loss_mask = loss_mask.masked_fill(negative, 0.0)
+    labels = labels.clamp(min=0)
     if options.rewards:
         return (tokens, position_ids, attention_mask), (labels, loss_mask, sample["reward"].reshape(-1))
     cp_size = parallel_state.get_context_parallel_world_size()
@@ -95,11 +129,12 @@ def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], pa
 
 def truncate_batch(batch, seqlen: int):
     """The model batch cut to its first `seqlen` positions (the sequence-length curriculum, megatron.curriculum):
-    tokens, position_ids, the attention mask's last two dimensions, labels and loss_mask; a batch no longer than
-    `seqlen` is returned as is."""
+    tokens, position_ids, the attention mask's last two dimensions (a causal-only mask stays as it is), labels and
+    loss_mask; a batch no longer than `seqlen` is returned as is."""
     (tokens, position_ids, attention_mask), (labels, loss_mask, *rest) = batch
     if seqlen >= tokens.size(1):
         return batch
     cut = lambda t: t[:, :seqlen].contiguous()
-    return ((cut(tokens), cut(position_ids), attention_mask[..., :seqlen, :seqlen].contiguous()),
-            (cut(labels), cut(loss_mask), *rest))
+    if not is_causal_only(attention_mask):
+        attention_mask = attention_mask[..., :seqlen, :seqlen].contiguous()
+    return ((cut(tokens), cut(position_ids), attention_mask), (cut(labels), cut(loss_mask), *rest))

@@ -50,9 +50,11 @@ class RotaryEmbedding(nn.Module):
             self._cos, self._sin = self._cos.to(device), self._sin.to(device)
         return self._cos[offset:offset + length], self._sin[offset:offset + length]
 
-    def tables_at(self, positions: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [len(positions), rot_dim] (fp32) for arbitrary positions (a context-parallel rank's chunks)."""
-        if int(positions.max()) >= self._cos.size(0):
+    def tables_at(self, positions: torch.Tensor, end: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [len(positions), rot_dim] (fp32) for arbitrary positions (a context-parallel rank's chunks),
+        all below ``end``: the caller knows that bound on the host (the sequence's length), so the choice between
+        the table and computing the angles never reads ``positions`` back from the device."""
+        if end > self._cos.size(0):
             return self.forward(positions)
         if self._cos.device != positions.device:
             self._cos, self._sin = self._cos.to(positions.device), self._sin.to(positions.device)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from megatron.model import BatchOptions, get_batch
+from megatron.model.batch import is_causal_only
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch, tiny_config
 
@@ -16,8 +17,8 @@ def test_get_batch_format_and_eod_mask():
     assert tokens.tolist() == [[5, 0, 7, 8, 0]] and labels.tolist() == [[0, 7, 8, 0, 9]]
     assert pos.tolist() == [[0, 1, 2, 3, 4]]
     assert loss_mask.tolist() == [[1.0, 0.0, 1.0, 1.0, 0.0]]
-    assert mask.shape == (1, 1, 5, 5) and mask.dtype == torch.bool
-    assert mask[0, 0, 1, 2].item() and not mask[0, 0, 2, 1].item() and not mask[0, 0, 3, 3].item()
+    # plainly causal: the causal-only mask, whose shape says so (no s x s mask; the layers hide the future)
+    assert mask.shape == (1, 1, 1, 1) and mask.dtype == torch.bool and not mask.any() and is_causal_only(mask)
     _, (_, no_eod_mask) = get_batch(BatchOptions(), {"text": text}, SingleProcessState(), eod_token=0)
     assert no_eod_mask.sum().item() == 5
     with pytest.raises(ValueError, match="eod"):
@@ -31,6 +32,7 @@ def test_reset_position_ids_and_attention_mask_restart_at_each_document():
     assert positions.tolist() == [[0, 1, 0, 1, 2, 0]]
     allowed = (~mask[0, 0]).int().tolist()
     assert allowed[3] == [0, 0, 1, 1, 0, 0] and allowed[5] == [0, 0, 0, 0, 0, 1]
+    assert not is_causal_only(mask)
 
 
 def test_documents_packed_with_resets_match_each_document_alone():
@@ -64,7 +66,12 @@ def test_a_truncated_batch_is_the_prefix_and_the_model_sees_only_it():
     (tokens, position_ids, mask), (labels, loss_mask) = batch = random_batch(seq=16, seed=3)
     (t, p, m), (lab, lm) = truncate_batch(batch, 8)
     assert torch.equal(t, tokens[:, :8]) and torch.equal(p, position_ids[:, :8]) and torch.equal(lab, labels[:, :8])
-    assert torch.equal(lm, loss_mask[:, :8]) and torch.equal(m, mask[:, :, :8, :8]) and m.shape == (1, 1, 8, 8)
+    assert torch.equal(lm, loss_mask[:, :8]) and m is mask and is_causal_only(m)  # the causal-only mask stays
+    args = BatchOptions(reset_attention_mask=True)
+    text = torch.tensor([[5, 0, 6, 7, 0, 8, 9, 3, 4]])
+    (_, _, documents), _ = got = get_batch(args, {"text": text}, SingleProcessState(), eod_token=0)
+    (_, _, cut), _ = truncate_batch(got, 5)
+    assert torch.equal(cut, documents[:, :, :5, :5]) and cut.shape == (1, 1, 5, 5)
     assert truncate_batch(batch, 16) is batch and truncate_batch(batch, 32) is batch
     torch.manual_seed(0)
     model = build_model(tiny_config(hidden_dropout=0.0, attention_dropout=0.0), SingleProcessState()).eval()

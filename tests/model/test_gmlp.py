@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron.model import KVCache, build_model
+from megatron.model.batch import causal_attention_mask
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch, tiny_config
 from tests.model.kv_helpers import incremental_logits
@@ -41,8 +42,8 @@ def test_block_equals_gpt_neox_formula_outputs_and_grads(kind):
     inputs, _ = random_batch()
     x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(0), requires_grad=True)
     params = [x] + list(block.parameters())
-    got, _ = block((x, inputs[2]))
-    want = gpt_neox_gmlp(block, x, inputs[2].bool())
+    got, _ = block((x, inputs[2]))  # the batch's causal-only mask
+    want = gpt_neox_gmlp(block, x, causal_attention_mask(16))  # GPT-NeoX's whole causal mask
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for g, w in zip(torch.autograd.grad(got.square().sum(), params),
                     torch.autograd.grad(want.square().sum(), params)):

@@ -7,6 +7,7 @@ import torch
 
 from megatron.model import build_model
 from megatron.model.activations import get_activation
+from megatron.model.batch import causal_attention_mask
 from megatron.model.init_functions import get_init_method, tensor_seed
 from megatron.model.norms import build_norm
 from megatron.mpu import SingleProcessState
@@ -306,7 +307,8 @@ def test_custom_attention_mask_is_honoured():
     model = build_model(tiny_config(pos_emb="rotary"), SingleProcessState())
     inputs, _ = random_batch()
     tokens, pos, causal = inputs
-    extra = causal.clone()
+    extra = causal_attention_mask(16)  # GPT-NeoX's whole [1, 1, s, s] mask
+    torch.testing.assert_close(model((tokens, pos, extra)), model((tokens, pos, causal)), rtol=1e-5, atol=1e-5)
     extra[..., 1:, 0] = True  # queries after the first may not see token 0
     plain = model((tokens, pos, causal))
     masked = model((tokens, pos, extra))

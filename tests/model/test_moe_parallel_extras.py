@@ -5,7 +5,8 @@
   global index; the checkpoint (DeepSpeed's per-expert files) exports to MixtralForCausalLM, which gives the
   expert-parallel size 1 model's logits and greedy tokens in transformers;
 * sequence_parallel with the dropless layer on 2 tensor-parallel ranks: the loss and the gradients of
-  sequence_parallel false.
+  sequence_parallel false;
+* each of these layouts reads a layer's slot counts back to the host once (tests.host_syncs).
 """
 import os
 
@@ -59,8 +60,20 @@ def _expert_parallel_logs_and_checkpoint(rank: int, save_root: str) -> dict:
             _, skipped, _, extras = train_step(args, engine, batches, ctx, optimizer, debug=True)
             assert not skipped
             out[(ep, zero)].append(extras)
+        if (ep, zero) == (2, 0):
+            out["syncs"] = _moe_syncs(engine.module, random_batch(batch=2, seed=rank))
         ctx.parallel_state.destroy()
     return out
+
+
+def _moe_syncs(model, batch) -> dict:
+    """{file:line: count} of the host syncs (tests.host_syncs) in the MoE package during one forward and backward."""
+    from tests.host_syncs import HostSyncCounter
+
+    inputs, labels = batch
+    with HostSyncCounter() as syncs:
+        model.loss_fn(model(inputs), labels).backward()
+    return {site: n for site, n in syncs.by_site.items() if site.startswith("megatron/model/moe/")}
 
 
 SEQUENCE_PARALLEL = {"topk": dict(moe_router_type="topk", moe_top_k=2, activation="swiglu", norm="rmsnorm"),
@@ -87,7 +100,8 @@ def _sequence_parallel_loss_and_grads(rank: int) -> dict:
             loss.backward()
             out[(router, sp)] = (loss.detach(), logits.detach(),
                                  {n: p.grad.clone() for n, p in model.named_parameters()},
-                                 {n: p.detach().clone() for n, p in model.named_parameters()})
+                                 {n: p.detach().clone() for n, p in model.named_parameters()},
+                                 _moe_syncs(model, (inputs, labels)))
     state.destroy()
     return out
 
@@ -153,6 +167,21 @@ def test_expert_parallel_checkpoint_exports_to_mixtral(runs, tmp_path):
     ours = our_model(read_checkpoint(str(root / "ep1" / "global_step0")).config,
                      read_checkpoint(str(root / "ep1" / "global_step0")).state)
     assert_matches_hf(ours, models[2])
+
+
+def test_a_dropless_moe_layer_reads_its_counts_back_once_on_parallel_ranks(runs):
+    """One host sync per MoE layer (2 layers) in a forward and backward, whatever the layout: expert-parallel (the
+    counts' all-to-all runs on the device, then both are read at once), tensor-parallel, sequence-parallel."""
+    _, results = runs
+    for rank in range(2):
+        layouts = {"expert_parallel": results[rank]["expert_parallel"]["syncs"],
+                   **{f"tp2 {router} sp={sp}": results[rank]["sequence_parallel"][(router, sp)][4]
+                      for router in SEQUENCE_PARALLEL for sp in (False, True)}}
+        for layout, syncs in layouts.items():
+            print(rank, layout, syncs)
+            assert len(syncs) == 1 and sum(syncs.values()) == 2, (rank, layout, syncs)
+        site = next(iter(layouts["expert_parallel"]))
+        assert site.startswith("megatron/model/moe/expert_parallel.py:"), site
 
 
 @pytest.mark.parametrize("router", list(SEQUENCE_PARALLEL))

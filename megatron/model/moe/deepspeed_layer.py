@@ -197,10 +197,10 @@ class DeepSpeedMoE(MoE, MoELayerBase):
 
     def _count_kept(self, _module, _inputs, output) -> None:
         """The gate's routes that fit in the capacity (DeepSpeed flags dropped ones with a negative expert)."""
-        if len(output) == 7:
-            self._kept = float((output[3] >= 0).sum())
+        if len(output) == 7:  # a tensor: counted on the device (megatron.model.moe.stats.ExpertLoad.record)
+            self._kept = (output[3] >= 0).sum()
         else:  # the dense dispatch mask [tokens, experts, capacity]
-            self._kept = float(output[2].sum())
+            self._kept = output[2].sum()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.sequence_group is None:

@@ -5,8 +5,10 @@ Each rank of an expert-parallel group (megatron.mpu.parallel_state) holds E / EP
 experts r x E/EP .. (r+1) x E/EP - 1) and routes its own tokens with the whole router. Per MoE layer:
 
 1. route and sort the (token, choice) slots by expert, as the layer without expert parallelism (layer.py);
-2. exchange the slot counts per expert (one all-to-all of EP x E/EP numbers), then send each rank the rows of its
-   experts and receive the rows for this rank's experts (all_to_all_rows: sizes vary with the routing);
+2. exchange the slot counts per expert (one all-to-all of EP x E/EP numbers, on the device), read them and the
+   layer's own counts back to the host together (the layer's one host sync: every size below is host arithmetic),
+   then send each rank the rows of its experts and receive the rows for this rank's experts (all_to_all_rows:
+   sizes vary with the routing);
 3. regroup the received rows by local expert, run each expert on its block, undo the regrouping;
 4. send the outputs back the way they came and combine them with the router weights.
 The all-to-alls carry the gradients back, so an expert's gradient sums the contributions of every rank's tokens.
@@ -45,7 +47,14 @@ from deepspeed.moe.layer import MoE
 from torch import nn
 
 from megatron.deepspeed_comm import collectives
-from megatron.model.moe.layer import GroupedExperts, combine, route, run_by_expert, sequence_parallel_moe
+from megatron.model.moe.layer import (
+    GroupedExperts,
+    SlotCounts,
+    combine,
+    route,
+    run_by_expert,
+    sequence_parallel_moe,
+)
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import ModelConfig
@@ -123,19 +132,19 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # x is this rank's chunk of the sequence (module docstring)
             return self._finish(*sequence_parallel_moe(x, self.router, self.model_group, self.num_experts,
-                                                       self.top_k, self.block, self._exchange_and_run))
+                                                       self.top_k, self.block, self._read_counts,
+                                                       self._exchange_and_run))
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         routing, aux, order, counts, token_of_slot = route(self.router, tokens, self.num_experts, self.top_k)
+        slots = self._read_counts(counts)
         # this tensor-parallel rank's block of experts: its slots start .. stop of the sorted ones (all with TP 1)
-        block = counts[self.block.start:self.block.stop]
-        start = int(counts[:self.block.start].sum())
-        stop = start + int(block.sum())
+        start, stop = slots.span(self.block)
         if self.tp > 1:  # each rank runs its experts' share of the slots: the input's gradient sums over the ranks
             tokens_in = copy_to_model_parallel_region(tokens, self.model_group)
         else:
             tokens_in = tokens
-        out_block = self._exchange_and_run(tokens_in[token_of_slot[start:stop]], block)
+        out_block = self._exchange_and_run(tokens_in[token_of_slot[start:stop]], slots)
         if self.tp > 1:  # every slot's output on every tensor-parallel rank, as the layer without expert parallelism
             out_sorted = torch.cat([out_block.new_zeros(start, shape[-1]), out_block,
                                     out_block.new_zeros(order.numel() - stop, shape[-1])])
@@ -145,21 +154,32 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         combined = combine(tokens, routing, order, token_of_slot, out_sorted)
         return self._finish(combined, aux, counts, float(order.numel())).view(shape)
 
-    def _exchange_and_run(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """The outputs of ``rows`` (sorted by expert: counts[j] rows for expert j of this tensor-parallel rank's
-        block, EP x local experts) from the expert-parallel ranks that hold their experts, in the same order."""
+    def _read_counts(self, counts: torch.Tensor) -> SlotCounts:
+        """The slot counts of all experts and those the expert-parallel ranks send to this rank's experts, on the
+        host with one sync: the counts' all-to-all (of this block's EP x local experts' counts: counts[q, l] go to
+        rank q's local expert l) runs on the device, then both are read back together."""
+        block = counts[self.block.start:self.block.stop].contiguous()
+        received = torch.empty_like(block)
+        collectives().all_to_all_single(received, block, group=self.group)
+        host = torch.cat([counts, received]).tolist()
+        local = self.num_local_experts
+        arrived = host[counts.numel():]
+        return SlotCounts(host[:counts.numel()], [arrived[q * local:(q + 1) * local] for q in range(self.ep_size)])
+
+    def _exchange_and_run(self, rows: torch.Tensor, slots: SlotCounts) -> torch.Tensor:
+        """The outputs of ``rows`` (sorted by expert: the slots of this tensor-parallel rank's block of EP x local
+        experts) from the expert-parallel ranks that hold their experts, in the same order. Sizes are host
+        arithmetic on ``slots`` (``_read_counts``)."""
         ep, local = self.ep_size, self.num_local_experts
-        # counts[q, l]: rows this rank sends to rank q's local expert l; received[q, l]: rows rank q sends here
-        received = torch.empty_like(counts)
-        collectives().all_to_all_single(received, counts.contiguous(), group=self.group)
-        received = received.view(ep, local)
-        send = counts.view(ep, local).sum(1).tolist()
-        inbox = all_to_all_rows(rows, send, received.sum(1).tolist(), self.group)
-        # rows arrive by source rank, then local expert: regroup them by local expert
-        offsets = (received.reshape(-1).cumsum(0) - received.reshape(-1)).view(ep, local)
-        regroup = torch.cat([torch.arange(int(offsets[q, e]), int(offsets[q, e] + received[q, e]))
-                             for e in range(local) for q in range(ep)]).long()
-        back = torch.empty_like(regroup)
-        back[regroup] = torch.arange(regroup.numel())
-        out = run_by_expert(self._expert, inbox[regroup], received.sum(0).tolist())[back]
-        return all_to_all_rows(out, received.sum(1).tolist(), send, self.group)
+        block = slots.per_expert[self.block.start:self.block.stop]
+        received = slots.received  # received[q][l]: rows rank q sends to local expert l
+        send = [sum(block[q * local:(q + 1) * local]) for q in range(ep)]
+        receive = [sum(row) for row in received]
+        inbox = all_to_all_rows(rows, send, receive, self.group)
+        # rows arrive by source rank, then local expert: regroup them by local expert, then back
+        pieces = inbox.split([received[q][e] for q in range(ep) for e in range(local)])
+        by_expert = torch.cat([pieces[q * local + e] for e in range(local) for q in range(ep)])
+        out = run_by_expert(self._expert, by_expert, [sum(received[q][e] for q in range(ep)) for e in range(local)])
+        done = out.split([received[q][e] for e in range(local) for q in range(ep)])
+        out = torch.cat([done[e * ep + q] for q in range(ep) for e in range(local)])
+        return all_to_all_rows(out, receive, send, self.group)

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.activations import _GATED, _PLAIN
-from megatron.model.moe.router import Router
+from megatron.model.moe.router import Router, expert_counts
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
 from megatron.mpu import (
@@ -144,8 +144,23 @@ def permutation(experts: torch.Tensor, num_experts: int) -> Tuple[torch.Tensor, 
     token, then choice order); counts[e] is the number of slots of expert e."""
     flat = experts.reshape(-1)
     order = torch.sort(flat, stable=True).indices
-    counts = torch.bincount(flat, minlength=num_experts)
-    return order, counts
+    return order, expert_counts(flat, num_experts)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotCounts:
+    """A layer's slot counts on the host, read back from the device at once: the one host sync of a dropless MoE
+    layer (everything the dispatch needs to know on the host follows from them by host arithmetic)."""
+
+    per_expert: List[int]
+    """Slots (of this rank's tokens) routed to each of all E experts."""
+    received: Optional[List[List[int]]] = None
+    """Expert parallelism: received[q][l], the slots expert-parallel rank q sends to this rank's local expert l."""
+
+    def span(self, block: range) -> Tuple[int, int]:
+        """(start, stop) of the sorted slots that go to the experts ``block``."""
+        start = sum(self.per_expert[:block.start])
+        return start, start + sum(self.per_expert[block.start:block.stop])
 
 
 class DroplessMoE(MoELayerBase):
@@ -177,14 +192,13 @@ class DroplessMoE(MoELayerBase):
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         routing, aux, order, counts, token_of_slot = route(self.router, tokens, self.num_experts, self.top_k)
-        counts_list = counts.tolist()
+        slots = SlotCounts(counts.tolist())  # the layer's one host sync
         if self.tp == 1:
-            out_sorted = self.experts.mlp(tokens[token_of_slot], counts_list)
+            out_sorted = self.experts.mlp(tokens[token_of_slot], slots.per_expert)
         else:
-            first, last = self.local_experts.start, self.local_experts.stop
-            start, stop = sum(counts_list[:first]), sum(counts_list[:last])
+            start, stop = slots.span(self.local_experts)
             expert_in = copy_to_model_parallel_region(tokens, self.group)[token_of_slot[start:stop]]
-            local_out = self.experts.mlp(expert_in, counts_list[first:last])
+            local_out = self.experts.mlp(expert_in, slots.per_expert[self.local_experts.start:self.local_experts.stop])
             out_sorted = torch.cat([local_out.new_zeros(start, shape[-1]), local_out,
                                     local_out.new_zeros(order.numel() - stop, shape[-1])])
             out_sorted = reduce_from_model_parallel_region(out_sorted, self.group)
@@ -194,18 +208,21 @@ class DroplessMoE(MoELayerBase):
     def _sequence_parallel_forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [batch, seq / T, hidden] is this rank's chunk of the sequence (sequence_parallel): see
         ``sequence_parallel_moe``; this rank's experts run on their slots."""
+        block = self.local_experts
         out, aux, counts, slots = sequence_parallel_moe(
-            x, self.router, self.group, self.num_experts, self.top_k, self.local_experts,
-            lambda rows, block_counts: self.experts.mlp(rows, block_counts.tolist()))
+            x, self.router, self.group, self.num_experts, self.top_k, block, lambda counts: SlotCounts(counts.tolist()),
+            lambda rows, slot_counts: self.experts.mlp(rows, slot_counts.per_expert[block.start:block.stop]))
         return self._finish(out, aux, counts, slots)
 
 
 def sequence_parallel_moe(x: torch.Tensor, router: nn.Module, group, num_experts: int, top_k: int, block: range,
-                          run_block: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+                          read_counts: Callable[[torch.Tensor], SlotCounts],
+                          run_block: Callable[[torch.Tensor, SlotCounts], torch.Tensor]):
     """(output chunk, auxiliary loss, slots per expert, number of slots) of a dropless layer whose tensor-parallel
     rank holds the experts ``block`` of all, on x [batch, seq / T, hidden], this rank's chunk of the sequence
-    (sequence_parallel over ``group``, T ranks). ``run_block(rows, counts)`` returns the outputs of the block's
-    experts for ``rows`` [sum(counts), hidden], grouped by expert (counts[j] rows for expert block.start + j).
+    (sequence_parallel over ``group``, T ranks). ``read_counts(counts)`` brings the slot counts per expert (a device
+    tensor [E]) to the host, the layer's one sync; ``run_block(rows, slot_counts)`` returns the outputs of the
+    block's experts for ``rows`` [slots of the block, hidden], grouped by expert.
 
     The chunks are all-gathered, every rank routes all tokens (identically: the same tokens, capacity and load
     statistics as without sequence_parallel), runs its block's experts on their slots and combines their outputs
@@ -223,10 +240,10 @@ def sequence_parallel_moe(x: torch.Tensor, router: nn.Module, group, num_experts
     routing, aux, order, counts, token_of_slot = route(router, _ScaleGradient.apply(tokens, 1.0 / tp), num_experts,
                                                        top_k)
     routing = dataclasses.replace(routing, weights=copy_to_model_parallel_region(routing.weights, group))
-    start = int(counts[:block.start].sum())
-    stop = start + int(counts[block.start:block.stop].sum())
+    slot_counts = read_counts(counts)
+    start, stop = slot_counts.span(block)
     mine = token_of_slot[start:stop]
-    local_out = run_block(tokens[mine], counts[block.start:block.stop])
+    local_out = run_block(tokens[mine], slot_counts)
     partial = combine(tokens, routing, order[start:stop], mine, local_out)
     out = reduce_scatter_to_sequence_parallel_region(partial.view(full.shape), group, seq_dim=1)
     return out, aux, counts, float(order.numel())

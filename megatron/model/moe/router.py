@@ -47,25 +47,36 @@ class Routing:
 
 def sinkhorn(cost: torch.Tensor, iterations: int = SINKHORN_ITERATIONS, tol: float = SINKHORN_TOLERANCE) -> torch.Tensor:
     """A few Sinkhorn-Knopp iterations on exp(cost) [T, E] (GPT-NeoX's / Megatron's balanced assignment):
-    rows and columns are rescaled towards equal sums, so the top-k on the result spreads tokens over experts."""
+    rows and columns are rescaled towards equal sums, so the top-k on the result spreads tokens over experts.
+
+    GPT-NeoX stops after the first iteration whose change is below ``tol``. Asking that on the host would wait for
+    the device in every MoE layer, so every iteration runs and the ones after that stop leave the scalings as they
+    were (``torch.where`` on a flag kept on the device): the same values, bit for bit."""
     cost = torch.exp(cost)
     d0 = torch.ones(cost.size(0), device=cost.device, dtype=cost.dtype)
     d1 = 1 / (cost.size(1) * torch.sum(cost, 0))
     eps = 1e-8
+    stopped = torch.zeros((), dtype=torch.bool, device=cost.device)
     for _ in range(iterations):
         d0_new = (1 / d0.size(0)) / (torch.sum(d1 * cost, 1) + eps)
         d1_new = (1 / d1.size(0)) / (torch.sum(d0_new.unsqueeze(1) * cost, 0) + eps)
         error = torch.mean(torch.abs(d1_new - d1))
-        d0, d1 = d0_new, d1_new
-        if error < tol:
-            break
+        d0, d1 = torch.where(stopped, d0, d0_new), torch.where(stopped, d1, d1_new)
+        stopped = stopped | (error < tol)
     return d1 * cost * d0.unsqueeze(1)
+
+
+def expert_counts(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[E] int64: how many entries of ``experts`` name each expert. torch.bincount gives the same, but on CUDA it
+    first reads the largest entry back to the host (a sync); adding ones into E counters does not."""
+    flat = experts.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
 
 
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts: int, dtype: torch.dtype
                         ) -> torch.Tensor:
     """E * sum_e f_e * P_e (module docstring) over the tokens of ``probs`` [T, E] and ``experts`` [T, k]."""
-    counts = torch.bincount(experts.reshape(-1), minlength=num_experts).to(dtype)
+    counts = expert_counts(experts, num_experts).to(dtype)
     fraction = counts / max(experts.numel(), 1)
     mean_prob = probs.to(dtype).mean(dim=0)
     return num_experts * torch.sum(fraction * mean_prob)

@@ -11,11 +11,12 @@ its backward (1 / gradient_accumulation_steps, times the fp16 loss scale), set b
 Expert load. Each layer counts, over the training forwards since the last report, the (token, choice) slots routed
 to each expert (before any capacity drop), the slots kept, and its auxiliary loss; ``moe_metrics`` sums them over all
 ranks (one all-reduce) for the logger. Recomputed forwards (activation checkpointing, inside the backward) and
-evaluation forwards are not counted.
+evaluation forwards are not counted. The counters are added up on the layer's device and read on the host only
+when reported: counting never makes a forward wait for the device.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -51,14 +52,19 @@ class ExpertLoad:
 
     def reset(self) -> None:
         self.routed = torch.zeros(self.num_experts, dtype=torch.float64)
-        self.kept = 0.0
-        self.aux_sum = 0.0
+        self.kept: Union[float, torch.Tensor] = 0.0
+        self.aux_sum: Union[float, torch.Tensor] = 0.0
         self.forwards = 0
 
-    def record(self, routed: torch.Tensor, kept: float, aux: torch.Tensor) -> None:
-        self.routed += routed.detach().to(torch.float64).cpu()
-        self.kept += float(kept)
-        self.aux_sum += float(aux.detach().float())
+    def record(self, routed: torch.Tensor, kept: Union[float, torch.Tensor], aux: torch.Tensor) -> None:
+        """Adds one forward's counts where they are: tensors stay on the layer's device (in float64), so a training
+        forward never waits for the device to count; ``moe_metrics`` reads the totals when it reports."""
+        routed, aux = routed.detach().to(torch.float64), aux.detach().to(torch.float64)
+        kept = kept.detach().to(torch.float64) if torch.is_tensor(kept) else float(kept)
+        if self.forwards == 0:  # start from this forward's values: no host zeros copied to the device
+            self.routed, self.kept, self.aux_sum = routed, kept, aux
+        else:
+            self.routed, self.kept, self.aux_sum = self.routed + routed, self.kept + kept, self.aux_sum + aux
         self.forwards += 1
 
 
@@ -72,7 +78,8 @@ class MoELayerBase(nn.Module):
         self.aux_loss_scale = 1.0
         self.load = ExpertLoad(num_experts)
 
-    def _finish(self, output: torch.Tensor, aux: torch.Tensor, routed: torch.Tensor, kept: float) -> torch.Tensor:
+    def _finish(self, output: torch.Tensor, aux: torch.Tensor, routed: torch.Tensor,
+                kept: Union[float, torch.Tensor]) -> torch.Tensor:
         if self.training and not in_backward():
             self.load.record(routed, kept, aux)
         if self.training and aux.requires_grad and self.loss_coeff > 0:
