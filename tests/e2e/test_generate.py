@@ -109,8 +109,8 @@ def test_interactive_reads_stdin_until_empty_line(trained, tmp_path):
     path.write_text(yaml.safe_dump({**trained, "text_gen_type": "interactive", "maximum_tokens": 6,
                                     "temperature": 0.0, "num_gpus": 1, "sample_output_file": str(out)}))
     result = subprocess.run([sys.executable, "deepy.py", "generate.py", str(path), "--master_port",
-                             str(free_port())], cwd=REPO, env=deepy_environment(), input="def main(\nclass Foo:\n\nignored\n",
-                            capture_output=True, text=True, timeout=600)
+                             str(free_port())], cwd=REPO, env=deepy_environment(),
+                            input="def main(\nclass Foo:\n\nignored\n", capture_output=True, text=True, timeout=600)
     _ok(result)
     records = _records(out)
     assert [r["context"] for r in records] == ["def main(", "class Foo:"]
