@@ -1,10 +1,13 @@
 """Building the optimizer GPT-NeoX's `optimizer` dict asks for, plus the optimizers PyTorch lacks.
 
 `build_optimizer(neox_args, model)` returns a torch.optim.Optimizer for the training loop to hand to
-deepspeed.initialize(optimizer=...). optimizer.type (lower-cased in neox_args.optimizer_type):
+deepspeed.initialize(optimizer=...). Build it over the parameters as they will train: on their device and in their
+dtype (megatron.training moves and casts the model first, as deepspeed.initialize would), because what `adam`
+becomes depends on the device. optimizer.type (lower-cased in neox_args.optimizer_type):
 
-* adam            torch.optim.AdamW(fused=True) when the parameters are on CPU (torch >= 2.4 has a fused CPU
-                  kernel), DeepSpeed's FusedAdam on CUDA. `adam_w_mode: false` gives Adam with L2 decay.
+* adam            `adam_implementation` picks (see "Which Adam" below): torch.optim.AdamW(fused=True), or DeepSpeed's
+                  FusedAdam where DeepSpeed fuses its 16-bit wrapper only around that. `adam_w_mode: false` gives
+                  Adam with L2 decay.
 * cpu_adam        deepspeed.ops.adam.DeepSpeedCPUAdam (needed for ZeRO-Offload; JIT-built on first use).
 * cpu_torch_adam  torch.optim.AdamW / Adam, not fused.
 * sgd             torch.optim.SGD (momentum, dampening, nesterov from params).
@@ -16,13 +19,40 @@ neox_args.weight_decay); any other key is an error naming it. Weight decay is ap
 parameters `get_param_groups` says should decay (with a weight-decay schedule, start_weight_decay /
 end_weight_decay, the LR scheduler sets its value each step). With decoupled_lr the input-embedding and
 output-layer weights get groups of their own. When the parameters carry muP base shapes (use_mup, megatron.mup) the
-groups are split by muP's learning-rate and weight-decay factors (mup's MuAdam / MuSGD rules)."""
+groups are split by muP's learning-rate and weight-decay factors (mup's MuAdam / MuSGD rules).
 
+Which Adam (DeepSpeed 0.19.8, runtime/engine.py _do_optimizer_sanity_check and _configure_*_optimizer):
+
+* Without ZeRO, in fp16, or in bf16 outside the pipeline engine, DeepSpeed wraps the optimizer in FP16_Optimizer
+  (fp32 master weights as one flat tensor per group, the gradients flattened into one, one norm, one multi-tensor
+  Adam step) only when it is DeepSpeed's FusedAdam; any other optimizer gets FP16_UnfusedOptimizer: an fp32 copy of
+  every parameter and Python loops over the parameters for the gradient copies, the unscaling, the norm and the
+  copy back, every step. There, on CUDA, `adam` is FusedAdam.
+* Everywhere else the optimizer DeepSpeed steps sees the same tensors whichever it is: with ZeRO 1-3, and with
+  bf16 in the pipeline engine (BF16_Optimizer), one flat fp32 partition per group; in fp32 without ZeRO, the
+  parameters themselves. torch's fused AdamW is a fused multi-tensor kernel over them as FusedAdam is, needs no JIT
+  build (nvcc and ninja on every node), supports amsgrad, and, in fp32 without ZeRO, is an optimizer
+  megatron.checkpoint_resharding can refill (it takes torch's and this module's only). There, and on CPU, `adam` is
+  torch.optim.AdamW(fused=True).
+* amsgrad: FusedAdam has none, so torch's fused AdamW (hence the unfused 16-bit wrapper without ZeRO);
+  bias_correction: false exists only in DeepSpeed's Adam, so FusedAdam on CUDA (an error on CPU).
+* When FusedAdam cannot be built (no nvcc / ninja, a compiler error), the optimizer is torch's fused AdamW and one
+  warning says why. FusedAdam is built with a TORCH_CUDA_ARCH_LIST DeepSpeed can parse
+  (megatron.deepspeed_ops). A build that fails on some ranks only would give the ranks different 16-bit wrappers;
+  a build failure is normally the machine's, the same everywhere.
+
+Not yet measured on a GPU (issue 29): the step time of FusedAdam under FP16_Optimizer against torch's fused AdamW
+under FP16_UnfusedOptimizer, bf16 without ZeRO, on the same GPU. The rule above follows from what DeepSpeed does
+with each, not from a timing."""
+
+import logging
 import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torch import nn
+
+_log = logging.getLogger(__name__)
 
 NO_DECAY_FLAG = "_no_weight_decay"
 """Set this attribute to True on a parameter to exclude it from weight decay."""
@@ -298,14 +328,64 @@ def _optimizer_params(neox_args: Any, kind: str) -> Dict[str, Any]:
     return params
 
 
-def _on_cuda(groups: List[Dict[str, Any]]) -> bool:
+def parameters_device_type(groups: List[Dict[str, Any]]) -> str:
+    """The device type ("cpu", "cuda", ...) all the groups' parameters are on; "cpu" for no parameters."""
     devices = {p.device.type for g in groups for p in g["params"]}
-    if devices == {"cpu"} or not devices:
+    if len(devices) > 1:
+        raise ValueError(f"the model's parameters are on several device types {sorted(devices)}; move the model to "
+                         f"one device before building the optimizer")
+    return devices.pop() if devices else "cpu"
+
+
+TORCH_FUSED_ADAM = "torch.optim.AdamW(fused=True)"
+DEEPSPEED_FUSED_ADAM = "deepspeed.ops.adam.FusedAdam"
+
+
+def deepspeed_fuses_16bit_wrapper_only_for_fused_adam(neox_args: Any) -> bool:
+    """Whether DeepSpeed 0.19 wraps the optimizer in its flat FP16_Optimizer only when it is FusedAdam (any other:
+    FP16_UnfusedOptimizer): without ZeRO, in fp16, or in bf16 outside the pipeline engine (whose bf16 is
+    BF16_Optimizer, flat whatever the optimizer). See the module docstring."""
+    if neox_args.zero_stage != 0:
         return False
-    if devices == {"cuda"}:
-        return True
-    raise ValueError(f"the model's parameters are on several device types {sorted(devices)}; move the model to "
-                     f"one device before building the optimizer")
+    return neox_args.precision == "fp16" or (neox_args.precision == "bfloat16" and not neox_args.is_pipe_parallel)
+
+
+def adam_implementation(neox_args: Any, device_type: str) -> str:
+    """TORCH_FUSED_ADAM or DEEPSPEED_FUSED_ADAM: what optimizer type `adam` becomes for parameters on
+    ``device_type`` (``parameters_device_type``) under this config. The rule and its reasons: the module
+    docstring ("Which Adam")."""
+    if device_type != "cuda":
+        return TORCH_FUSED_ADAM
+    params = (neox_args.optimizer or {}).get("params") or {}
+    if params.get("amsgrad"):
+        return TORCH_FUSED_ADAM
+    if params.get("bias_correction", True) is False or deepspeed_fuses_16bit_wrapper_only_for_fused_adam(neox_args):
+        return DEEPSPEED_FUSED_ADAM
+    return TORCH_FUSED_ADAM
+
+
+def _load_fused_adam_op() -> None:
+    """Build (or load the cached build of) DeepSpeed's FusedAdam CUDA op, with an arch list it can parse."""
+    from deepspeed.ops.op_builder import FusedAdamBuilder
+
+    from megatron.deepspeed_ops import arch_list_deepspeed_can_parse
+
+    with arch_list_deepspeed_can_parse():
+        FusedAdamBuilder().load()
+
+
+def _deepspeed_fused_adam(groups: List[Dict[str, Any]], params: Dict[str, Any]) -> torch.optim.Optimizer:
+    """DeepSpeed's FusedAdam; torch's fused AdamW, with one warning saying why, where its op cannot be built."""
+    try:
+        _load_fused_adam_op()  # FusedAdam's own load() below then finds it built
+    except Exception as err:  # the JIT build raises whatever its compiler, ninja or nvcc lookup raises
+        reason = f"{type(err).__name__}: {next(iter(str(err).strip().splitlines()), '')}"
+        _log.warning("DeepSpeed's FusedAdam could not be built (%s); using %s instead (without ZeRO, 16-bit "
+                     "training then gets DeepSpeed's slower FP16_UnfusedOptimizer)", reason, TORCH_FUSED_ADAM)
+        return _torch_adam(groups, params, fused=True)
+    from deepspeed.ops.adam import FusedAdam
+
+    return FusedAdam(groups, **params)
 
 
 def _torch_adam(groups: List[Dict[str, Any]], params: Dict[str, Any], fused: bool) -> torch.optim.Optimizer:
@@ -333,8 +413,9 @@ def _mup_groups(groups: List[Dict[str, Any]], kind: str, lr: float) -> List[Dict
 def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer named by neox_args.optimizer_type over `get_param_groups(model, ...)`.
 
-    Build it after the model is on its device (CPU or CUDA) and pass it to deepspeed.initialize(optimizer=...).
-    With ZeRO-Offload, DeepSpeed requires optimizer type CPU_Adam."""
+    Build it after the model is on its device and in its training dtype (what `adam` becomes depends on the
+    device: `adam_implementation`) and pass it to deepspeed.initialize(optimizer=...). With ZeRO-Offload, DeepSpeed
+    requires optimizer type CPU_Adam."""
     kind = neox_args.optimizer_type
     if kind not in ACCEPTED_PARAMS:  # OneBitAdam & co. are refused by validation (COMPRESSED_OPTIMIZERS)
         raise ValueError(f"optimizer type {kind!r} is not one of {', '.join(ACCEPTED_PARAMS)}")
@@ -357,10 +438,8 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
         raise ValueError("the model has no trainable parameters to optimize")
     groups = _mup_groups(groups, kind, params["lr"])
     if kind == "adam":
-        if _on_cuda(groups):
-            from deepspeed.ops.adam import FusedAdam
-
-            return FusedAdam(groups, **params)
+        if adam_implementation(neox_args, parameters_device_type(groups)) == DEEPSPEED_FUSED_ADAM:
+            return _deepspeed_fused_adam(groups, params)
         return _torch_adam(groups, params, fused=True)
     if kind == "cpu_torch_adam":
         return _torch_adam(groups, params, fused=False)

@@ -128,6 +128,7 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     loss_fn = preference_loss(neox_args, ctx.parallel_state.get_model_parallel_group())
     if loss_fn is not None:  # DPO / KTO: the model's own loss (the LM loss, or a reward model's) is replaced
         model.loss_fn = loss_fn
+    _place_as_deepspeed_will(model, neox_args, ctx)
     optimizer = build_optimizer(neox_args, model)
     if neox_args.is_pipe_parallel and neox_args.zero_stage in (1, 2):
         _check_stage_param_groups(optimizer, ctx.parallel_state)
@@ -162,6 +163,42 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
     return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
+
+
+TRAINING_DTYPES = {"fp16": torch.float16, "bfloat16": torch.bfloat16}
+"""neox_args.precision -> the dtype DeepSpeed casts the parameters to (fp32: none)."""
+
+CASTABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The parameter dtypes DeepSpeed 0.19 casts to the training dtype (runtime/engine.py CASTABLE_DTYPES)."""
+
+
+def _place_as_deepspeed_will(model: torch.nn.Module, neox_args, ctx: RunContext) -> None:
+    """Cast the parameters to the 16-bit training dtype and move the model to ctx.device, as deepspeed.initialize
+    does (engine._configure_distributed_model: the floating-point parameters cast, the buffers left as they are,
+    then module.to(device)), but before the optimizer is built: megatron.optimizers chooses and builds it for the
+    parameters as they will train (DeepSpeed's FusedAdam on CUDA where that gives the flat 16-bit optimizer). The
+    parameter objects stay the same (their data is replaced), as under DeepSpeed's own cast, so the attributes set on
+    them (muP shapes, expert and no-decay flags) stay, and DeepSpeed's cast and move then find nothing to do.
+
+    Under ZeRO-3 with context parallelism the model is cast but stays on the host: deepspeed.zero.Init
+    (_partition_over_data_and_context) moves it to the device one parameter's partition at a time, so the whole
+    model never has to fit on one device. DeepSpeed's accelerator must be the device the project trains on, or
+    the engine would move the model to the other one: a RuntimeError says so before anything is built."""
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator().device_name()
+    if accelerator != ctx.device.type:
+        raise RuntimeError(
+            f"DeepSpeed's accelerator is {accelerator!r} (DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')!r}) but "
+            f"this worker trains on {ctx.device}: unset DS_ACCELERATOR to let DeepSpeed use the GPU, or hide the "
+            f"GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU")
+    dtype = TRAINING_DTYPES.get(neox_args.precision)
+    if dtype is not None:
+        for param in model.parameters():
+            if param.dtype in CASTABLE_DTYPES and param.dtype != dtype:
+                param.data = param.data.to(dtype)
+    if not (neox_args.zero_stage == 3 and neox_args.context_parallel_size > 1):
+        model.to(ctx.device)
 
 
 def _check_stage_param_groups(optimizer: torch.optim.Optimizer, ps) -> None:

@@ -1,10 +1,12 @@
-"""Suite-wide pytest setup: GPU tests skip where CUDA is absent; CPU threads are capped so that
-parallel processes on a 2-core machine do not oversubscribe it."""
+"""Suite-wide pytest setup: DeepSpeed's CPU accelerator where CUDA is absent (tests.accelerator), GPU tests skip
+there; CPU threads are capped so that parallel processes on a 2-core machine do not oversubscribe it."""
 import os
 
 import pytest
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
+from tests.accelerator import deepspeed_accelerator_env
+
+os.environ.update(deepspeed_accelerator_env())
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 

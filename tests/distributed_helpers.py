@@ -10,10 +10,10 @@ Usage from a test::
 
     results = run_distributed(_body, world_size=2, args=(3,))   # one return value per rank
 
-Each worker gets a fresh ``spawn`` interpreter with OMP_NUM_THREADS=1, DS_ACCELERATOR=cpu and the usual
-RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT variables, joins a gloo world on a free port, runs the
-function, then barriers and destroys the world (a worker exiting right after a collective can abort
-otherwise). Failures and hangs raise AssertionError with the traceback of every failing rank.
+Each worker gets a fresh ``spawn`` interpreter with OMP_NUM_THREADS=1, DeepSpeed's CPU accelerator only where
+there is no CUDA (tests.accelerator) and the usual RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT variables, joins a
+gloo world on a free port, runs the function, then barriers and destroys the world (a worker exiting right after a
+collective can abort otherwise). Failures and hangs raise AssertionError with the traceback of every failing rank.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 _DEFAULT_TIMEOUT_S = 240.0
 
 
+from tests.accelerator import deepspeed_accelerator_env  # noqa: E402
 from tests.e2e.launch import free_port  # noqa: E402  (one way to pick a port, see its docstring)
 
 
@@ -45,7 +46,7 @@ def _worker(
     os.environ.update(
         {
             "OMP_NUM_THREADS": "1",
-            "DS_ACCELERATOR": "cpu",
+            **deepspeed_accelerator_env(),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "RANK": str(rank),

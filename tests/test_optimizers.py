@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from megatron.optimizers import MADGRAD, SM3, Lion, build_optimizer, get_param_groups
+from megatron.optimizers import (DEEPSPEED_FUSED_ADAM, MADGRAD, SM3, TORCH_FUSED_ADAM, Lion, adam_implementation,
+                                 build_optimizer, get_param_groups, parameters_device_type)
 from tests.neox_arguments.helpers import tiny
 
 
@@ -220,15 +221,68 @@ def test_cpu_adam_matches_torch_adamw():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+ADAM_CHOICES = [  # (config overrides, optimizer params, device type, what `adam` becomes)
+    (dict(bf16={"enabled": True}), {}, "cuda", DEEPSPEED_FUSED_ADAM),  # ZeRO 0: DeepSpeed's flat FP16_Optimizer
+    (dict(precision="fp16"), {}, "cuda", DEEPSPEED_FUSED_ADAM),
+    (dict(precision="fp16", pipe_parallel_size=1), {}, "cuda", DEEPSPEED_FUSED_ADAM),
+    (dict(bf16={"enabled": True}, pipe_parallel_size=1), {}, "cuda", TORCH_FUSED_ADAM),  # BF16_Optimizer, flat
+    (dict(bf16={"enabled": True}, zero_optimization={"stage": 1}), {}, "cuda", TORCH_FUSED_ADAM),  # ZeRO: flat
+    (dict(precision="fp16", zero_optimization={"stage": 3}), {}, "cuda", TORCH_FUSED_ADAM),
+    ({}, {}, "cuda", TORCH_FUSED_ADAM),  # fp32 without ZeRO: no wrapper
+    ({}, dict(bias_correction=False), "cuda", DEEPSPEED_FUSED_ADAM),  # only DeepSpeed's Adam has it
+    (dict(bf16={"enabled": True}), dict(amsgrad=True), "cuda", TORCH_FUSED_ADAM),  # FusedAdam has no AMSGrad
+    (dict(bf16={"enabled": True}), {}, "cpu", TORCH_FUSED_ADAM),
+]
+
+
+@pytest.mark.parametrize("overrides, params, device_type, expected", ADAM_CHOICES)
+def test_adam_is_deepspeed_fused_adam_on_cuda_where_deepspeed_fuses_its_16bit_wrapper_only_for_it(
+        overrides, params, device_type, expected):
+    args = tiny(optimizer={"type": "Adam", "params": {"lr": 0.01, **params}}, **overrides)
+    assert adam_implementation(args, device_type) == expected
+
+
+def test_a_cuda_model_whose_fused_adam_cannot_be_built_gets_torch_fused_adamw_and_one_warning(monkeypatch, caplog):
+    """The choice for a CUDA-placed model through build_optimizer (the parameters' device read as CUDA); the JIT
+    build failing (no nvcc here) falls back to torch's fused AdamW over the same groups, saying why in one line."""
+    import megatron.optimizers as optimizers
+
+    def no_nvcc() -> None:
+        raise RuntimeError("Unable to JIT load the fused_adam op due to ninja not being installed.\nmore detail")
+
+    monkeypatch.setattr(optimizers, "parameters_device_type", lambda groups: "cuda")
+    monkeypatch.setattr(optimizers, "_load_fused_adam_op", no_nvcc)
+    model = Toy()
+    with caplog.at_level("WARNING", logger="megatron.optimizers"):
+        opt = build_optimizer(tiny(optimizer={"type": "Adam", "params": {"lr": 0.01}}, weight_decay=0.1,
+                                   bf16={"enabled": True}), model)
+    assert type(opt) is torch.optim.AdamW and opt.defaults["fused"] is True
+    assert sum(len(g["params"]) for g in opt.param_groups) == 7
+    assert [r.getMessage() for r in caplog.records] == [
+        "DeepSpeed's FusedAdam could not be built (RuntimeError: Unable to JIT load the fused_adam op due to ninja "
+        "not being installed.); using torch.optim.AdamW(fused=True) instead (without ZeRO, 16-bit training then "
+        "gets DeepSpeed's slower FP16_UnfusedOptimizer)"]
+
+
+def test_parameters_on_several_device_types_are_refused():
+    model = Toy()
+    model.special = nn.Parameter(torch.zeros(4, device="meta"))
+    with pytest.raises(ValueError, match=r"several device types \['cpu', 'meta'\]"):
+        parameters_device_type(get_param_groups(model, 0.1))
+    assert parameters_device_type(get_param_groups(Toy(), 0.1)) == "cpu"
+
+
 @pytest.mark.gpu
-def test_adam_on_cuda_is_deepspeed_fused_adam_matching_torch():
+def test_adam_on_cuda_in_bf16_without_zero_is_deepspeed_fused_adam_matching_torch():
+    """Builds DeepSpeed's FusedAdam op (JIT, nvcc; TORCH_CUDA_ARCH_LIST entries such as 9.0a made parsable)."""
     from deepspeed.ops.adam import FusedAdam
 
     torch.manual_seed(0)
     models = [nn.Linear(16, 8).cuda(), nn.Linear(16, 8).cuda()]
     models[1].load_state_dict(models[0].state_dict())
     opts = [
-        build_optimizer(_args("Adam", betas=[0.9, 0.95]), models[0]),
+        build_optimizer(tiny(optimizer={"type": "Adam", "params": {"lr": 0.01, "betas": [0.9, 0.95]}},
+                             weight_decay=0.1, bf16={"enabled": True}), models[0]),
         torch.optim.AdamW(get_param_groups(models[1], 0.1), lr=0.01, betas=(0.9, 0.95)),
     ]
     assert isinstance(opts[0], FusedAdam)

@@ -4,6 +4,7 @@ import socket
 import subprocess
 import sys
 
+from tests.accelerator import deepspeed_accelerator_env
 from tests.e2e.launch import REPO
 
 SCRIPT = """
@@ -21,7 +22,7 @@ logger.warning("from deepspeed")
 
 def test_each_rank_writes_its_own_stdout_and_stderr_files(tmp_path):
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "logs")], cwd=REPO, capture_output=True,
-                            text=True, timeout=120, env={"PYTHONPATH": REPO, "DS_ACCELERATOR": "cpu", "PATH": ""})
+                            text=True, timeout=120, env={"PYTHONPATH": REPO, "PATH": "", **deepspeed_accelerator_env()})
     assert result.returncode == 0, result.stderr
     stem = tmp_path / "logs" / f"{socket.gethostname()}_rank3"
     out = (stem.parent / f"{stem.name}_stdout.txt").read_text()

@@ -265,3 +265,26 @@ def test_a_batch_ramp_steps_on_the_mean_gradient_of_each_steps_samples():
     for got, want, left, evaluated in (pipeline for _, pipeline in ranks):
         assert (left, evaluated) == (0, 3) and len(set(want)) == len(want)
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
+
+
+def test_the_model_is_cast_and_placed_as_deepspeed_will_before_the_optimizer_is_built():
+    """bf16: the floating-point parameters become bf16 in place (the same objects, their flags kept; what
+    megatron.optimizers picks depends on them), buffers keep their dtype (as DeepSpeed leaves them); a DeepSpeed
+    accelerator other than the training device is refused before anything is built."""
+    from types import SimpleNamespace
+
+    from deepspeed.accelerator import get_accelerator
+
+    from megatron.training import _place_as_deepspeed_will
+
+    here = get_accelerator().device_name()  # the CPU here, CUDA on a GPU machine (tests.accelerator)
+    model = torch.nn.Linear(4, 4)
+    model.weight._no_weight_decay = True
+    model.register_buffer("table", torch.arange(4.0))
+    weight = model.weight
+    args = tiny(bf16={"enabled": True})
+    _place_as_deepspeed_will(model, args, SimpleNamespace(device=torch.device(here)))
+    assert model.weight is weight and weight._no_weight_decay and weight.dtype == torch.bfloat16
+    assert weight.device.type == here and model.bias.dtype == torch.bfloat16 and model.table.dtype == torch.float32
+    with pytest.raises(RuntimeError, match=f"DeepSpeed's accelerator is '{here}'.*trains on meta.*DS_ACCELERATOR"):
+        _place_as_deepspeed_will(model, args, SimpleNamespace(device=torch.device("meta")))

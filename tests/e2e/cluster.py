@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from tests.accelerator import deepspeed_accelerator_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOSTS = ("127.0.0.2", "127.0.0.3")
 SLURM_NODES = ("n1", "n2")
@@ -109,7 +111,7 @@ class Cluster:
         self.env.update({
             "PATH": f"{self.bin}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
+            **deepspeed_accelerator_env(), "OMP_NUM_THREADS": "1",
             # the namespace has only lo: gloo would look for the address the host name resolves to
             "GLOO_SOCKET_IFNAME": "lo",
             # Open MPI: mpirun as root, and its daemons' own connections over lo (by default it skips loopback)

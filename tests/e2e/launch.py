@@ -7,6 +7,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional
 
+from tests.accelerator import deepspeed_accelerator_env
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -29,7 +31,7 @@ def free_port() -> int:
 
 def deepy_environment(extra_env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", **(extra_env or {})}
+            **deepspeed_accelerator_env(), "OMP_NUM_THREADS": "1", **(extra_env or {})}
 
 
 def run_deepy(args: List[str], extra_env: Optional[Dict[str, str]] = None, timeout: int = 600):

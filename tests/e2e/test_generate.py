@@ -11,7 +11,7 @@ from typing import Dict, List
 import pytest
 import yaml
 
-from tests.e2e.launch import REPO, free_port, run_deepy
+from tests.e2e.launch import REPO, deepy_environment, free_port, run_deepy
 from tests.e2e.training_run import TrainingRun, build_tiny_corpus
 
 pytestmark = pytest.mark.slow
@@ -108,10 +108,9 @@ def test_interactive_reads_stdin_until_empty_line(trained, tmp_path):
     out = tmp_path / "interactive.jsonl"
     path.write_text(yaml.safe_dump({**trained, "text_gen_type": "interactive", "maximum_tokens": 6,
                                     "temperature": 0.0, "num_gpus": 1, "sample_output_file": str(out)}))
-    env = {**os.environ, "PYTHONPATH": REPO, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "deepy.py", "generate.py", str(path), "--master_port",
-                             str(free_port())], cwd=REPO, env=env, input="def main(\nclass Foo:\n\nignored\n",
-                            capture_output=True, text=True, timeout=600)
+                             str(free_port())], cwd=REPO, env=deepy_environment(),
+                            input="def main(\nclass Foo:\n\nignored\n", capture_output=True, text=True, timeout=600)
     _ok(result)
     records = _records(out)
     assert [r["context"] for r in records] == ["def main(", "class Foo:"]

@@ -25,6 +25,7 @@ import torch
 from megatron.model import build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from megatron.neox_arguments.errors import ConfigError
+from tests.accelerator import deepspeed_accelerator_env
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits
@@ -133,7 +134,7 @@ def _worker(out_path: str) -> None:
 
 
 def _subprocess_env(**changes: str | None) -> Dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **deepspeed_accelerator_env())
     for key, value in changes.items():
         if value is None:
             env.pop(key, None)

@@ -18,10 +18,12 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, REPO)
 
+from tests.accelerator import deepspeed_accelerator_env  # noqa: E402
+
+os.environ.update(deepspeed_accelerator_env())
 import megatron.async_checkpoint as async_checkpoint  # noqa: E402
 import megatron.checkpointing as checkpointing  # noqa: E402
 import megatron.training as training  # noqa: E402
