@@ -33,7 +33,7 @@ def test_cpu_dry_run_runs_every_section(tmp_path):
                "bias_dropout_add", "swiglu", "cross_entropy"):
         assert op in files["4_kernels.txt"]
     table = files["4_kernels.txt"]
-    assert table.count(" triton ") == table.count(" torch ") == 11 and "FAILED" not in table
+    assert table.count(" triton     ") == table.count(" torch      ") == 11 and "FAILED" not in table  # impl column
     assert files["5_model_step.txt"].count("syncs/step") == 4
     assert "| (c) minimal PyTorch GPT" in files["6_training.txt"]
     assert files["0_summary.txt"].count(" ok ") == 6
