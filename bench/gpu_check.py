@@ -100,7 +100,7 @@ def plan(dry: bool) -> List[Section]:
 
     def training(size: str, budget: float) -> Step:
         return Step(f"bench/gpu_train.sh {size}", budgeted(["bash", "bench/gpu_train.sh"] + train, 10), budget,
-                    {"GPU_TRAIN_SIZES": size})
+                    {"GPU_TRAIN_SIZES": size, "PYTHON": py})
 
     return [
         Section(1, "1_env.txt", "environment", [Step("bench/gpu_env.py", lambda s: [py, "bench/gpu_env.py"],

@@ -4,7 +4,8 @@
 # (megatron/flops.py) and peak GPU memory. Run on a machine with a CUDA GPU:
 #   bash bench/gpu_train.sh                      # both sizes, 3 repeats of 10 steps each
 #   GPU_TRAIN_SIZES=125M bash bench/gpu_train.sh --repeats 1 --steps 4 --time-budget 120
-# Arguments are appended to every run (the later of two equal flags wins); GPU_TRAIN_SIZES picks the runs.
+# Arguments are appended to every run (the later of two equal flags wins); GPU_TRAIN_SIZES picks the runs,
+# PYTHON the interpreter (default: python).
 # Every table is printed even when a run fails (its row says FAILED, the reason follows the table); the
 # label of this project's row names what its 'flash' layers ran (flash-attn, or PyTorch SDPA without it).
 # The exit code is 1 when any run failed, and the last line names them.
@@ -20,9 +21,9 @@ for size in ${GPU_TRAIN_SIZES:-125M 1B}; do
         echo "GPU_TRAIN_SIZES: unknown size '$size' (known: ${!RUNS[*]})" >&2
         exit 2
     fi
-    echo "=== $size: python bench/train_throughput.py ${RUNS[$size]} $*"
+    echo "=== $size: ${PYTHON:-python} bench/train_throughput.py ${RUNS[$size]} $*"
     # shellcheck disable=SC2086  # RUNS holds space-separated flags
-    python bench/train_throughput.py ${RUNS[$size]} "$@"
+    "${PYTHON:-python}" bench/train_throughput.py ${RUNS[$size]} "$@"
     status=$?
     [[ $status -eq 0 ]] || failed+=("$size (exit $status)")
 done

@@ -128,13 +128,13 @@ def run_case(case: Case, on_gpu: bool) -> int:
     args = case.make()
     leaves = [a for a in args if torch.is_tensor(a) and a.requires_grad]
     args32 = [a.detach().float().requires_grad_() if torch.is_tensor(a) and a.requires_grad else a for a in args]
-    reference = implementations(case.op)["torch"]
-    out32 = case.call(reference, *args32)
+    impls = implementations(case.op)
+    out32 = case.call(impls["torch"], *args32)
     dy = torch.randn_like(out32).to(torch.bfloat16)  # the same (bf16-exact) upstream gradient for all
     grads32 = torch.autograd.grad(out32, [a for a in args32 if torch.is_tensor(a) and a.requires_grad],
                                   dy.float())
     base, failed = None, 0
-    for name, impl in implementations(case.op).items():
+    for name, impl in impls.items():
         label = case.label if base is None else ""
         try:
             out = case.call(impl, *args)
