@@ -13,32 +13,80 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def measure_command(cmd: Sequence[str], env: Optional[Dict[str, str]] = None, timeout: int = 3600) -> Dict:
-    """Run `cmd` in a fresh wrapper process; returns {'returncode', 'stdout', 'stderr', 'peak_rss_mb'}."""
+def measure_command(cmd: Sequence[str], env: Optional[Dict[str, str]] = None, timeout: float = 3600) -> Dict:
+    """Run `cmd` in a fresh wrapper process; returns {'returncode', 'stdout', 'stderr', 'peak_rss_mb'}. Past
+    `timeout` seconds the wrapper and everything it started are killed and TimeoutError is raised."""
     wrapper = ("import json, resource, subprocess, sys\n"
                "cmd = json.loads(sys.argv[1])\n"
                "p = subprocess.run(cmd, capture_output=True, text=True)\n"
                "peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024\n"
                "print(json.dumps({'returncode': p.returncode, 'stdout': p.stdout, 'stderr': p.stderr,"
                " 'peak_rss_mb': peak}))\n")
-    full_env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
-    out = subprocess.run([sys.executable, "-c", wrapper, json.dumps(list(cmd))], capture_output=True, text=True,
-                         env=full_env, timeout=timeout, cwd=REPO)
-    if out.returncode != 0:
-        raise RuntimeError(f"measurement wrapper failed: {out.stderr}")
-    return json.loads(out.stdout)
+    full_env = {**os.environ, "PYTHONPATH": pythonpath_with_repo(), **(env or {})}
+    process = subprocess.Popen([sys.executable, "-c", wrapper, json.dumps(list(cmd))], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(process.pid)
+        process.communicate()
+        raise TimeoutError(f"timed out after {timeout:.0f} s: {' '.join(cmd)[:200]}") from None
+    if process.returncode != 0:
+        raise RuntimeError(f"measurement wrapper failed: {stderr}")
+    return json.loads(stdout)
 
 
-def train_with_deepy(config: Dict, directory: str, name: str, port: int) -> Tuple[List[Dict], Dict]:
+def pythonpath_with_repo() -> str:
+    """The repository first, then whatever PYTHONPATH already holds (e.g. DeepSpeed installed from carried wheels
+    by bench/gpu_check.py)."""
+    return os.pathsep.join([REPO] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != REPO])
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and every process below it (a timed-out run must not keep the GPU busy). The tree is read
+    from /proc before anything is killed, so that orphans are not missed (where there is no /proc: `pid` only)."""
+    import signal
+
+    for process in [pid] + descendants(pid):
+        try:
+            os.kill(process, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def descendants(pid: int) -> List[int]:
+    """The processes below `pid` (children, theirs, ...), from the parent ids in /proc/<pid>/stat."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def train_with_deepy(config: Dict, directory: str, name: str, port: int,
+                     timeout: float = 3600) -> Tuple[List[Dict], Dict]:
     """Write `config` as <directory>/<name>.yml and train it through `deepy.py train.py` (measured by
-    measure_command); returns (the run's 'train' records of metrics.jsonl, measure_command's result). The
-    metrics file is removed, so that the next run in `directory` starts a fresh one."""
+    measure_command, killed after `timeout` seconds); returns (the run's 'train' records of metrics.jsonl,
+    measure_command's result). The metrics file is removed, so that the next run in `directory` starts a fresh
+    one."""
     import yaml
 
     path = os.path.join(directory, f"{name}.yml")
     with open(path, "w") as handle:
         yaml.safe_dump(config, handle)
-    result = measure_command([sys.executable, "deepy.py", "train.py", path, "--master_port", str(port)])
+    result = measure_command([sys.executable, "deepy.py", "train.py", path, "--master_port", str(port)],
+                             timeout=timeout)
     if result["returncode"] != 0:
         raise RuntimeError(f"{name}: deepy.py failed:\n{result['stdout'][-3000:]}\n{result['stderr'][-3000:]}")
     metrics = os.path.join(config["log_dir"], "metrics.jsonl")
@@ -56,6 +104,23 @@ def step_time_and_peak(records: List[Dict], result: Dict, warmup: int) -> Dict:
     if "gpu_max_allocated_gb" in records[-1]:
         out["peak_mb"] = records[-1]["gpu_max_allocated_gb"] * 1024
     return out
+
+
+def gpu_or_tiny(description: str, tiny_help: str, argv=None) -> bool:
+    """The --tiny flag of a GPU check (bench/gpu_check.py's sections): True to run at real sizes on the GPU, False
+    for the CPU dry run at tiny shapes (also without CUDA), which then sets TRITON_INTERPRET=1 for the Triton
+    kernels (before anything imports triton)."""
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help=tiny_help)
+    tiny = parser.parse_args(argv).tiny  # parsed first: --help and bad flags are answered on every machine
+    on_gpu = torch.cuda.is_available() and not tiny
+    if not on_gpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return on_gpu
 
 
 def last_json_line(text: str) -> Dict:

@@ -7,7 +7,9 @@ the bottom-right alignment that incremental decoding needs (query i of s sees ke
 grouped-query attention without repeating keys, ``sliding_window_width`` as ``window_size=(w, 0)`` and
 ALiBi as ``alibi_slopes`` (flash-attn's bias -slope * |i + k_len - s - j| equals our -slope * (q_pos -
 k_pos) on every visible key). Every other call (CPU, fp32, packed-document masks from
-reset_attention_mask, rpe) uses PyTorch SDPA, which computes the same attention. flash-attn soft-maxes in
+reset_attention_mask, rpe) uses PyTorch SDPA, which computes the same attention. Where flash-attn does
+not import on a CUDA machine, every 'flash' layer uses SDPA: FlashAttnUnavailableWarning says so once, and
+``flash_attention_backend()`` names what runs (benchmarks label their runs with it). flash-attn soft-maxes in
 fp32 internally, so attention_softmax_in_fp32 and apply_query_key_layer_scaling hold on this path too.
 
 (use_flashattn_swiglu does not need the package: it selects the project's Triton SwiGLU kernel, which
@@ -16,7 +18,7 @@ computes flash-attn's ``swiglu(x, y) = silu(x) * y``; see megatron.fused_kernels
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -25,16 +27,28 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
 
 
-def _import_flash_attn_func() -> Optional[Callable]:
+class FlashAttnUnavailableWarning(UserWarning):
+    """'flash' attention layers were built on a CUDA machine where flash-attn does not import: they run PyTorch
+    SDPA. Issued by FlashAttention.load at the layer's construction line, so Python shows it once per process."""
+
+
+def _import_flash_attn() -> Tuple[Optional[Callable], str]:
+    """(flash_attn_func, 'flash-attn <version>'), or (None, why flash-attn cannot be used)."""
     try:
+        import flash_attn
         from flash_attn import flash_attn_func
-    except ModuleNotFoundError:
-        return None
+    except ModuleNotFoundError as err:
+        return None, f"flash-attn is not installed ({err})"
     except ImportError as err:  # installed but broken (e.g. built for another CUDA / torch)
-        warnings.warn(f"flash-attn is installed but does not import ({err}); 'flash' attention layers use "
-                      "PyTorch SDPA instead")
-        return None
-    return flash_attn_func
+        return None, f"flash-attn is installed but does not import ({err})"
+    return flash_attn_func, f"flash-attn {getattr(flash_attn, '__version__', '(version unknown)')}"
+
+
+def flash_attention_backend() -> str:
+    """What a 'flash' layer runs for the CUDA fp16/bf16 calls flash-attn can do: 'flash-attn <version>', or
+    'PyTorch SDPA (flash-attn ...)' saying why not. Benchmarks label their runs with it."""
+    func, about = _import_flash_attn()
+    return about if func is not None else f"PyTorch SDPA ({about.split(' (')[0]})"
 
 
 class FlashAttention:
@@ -46,9 +60,17 @@ class FlashAttention:
 
     @classmethod
     def load(cls, head_dim: int) -> Optional["FlashAttention"]:
-        """The backend, or None when flash-attn is not installed (the layer then uses SDPA)."""
-        func = _import_flash_attn_func()
-        return None if func is None else cls(func, head_dim)
+        """The backend, or None when flash-attn does not import (the layer then uses SDPA; on a CUDA machine
+        FlashAttnUnavailableWarning says so, once: it is issued from the caller's line)."""
+        func, about = _import_flash_attn()
+        if func is None:
+            if torch.cuda.is_available():
+                warnings.warn(f"attention_config asks for 'flash' layers, but {about}: they run PyTorch SDPA "
+                              "instead (the same attention without flash-attn's kernels; pip install -r "
+                              "requirements/requirements-flashattention.txt for them)",
+                              FlashAttnUnavailableWarning, stacklevel=2)
+            return None
+        return cls(func, head_dim)
 
     def supports(self, q: torch.Tensor) -> bool:
         return q.is_cuda and q.dtype in HALF_DTYPES and self.head_dim <= MAX_HEAD_DIM

@@ -8,13 +8,14 @@ must then equal the model with 'global' layers (SDPA). The gpu-marked test runs 
 import math
 import sys
 import types
+import warnings
 
 import pytest
 import torch
 
 from megatron.model import build_model
 from megatron.model.batch import masks_and_position_ids
-from megatron.model.flash import FlashAttention
+from megatron.model.flash import FlashAttention, FlashAttnUnavailableWarning, flash_attention_backend
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits
@@ -153,6 +154,33 @@ def test_without_flash_attn_installed_flash_layers_use_sdpa(monkeypatch):
     assert all(layer.attention.flash is None for layer in flash_model.layers)
     inputs, _ = random_batch()
     torch.testing.assert_close(flash_model(inputs), global_model(inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_on_a_cuda_machine_without_flash_attn_the_sdpa_fallback_is_warned_once_and_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # import raises ModuleNotFoundError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's own: once per call site (catch_warnings clears the registry)
+        backends = [FlashAttention.load(64) for _layer in range(2)]  # as each 'flash' layer calls it
+    assert backends == [None, None]
+    fallback = [w for w in caught if issubclass(w.category, FlashAttnUnavailableWarning)]
+    print([str(w.message) for w in fallback])
+    assert len(fallback) == 1  # two 'flash' layers, one message
+    assert "flash-attn is not installed" in str(fallback[0].message) and "PyTorch SDPA" in str(fallback[0].message)
+    assert flash_attention_backend() == "PyTorch SDPA (flash-attn is not installed)"
+
+
+def test_without_cuda_the_missing_flash_attn_is_not_warned_about(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FlashAttnUnavailableWarning)
+        assert FlashAttention.load(64) is None  # CPU runs SDPA by design: nothing to warn about
+
+
+def test_the_backend_name_gives_the_installed_flash_attn_version(fake_flash_attn):
+    sys.modules["flash_attn"].__version__ = "2.8.3"
+    assert flash_attention_backend() == "flash-attn 2.8.3"
 
 
 def test_flash_backend_supports_only_cuda_half_precision():
