@@ -248,5 +248,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, cp_
     heads / kv heads); ``s`` = S / C tokens at ``chunk_positions(S, cp_rank, cp_size)``. Returns [b, heads, s, d]
     in q's dtype. ``kernel`` names the per-step kernel (KERNELS; by default ``choose_kernel``'s); ``explicit``
     is kernel ``explicit`` (tests compare it with the fused kernels)."""
+    if explicit and kernel not in (None, "explicit"):
+        raise ValueError(f"ring_attention: explicit=True is kernel 'explicit', not {kernel!r}; pass one of the two")
     return ring_attention_on(ProcessGroupRing(group, cp_rank, cp_size), q, k, v, scale,
                              "explicit" if explicit else kernel)
