@@ -184,6 +184,9 @@ def compile_variant(variant: Variant, capability: int) -> PtxasReport:
     signature = {name: types[name] for name in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if signature[name].startswith("*")}
+    if not hasattr(triton.knobs.nvidia, "dump_ptxas_log"):
+        raise RuntimeError(f"triton {triton.__version__} has no dump_ptxas_log knob to read ptxas' register report "
+                           f"from; run this check with the pinned triton (requirements/requirements-triton.txt)")
     triton.knobs.nvidia.dump_ptxas_log = True  # Triton prints its ptxas -v log
     triton.knobs.compilation.always_compile = True  # ... which a cache hit would skip
     log = io.StringIO()
