@@ -80,6 +80,14 @@ class PytorchOnCuda:
         return (self.pytorch if x.is_cuda else self.triton)(x, *args, **kwargs)
 
 
+def runs_triton(op: Callable[..., Any], x: torch.Tensor) -> bool:
+    """Whether ``op`` (a FusedOps field) runs its Triton kernel on ``x``: False for a flag that runs PyTorch's
+    implementation on CUDA, with a CUDA tensor. The bias fusions take the bias out of the linear layer for
+    their kernel to add; where the kernel would not run, a layer keeps the bias in the linear (one GEMM with
+    its bias, as with the flag off) instead of adding it in a separate pass."""
+    return not (isinstance(op, PytorchOnCuda) and x.is_cuda)
+
+
 def flag_implementation(name: str, triton: Callable[..., Any], pytorch: Callable[..., Any]) -> Callable[..., Any]:
     """What op ``name``'s fusion flag runs: the Triton kernel, or PyTorch's on CUDA (see CUDA_CHOICE)."""
     return triton if CUDA_CHOICE[name].runs == TRITON else PytorchOnCuda(triton, pytorch)

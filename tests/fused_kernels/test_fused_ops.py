@@ -11,7 +11,7 @@ import torch
 
 import megatron.fused_kernels as fk
 from megatron.fused_kernels import CUDA_CHOICE, KERNELS, PYTORCH, TRITON, FusedOps, flag_implementation, triton_support
-from megatron.fused_kernels.cuda_choice import PytorchOnCuda
+from megatron.fused_kernels.cuda_choice import PytorchOnCuda, runs_triton
 from tests.fused_kernels.helpers import FUSION_FLAG_DEFAULTS, flags_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,6 +55,8 @@ def test_flag_runs_the_measured_choice_on_cuda_and_triton_elsewhere():
     dispatch(SimpleNamespace(is_cuda=True), 1)
     dispatch(torch.zeros(1), 2)
     assert calls == [("pytorch", (1,)), ("triton", (2,))]
+    assert not runs_triton(dispatch, SimpleNamespace(is_cuda=True)) and runs_triton(dispatch, torch.zeros(1))
+    assert runs_triton(fk.rotary, SimpleNamespace(is_cuda=True))
 
 
 def test_kernel_candidates_give_both_implementations_and_what_the_flag_runs():
