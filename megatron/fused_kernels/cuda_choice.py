@@ -33,7 +33,10 @@ call per four elements, the bias gradient summed while dx is written) but not ye
 their flags keep running PyTorch's implementation until a GPU run shows the Triton kernel faster:
 ``bench/gpu_check.py`` times both candidates of every op
 (:func:`megatron.fused_kernels.kernel_candidates`); flip an entry below, with its numbers, where the
-Triton kernel wins.
+Triton kernel wins. For the two bias ops, also compare a model step with the flag on and off: where the
+flag runs PyTorch's implementation the layers keep the bias inside the linear's GEMM (:func:`runs_triton`),
+which the op-level PyTorch column (a separate x + bias) does not credit, so the Triton kernel must beat
+that too (it saves at most one pass over dx in the backward).
 """
 from __future__ import annotations
 
