@@ -716,6 +716,10 @@ MAMBA_STATE_SIZE = 16
 """Mamba's d_state (state channels per inner channel), fixed as in GPT-NeoX and mamba_ssm's defaults."""
 MAMBA_CONV_WIDTH = 4
 """Mamba's causal depthwise convolution width (d_conv)."""
+CAUSAL_CONV1D_CHANNEL_MULTIPLE = 8
+"""causal_conv1d's CUDA kernel (mamba_causal_conv_fusion) takes a channel-last input, the layer's [b, s, d] view,
+only when its channels d and strides are multiples of 8 ("causal_conv1d only supports channel dimension divisible
+by 8 for now")."""
 MAMBA_FUSION_FLAGS = ("mamba_selective_scan_fusion", "mamba_causal_conv_fusion", "mamba_inner_func_fusion")
 MAMBA_SETTINGS = MAMBA_FUSION_FLAGS + ("mamba_selective_fp32_params", "mamba_use_bias_in_conv",
                                        "mamba_use_bias_in_linears")
@@ -821,6 +825,13 @@ def recurrent_layer_problems(config: ModelConfig) -> List[str]:
         if config.mamba_inner % tp:
             problems.append(f"Mamba's inner width {config.mamba_inner} (intermediate_size, or expansion_factor x "
                             f"hidden_size) must be divisible by model_parallel_size={tp}")
+        elif config.mamba_causal_conv_fusion and (config.mamba_inner // tp) % CAUSAL_CONV1D_CHANNEL_MULTIPLE:
+            problems.append(
+                f"mamba_causal_conv_fusion=true needs Mamba's inner width per tensor-parallel rank to be a multiple "
+                f"of {CAUSAL_CONV1D_CHANNEL_MULTIPLE} (causal_conv1d's CUDA kernel refuses other widths for the "
+                f"layer's channel-last input); it is {config.mamba_inner} / model_parallel_size={tp} = "
+                f"{config.mamba_inner // tp}. Make intermediate_size (or expansion_factor x hidden_size) a multiple "
+                f"of {CAUSAL_CONV1D_CHANNEL_MULTIPLE * tp}, or set mamba_causal_conv_fusion to false")
         if config.mamba_inner_func_fusion and config.mamba_use_bias_in_linears:
             problems.append("mamba_inner_func_fusion=true with mamba_use_bias_in_linears=true: the fused inner "
                             "function has no in_proj / x_proj bias (GPT-NeoX refuses it too)")

@@ -1,7 +1,12 @@
 """Fused kernels, each beside its pure-PyTorch reference, chosen by the GPT-NeoX fusion flags.
 
 Use :meth:`FusedOps.from_args` to get the callables the model should call; a flag that is off
-gives the reference. Importing this package never imports triton: kernels load on first use.
+gives the reference. A flag that is on runs, on CUDA tensors, whichever of the Triton kernel and
+PyTorch's implementation a GPU measured faster (:mod:`megatron.fused_kernels.cuda_choice`, which
+lists the numbers: today PyTorch's for layer_norm, rms_norm, bias_gelu and bias_dropout_add, the
+Triton kernel for the rest), and the Triton kernel on CPU tensors (Triton's interpreter, for tests).
+:func:`kernel_candidates` gives both implementations of every op, for timing them side by side.
+Importing this package never imports triton: kernels load on first use.
 
 Layout and contracts (see each module's docstring):
 
@@ -28,6 +33,14 @@ from typing import Any, Callable
 from megatron.fused_kernels.bias_dropout_add import bias_dropout_add, bias_dropout_add_reference
 from megatron.fused_kernels.bias_gelu import bias_gelu, bias_gelu_reference
 from megatron.fused_kernels.cross_entropy import cross_entropy, cross_entropy_reference
+from megatron.fused_kernels.cuda_choice import (
+    CUDA_CHOICE,
+    PYTORCH,
+    TRITON,
+    Candidates,
+    flag_implementation,
+    runs_triton,
+)
 from megatron.fused_kernels.layer_norm import layer_norm, layer_norm_reference
 from megatron.fused_kernels.rms_norm import rms_norm, rms_norm_reference
 from megatron.fused_kernels.rotary import rotary, rotary_reference, rotary_tables
@@ -94,12 +107,29 @@ class FusedOps:
         enabled = {name for name, (flag, _, _) in KERNELS.items() if bool(getattr(flags, flag, False))}
         flags = [KERNELS[name][0] for name in KERNELS if name in enabled]
         require_triton(*flags, *([CROSS_ENTROPY_OPTION] if fused_cross_entropy else []))
-        ops = {name: (fused if name in enabled else reference) for name, (_, fused, reference) in KERNELS.items()}
-        return cls(**ops, cross_entropy=cross_entropy if fused_cross_entropy else cross_entropy_reference)
+        ops = {name: (flag_implementation(name, fused, reference) if name in enabled else reference)
+               for name, (_, fused, reference) in KERNELS.items()}
+        loss = (flag_implementation("cross_entropy", cross_entropy, cross_entropy_reference) if fused_cross_entropy
+                else cross_entropy_reference)
+        return cls(**ops, cross_entropy=loss)
+
+
+def kernel_candidates() -> tuple:
+    """Both implementations of every op (:class:`~megatron.fused_kernels.cuda_choice.Candidates`: the
+    Triton kernel, PyTorch's, and which one its flag runs on CUDA), in KERNELS' order then cross_entropy:
+    what bench/gpu_check.py times side by side."""
+    table = [(name, flag, fused, reference) for name, (flag, fused, reference) in KERNELS.items()]
+    table.append(("cross_entropy", CROSS_ENTROPY_OPTION, cross_entropy, cross_entropy_reference))
+    return tuple(Candidates(name, flag, fused, reference, CUDA_CHOICE[name].runs, CUDA_CHOICE[name].measured)
+                 for name, flag, fused, reference in table)
 
 
 __all__ = [
     "CROSS_ENTROPY_OPTION",
+    "CUDA_CHOICE",
+    "PYTORCH",
+    "TRITON",
+    "Candidates",
     "FusedOps",
     "KERNELS",
     "TRITON_REQUIREMENTS_FILE",
@@ -109,6 +139,8 @@ __all__ = [
     "bias_gelu_reference",
     "cross_entropy",
     "cross_entropy_reference",
+    "flag_implementation",
+    "kernel_candidates",
     "layer_norm",
     "layer_norm_reference",
     "require_triton",
@@ -117,6 +149,7 @@ __all__ = [
     "rotary",
     "rotary_reference",
     "rotary_tables",
+    "runs_triton",
     "scaled_masked_softmax",
     "scaled_masked_softmax_reference",
     "scaled_upper_triang_masked_softmax",

@@ -3,11 +3,14 @@
 ``bias`` may be None; otherwise shape [width], added along the last dim. With
 ``training=False`` or ``p == 0`` no element is dropped.
 
-Fused version: Triton forward and backward. The dropout mask is Philox randomness keyed by a
-seed drawn from torch's generator on x's device (so torch.manual_seed and the model-parallel
-RNG tracker govern it) and by the element index; the backward regenerates the mask from the
-seed, so neither the mask nor x + bias is stored. The mask is therefore not the one
-torch.nn.functional.dropout would draw: compare with the reference through ``keep_mask``.
+Fused version: Triton forward and backward over [rows, width] tiles. The dropout mask is Philox
+randomness keyed by a seed drawn from torch's generator on x's device (so torch.manual_seed and
+the model-parallel RNG tracker govern it) and by the element's place in its tile (one Philox call
+per four elements); the backward regenerates the mask from the seed, so neither the mask nor
+x + bias is stored, and sums dx over rows as it writes it (the bias gradient). Without dropout the
+backward runs no kernel of its own: dx is dy and the bias gradient one fp32-accumulated sum. The
+mask is not the one torch.nn.functional.dropout would draw: compare with the reference through
+``keep_mask``.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from megatron.fused_kernels.triton_support import ELEMENTWISE_BLOCK, check_device, elementwise_programs, load_kernels
+from megatron.fused_kernels.launch_config import cdiv, elementwise_blocks, partial_buffer, row_groups, sum_partials
+from megatron.fused_kernels.triton_support import check_device, load_kernels
 
 NAME = "bias_dropout_add"
 _MAX_ELEMENTS = 2**31 - 1
@@ -74,11 +78,14 @@ class FusedBiasDropoutAdd(torch.autograd.Function):
         else:
             seed = torch.zeros(1, dtype=torch.int32, device=x.device)
         scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
-        n = x.numel()
-        if n:
-            kernels.bias_dropout_add_forward[(elementwise_programs(n),)](
-                x, x if bias is None else bias, residual, y, seed, n, x.shape[-1], float(p), scale,
-                HAS_BIAS=bias is not None, DROPOUT=dropout, BLOCK=ELEMENTWISE_BLOCK,
+        width = x.shape[-1]
+        rows = x.numel() // width if width else 0
+        blocks = elementwise_blocks(width)
+        if rows:
+            kernels.bias_dropout_add_forward[(cdiv(rows, blocks.block_m), cdiv(width, blocks.block_n))](
+                x, x if bias is None else bias, residual, y, seed, rows, width, float(p), scale,
+                HAS_BIAS=bias is not None, DROPOUT=dropout, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
+                num_warps=blocks.num_warps,
             )
         ctx.save_for_backward(seed)
         ctx.dropout, ctx.p, ctx.scale = dropout, float(p), scale
@@ -90,17 +97,24 @@ class FusedBiasDropoutAdd(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         (seed,) = ctx.saved_tensors
         dy = dy.contiguous()
-        if ctx.dropout:
-            kernels = load_kernels("bias_dropout_add")
-            dx = torch.empty(dy.shape, dtype=ctx.x_dtype, device=dy.device)
-            n = dy.numel()
-            if n:
-                kernels.dropout_backward[(elementwise_programs(n),)](
-                    dy, dx, seed, n, ctx.p, ctx.scale, BLOCK=ELEMENTWISE_BLOCK
-                )
-        else:
+        width = dy.shape[-1]
+        rows = dy.numel() // width if width else 0
+        if not ctx.dropout:
             dx = dy.to(ctx.x_dtype)
-        dbias = dx.reshape(-1, dx.shape[-1]).float().sum(0).to(ctx.bias_dtype) if ctx.has_bias else None
+            dbias = dy.reshape(rows, width).sum(0, dtype=torch.float32).to(ctx.bias_dtype) if ctx.has_bias else None
+            return dx, dbias, dy.to(ctx.residual_dtype), None, None
+        kernels = load_kernels("bias_dropout_add")
+        dx = torch.empty(dy.shape, dtype=ctx.x_dtype, device=dy.device)
+        blocks = elementwise_blocks(width)
+        column_blocks = cdiv(width, blocks.block_n)
+        groups = row_groups(dy.device, rows, blocks, column_blocks)
+        db_partial = partial_buffer(groups, width, ctx.has_bias, dy.device)
+        if rows:
+            kernels.dropout_backward[(groups, column_blocks)](
+                dy, dx, seed, db_partial, rows, width, ctx.p, ctx.scale, HAS_BIAS=ctx.has_bias,
+                BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n, num_warps=blocks.num_warps,
+            )
+        dbias = sum_partials(db_partial, rows, ctx.bias_dtype)
         return dx, dbias, dy.to(ctx.residual_dtype), None, None
 
 

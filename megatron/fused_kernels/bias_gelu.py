@@ -3,8 +3,9 @@
 (what Hugging Face GPT-NeoX's "gelu" is). ``bias`` may be None (use_bias_in_mlp: false);
 otherwise it has shape [width] and is added along the last dim.
 
-Fused version: Triton forward and backward; the backward recomputes x + bias from the saved
-inputs (no intermediate is stored) and the bias gradient is the fp32 row sum of dx.
+Fused version: Triton forward and backward over [rows, width] tiles; the backward recomputes
+x + bias from the saved inputs (no intermediate is stored) and sums dx over rows in fp32 as it
+writes it (the bias gradient: per-group partials, then one small sum).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from megatron.fused_kernels.triton_support import ELEMENTWISE_BLOCK, check_device, elementwise_programs, load_kernels
+from megatron.fused_kernels.launch_config import cdiv, elementwise_blocks, partial_buffer, row_groups, sum_partials
+from megatron.fused_kernels.triton_support import check_device, load_kernels
 
 NAME = "bias_gelu"
 APPROXIMATIONS = ("tanh", "none")
@@ -42,11 +44,14 @@ class FusedBiasGelu(torch.autograd.Function):
         kernels = load_kernels("bias_gelu")
         x = x.contiguous()
         y = torch.empty_like(x)
-        n = x.numel()
-        if n:
-            kernels.bias_gelu_forward[(elementwise_programs(n),)](
-                x, x if bias is None else bias, y, n, x.shape[-1],
-                HAS_BIAS=bias is not None, EXACT=approximate == "none", BLOCK=ELEMENTWISE_BLOCK,
+        width = x.shape[-1]
+        rows = x.numel() // width if width else 0
+        blocks = elementwise_blocks(width)
+        if rows:
+            kernels.bias_gelu_forward[(cdiv(rows, blocks.block_m), cdiv(width, blocks.block_n))](
+                x, x if bias is None else bias, y, rows, width, HAS_BIAS=bias is not None,
+                EXACT=approximate == "none", BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
+                num_warps=blocks.num_warps,
             )
         ctx.save_for_backward(x, bias)
         ctx.approximate = approximate
@@ -58,13 +63,19 @@ class FusedBiasGelu(torch.autograd.Function):
         kernels = load_kernels("bias_gelu")
         dy = dy.contiguous()
         dx = torch.empty_like(x)
-        n = x.numel()
-        if n:
-            kernels.bias_gelu_backward[(elementwise_programs(n),)](
-                dy, x, x if bias is None else bias, dx, n, x.shape[-1],
-                HAS_BIAS=bias is not None, EXACT=ctx.approximate == "none", BLOCK=ELEMENTWISE_BLOCK,
+        width = x.shape[-1]
+        rows = x.numel() // width if width else 0
+        blocks = elementwise_blocks(width)
+        column_blocks = cdiv(width, blocks.block_n)
+        groups = row_groups(x.device, rows, blocks, column_blocks)
+        db_partial = partial_buffer(groups, width, bias is not None, x.device)
+        if rows:
+            kernels.bias_gelu_backward[(groups, column_blocks)](
+                dy, x, x if bias is None else bias, dx, db_partial, rows, width, HAS_BIAS=bias is not None,
+                EXACT=ctx.approximate == "none", BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
+                num_warps=blocks.num_warps,
             )
-        dbias = None if bias is None else dx.reshape(-1, x.shape[-1]).float().sum(0).to(bias.dtype)
+        dbias = sum_partials(db_partial, rows, None if bias is None else bias.dtype)
         return dx, dbias, None
 
 

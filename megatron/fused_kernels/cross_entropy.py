@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megatron.fused_kernels.triton_support import check_device, load_kernels, next_power_of_2, row_warps
+from megatron.fused_kernels.launch_config import cross_entropy_blocks
+from megatron.fused_kernels.triton_support import check_device, load_kernels
 
 NAME = "cross_entropy"
-VOCAB_BLOCK = 4096
 
 
 def _check(logits: torch.Tensor, targets: torch.Tensor) -> None:
@@ -48,14 +48,14 @@ class FusedCrossEntropy(torch.autograd.Function):
         tokens, vocab = logits.shape
         loss = torch.empty(tokens, dtype=torch.float32, device=logits.device)
         lse = torch.empty(tokens, dtype=torch.float32, device=logits.device)
-        block = min(VOCAB_BLOCK, next_power_of_2(vocab))
+        blocks = cross_entropy_blocks(vocab)
         if tokens and vocab:
             kernels.cross_entropy_forward[(tokens,)](
                 logits, targets, loss, lse, vocab, logits.stride(0), ignore_index,
-                BLOCK=block, num_warps=row_warps(block),
+                BLOCK=blocks.block_n, num_warps=blocks.num_warps,
             )
         ctx.save_for_backward(logits, targets, lse)
-        ctx.ignore_index, ctx.block = ignore_index, block
+        ctx.ignore_index = ignore_index
         return loss
 
     @staticmethod
@@ -64,11 +64,12 @@ class FusedCrossEntropy(torch.autograd.Function):
         kernels = load_kernels("cross_entropy")
         dloss = dloss.contiguous()
         tokens, vocab = logits.shape
+        blocks = cross_entropy_blocks(vocab)
         dlogits = torch.empty((tokens, vocab), dtype=logits.dtype, device=logits.device)
         if tokens and vocab:
             kernels.cross_entropy_backward[(tokens,)](
                 logits, targets, lse, dloss, dlogits, vocab, logits.stride(0), ctx.ignore_index,
-                BLOCK=ctx.block, num_warps=row_warps(ctx.block),
+                BLOCK=blocks.block_n, num_warps=blocks.num_warps,
             )
         return dlogits, None, None
 

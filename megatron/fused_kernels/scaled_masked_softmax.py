@@ -7,7 +7,8 @@ distribution instead of NaN; hidden positions get no gradient. Computed in fp32,
 the input dtype.
 
 Fused version: a Triton forward and backward kernel (one program per row) that reads the
-mask through broadcast strides, so it is never expanded in memory.
+mask through broadcast strides, so it is never expanded in memory; rows longer than one block
+(e.g. 32k keys) take the chunked kernels (online softmax), see megatron.fused_kernels.launch_config.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Optional
 
 import torch
 
-from megatron.fused_kernels.triton_support import check_device, load_kernels, next_power_of_2, row_warps
+from megatron.fused_kernels.launch_config import softmax_blocks
+from megatron.fused_kernels.triton_support import check_device, load_kernels
 
 NAME = "scaled_masked_softmax"
 MASK_FILL_VALUE = -10000.0
@@ -57,11 +59,12 @@ class ScaledMaskedSoftmax(torch.autograd.Function):
         _, heads, seq_q, seq_k = x.shape
         mask_arg, strides = _mask_argument(expanded, y)
         rows = x.numel() // seq_k if seq_k else 0
-        block = next_power_of_2(seq_k)
+        blocks = softmax_blocks(seq_k)
+        kernel = kernels.masked_softmax_forward_chunked if blocks.chunked else kernels.masked_softmax_forward
         if rows:
-            kernels.masked_softmax_forward[(rows,)](
+            kernel[(rows,)](
                 x, mask_arg, y, float(scale), heads, seq_q, seq_k, *strides,
-                FILL=MASK_FILL_VALUE, HAS_MASK=expanded is not None, BLOCK=block, num_warps=row_warps(block),
+                FILL=MASK_FILL_VALUE, HAS_MASK=expanded is not None, BLOCK=blocks.block_n, num_warps=blocks.num_warps,
             )
         ctx.save_for_backward(y, mask)
         ctx.scale = float(scale)
@@ -77,11 +80,12 @@ class ScaledMaskedSoftmax(torch.autograd.Function):
         _, heads, seq_q, seq_k = y.shape
         mask_arg, strides = _mask_argument(expanded, y)
         rows = y.numel() // seq_k if seq_k else 0
-        block = next_power_of_2(seq_k)
+        blocks = softmax_blocks(seq_k)
+        kernel = kernels.softmax_backward_chunked if blocks.chunked else kernels.softmax_backward
         if rows:
-            kernels.softmax_backward[(rows,)](
+            kernel[(rows,)](
                 dy, y, dx, mask_arg, ctx.scale, heads, seq_q, seq_k, *strides,
-                HAS_MASK=expanded is not None, BLOCK=block, num_warps=row_warps(block),
+                HAS_MASK=expanded is not None, BLOCK=blocks.block_n, num_warps=blocks.num_warps,
             )
         return dx, None, None
 

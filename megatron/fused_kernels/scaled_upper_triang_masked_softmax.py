@@ -6,13 +6,15 @@ incremental decoding with a KV cache needs (seq_q == seq_k is the training case)
 The softmax is computed in fp32 and returned in the input dtype.
 
 Fused version: a Triton forward and backward kernel (one program per row), so the masked,
-scaled fp32 scores never exist in memory.
+scaled fp32 scores never exist in memory; rows longer than one block (e.g. 32k keys) take the
+chunked kernels (online softmax), see megatron.fused_kernels.launch_config.
 """
 from __future__ import annotations
 
 import torch
 
-from megatron.fused_kernels.triton_support import check_device, load_kernels, next_power_of_2, row_warps
+from megatron.fused_kernels.launch_config import softmax_blocks
+from megatron.fused_kernels.triton_support import check_device, load_kernels
 
 NAME = "scaled_upper_triang_masked_softmax"
 
@@ -45,11 +47,10 @@ class ScaledUpperTriangMaskedSoftmax(torch.autograd.Function):
         x = x.contiguous()
         y = torch.empty_like(x)
         rows = x.numel() // seq_k if seq_k else 0
-        block = next_power_of_2(seq_k)
+        blocks = softmax_blocks(seq_k)
+        kernel = kernels.causal_softmax_forward_chunked if blocks.chunked else kernels.causal_softmax_forward
         if rows:
-            kernels.causal_softmax_forward[(rows,)](
-                x, y, float(scale), seq_q, seq_k, BLOCK=block, num_warps=row_warps(block)
-            )
+            kernel[(rows,)](x, y, float(scale), seq_q, seq_k, BLOCK=blocks.block_n, num_warps=blocks.num_warps)
         ctx.save_for_backward(y)
         ctx.scale = float(scale)
         return y
@@ -62,11 +63,12 @@ class ScaledUpperTriangMaskedSoftmax(torch.autograd.Function):
         dx = torch.empty_like(y)
         seq_k = y.shape[-1]
         rows = y.numel() // seq_k if seq_k else 0
-        block = next_power_of_2(seq_k)
+        blocks = softmax_blocks(seq_k)
+        kernel = kernels.softmax_backward_chunked if blocks.chunked else kernels.softmax_backward
         if rows:
-            kernels.softmax_backward[(rows,)](
+            kernel[(rows,)](
                 dy, y, dx, y, ctx.scale, 1, 1, seq_k, 0, 0, 0, 0,
-                HAS_MASK=False, BLOCK=block, num_warps=row_warps(block),
+                HAS_MASK=False, BLOCK=blocks.block_n, num_warps=blocks.num_warps,
             )
         return dx, None
 

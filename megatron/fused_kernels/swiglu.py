@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megatron.fused_kernels.triton_support import ELEMENTWISE_BLOCK, check_device, elementwise_programs, load_kernels
+from megatron.fused_kernels.launch_config import ELEMENTWISE_BLOCK, elementwise_programs
+from megatron.fused_kernels.triton_support import check_device, load_kernels
 
 NAME = "swiglu"
 

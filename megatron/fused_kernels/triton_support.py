@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from types import ModuleType
+from typing import Optional
 
 import torch
 
@@ -97,18 +99,30 @@ def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def row_warps(block: int) -> int:
-    """Warps for a program that holds one row block: more warps for wider rows (fewer registers each)."""
-    if block >= 8192:
-        return 16
-    if block >= 2048:
-        return 8
-    return 4
+def compiled_kernel_report() -> list:
+    """Registers and spills of every Triton kernel this process has compiled and launched (on a GPU), as
+    dicts: kernel, constexprs, num_warps, registers, spilled (bytes). tests/fused_kernels/cuda_compile_check.py
+    checks the pinned Triton ahead of time; this reads what the GPU machine's own Triton built, from the JIT
+    caches of the kernel modules already imported (Triton's internal layout: anything unreadable is skipped)."""
+    report = []
+    prefix = "megatron.fused_kernels.triton_kernels."
+    for module_name, module in sorted(sys.modules.items()):
+        if not module_name.startswith(prefix) or module is None:
+            continue
+        for kernel_name, kernel in sorted(vars(module).items()):
+            for entry in getattr(kernel, "device_caches", {}).values():
+                for compiled in (entry[0] if isinstance(entry, tuple) and entry else {}).values():
+                    report.append(_describe_compiled(kernel_name, compiled))
+    return [row for row in report if row is not None]
 
 
-ELEMENTWISE_BLOCK = 1024
-
-
-def elementwise_programs(n: int, block: int = ELEMENTWISE_BLOCK) -> int:
-    """Number of programs covering n elements in blocks of ``block``."""
-    return (n + block - 1) // block
+def _describe_compiled(kernel_name: str, compiled) -> Optional[dict]:
+    try:
+        source = getattr(compiled, "src", None)
+        names = getattr(getattr(source, "fn", None), "arg_names", [])
+        constants = {names[key[0]] if isinstance(key, tuple) and key[0] < len(names) else str(key): value
+                     for key, value in getattr(source, "constants", {}).items()}
+        return {"kernel": kernel_name, "constexprs": constants, "num_warps": compiled.metadata.num_warps,
+                "registers": compiled.n_regs, "spilled": compiled.n_spills}
+    except (AttributeError, IndexError, TypeError):  # not yet loaded on a device, or another Triton layout
+        return None

@@ -35,7 +35,9 @@ Kernels (GPU, optional, requirements/requirements-mamba.txt): mamba_causal_conv_
 causal_conv1d's ``causal_conv1d_fn``, mamba_selective_scan_fusion mamba_ssm's ``selective_scan_fn`` and
 mamba_inner_func_fusion its ``mamba_inner_fn`` (the whole mixer after in_proj) on full forwards (training,
 prompts); decoding steps and inputs with left padding always take the PyTorch path. A flag whose package
-does not import, or that finds no CUDA device, is refused when the model is built.
+does not import, or that finds no CUDA device, is refused when the model is built; mamba_causal_conv_fusion
+with a per-rank inner width that is not a multiple of 8 (which causal_conv1d's kernel refuses for this layer's
+channel-last input) is refused when the config is read (megatron.model_config).
 
 mamba_selective_fp32_params keeps A_log and D in fp32 when the model is cast to half precision (the scan
 always reads them in fp32, as GPT-NeoX and mamba_ssm do).

@@ -5,7 +5,9 @@ fuse the up projection as [up | gate], each half split across tensor-parallel ra
 
 bias_gelu_fusion (activation 'gelu' only): the up projection's bias and the GeLU run as one fused kernel.
 It computes the exact erf GeLU (approximate='none'), the function the unfused model uses (F.gelu), not
-Megatron's tanh approximation, so fusing never changes what the model computes.
+Megatron's tanh approximation, so fusing never changes what the model computes. Where the flag runs
+PyTorch's implementation (CUDA, while that measures faster: megatron.fused_kernels.cuda_choice) the layer
+takes the unfused path, the bias inside the up projection's GEMM.
 
 use_flashattn_swiglu (activation 'swiglu' only): the fused Triton SwiGLU kernel computes silu(gate) * up,
 flash-attn's swiglu, in one pass.
@@ -17,6 +19,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from megatron.fused_kernels import runs_triton
 from megatron.model.activations import get_activation
 from megatron.model.fused import model_fused_ops
 from megatron.model_config import ModelConfig
@@ -53,7 +56,7 @@ class ParallelMLP(nn.Module):
         return self.linear2.forward_without_bias(self._inner(x))
 
     def _inner(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bias_gelu is not None:
+        if self.bias_gelu is not None and runs_triton(self.bias_gelu, x):
             return self.bias_gelu(self.linear1.forward_without_bias(x), self.linear1.bias, GELU_APPROXIMATION)
         if self.fused_swiglu is not None:
             up, gate = self.linear1(x).chunk(2, dim=-1)

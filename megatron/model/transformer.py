@@ -14,6 +14,8 @@ bias_dropout_fusion: each residual is ``bias_dropout_add(out, bias, residual, hi
 megatron.fused_kernels; the bias of the attention's dense / the MLP's linear2 is left out of the linear and
 added inside the kernel. The kernel seeds its mask from the same RNG stream as the unfused dropout, but the
 mask itself differs from F.dropout's, so only runs without dropout (or in eval) match the unfused model.
+Where the flag runs PyTorch's implementation (CUDA, while that measures faster:
+megatron.fused_kernels.cuda_choice) the layer takes the unfused path, the bias inside the linears.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from megatron.fused_kernels import runs_triton
 from megatron.model.attention import ParallelSelfAttention
 from megatron.model.checkpoint_layout import LAYER, install_hooks
 from megatron.model.fused import model_fused_ops
@@ -78,7 +81,7 @@ class ParallelTransformerLayer(nn.Module):
 
     def _forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
                  kv_cache: Optional[KVCache] = None) -> torch.Tensor:
-        if self.bias_dropout_add is not None:
+        if self.bias_dropout_add is not None and runs_triton(self.bias_dropout_add, x):
             return self._fused_residual_forward(x, attention_mask, kv_cache)
         normed = self.input_layernorm(x)
         attn = self.attention(normed, attention_mask, kv_cache)

@@ -4,24 +4,27 @@ backward equal the reference evaluated with that same mask."""
 import pytest
 import torch
 
+from megatron.fused_kernels import launch_config
 from megatron.fused_kernels.bias_dropout_add import bias_dropout_add, bias_dropout_add_reference
 from tests.fused_kernels.helpers import DTYPES, as_fp32_leaf, assert_matches, grads, randn
 
 SHAPE = (4, 6, 33)
+# (6, 1100): two column blocks, the second partial, and more row tiles than backward row groups.
+SHAPES = [SHAPE, (6, 1100)]
 
 
-def _inputs(dtype, device):
-    x = randn(*SHAPE, dtype=dtype, device=device)
-    bias = randn(SHAPE[-1], dtype=dtype, device=device, seed=2)
-    residual = randn(*SHAPE, dtype=dtype, device=device, seed=3)
-    dy = randn(*SHAPE, dtype=dtype, device=device, seed=4).detach()
+def _inputs(dtype, device, shape=SHAPE):
+    x = randn(*shape, dtype=dtype, device=device)
+    bias = randn(shape[-1], dtype=dtype, device=device, seed=2)
+    residual = randn(*shape, dtype=dtype, device=device, seed=3)
+    dy = randn(*shape, dtype=dtype, device=device, seed=4).detach()
     return x, bias, residual, dy
 
 
-def _keep_mask(seed: int, p: float, device: str) -> torch.Tensor:
+def _keep_mask(seed: int, p: float, device: str, shape=SHAPE) -> torch.Tensor:
     """The fused kernel's keep mask for this torch seed (it depends on the seed and index only)."""
     torch.manual_seed(seed)
-    probe = bias_dropout_add(torch.ones(SHAPE, device=device), None, torch.zeros(SHAPE, device=device), p)
+    probe = bias_dropout_add(torch.ones(shape, device=device), None, torch.zeros(shape, device=device), p)
     return probe != 0
 
 
@@ -35,8 +38,9 @@ def test_reference_with_keep_mask_scales_kept_values():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("p, training", [(0.0, True), (0.3, False)])
-def test_without_dropout_matches_reference(device, dtype, p, training):
-    x, bias, residual, dy = _inputs(dtype, device)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_without_dropout_matches_reference(device, dtype, p, training, shape):
+    x, bias, residual, dy = _inputs(dtype, device, shape)
     y = bias_dropout_add(x, bias, residual, p, training)
     fused_grads = grads(y, [x, bias, residual], dy)
     ref = [as_fp32_leaf(t) for t in (x, bias, residual)]
@@ -48,12 +52,13 @@ def test_without_dropout_matches_reference(device, dtype, p, training):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dropout_matches_reference_with_the_same_mask(device, dtype):
+@pytest.mark.parametrize("shape", SHAPES)
+def test_dropout_matches_reference_with_the_same_mask(device, dtype, shape):
     p = 0.25
-    keep = _keep_mask(1234, p, device)
+    keep = _keep_mask(1234, p, device, shape)
     dropped = 1.0 - keep.float().mean().item()
     assert abs(dropped - p) < 0.08, f"dropped fraction {dropped} for p={p}"
-    x, bias, residual, dy = _inputs(dtype, device)
+    x, bias, residual, dy = _inputs(dtype, device, shape)
     torch.manual_seed(1234)
     y = bias_dropout_add(x, bias, residual, p)
     fused_grads = grads(y, [x, bias, residual], dy)
@@ -69,6 +74,17 @@ def test_mask_follows_torch_seed(device):
     same = _keep_mask(7, 0.5, device), _keep_mask(7, 0.5, device)
     assert torch.equal(*same)
     assert not torch.equal(same[0], _keep_mask(8, 0.5, device))
+
+
+def test_each_element_has_its_own_draw(device):
+    """One Philox call serves four column quarters of a tile: the quarters, and the rows, must not repeat
+    each other's mask (a repeat agrees on ~100% of places, independent draws on ~50% at p = 0.5)."""
+    shape = (16, 1024)
+    quarter = launch_config.elementwise_blocks(shape[-1]).block_n // 4
+    keep = _keep_mask(3, 0.5, device, shape).cpu()
+    for other in (keep[:, quarter:2 * quarter], keep[:, 3 * quarter:4 * quarter], keep[1:, :quarter]):
+        agreement = (keep[:other.shape[0], :quarter] == other).float().mean().item()
+        assert 0.4 < agreement < 0.6, f"masks agree on {agreement:.2f} of places"
 
 
 def test_p_one_drops_everything(device):

@@ -21,10 +21,12 @@ def test_reference_tanh_is_megatron_formula():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_fused_matches_reference(device, dtype, approximate, with_bias):
-    shape = (3, 7, 45)  # 945 elements: one partial block, odd width
+@pytest.mark.parametrize("shape", [(3, 7, 45), (6, 1100)])
+def test_fused_matches_reference(device, dtype, approximate, with_bias, shape):
+    """(3, 7, 45): one partial tile, odd width; (6, 1100): two column blocks, the second partial, and
+    more row tiles than backward row groups (each group sums several tiles into the bias gradient)."""
     x = randn(*shape, dtype=dtype, device=device, scale=3.0)
-    bias = randn(45, dtype=dtype, device=device, seed=2) if with_bias else None
+    bias = randn(shape[-1], dtype=dtype, device=device, seed=2) if with_bias else None
     dy = randn(*shape, dtype=dtype, device=device, seed=1).detach()
     params = [x] + ([bias] if with_bias else [])
     y = bias_gelu(x, bias, approximate)

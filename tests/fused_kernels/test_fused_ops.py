@@ -1,15 +1,17 @@
-"""FusedOps: flags pick fused or reference ops, missing Triton is one clear error, importing the
-package does not import triton, and a small transformer block built from all fused ops gives
-the same output and gradients as the same block built from the references."""
+"""FusedOps: flags pick fused or reference ops (on CUDA the implementation measured faster), missing
+Triton is one clear error, importing the package does not import triton, and a small transformer block
+built from all fused ops gives the same output and gradients as the same block built from the references."""
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import megatron.fused_kernels as fk
-from megatron.fused_kernels import KERNELS, FusedOps, triton_support
+from megatron.fused_kernels import CUDA_CHOICE, KERNELS, PYTORCH, TRITON, FusedOps, flag_implementation, triton_support
+from megatron.fused_kernels.cuda_choice import PytorchOnCuda, runs_triton
 from tests.fused_kernels.helpers import FUSION_FLAG_DEFAULTS, flags_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,11 +33,41 @@ def test_each_flag_selects_only_its_kernel(device, name):
     flag = KERNELS[name][0]
     ops = FusedOps.from_args(flags_config(**{flag: True}))
     for other, (_, fused, reference) in KERNELS.items():
-        assert getattr(ops, other) is (fused if other == name else reference), other
+        want = flag_implementation(other, fused, reference) if other == name else reference
+        assert getattr(ops, other) == want, other
 
 
 def test_fused_cross_entropy_option(device):
-    assert FusedOps.from_args(flags_config(), fused_cross_entropy=True).cross_entropy is fk.cross_entropy
+    ops = FusedOps.from_args(flags_config(), fused_cross_entropy=True)
+    assert ops.cross_entropy == flag_implementation("cross_entropy", fk.cross_entropy, fk.cross_entropy_reference)
+
+
+def test_flag_runs_the_measured_choice_on_cuda_and_triton_elsewhere():
+    assert set(CUDA_CHOICE) == set(KERNELS) | {"cross_entropy"}
+    for name, (_, fused, reference) in KERNELS.items():
+        chosen = flag_implementation(name, fused, reference)
+        if CUDA_CHOICE[name].runs == TRITON:
+            assert chosen is fused, name
+        else:
+            assert CUDA_CHOICE[name].runs == PYTORCH and chosen == PytorchOnCuda(fused, reference), name
+    calls = []
+    dispatch = PytorchOnCuda(lambda x, *a: calls.append(("triton", a)), lambda x, *a: calls.append(("pytorch", a)))
+    dispatch(SimpleNamespace(is_cuda=True), 1)
+    dispatch(torch.zeros(1), 2)
+    assert calls == [("pytorch", (1,)), ("triton", (2,))]
+    assert not runs_triton(dispatch, SimpleNamespace(is_cuda=True)) and runs_triton(dispatch, torch.zeros(1))
+    assert runs_triton(fk.rotary, SimpleNamespace(is_cuda=True))
+
+
+def test_kernel_candidates_give_both_implementations_and_what_the_flag_runs():
+    candidates = {c.op: c for c in fk.kernel_candidates()}
+    assert list(candidates) == [*KERNELS, "cross_entropy"]
+    for name, (flag, fused, reference) in KERNELS.items():
+        c = candidates[name]
+        assert (c.flag, c.triton, c.pytorch, c.on_cuda) == (flag, fused, reference, CUDA_CHOICE[name].runs)
+        assert c.flag_runs_on_cuda() is (fused if c.on_cuda == TRITON else reference)
+        assert "Triton" in c.measured and "ms" in c.measured
+    assert candidates["cross_entropy"].triton is fk.cross_entropy
 
 
 def test_missing_triton_names_flag_and_requirements_file(monkeypatch):

@@ -1,4 +1,5 @@
-"""Fused LayerNorm matches F.layer_norm forward and backward (x, weight, bias)."""
+"""Fused LayerNorm matches F.layer_norm forward and backward (x, weight, bias), also for rows that several
+backward programs share and for rows wider than one block (the chunked kernels)."""
 import pytest
 import torch
 
@@ -15,7 +16,10 @@ def test_reference_normalises_rows():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("affine", ["weight_and_bias", "weight_only", "none"])
-@pytest.mark.parametrize("shape", [(3, 5, 24), (7, 33)])
+# (300, 24): several rows per tile, more tiles than backward programs; 5000 columns: chunked backward
+# (its column-sum kernel looping over 3 row tiles);
+# 9000: chunked forward and backward, with a partial last chunk.
+@pytest.mark.parametrize("shape", [(3, 5, 24), (7, 33), (300, 24), (9, 5000), (2, 9000)])
 def test_fused_matches_reference(device, dtype, affine, shape):
     width = shape[-1]
     x = randn(*shape, dtype=dtype, device=device, scale=3.0)

@@ -15,7 +15,7 @@ def test_reference_gives_unit_root_mean_square():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("shape", [(3, 5, 24), (6, 17)])
+@pytest.mark.parametrize("shape", [(3, 5, 24), (6, 17), (300, 24), (2, 9000)])  # see test_layer_norm
 def test_fused_matches_reference(device, dtype, with_bias, shape):
     width = shape[-1]
     x = randn(*shape, dtype=dtype, device=device, scale=2.0)

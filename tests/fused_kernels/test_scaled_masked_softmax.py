@@ -3,6 +3,7 @@ broadcast masks, fully masked rows and no mask."""
 import pytest
 import torch
 
+from megatron.fused_kernels.launch_config import softmax_blocks
 from megatron.fused_kernels.scaled_masked_softmax import scaled_masked_softmax, scaled_masked_softmax_reference
 from tests.fused_kernels.helpers import DTYPES, as_fp32_leaf, assert_matches, grads, randn
 
@@ -39,6 +40,23 @@ def test_fused_matches_reference(device, dtype, mask_shape):
     assert_matches(dx, dx_ref, dtype, "dx")
     if mask is not None:
         assert torch.all(dx.detach().cpu()[mask.expand(shape).cpu()] == 0)
+
+
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_rows_longer_than_one_block_match_reference(device, with_mask):
+    """9000 keys: the chunked kernels (online softmax over 4096-key chunks, a partial last one)."""
+    shape = (1, 2, 3, 9000)
+    assert softmax_blocks(shape[-1]).chunked
+    x = randn(*shape, dtype=torch.bfloat16, device=device, scale=4.0)
+    dy = randn(*shape, dtype=torch.bfloat16, device=device, seed=1).detach()
+    mask = _mask((1, 1, 3, 9000), device) if with_mask else None
+    y = scaled_masked_softmax(x, mask, 0.6)
+    (dx,) = grads(y, [x], dy)
+    x_ref = as_fp32_leaf(x)
+    y_ref = scaled_masked_softmax_reference(x_ref, None if mask is None else mask.cpu(), 0.6)
+    (dx_ref,) = grads(y_ref, [x_ref], dy.float().cpu())
+    assert_matches(y, y_ref, torch.bfloat16, "softmax")
+    assert_matches(dx, dx_ref, torch.bfloat16, "dx")
 
 
 def test_rejects_non_bool_and_non_broadcasting_masks(device):

@@ -185,6 +185,31 @@ def test_fused_hidden_dropout_follows_torch_rng_and_is_off_in_eval(fused_results
     torch.testing.assert_close(runs["eval"], runs["plain_eval"], rtol=1e-5, atol=1e-5)
 
 
+def test_bias_fusions_keep_the_bias_in_the_linear_where_the_flag_runs_pytorch(monkeypatch):
+    """Where a bias fusion's flag runs PyTorch's implementation (CUDA tensors, megatron.fused_kernels.cuda_choice)
+    the layers take the unfused path, bias inside the linear's GEMM, so the flag costs nothing over flag off:
+    the same logits and gradients, bit for bit, and the fused ops never called."""
+    from megatron.model import mlp, transformer
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # lets the flags build here; no kernel runs below
+    for module in (mlp, transformer):
+        monkeypatch.setattr(module, "runs_triton", lambda op, x: False)
+    plain, fused = _twins(dict(activation="gelu"), ("bias_gelu_fusion", "bias_dropout_fusion"))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a bias fusion ran where its flag runs PyTorch's implementation")
+
+    for layer in fused.layers:
+        layer.mlp.bias_gelu, layer.bias_dropout_add = never, never
+    torch.manual_seed(0)
+    want = _run(plain)
+    torch.manual_seed(0)
+    got = _run(fused)
+    torch.testing.assert_close(got["logits"], want["logits"], rtol=0, atol=0)
+    for name, grad in want["grads"].items():
+        torch.testing.assert_close(got["grads"][name], grad, rtol=0, atol=0, msg=name)
+
+
 def test_comparison_tolerance_detects_a_different_gelu():
     """The tolerances above are tight enough to tell the exact GeLU from the tanh one on these weights."""
     plain, other = _twins(dict(activation="gelu"), ())

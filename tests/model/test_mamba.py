@@ -127,6 +127,22 @@ def test_rules_of_mamba_layers():
                            sequence_parallel=True).problems())
 
 
+def test_causal_conv_fusion_needs_rank_widths_that_are_multiples_of_8():
+    """causal_conv1d's CUDA kernel refuses a channel-last input whose channels are not a multiple of 8: refused
+    when the config is read, naming the keys and the fix, only when mamba_causal_conv_fusion is on."""
+    def problems(**options):
+        return " ".join(tiny_config(attention_config=[[["mamba"], 2]], **options).problems())
+
+    message = "mamba_causal_conv_fusion=true needs Mamba's inner width per tensor-parallel rank to be a multiple of 8"
+    refused = problems(intermediate_size=44, mamba_causal_conv_fusion=True)
+    assert message in refused and "44 / model_parallel_size=1 = 44" in refused
+    assert "or set mamba_causal_conv_fusion to false" in refused
+    assert message in problems(intermediate_size=72, model_parallel_size=2, mamba_causal_conv_fusion=True)  # 36
+    assert message not in problems(intermediate_size=80, model_parallel_size=2, mamba_causal_conv_fusion=True)
+    assert message not in problems(intermediate_size=44)  # the PyTorch convolution takes any width
+    assert message not in problems(intermediate_size=44, mamba_selective_scan_fusion=True)
+
+
 def test_heads_only_constrain_attention_layers():
     """A pure-Mamba model has no heads (GPT-NeoX's mamba-1.4B keeps 12 with hidden 2048); a hybrid's attention
     layers still need them to divide hidden_size and the tensor-parallel ranks."""
