@@ -25,11 +25,11 @@ import time
 from typing import Callable, List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from megatron.model.kv_cache import KVCache
 from megatron.model_config import ModelConfig
 from megatron.mpu import gather_from_model_parallel_region
+from megatron.mpu.host_collectives import broadcast
 
 LogitsFn = Callable[..., torch.Tensor]  # (tokens, position_ids, attention_mask, kv_cache, last_only=False)
 
@@ -181,8 +181,7 @@ class PipelineRunner(ModelRunner):
             logits = logits.contiguous()
         else:
             logits = torch.empty(tokens.shape + (self.vocab,), dtype=self.dtype, device=tokens.device)
-        dist.broadcast(logits, src=self.last_stage_rank, group=self.ps.get_pipe_parallel_group())
-        return logits
+        return broadcast(logits, src=self.last_stage_rank, group=self.ps.get_pipe_parallel_group())
 
 
 def build_runner(engine, parallel_state, config: ModelConfig) -> ModelRunner:
