@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-from typing import Dict, Iterator, List, Tuple
+import warnings
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -130,11 +131,9 @@ def _shadow_call(real, shadows: Dict[Tuple[int, ...], object], args, kwargs, unw
 
 
 @contextlib.contextmanager
-def emulated_cuda_world(shadows: Dict[Tuple[int, ...], object]) -> Iterator[Emulation]:
-    """Inside, CUDA tensors exist (module docstring); yields the record of collective calls and host syncs.
-    ``shadows``: a gloo group for each tuple of global ranks whose group the code inside uses (every rank creates
-    them beforehand: ``dist.new_group(ranks, backend="gloo")``)."""
-    record = Emulation()
+def _recorded_collectives(record: "Emulation", shadows: Optional[Dict[Tuple[int, ...], object]]) -> Iterator[None]:
+    """torch.distributed's collectives record their calls; with ``shadows`` they run emulated CUDA tensors there
+    (module docstring), without (a real CUDA device) they only record."""
     calls = record.calls
     saved = {}
     inside_object_collective = []  # its own tensor collectives, on the shadow group, are not the caller's
@@ -145,7 +144,8 @@ def emulated_cuda_world(shadows: Dict[Tuple[int, ...], object]) -> Iterator[Emul
                 return real(*args, **kwargs)
             tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
             calls.append((name, [t.device.type for t in tensors]))
-            if name == "barrier" or (tensors and all(isinstance(t, EmulatedCudaTensor) for t in tensors)):
+            if shadows is not None and (
+                    name == "barrier" or (tensors and all(isinstance(t, EmulatedCudaTensor) for t in tensors))):
                 return _shadow_call(real, shadows, args, kwargs)
             return real(*args, **kwargs)  # the CUDA-only group judges it
         return collective
@@ -155,11 +155,11 @@ def emulated_cuda_world(shadows: Dict[Tuple[int, ...], object]) -> Iterator[Emul
             bound = inspect.signature(real).bind(*args, **kwargs)
             device = bound.arguments.get("device") or c10d._get_object_coll_device(bound.arguments.get("group"))
             calls.append((name, [torch.device(device).type]))
-            if torch.device(device).type != "cuda":
-                return real(*args, **kwargs)  # the CUDA-only group judges it
-            bound.arguments.pop("device", None)  # the shadow group stages on the CPU
             inside_object_collective.append(name)
             try:
+                if shadows is None or torch.device(device).type != "cuda":
+                    return real(*args, **kwargs)  # the CUDA-only group judges it
+                bound.arguments.pop("device", None)  # the shadow group stages on the CPU
                 return _shadow_call(real, shadows, bound.args, bound.kwargs, unwrap=False)
             finally:
                 inside_object_collective.pop()
@@ -172,14 +172,48 @@ def emulated_cuda_world(shadows: Dict[Tuple[int, ...], object]) -> Iterator[Emul
             patched = wrap(name, real)
             setattr(c10d, name, patched)
             setattr(dist, name, patched)
+    try:
+        yield
+    finally:
+        for name, real in saved.items():
+            setattr(c10d, name, real)
+            setattr(dist, name, real)
+
+
+@contextlib.contextmanager
+def emulated_cuda_world(shadows: Dict[Tuple[int, ...], object]) -> Iterator[Emulation]:
+    """Inside, CUDA tensors exist (module docstring); yields the record of collective calls and host syncs.
+    ``shadows``: a gloo group for each tuple of global ranks whose group the code inside uses (every rank creates
+    them beforehand: ``dist.new_group(ranks, backend="gloo")``)."""
+    record = Emulation()
     lazy_init, current_device = torch.cuda._lazy_init, torch.cuda.current_device
     torch.cuda._lazy_init = lambda: None  # torch asks for CUDA before it dispatches .to("cuda")
     torch.cuda.current_device = lambda: 0
     try:
-        with EmulatedCuda(record):
+        with _recorded_collectives(record, shadows), EmulatedCuda(record):
             yield record
     finally:
         torch.cuda._lazy_init, torch.cuda.current_device = lazy_init, current_device
-        for name, real in saved.items():
-            setattr(c10d, name, real)
-            setattr(dist, name, real)
+
+
+@contextlib.contextmanager
+def real_cuda_world() -> Iterator[Emulation]:
+    """The same record on a machine with CUDA (a real CUDA-only group moves the tensors itself): collective calls,
+    and host syncs as torch.cuda.set_sync_debug_mode("warn") reports them."""
+    record = Emulation()
+    previous = torch.cuda.get_sync_debug_mode()
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        # "called a synchronizing CUDA operation"; gloo's own staging of CUDA tensors is the transport's (NCCL has
+        # none), not the caller's
+        if "synchroniz" in str(message) and "torch/distributed" not in filename.replace("\\", "/"):
+            record.host_syncs.append(f"{filename}:{lineno}: {message}")
+
+    with warnings.catch_warnings(), _recorded_collectives(record, None):
+        warnings.simplefilter("always")
+        warnings.showwarning = note
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield record
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)

@@ -133,8 +133,9 @@ def _checks(rank: int, emulation):
         marks = ("tensor_model_parallel", "allreduce")
         on_cuda = [SimpleNamespace(grad=p.grad.to(torch.device("cuda", 0)), **{k: getattr(p, k) for k in marks
                                                                                 if hasattr(p, k)}) for p in params]
+        before = len(emulation.current.host_syncs)
         norm = clip_grad_norm(on_cuda, 1.0, state)
-        syncs = list(emulation.current.host_syncs)
+        syncs = emulation.current.host_syncs[before:]
         return norm.device.type, on_cuda[0].grad.device.type, syncs, norm.item()
 
     def clipping():
@@ -194,18 +195,24 @@ def _checks(rank: int, emulation):
     return {check.__name__: check for check in checks}
 
 
-def _under_a_cuda_only_world(rank: int, world_size: int):
-    """{check: (result or None, collective calls [(name, device types)], error or None)} of this rank."""
+def _under_a_cuda_only_world(rank: int, world_size: int, emulated: bool = True):
+    """{check: (result or None, collective calls [(name, device types)], error or None)} of this rank; CUDA
+    ``emulated`` on CPU, or the real device."""
     import torch.distributed as dist
 
-    from tests.mpu.emulated_cuda import emulated_cuda_world
+    from tests.mpu.emulated_cuda import emulated_cuda_world, real_cuda_world
 
     assert dist.get_backend() == "cuda:gloo"
-    shadows = {(0, 1): dist.new_group([0, 1], backend="gloo")}
+    if emulated:
+        shadows = {(0, 1): dist.new_group([0, 1], backend="gloo")}
+        world = lambda: emulated_cuda_world(shadows)  # noqa: E731
+    else:
+        torch.cuda.set_device(0)  # both ranks on the one GPU: gloo moves CUDA tensors (NCCL would refuse)
+        world = real_cuda_world
     out = {}
     emulation = SimpleNamespace(current=None)
     for name, check in _checks(rank, emulation).items():
-        with emulated_cuda_world(shadows) as emulation.current:
+        with world() as emulation.current:
             calls = emulation.current.calls
             try:
                 out[name] = (check(), list(calls), None)
@@ -241,7 +248,16 @@ EXPECTED = {
 
 @pytest.mark.slow
 def test_host_side_helpers_hand_cuda_tensors_to_a_cuda_only_group():
-    results = run_distributed(_under_a_cuda_only_world, world_size=2, backend="cuda:gloo")
+    _assert_cuda_only(run_distributed(_under_a_cuda_only_world, world_size=2, backend="cuda:gloo"))
+
+
+@pytest.mark.gpu
+def test_host_side_helpers_hand_real_cuda_tensors_to_a_cuda_only_group():
+    """The same on a GPU, without emulation: real CUDA tensors, torch's own sync detection."""
+    _assert_cuda_only(run_distributed(_under_a_cuda_only_world, world_size=2, args=(False,), backend="cuda:gloo"))
+
+
+def _assert_cuda_only(results) -> None:
     failures = []
     for name, expected in EXPECTED.items():
         for rank, result in enumerate(results):
