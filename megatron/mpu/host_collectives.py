@@ -8,8 +8,8 @@ cpu" (the first GPU run died of exactly that after iteration 1). Every function 
 
 * puts its tensor on the group's communication device (``communication_device``): the current CUDA device for a
   group that serves CUDA only, the CPU for one that serves the CPU;
-* runs the collective through ``megatron.deepspeed_comm.collectives()`` (deepspeed.comm once it is started, so that
-  DeepSpeed's comms logger counts it beside ZeRO's; torch.distributed otherwise);
+* runs a tensor collective through ``megatron.deepspeed_comm.collectives()`` (deepspeed.comm once it is started, so
+  that DeepSpeed's comms logger counts it beside ZeRO's; torch.distributed otherwise);
 * hands the result back where the caller holds it: host values come back as CPU tensors (one device-to-host copy,
   the only host sync) or python objects; a tensor already on the group's device is reduced in place and stays
   there (no host sync).
@@ -17,7 +17,9 @@ cpu" (the first GPU run died of exactly that after iteration 1). Every function 
 Without a distributed world, or over a group of one rank, each function is the identity and sends nothing (a single
 GPU pays no copy for the per-step stop flag).
 
-Object collectives use torch's pickling ones, which under NCCL stage the bytes on the *current* CUDA device:
+Object collectives use torch.distributed's pickling ones, never deepspeed.comm's: DeepSpeed 0.19's comms logger
+(``comms_logger.prof_all``) has no bandwidth formula for all_gather_object and ends the process with exit(0) when
+it meets one, and it has no gather_object at all. Under NCCL they stage the pickles on the *current* CUDA device:
 megatron.initialize sets it to the rank's local device before the world starts.
 """
 from __future__ import annotations
@@ -142,7 +144,7 @@ def broadcast_object(obj: Any, src: int, group=None) -> Any:
     if world_size(group) == 1:
         return obj
     shared = [obj]
-    collectives().broadcast_object_list(shared, src=src, group=group, device=communication_device(group))
+    dist.broadcast_object_list(shared, src=src, group=group, device=communication_device(group))
     return shared[0]
 
 
@@ -152,18 +154,16 @@ def all_gather_object(obj: Any, group=None) -> List[Any]:
     if world == 1:
         return [obj]
     gathered: List[Any] = [None] * world
-    collectives().all_gather_object(gathered, obj, group=group)
+    dist.all_gather_object(gathered, obj, group=group)
     return gathered
 
 
 def gather_object(obj: Any, dst: int, group=None) -> Optional[List[Any]]:
-    """Every rank's picklable ``obj`` in the rank order of ``group`` on global rank ``dst``; None on the others.
-    (deepspeed.comm has no gather_object: torch.distributed's, unlogged, under DeepSpeed too.)"""
+    """Every rank's picklable ``obj`` in the rank order of ``group`` on global rank ``dst``; None on the others."""
     world = world_size(group)
     if world == 1:
         return [obj]
     rank = dist.get_rank()
     gathered: Optional[List[Any]] = [None] * world if rank == dst else None
-    gather = getattr(collectives(), "gather_object", None) or dist.gather_object
-    gather(obj, gathered, dst=dst, group=group)
+    dist.gather_object(obj, gathered, dst=dst, group=group)
     return gathered

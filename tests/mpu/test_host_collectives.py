@@ -52,6 +52,28 @@ def test_the_communication_device_follows_what_the_group_serves(monkeypatch, bac
     assert host_collectives.communication_device(group) == torch.device(device)
 
 
+def test_object_collectives_bypass_deepspeed_comm(monkeypatch):
+    """DeepSpeed 0.19's comms logger (prof_all) ends the process with exit(0) at an all_gather_object (no bandwidth
+    formula for it: tests/e2e/test_deepspeed_features.py died so): objects go through torch.distributed."""
+    dist = host_collectives.dist
+    seen = []
+
+    class NoObjectsHere:
+        def __getattr__(self, name):
+            raise AssertionError(f"{name} went through deepspeed.comm")
+
+    monkeypatch.setattr(host_collectives, "collectives", NoObjectsHere)
+    monkeypatch.setattr(host_collectives, "world_size", lambda group=None: 2)
+    monkeypatch.setattr(host_collectives, "communication_device", lambda group=None: torch.device("cpu"))
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    for name in ("broadcast_object_list", "all_gather_object", "gather_object"):
+        monkeypatch.setattr(dist, name, lambda *args, _name=name, **kwargs: seen.append(_name))
+    host_collectives.broadcast_object(1, src=0)
+    host_collectives.all_gather_object(1)
+    host_collectives.gather_object(1, dst=0)
+    assert seen == ["broadcast_object_list", "all_gather_object", "gather_object"]
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Under a CUDA-only world
 # ------------------------------------------------------------------------------------------------------------
