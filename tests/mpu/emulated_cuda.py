@@ -59,6 +59,19 @@ class EmulatedCudaTensor(torch.Tensor):
     def __repr__(self) -> str:
         return f"EmulatedCudaTensor({self.inner})"
 
+    # torch reads a scalar back under a device guard, which a CPU-only torch has not for CUDA: through .item()
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __index__(self) -> int:
+        return int(self.item())
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise RuntimeError(f"{func} on an emulated CUDA tensor outside emulated_cuda_world")
@@ -97,7 +110,9 @@ class EmulatedCuda(TorchDispatchMode):
         on_cpu = [x for x in leaves if isinstance(x, torch.Tensor) and not isinstance(x, EmulatedCudaTensor)
                   and x.dim() > 0]
         copies = func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
-        if on_cuda and (func in HOST_READS or (func is torch.ops.aten._to_copy.default and asked == "cpu")):
+        to_host = (func is torch.ops.aten._to_copy.default and asked == "cpu") or (
+            func is torch.ops.aten.copy_.default and not isinstance(args[0], EmulatedCudaTensor))
+        if on_cuda and (func in HOST_READS or to_host):
             self.record.host_syncs.append(str(func))
         if on_cuda and on_cpu and not copies:
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "

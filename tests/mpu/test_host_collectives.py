@@ -125,8 +125,10 @@ def _checks(rank: int, emulation):
 
         layer = MoELayerBase()
         layer.setup_stats(num_experts=2, layer_number=0, loss_coeff=0.1)
-        layer.load.record(torch.tensor([rank + 1.0, 1.0]), kept=2.0, aux=torch.tensor(0.5))
-        return moe_metrics(nn.ModuleList([layer]), num_layers=1, num_experts=2, loss_coeff=0.1, iterations=1)
+        cuda = torch.device("cuda", 0)  # a forward's counts on the GPU: recording them reads nothing back
+        layer.load.record(torch.tensor([rank + 1.0, 1.0]).to(cuda), kept=2.0, aux=torch.tensor(0.5).to(cuda))
+        syncs = list(emulation.current.host_syncs)
+        return syncs, moe_metrics(nn.ModuleList([layer]), num_layers=1, num_experts=2, loss_coeff=0.1, iterations=1)
 
     def _parallel_grads():
         """A tensor-parallel shard (grads rank+1), a replicated parameter (counted on rank 0), an expert shard."""
@@ -251,9 +253,9 @@ EXPECTED = {
     "tokens_per_char": [9 / 8] * 2,
     "loss_mean": [1.5] * 2,
     "agreed_problem": ["rank 0's finding"] * 2,
-    "moe_metrics": [{"moe_tokens/layer_00/expert_00": 3.0, "moe_tokens/layer_00/expert_01": 2.0,
-                     "moe_dropped/layer_00": pytest.approx(0.2), "moe_load_max/layer_00": pytest.approx(1.2),
-                     "moe_aux_loss": pytest.approx(0.05)}] * 2,
+    "moe_metrics": [([], {"moe_tokens/layer_00/expert_00": 3.0, "moe_tokens/layer_00/expert_01": 2.0,
+                          "moe_dropped/layer_00": pytest.approx(0.2), "moe_load_max/layer_00": pytest.approx(1.2),
+                          "moe_aux_loss": pytest.approx(0.05)})] * 2,
     # shared squares 2 + 18 (rank 0) and 8 (rank 1), experts 4 + 9 on both: 20 + 13 + 8 + 13 = 54
     "grad_norm": [("cpu", pytest.approx(math.sqrt(54)))] * 2,
     "no_host_sync_on_cuda": [("cuda", "cuda", [], pytest.approx(math.sqrt(54)))] * 2,

@@ -15,7 +15,7 @@ evaluation forwards are not counted.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import torch
 from torch import nn
@@ -51,15 +51,21 @@ class ExpertLoad:
         self.reset()
 
     def reset(self) -> None:
-        self.routed = torch.zeros(self.num_experts, dtype=torch.float64)
-        self.kept = 0.0
-        self.aux_sum = 0.0
+        device = self.routed.device if hasattr(self, "routed") else torch.device("cpu")
+        self.routed = torch.zeros(self.num_experts, dtype=torch.float64, device=device)
+        self.kept: Union[float, torch.Tensor] = 0.0
+        self.aux_sum: Union[float, torch.Tensor] = 0.0
         self.forwards = 0
 
-    def record(self, routed: torch.Tensor, kept: float, aux: torch.Tensor) -> None:
-        self.routed += routed.detach().to(torch.float64).cpu()
-        self.kept += float(kept)
-        self.aux_sum += float(aux.detach().float())
+    def record(self, routed: torch.Tensor, kept: Union[float, torch.Tensor], aux: torch.Tensor) -> None:
+        """Adds one forward's counts where they are (the routing's device): nothing is read back to the host
+        before moe_metrics, so a training forward on a GPU waits for none of it."""
+        routed = routed.detach().to(torch.float64)
+        if self.routed.device != routed.device:
+            self.routed = self.routed.to(routed.device)
+        self.routed += routed
+        self.kept = self.kept + (kept.detach().double() if isinstance(kept, torch.Tensor) else float(kept))
+        self.aux_sum = self.aux_sum + aux.detach().double()
         self.forwards += 1
 
 
@@ -111,8 +117,8 @@ def moe_metrics(model: nn.Module, num_layers: int, num_experts: int, loss_coeff:
     for layer in moe_layers(model):
         load = layer.load
         table[layer.layer_number, :num_experts] = load.routed
-        table[layer.layer_number, num_experts:] = torch.tensor([load.kept, load.aux_sum, float(load.forwards)],
-                                                               dtype=torch.float64)
+        table[layer.layer_number, num_experts:] = torch.tensor(
+            [float(load.kept), float(load.aux_sum), float(load.forwards)], dtype=torch.float64)  # read back here
         present.add(layer.layer_number)
         load.reset()
     table = all_reduce(table, group=group)  # on the group's device, back on the CPU
