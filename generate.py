@@ -38,7 +38,7 @@ def _rank() -> int:
 
 def _interactive_prompts(stream: IO[str]) -> Iterator[str]:
     """Lines from rank 0's standard input, shared with every rank; stops at EOF or an empty line."""
-    import torch.distributed as dist
+    from megatron.mpu.host_collectives import broadcast_object  # torch is imported by the worker only
 
     while True:
         line: Optional[str] = None
@@ -46,12 +46,10 @@ def _interactive_prompts(stream: IO[str]) -> Iterator[str]:
             print("Context prompt >>> ", end="", flush=True)
             raw = stream.readline()
             line = raw.rstrip("\r\n") if raw else ""
-        shared = [line]
-        if dist.is_initialized():
-            dist.broadcast_object_list(shared, src=0)
-        if not shared[0] or not shared[0].strip():
+        line = broadcast_object(line, src=0)
+        if not line or not line.strip():
             return
-        yield shared[0]
+        yield line
 
 
 def _file_prompts(neox_args) -> List[str]:

@@ -27,11 +27,11 @@ import time
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
 from megatron.checkpoint_files import CheckpointError
 from megatron.hashed_save import BLOCK, save_hashed
+from megatron.mpu.host_collectives import all_reduce, gather_object
 
 WRITING, DONE, FAILED = 0, 1, -1
 PACE_SHARE = 0.75
@@ -276,14 +276,13 @@ class BackgroundWriter(CheckpointEngine):
 class AsyncCheckpoints:
     """The checkpoint in flight (at most one) of a run with ``async_save``."""
 
-    def __init__(self, engine, device: torch.device, complete: Callable[[str, int, Dict[str, str]], None],
+    def __init__(self, engine, complete: Callable[[str, int, Dict[str, str]], None],
                  failure: Callable[[str, BaseException], CheckpointError]) -> None:
         """``complete(path, iteration, digests)``: rank 0's completion (checksums, COMPLETE, latest, pruning),
         ``digests`` being {file relative to path: XXH3-128} of the files every rank's writer wrote;
         ``failure(path, exc)``: the error to raise when a write failed (and the partial directory is removed)."""
         self.writer = BackgroundWriter(engine.checkpoint_engine)
         engine.checkpoint_engine = self.writer
-        self.device = device
         self._complete, self._failure = complete, failure
         self.pending: Optional[tuple] = None  # (path, iteration) written but not yet complete
         self._step_ends: Deque[float] = collections.deque(maxlen=9)  # time.monotonic() at the last polls
@@ -306,11 +305,7 @@ class AsyncCheckpoints:
 
     def _agreed(self, status: int) -> int:
         """The worst status over all ranks (FAILED < WRITING < DONE)."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return status
-        value = torch.tensor([status], dtype=torch.int32, device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
-        return int(value.item())
+        return int(all_reduce([status], op="min", dtype=torch.int32).item())
 
     def poll(self) -> bool:
         """After a step: complete the checkpoint in flight if every rank has written its files (collective while
@@ -336,13 +331,8 @@ class AsyncCheckpoints:
 
     def _gathered_digests(self, path: str) -> Tuple[bool, Dict[str, str]]:
         """(whether this is rank 0, the digests of ``path``'s files that every rank's writer wrote): collective."""
-        digests = self.writer.take_digests(path)
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return True, digests
-        rank0 = dist.get_rank() == 0
-        gathered = [None] * dist.get_world_size() if rank0 else None
-        dist.gather_object(digests, gathered, dst=0)
-        return rank0, {name: digest for part in (gathered or []) for name, digest in part.items()}
+        gathered = gather_object(self.writer.take_digests(path), dst=0)
+        return gathered is not None, {name: digest for part in (gathered or []) for name, digest in part.items()}
 
     def _finish(self, status: int) -> None:
         path, iteration = self.pending

@@ -121,8 +121,10 @@ def local_autotuner(args: NeoXArgsSchema, cuda: bool, stopped: Callable[[], bool
 def finish_experiment() -> None:
     """In a worker whose engine ended an autotuning experiment with exit(): leave the process group together
     (a gloo rank that exits right after a collective may otherwise abort)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # here: deepy.py imports this module, and the launcher imports no torch
+
+    from megatron.mpu.host_collectives import barrier
 
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        barrier()
         dist.destroy_process_group()

@@ -59,6 +59,7 @@ import torch.distributed as dist
 from megatron.checkpoint_files import CheckpointError, load_checkpoint_file  # noqa: F401 (CheckpointError: re-exported)
 from megatron.checkpoint_integrity import verification_problems, write_manifest
 from megatron.checkpoint_integrity import write_atomically as _write_atomically  # a seam tests replace
+from megatron.mpu.host_collectives import barrier, broadcast_object
 
 COMPLETE_MARKER = "COMPLETE"
 LATEST_FILE = "latest"
@@ -122,11 +123,6 @@ def tag_for(iteration: int) -> str:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def rng_states() -> Dict[str, Any]:
@@ -343,7 +339,7 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
         os.makedirs(save_dir, exist_ok=True)
         if os.path.isdir(path):  # a leftover from a crashed save of the same iteration
             shutil.rmtree(path)
-    _barrier()
+    barrier()
     client_state = {"iteration": iteration, "args": gpt_neox_client_args(neox_args.to_dict(), model_config),
                     LAYOUT_KEY: LAYOUT, **({} if neox_args.no_save_rng else gpt_neox_rng_state()),
                     RESHARD_KEY: optimizer_layout(engine), **(extra_state or {})}
@@ -365,10 +361,10 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
         raise failed_save(path, exc) from None
     if not complete:
         return path
-    _barrier()
+    barrier()
     if rank == 0:
         complete_checkpoint(path, iteration, neox_args.keep_last_n_checkpoints, only=non_persistent)
-    _barrier()
+    barrier()
     return path
 
 
@@ -459,12 +455,7 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
 
 def _verified_by_rank0(path: str) -> List[str]:
     """verification_problems of checkpoint ``path``, read once (by rank 0) and given to every rank."""
-    problems = verification_problems(path) if _rank() == 0 else []
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        shared = [problems]
-        dist.broadcast_object_list(shared, src=0)
-        problems = shared[0]
-    return problems
+    return broadcast_object(verification_problems(path) if _rank() == 0 else [], src=0)
 
 
 def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) -> Optional[Tuple[str, str]]:

@@ -16,6 +16,7 @@ import torch
 from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.model_config import ModelConfig, padded_vocab_size
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
+from megatron.mpu.host_collectives import barrier
 from megatron.zero_offload import offload_device_problems
 
 
@@ -34,7 +35,7 @@ class RunContext:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            dist.barrier()
+            barrier()
             self.parallel_state.destroy()
             dist.destroy_process_group()
 

@@ -33,6 +33,7 @@ from torch import nn
 
 from megatron.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
 from megatron.model_config import ModelConfig
+from megatron.mpu.host_collectives import all_gather_object, all_reduce
 from megatron.optional_deps import require
 
 METRICS_FILE = "metrics.jsonl"
@@ -517,13 +518,7 @@ def _partitioned_state_norms(params: List[Tuple[str, nn.Parameter]], basic: torc
             rows.setdefault(id(group), []).append((f"optimizer_state_norms/{name}/{key}", entry))
     out = {}
     for group_id, entries in rows.items():
-        sums = torch.tensor([entry for _, entry in entries], dtype=torch.float64)
-        group = groups[group_id]
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
-            on_cuda = torch.distributed.get_backend(group) == "nccl"
-            sums = sums.to(torch.device("cuda", torch.cuda.current_device()) if on_cuda else "cpu")
-            torch.distributed.all_reduce(sums, group=group)
-            sums = sums.cpu()
+        sums = all_reduce([entry for _, entry in entries], group=groups[group_id])
         for (key, _), (sum_of_squares, present) in zip(entries, sums.tolist()):
             if present:
                 out[key] = math.sqrt(sum_of_squares)
@@ -620,9 +615,7 @@ def gather_debug_sums(sums: Dict[str, List[float]], parallel_state: Any = None) 
     experts_replica = parallel_state.get_expert_data_parallel_rank() == 0  # the data-parallel rank without EP
     mine = {key: value for key, value in sums.items()
             if (experts_replica if is_expert_name(key) else replica)}
-    shares: List[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(shares, mine)
-    return shares
+    return all_gather_object(mine)
 
 
 def debug_values(neox_args: Any, shares: Iterable[Dict[str, List[float]]]) -> Dict[str, float]:

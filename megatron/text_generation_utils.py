@@ -25,12 +25,12 @@ import time
 from typing import Callable, List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 
 from megatron.model.batch import causal_only_mask
 from megatron.model.kv_cache import KVCache
 from megatron.model_config import ModelConfig
 from megatron.mpu import gather_from_model_parallel_region
+from megatron.mpu.host_collectives import broadcast
 
 LogitsFn = Callable[..., torch.Tensor]  # (tokens, position_ids, attention_mask, kv_cache, last_only=False)
 
@@ -180,8 +180,7 @@ class PipelineRunner(ModelRunner):
             logits = logits.contiguous()
         else:
             logits = torch.empty(tokens.shape + (self.vocab,), dtype=self.dtype, device=tokens.device)
-        dist.broadcast(logits, src=self.last_stage_rank, group=self.ps.get_pipe_parallel_group())
-        return logits
+        return broadcast(logits, src=self.last_stage_rank, group=self.ps.get_pipe_parallel_group())
 
 
 def build_runner(engine, parallel_state, config: ModelConfig) -> ModelRunner:

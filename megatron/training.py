@@ -11,7 +11,7 @@ import math
 import os
 import signal
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -20,9 +20,9 @@ from megatron.checkpoint_files import use_safe_loading
 from megatron.checkpointing import (CheckpointError, estimated_checkpoint_bytes, load_checkpoint, rng_states,
                                    save_checkpoint, set_rng_states, space_problem)
 from megatron.comms_logging import CommsReporter
-from megatron.deepspeed_comm import collectives
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
+from megatron.mpu.host_collectives import all_gather_object, all_reduce, broadcast_object, world_size
 from megatron.non_persistent_checkpoints import non_persistent_due
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
 
@@ -61,12 +61,11 @@ class StopRequested:
 
     def any_rank(self, deadline: Optional[float] = None) -> Tuple[bool, bool]:
         """(a signal arrived, time.time() is past `deadline`) on any rank, agreed across ranks in one
-        all-reduce so that every rank saves (a save is collective)."""
-        flags = torch.tensor([1.0 if self.signal_name else 0.0,
-                              1.0 if deadline is not None and time.time() >= deadline else 0.0])
-        if dist.is_initialized():
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0].item()), bool(flags[1].item())
+        all-reduce so that every rank saves (a save is collective; on one rank nothing is sent)."""
+        signalled, late = all_reduce([1.0 if self.signal_name else 0.0,
+                                      1.0 if deadline is not None and time.time() >= deadline else 0.0],
+                                     op="max").tolist()
+        return bool(signalled), bool(late)
 
 
 def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
@@ -207,9 +206,7 @@ def _check_stage_param_groups(optimizer: torch.optim.Optimizer, ps) -> None:
     from megatron.neox_arguments import ConfigError
     from megatron.optimizers import describe_param_groups, pipeline_group_mismatch
 
-    mine = describe_param_groups(optimizer.param_groups)
-    stages: List[Any] = [None] * ps.get_pipe_parallel_world_size()
-    dist.all_gather_object(stages, mine, group=ps.get_pipe_parallel_group())
+    stages = all_gather_object(describe_param_groups(optimizer.param_groups), group=ps.get_pipe_parallel_group())
     problem = pipeline_group_mismatch(stages)
     if problem:
         raise ConfigError([problem])
@@ -417,9 +414,11 @@ def aux_loss_scale(engine, neox_args) -> float:
 
 
 def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optimizer, debug: bool = False
-               ) -> Tuple[float, bool, Optional[float], Dict[str, float]]:
+               ) -> Tuple[float, bool, Union[torch.Tensor, float, None], Dict[str, float]]:
     """One optimizer step; returns (mean loss over the global batch, whether the step was skipped, the
-    global gradient norm before clipping, the log_* / memory_profiling values when `debug`)."""
+    global gradient norm before clipping, the log_* / memory_profiling values when `debug`). The norm is left as
+    the engine keeps it (a device tensor: reading it waits for the device, so the logger reads it only when it
+    writes a record)."""
     from megatron.logging import debug_metrics
 
     grad_norm = None
@@ -453,7 +452,7 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
         loss = torch.stack(losses).mean()
     ds_norm = engine.get_global_grad_norm()
     if ds_norm is not None:
-        grad_norm = float(ds_norm)
+        grad_norm = ds_norm
     skipped = not engine.was_step_applied()
     extras.update(objective_metrics(engine))
     return _data_parallel_mean(loss, engine), skipped, grad_norm, extras
@@ -470,17 +469,13 @@ def objective_metrics(engine) -> Dict[str, float]:
     metrics = take() if not pipelined or engine.is_last_stage() else {}
     if metrics and dist.is_initialized():
         names = sorted(metrics)
-        values = torch.tensor([metrics[n] for n in names], dtype=torch.float64)
         group = engine.grid.get_data_parallel_group() if pipelined \
             else engine.mpu.get_data_parallel_group() if getattr(engine, "mpu", None) else None
-        dist.all_reduce(values, group=group)
-        values /= dist.get_world_size(group=group)
+        values = all_reduce([metrics[n] for n in names], group=group) / world_size(group)
         metrics = dict(zip(names, values.tolist()))
     if pipelined:
-        shared = [metrics]
-        dist.broadcast_object_list(shared, src=engine.grid.stage_to_global(engine.num_stages - 1),
+        metrics = broadcast_object(metrics, src=engine.grid.stage_to_global(engine.num_stages - 1),
                                    group=engine.grid.get_pipe_parallel_group())
-        metrics = shared[0]
     return metrics
 
 
@@ -530,13 +525,13 @@ def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
     return loss, extras
 
 
-def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> Optional[float]:
+def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> torch.Tensor:
     """L2 norm of the full gradient without ZeRO (DeepSpeed reports none there): gradients are already
     averaged over data-parallel ranks; megatron.mpu.grad_norm counts tensor-parallel shards and experts split
-    over expert-parallel ranks."""
+    over expert-parallel ranks. A one-element tensor on the gradients' device (read when it is logged)."""
     from megatron.mpu.grad_norm import global_grad_norm
 
-    return float(global_grad_norm(module.parameters(), parallel_state))
+    return global_grad_norm(module.parameters(), parallel_state)
 
 
 def _data_parallel_mean(loss: torch.Tensor, engine) -> float:
@@ -546,8 +541,7 @@ def _data_parallel_mean(loss: torch.Tensor, engine) -> float:
         if getattr(engine, "is_pipe_parallel", False):
             # the pipeline engine already broadcast the loss to all stages; average over data-parallel ranks
             group = engine.grid.get_data_parallel_group()
-        collectives().all_reduce(loss, group=group)
-        loss /= dist.get_world_size(group=group)
+        loss = all_reduce(loss, group=group) / world_size(group)
     return loss.item()
 
 
@@ -574,10 +568,9 @@ class CharCounter:
 
 def tokens_per_char(tokens: int, chars: int) -> Optional[float]:
     """Tokens per character over every rank's evaluation samples (each data-parallel replica reads its own)."""
-    counts = torch.tensor([float(tokens), float(chars)], dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(counts)  # ranks that read no samples add zeros; stages that read the same add a ratio
-    return float(counts[0] / counts[1]) if counts[1] > 0 else None
+    # ranks that read no samples add zeros; stages that read the same add a ratio
+    tokens, chars = all_reduce([float(tokens), float(chars)]).tolist()
+    return tokens / chars if chars > 0 else None
 
 
 @torch.no_grad()
@@ -621,11 +614,7 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
 
 def _agreed_problem(problem: Optional[str]) -> Optional[str]:
     """Rank 0's finding, given to every rank (all stop together instead of waiting for rank 0 in a collective)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        shared = [problem]
-        dist.broadcast_object_list(shared, src=0)
-        return shared[0]
-    return problem
+    return broadcast_object(problem, src=0)
 
 
 def _claim_save_directory(neox_args):
@@ -642,14 +631,14 @@ def _claim_save_directory(neox_args):
 
 def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
     """Room for one checkpoint in `save`, checked before the first step rather than found at the first save."""
-    parameters = torch.tensor([float(sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()))])
+    mine = float(sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters()))
+    parameters = all_reduce([mine]).item()
     if dist.is_initialized():
-        dist.all_reduce(parameters)
         parameters /= ctx.parallel_state.get_data_parallel_world_size()
     weight_bytes = next(engine.module.parameters()).element_size()
     problem = None
     if not dist.is_initialized() or dist.get_rank() == 0:
-        problem = space_problem(neox_args.save, estimated_checkpoint_bytes(neox_args.save, int(parameters.item()),
+        problem = space_problem(neox_args.save, estimated_checkpoint_bytes(neox_args.save, int(parameters),
                                                                            weight_bytes))
     problem = _agreed_problem(problem)
     if problem:
@@ -674,7 +663,7 @@ def _async_checkpoints(neox_args, engine, ctx: RunContext):
     from megatron.checkpointing import complete_checkpoint, failed_save
     from megatron.non_persistent_checkpoints import in_non_persistent_dir
 
-    return AsyncCheckpoints(engine, ctx.device, failure=failed_save,
+    return AsyncCheckpoints(engine, failure=failed_save,
                             complete=lambda path, it, digests: complete_checkpoint(
                                 path, it, neox_args.keep_last_n_checkpoints,
                                 only=in_non_persistent_dir(neox_args, path), digests=digests))

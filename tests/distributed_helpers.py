@@ -42,6 +42,7 @@ def _worker(
     fn: Callable[..., Any],
     args: Sequence[Any],
     results: "mp.Queue",
+    backend: str = "gloo",
 ) -> None:
     os.environ.update(
         {
@@ -61,14 +62,15 @@ def _worker(
     torch.set_num_threads(1)
     try:
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=120),
         )
         value = fn(rank, world_size, *args)
-        dist.barrier()
+        # a CUDA-only world ("cuda:gloo") has no barrier on a machine without CUDA: a gloo group's
+        dist.barrier(group=None if backend == "gloo" else dist.new_group(backend="gloo"))
         # Plain pickle copies tensors by value; torch's queue pickler would share them through file
         # descriptors that vanish when this worker exits.
         results.put((rank, True, pickle.dumps(value)))
@@ -84,16 +86,20 @@ def run_distributed(
     world_size: int = 2,
     args: Sequence[Any] = (),
     timeout_s: float = _DEFAULT_TIMEOUT_S,
+    backend: str = "gloo",
 ) -> List[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return each rank's result.
 
-    ``fn`` and ``args`` must pickle (define ``fn`` at module level). Return values must pickle too.
+    ``fn`` and ``args`` must pickle (define ``fn`` at module level). Return values must pickle too. ``backend``:
+    the default group's; "cuda:gloo" makes it serve CUDA tensors only, as NCCL does (a CPU tensor handed to it
+    raises "No backend type associated with device type cpu").
     """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(rank, world_size, port, fn, tuple(args), results), daemon=True)
+        ctx.Process(target=_worker, args=(rank, world_size, port, fn, tuple(args), results, backend),
+                    daemon=True)
         for rank in range(world_size)
     ]
     for proc in procs:

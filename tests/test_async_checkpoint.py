@@ -101,7 +101,7 @@ def test_the_pacer_spreads_the_queued_bytes_over_the_time_given_and_hurry_lifts_
 
 
 def test_a_save_spreads_its_writes_over_the_steps_to_the_next_one(monkeypatch):
-    saves = AsyncCheckpoints(Engine(), torch.device("cpu"), complete=lambda *a: None, failure=failed_save)
+    saves = AsyncCheckpoints(Engine(), complete=lambda *a: None, failure=failed_save)
     spread = []
     monkeypatch.setattr(saves.writer.pacer, "spread", spread.append)
     saves.started("unused", 1, steps_ahead=4)
@@ -157,7 +157,7 @@ def _save(saves: AsyncCheckpoints, save_dir, iteration: int, value: float) -> st
 
 def test_the_checkpoint_is_complete_and_latest_moves_only_after_the_writes(tmp_path):
     engine = Engine()
-    saves = AsyncCheckpoints(engine, torch.device("cpu"), failure=failed_save,
+    saves = AsyncCheckpoints(engine, failure=failed_save,
                              complete=lambda path, it, digests: complete_checkpoint(path, it, 2, digests=digests))
     assert engine.checkpoint_engine is saves.writer
     gate = threading.Event()
@@ -182,7 +182,7 @@ def test_the_checkpoint_is_complete_and_latest_moves_only_after_the_writes(tmp_p
 
 
 def test_a_failed_background_write_is_an_error_and_latest_stays(tmp_path):
-    saves = AsyncCheckpoints(Engine(), torch.device("cpu"),
+    saves = AsyncCheckpoints(Engine(),
                              complete=lambda path, it, digests: complete_checkpoint(path, it, None, digests=digests),
                              failure=failed_save)
     _save(saves, tmp_path, 2, 1.0)
@@ -207,7 +207,7 @@ def test_the_writers_digests_are_the_manifests_and_a_byte_damaged_before_complet
     digest = checkpoint_integrity.file_digest
     monkeypatch.setattr(checkpoint_integrity, "file_digest",
                         lambda file, *how: read_back.append(file) or digest(file, *how))
-    saves = AsyncCheckpoints(Engine(), torch.device("cpu"), failure=failed_save,
+    saves = AsyncCheckpoints(Engine(), failure=failed_save,
                              complete=lambda path, it, digests: complete_checkpoint(path, it, None, digests=digests))
     path = _save(saves, tmp_path, 2, 1.0)
     with open(os.path.join(path, "rng_state_rank0.pt"), "wb") as handle:  # written outside the writer: read back

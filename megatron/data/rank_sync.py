@@ -11,6 +11,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from megatron.mpu.host_collectives import all_gather_object
+
 
 def _distributed() -> Any:
     try:
@@ -50,8 +52,7 @@ def build_once(
             if dist is None:
                 raise
     if dist is not None:
-        messages: list[str | None] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}", group=group)
+        messages = all_gather_object(None if error is None else f"{type(error).__name__}: {error}", group=group)
         failures = [m for m in messages if m]
         if error is not None:
             raise error

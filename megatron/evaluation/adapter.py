@@ -26,12 +26,12 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
 from megatron.model.batch import causal_only_mask
+from megatron.mpu import host_collectives
 from megatron.text_generation_utils import (
     ModelRunner,
     PipelineRunner,
@@ -192,18 +192,14 @@ class NeoXLM(TemplateLM):
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         if self._dp_group is None:
             return tensor.reshape(-1)
-        flat = tensor.reshape(-1).contiguous()
-        parts = [torch.empty_like(flat) for _ in range(self._world_size)]
-        dist.all_gather(parts, flat, group=self._dp_group)
-        return torch.cat(parts)
+        return host_collectives.all_gather(tensor.reshape(-1), group=self._dp_group)
 
     def gather_object(self, obj, dst: int = 0):
         if self._dp_group is None:
             return [obj]
-        parts = [None] * self._world_size
-        dist.all_gather_object(parts, obj, group=self._dp_group)
+        parts = host_collectives.all_gather_object(obj, group=self._dp_group)
         return parts if self._rank == dst else None
 
     def barrier(self) -> None:
         if self._dp_group is not None:
-            dist.barrier(group=self._dp_group)
+            host_collectives.barrier(group=self._dp_group)

@@ -18,8 +18,8 @@ from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from megatron.mpu.host_collectives import broadcast_object
 from megatron.optional_deps import require
 
 BOOTSTRAP_ITERS = 1000
@@ -128,13 +128,9 @@ def run_eval_tasks(neox_args, engine, ctx, iteration: int, limit: Optional[int] 
                                   fewshot_random_seed=int(neox_args.seed))
     finally:
         module.train(was_training)
-    shared = [None]
     if raw is not None:
         raw.pop("samples", None)
-        shared = [_json_safe(raw)]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(shared, src=0)
-    results = shared[0] or {}
+    results = broadcast_object(_json_safe(raw) if raw is not None else None, src=0) or {}
     results["iteration"] = int(iteration)
     results["metrics"] = flat_metrics(results)
     return results

@@ -1,5 +1,7 @@
 """Model parallelism: the parallel-state object, tensor-parallel layers, collectives, cross entropy,
-RNG streams and batch broadcast. Nothing here keeps global state; pass a ParallelState around."""
+RNG streams and batch broadcast; and megatron.mpu.host_collectives, the one home for the values that cross ranks
+outside the model (flags, counts, metrics, norms, objects: on the group's device, NCCL's or gloo's). Nothing here
+keeps global state; pass a ParallelState around."""
 from megatron.mpu.collectives import (
     copy_to_model_parallel_region,
     gather_from_model_parallel_region,

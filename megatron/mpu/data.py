@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 import torch
-import torch.distributed as dist
 
 from megatron.deepspeed_comm import collectives
+from megatron.mpu.host_collectives import communication_device
 
 
 def broadcast_data(keys: List[str], data: Optional[Dict[str, torch.Tensor]], dtype: torch.dtype,
@@ -18,8 +18,8 @@ def broadcast_data(keys: List[str], data: Optional[Dict[str, torch.Tensor]], dty
     """Return ``{key: tensor}`` on every rank of the model-parallel group, as held by its first rank.
 
     ``data`` is only read on the source rank (model-parallel rank 0); other ranks may pass ``None``.
-    Every tensor is cast to ``dtype``; results live on the CPU with gloo and on the current CUDA device
-    with NCCL.
+    Every tensor is cast to ``dtype``; results live on the group's communication device (the CPU with gloo,
+    the current CUDA device with NCCL).
     """
     world = parallel_state.get_model_parallel_world_size()
     is_src = parallel_state.get_model_parallel_rank() == 0
@@ -29,9 +29,7 @@ def broadcast_data(keys: List[str], data: Optional[Dict[str, torch.Tensor]], dty
         return {key: data[key].to(dtype) for key in keys}
     group = parallel_state.get_model_parallel_group()
     src = parallel_state.get_model_parallel_src_rank()
-    # NCCL only moves CUDA tensors; gloo moves CPU tensors.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
-        else torch.device("cpu")
+    device = communication_device(group)  # NCCL moves CUDA tensors only, gloo CPU tensors
     max_dims = 8
     sizes = torch.zeros(len(keys), max_dims, dtype=torch.long, device=device)
     if is_src:

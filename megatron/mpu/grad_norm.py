@@ -15,12 +15,11 @@ clipping (and the logged norm) would change with moe_expert_parallel_size. Here,
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, List
 
 import torch
-import torch.distributed as dist
 
-from megatron.deepspeed_comm import collectives
+from megatron.mpu.host_collectives import all_reduce
 
 
 def is_expert_parameter(param: torch.nn.Parameter) -> bool:
@@ -28,28 +27,41 @@ def is_expert_parameter(param: torch.nn.Parameter) -> bool:
     return hasattr(param, "allreduce") and not param.allreduce
 
 
+def _sum_of_squares(grads: List[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The squared L2 norm (fp32, one element) of ``grads`` together, computed on ``device`` without a host sync."""
+    if not grads:
+        return torch.zeros(1, dtype=torch.float32, device=device)
+    norms = [torch.linalg.vector_norm(g.detach(), dtype=torch.float32).to(device, non_blocking=True) for g in grads]
+    return torch.stack(norms).square().sum().reshape(1)
+
+
 def global_grad_norm(parameters: Iterable[torch.nn.Parameter], parallel_state, pipeline_group=None) -> torch.Tensor:
-    """The L2 norm (fp32, one element, on CPU) of the gradient of every parameter of the model (module docstring);
-    collective over the model-parallel (or ``pipeline_group``) and expert-parallel groups."""
-    shared, experts = torch.zeros(1), torch.zeros(1)
+    """The L2 norm (fp32, one element, on the gradients' device) of the gradient of every parameter of the model
+    (module docstring); collective over the model-parallel (or ``pipeline_group``) and expert-parallel groups, each
+    run on its group's device (megatron.mpu.host_collectives). Nothing waits for the device: read the norm when it
+    is needed (the training logger does, every log_interval steps)."""
+    shared, experts = [], []
+    device = None
     tp_rank0 = parallel_state.get_model_parallel_rank() == 0
     for param in parameters:
         if param.grad is None:
             continue
+        if device is None:
+            device = param.grad.device
         split = getattr(param, "tensor_model_parallel", False) or getattr(param, "model_parallel", False)
         if (getattr(param, "model_parallel", False) if pipeline_group is not None else split or tp_rank0):
-            square = param.grad.detach().float().pow(2).sum().cpu()
-            if is_expert_parameter(param):
-                experts += square
-            else:
-                shared += square
-    if dist.is_initialized() and parallel_state.get_expert_parallel_world_size() > 1:
-        collectives().all_reduce(experts, group=parallel_state.get_expert_parallel_group())
-    total = shared + experts
+            (experts if is_expert_parameter(param) else shared).append(param.grad)
+    if device is None:
+        device = torch.device("cpu")
+    total = _sum_of_squares(shared, device)
+    expert_squares = _sum_of_squares(experts, device)
+    if parallel_state.get_expert_parallel_world_size() > 1:
+        expert_squares = all_reduce(expert_squares, group=parallel_state.get_expert_parallel_group())
+    total = total + expert_squares
     if pipeline_group is not None:
-        collectives().all_reduce(total, group=pipeline_group)
-    elif dist.is_initialized() and parallel_state.get_model_parallel_world_size() > 1:
-        collectives().all_reduce(total, group=parallel_state.get_model_parallel_group())
+        total = all_reduce(total, group=pipeline_group)
+    elif parallel_state.get_model_parallel_world_size() > 1:
+        total = all_reduce(total, group=parallel_state.get_model_parallel_group())
     return total.sqrt()
 
 

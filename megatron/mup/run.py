@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from megatron.model_config import ModelConfig
+from megatron.mpu.host_collectives import barrier
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, set_base_shapes
 from megatron.mup.rules import MODEL_KEYS
 from megatron.mup.shapes import BaseShapesError, base_hidden_size, read_base_shapes, write_base_shapes
@@ -57,8 +58,7 @@ def save_base_shapes(neox_args, config: ModelConfig, parallel_state) -> str:
     path = neox_args.base_shapes_file
     if _global_rank() == 0:
         write_base_shapes(path, shapes)
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
+    barrier()
     return path
 
 

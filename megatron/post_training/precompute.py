@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from megatron.mpu import vocab_parallel_cross_entropy
+from megatron.mpu.host_collectives import barrier
 
 
 def precomputed_path(data_prefix: str, model_name: str) -> str:
@@ -104,6 +105,5 @@ def precompute_reference_logps(neox_args: Any, model: torch.nn.Module, ctx: Any)
             builder.finalize()
             print(f"precomputed reference log-probabilities of {prefix}: {out}.bin/.idx", flush=True)
         written.append(out)
-    if dist.is_initialized():
-        dist.barrier()
+    barrier()
     return written

@@ -23,7 +23,8 @@ import os
 from typing import Dict, Optional
 
 import torch
-import torch.distributed as dist
+
+from megatron.mpu.host_collectives import broadcast_object, gather_object
 
 REFERENCE_FILE = "dpo_reference_mp_rank_{:02d}.pt"
 
@@ -84,10 +85,8 @@ class ReferenceModel:
             if found:
                 self.model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         if self.parallel_state.get_pipe_parallel_world_size() > 1:
-            flag = [found]
-            dist.broadcast_object_list(flag, src=self.parallel_state.group_ranks("pipe")[-1],
-                                       group=self.parallel_state.get_pipe_parallel_group())
-            found = bool(flag[0])
+            found = bool(broadcast_object(found, src=self.parallel_state.group_ranks("pipe")[-1],
+                                          group=self.parallel_state.get_pipe_parallel_group()))
         return found
 
     @torch.no_grad()
@@ -123,10 +122,8 @@ def gather_pipeline_state(policy: torch.nn.Module, parallel_state) -> Optional[D
 
     mine = {GPT2ModelPipe.sequential_name(name): value.detach().cpu() for name, value in policy.state_dict().items()}
     ranks = parallel_state.group_ranks("pipe")
-    last = parallel_state.is_last_pipe_stage()
-    stages = [None] * len(ranks) if last else None
-    dist.gather_object(mine, stages, dst=ranks[-1], group=parallel_state.get_pipe_parallel_group())
-    if not last:
+    stages = gather_object(mine, dst=ranks[-1], group=parallel_state.get_pipe_parallel_group())
+    if stages is None:
         return None
     merged: Dict[str, torch.Tensor] = {}
     for stage in stages:  # in stage order: the first stage's copy of a tied weight wins

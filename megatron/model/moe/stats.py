@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Union
 
 import torch
-import torch.distributed as dist
 from torch import nn
+
+from megatron.mpu.host_collectives import all_reduce
 
 
 class AttachAuxLoss(torch.autograd.Function):
@@ -117,12 +118,11 @@ def moe_metrics(model: nn.Module, num_layers: int, num_experts: int, loss_coeff:
     for layer in moe_layers(model):
         load = layer.load
         table[layer.layer_number, :num_experts] = load.routed
-        table[layer.layer_number, num_experts:] = torch.tensor([load.kept, load.aux_sum, float(load.forwards)],
-                                                               dtype=torch.float64)
+        table[layer.layer_number, num_experts:] = torch.tensor(
+            [float(load.kept), float(load.aux_sum), float(load.forwards)], dtype=torch.float64)  # read back here
         present.add(layer.layer_number)
         load.reset()
-    if dist.is_initialized():
-        dist.all_reduce(table, group=group)
+    table = all_reduce(table, group=group)  # on the group's device, back on the CPU
     table /= max(tensor_parallel_size, 1)  # tensor-parallel ranks count the same tokens
     metrics: Dict[str, float] = {}
     aux_total = 0.0
