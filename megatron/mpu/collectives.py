@@ -224,3 +224,14 @@ def all_to_all_rows(x: torch.Tensor, send: List[int], receive: List[int], group)
     if group_size(group) == 1:
         return x
     return _AllToAllRows.apply(x, list(send), list(receive), group)
+
+
+def all_to_all_equal(x: torch.Tensor, group) -> torch.Tensor:
+    """Non-differentiable all-to-all of equal shares: the i-th of ``group_size`` equal row blocks of ``x`` goes to
+    rank i, and block i of the result came from rank i (e.g. counts that size a following ``all_to_all_rows``). It
+    runs on ``x``'s device and reads nothing back; identity for a group of one."""
+    if group_size(group) == 1:
+        return x
+    out = torch.empty_like(x)
+    collectives().all_to_all_single(out, x.contiguous(), group=group)
+    return out

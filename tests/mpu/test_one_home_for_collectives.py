@@ -23,9 +23,7 @@ COLLECTIVE = re.compile(r"^(all_reduce|all_gather|reduce_scatter|all_to_all|broa
 COMM_MODULES = ("torch.distributed", "deepspeed.comm")
 CONVENTIONAL = {"dist", "distributed", "comm", "ds_comm", "torch_dist", "c10d"}
 COLLECTIVES_FACTORY = "collectives"
-PENDING = {"megatron/model/moe/expert_parallel.py":
-           "issue 29: the expert-parallel dispatch is being rewritten (its counts' all-to-all runs on the routing's "
-           "device); it moves into megatron/mpu/ with that rewrite"}
+PENDING: dict = {}
 """Files whose collectives are known and owned by another change: each entry must still be needed (the test says when
 it no longer is), so that the list only shrinks."""
 

@@ -46,7 +46,6 @@ import torch
 from deepspeed.moe.layer import MoE
 from torch import nn
 
-from megatron.deepspeed_comm import collectives
 from megatron.model.moe.layer import (
     GroupedExperts,
     SlotCounts,
@@ -59,7 +58,7 @@ from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import ModelConfig
 from megatron.mpu import copy_to_model_parallel_region, reduce_from_model_parallel_region
-from megatron.mpu.collectives import all_to_all_rows
+from megatron.mpu.collectives import all_to_all_equal, all_to_all_rows
 from megatron.optimizers import MOE_EXPERT_FLAG
 
 
@@ -158,9 +157,7 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
         """The slot counts of all experts and those the expert-parallel ranks send to this rank's experts, on the
         host with one sync: the counts' all-to-all (of this block's EP x local experts' counts: counts[q, l] go to
         rank q's local expert l) runs on the device, then both are read back together."""
-        block = counts[self.block.start:self.block.stop].contiguous()
-        received = torch.empty_like(block)
-        collectives().all_to_all_single(received, block, group=self.group)
+        received = all_to_all_equal(counts[self.block.start:self.block.stop], self.group)
         host = torch.cat([counts, received]).tolist()
         local = self.num_local_experts
         arrived = host[counts.numel():]
