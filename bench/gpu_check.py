@@ -11,7 +11,10 @@ written to its own file as it goes (at most 7 files) and echoed here:
     4_kernels.txt      each fused op at real sizes: error vs fp32, time vs PyTorch       (bench/kernel_table.py)
     5_model_step.txt   a 12x768 bf16 model step: ms, peak GiB, MFU, host syncs by file:line (bench/model_step.py)
     6_training.txt     the 125M and 1B training comparison of bench/gpu_train.sh (ours vs a plain PyTorch GPT,
-                       and transformers where it imports), one repeat
+                       and transformers where it imports), one repeat (--train-sizes picks the sizes)
+    7_optimizer_ring.txt  DeepSpeed's FusedAdam against torch's fused AdamW through the training engine
+                       (bench/optimizer_step.py), and ring attention at 32k tokens: peak memory and time per
+                       simulated rank against SDPA on the whole sequence (bench/context_parallel_memory.py --gpu)
     0_summary.txt      each section: ok / FAILED / TIMED OUT, seconds, file
 
     python bench/gpu_check.py                          # on the GPU machine; files under $OUT (else a new folder)
@@ -46,7 +49,7 @@ from bench.common import REPO, kill_tree  # noqa: E402
 from bench.gpu_env import CARRIED_ENV  # noqa: E402
 
 GPU_BUDGET_S = 530  # of the 9 minutes; the rest is start-up and the carried-wheel install
-DRY_BUDGET_S = 300  # a limit for a slow CI machine, not a target (the dry run takes well under a minute)
+DRY_BUDGET_S = 400  # a limit for a slow CI machine, not a target (the dry run takes well under a minute)
 MIN_STEP_S = 5
 NOISE = re.compile(r"warnings\.warn\(|warner\(PytestBenchmarkWarning|PytestBenchmarkWarning: Benchmarks are "
                    r"automatically disabled|\[launch\.py:\d+:main\] 0 (NV_|NCCL_)")
@@ -83,8 +86,9 @@ def gpu_test_paths() -> List[str]:
     return sorted(p for p in found if not any(p.startswith(other + os.sep) for other in found))
 
 
-def plan(dry: bool) -> List[Section]:
-    """The sections in priority order, with GPU sizes or (dry) tiny ones."""
+def plan(dry: bool, train_sizes: Tuple[str, ...] = ("125M", "1B")) -> List[Section]:
+    """The sections in priority order, with GPU sizes or (dry) tiny ones; their nominal budgets add up to
+    GPU_BUDGET_S on a GPU."""
     py = sys.executable
     xdist = not dry and _module_exists("xdist")
     smoke = (["--seq", "8", "--batch", "1", "--steps", "1", "--warmup", "0", "--precision", "fp32"] if dry else
@@ -102,22 +106,27 @@ def plan(dry: bool) -> List[Section]:
         return Step(f"bench/gpu_train.sh {size}", budgeted(["bash", "bench/gpu_train.sh"] + train, 10), budget,
                     {"GPU_TRAIN_SIZES": size, "PYTHON": py})
 
+    train_budget = {"125M": 70, "1B": 60}
     return [
         Section(1, "1_env.txt", "environment", [Step("bench/gpu_env.py", lambda s: [py, "bench/gpu_env.py"],
-                                                     30 if dry else 40)]),
+                                                     30)]),
         Section(2, "2_nccl_smoke.txt", "one-GPU training smoke run (distributed_backend nccl, --fused)", [
             Step("bench/train_throughput.py --only ours", budgeted(
                 [py, "bench/train_throughput.py", "--size", "tiny", "--repeats", "1", "--only", "ours", "--fused",
-                 *smoke], 10), 60 if dry else 120)]),
+                 *smoke], 10), 60 if dry else 110)]),
         Section(3, "3_pytest_gpu.txt", "gpu-marked tests" + (" (collected only)" if dry else ""), [
-            Step("pytest -m gpu", lambda s: pytest + gpu_test_paths(), 30 if dry else 90,
+            Step("pytest -m gpu", lambda s: pytest + gpu_test_paths(), 30 if dry else 80,
                  {"DS_ACCELERATOR": "cpu" if dry else "cuda"})]),
         Section(4, "4_kernels.txt", "fused kernels vs PyTorch", [
-            Step("bench/kernel_table.py", lambda s: [py, "bench/kernel_table.py", *tiny], 30 if dry else 60)]),
+            Step("bench/kernel_table.py", lambda s: [py, "bench/kernel_table.py", *tiny], 30 if dry else 55)]),
         Section(5, "5_model_step.txt", "model step", [
-            Step("bench/model_step.py", lambda s: [py, "bench/model_step.py", *tiny], 40 if dry else 50)]),
+            Step("bench/model_step.py", lambda s: [py, "bench/model_step.py", *tiny], 40)]),
         Section(6, "6_training.txt", "training comparison (bench/gpu_train.sh)",
-                [training("125M", 110 if dry else 75)] + ([] if dry else [training("1B", 95)])),
+                [training("125M", 110)] if dry else [training(size, train_budget[size]) for size in train_sizes]),
+        Section(7, "7_optimizer_ring.txt", "FusedAdam vs torch's fused AdamW; ring attention at 32k tokens", [
+            Step("bench/optimizer_step.py", lambda s: [py, "bench/optimizer_step.py", *tiny], 30 if dry else 55),
+            Step("bench/context_parallel_memory.py", lambda s: [py, "bench/context_parallel_memory.py",
+                                                                "--gpu-dry-run" if dry else "--gpu"], 30)]),
     ]
 
 
@@ -256,6 +265,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--only", default=None, help="comma list of section numbers to run (e.g. 4,5)")
     parser.add_argument("--budget", type=float, default=None,
                         help=f"seconds for all sections (default {GPU_BUDGET_S}; dry run {DRY_BUDGET_S})")
+    parser.add_argument("--train-sizes", default="125M,1B",
+                        help="comma list of bench/gpu_train.sh sizes for section 6 (125M, 1B; default both)")
     parser.add_argument("--wheels", default=os.path.join(REPO, ".whl"),
                         help="folder of carried wheels installed where DeepSpeed does not import (default .whl/)")
     parser.add_argument("--prepare-wheels", nargs="?", const=os.path.join(REPO, ".whl"), default=None,
@@ -280,7 +291,12 @@ def main(argv=None) -> int:
         preamble.append("dry run on CPU: carried wheels not checked")
     env = child_env(dry, None if dry else ensure_deepspeed(args.wheels, preamble.append))
     print(f"gpu_check: {'CPU dry run' if dry else 'GPU'}; files in {out}", flush=True)
-    sections = plan(dry)
+    sizes = tuple(size for size in args.train_sizes.split(",") if size)
+    unknown = sorted(set(sizes) - {"125M", "1B"})
+    if unknown:
+        print(f"gpu_check: --train-sizes {','.join(unknown)}: unknown (125M, 1B)")
+        return 2
+    sections = plan(dry, sizes)
     if args.only:
         wanted = {int(n) for n in args.only.split(",")}
         sections = [s for s in sections if s.number in wanted]

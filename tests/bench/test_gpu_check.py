@@ -23,7 +23,7 @@ def test_cpu_dry_run_runs_every_section(tmp_path):
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-3000:]
     files = {p.name: p.read_text() for p in tmp_path.iterdir()}
     assert sorted(files) == ["0_summary.txt", "1_env.txt", "2_nccl_smoke.txt", "3_pytest_gpu.txt", "4_kernels.txt",
-                             "5_model_step.txt", "6_training.txt"]
+                             "5_model_step.txt", "6_training.txt", "7_optimizer_ring.txt"]
     assert "torch " in files["1_env.txt"] and "TORCH_CUDA_ARCH_LIST" in files["1_env.txt"]
     smoke = files["2_nccl_smoke.txt"]
     assert "| (a) this project (deepy.py), 'flash' layers on PyTorch SDPA + fused kernels | " in smoke
@@ -36,7 +36,10 @@ def test_cpu_dry_run_runs_every_section(tmp_path):
     assert len(rows) == 13 and "FAILED" not in table, table  # every case, both implementations
     assert files["5_model_step.txt"].count("syncs/step") == 4
     assert "| (c) minimal PyTorch GPT" in files["6_training.txt"]
-    assert files["0_summary.txt"].count(" ok ") == 6
+    extras = files["7_optimizer_ring.txt"]
+    assert extras.count("asked ") == 3 and "wrapped by" in extras, extras  # FusedAdam, torch, FusedAdam
+    assert "ring" in extras.lower(), extras
+    assert files["0_summary.txt"].count(" ok ") == 8
 
 
 def test_a_hung_step_is_killed_with_its_children_and_the_next_still_runs(tmp_path):
@@ -138,3 +141,13 @@ def test_gpu_train_sh_refuses_an_unknown_size(tmp_path):
                                                                         "GPU_TRAIN_SIZES": "7B"},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unknown size '7B' (known: " in out.stderr
+
+
+def test_the_sections_nominal_budgets_fit_the_whole_budget():
+    """A step's limit is what is left less the later steps' nominal shares: shares adding up to more than the
+    budget would skip the first sections before anything ran."""
+    for dry, budget in ((False, gpu_check.GPU_BUDGET_S), (True, gpu_check.DRY_BUDGET_S)):
+        total = sum(step.budget_s for section in gpu_check.plan(dry) for step in section.steps)
+        assert total <= budget, (dry, total, budget)
+    numbers = [section.number for section in gpu_check.plan(False)]
+    assert numbers == sorted(numbers) and len(numbers) + 1 <= 8  # with 0_summary.txt: what a GPU machine returns
