@@ -81,13 +81,14 @@ class _Chunk:
         self.loss = self.lse - target_logit.float()
 
 
-def _logits_gradient(probs: torch.Tensor, local_target: torch.Tensor, inside: torch.Tensor,
-                     scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(softmax - onehot(target)) * scale per row, in ``probs``'s memory (the softmax over the whole vocabulary,
-    this rank's shard), cast to ``dtype`` for the matmuls."""
-    probs.scatter_add_(-1, local_target.unsqueeze(-1), -inside.to(probs.dtype).unsqueeze(-1))
-    probs.mul_(scale.to(probs.dtype).unsqueeze(-1))
-    return probs.to(dtype)
+def _logits_gradient(exp: torch.Tensor, to_softmax: torch.Tensor, scale: torch.Tensor, local_target: torch.Tensor,
+                     inside: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(softmax - onehot(target)) * scale per row, where softmax = exp * to_softmax (this rank's vocabulary shard
+    of the softmax over the whole vocabulary), in ``exp``'s memory (one pass over it), cast to ``dtype`` for the
+    matmuls."""
+    grad = exp.mul_((to_softmax * scale).to(exp.dtype).unsqueeze(-1))
+    grad.scatter_add_(-1, local_target.unsqueeze(-1), -(inside * scale).to(exp.dtype).unsqueeze(-1))
+    return grad.to(dtype)
 
 
 def _add_weight_gradient(grad_weight: torch.Tensor, grad_logits: torch.Tensor, hidden: torch.Tensor) -> None:
@@ -125,11 +126,9 @@ def _chunked_losses(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Te
         losses[start:end], lse[start:end] = chunk.loss, chunk.lse
         if grad_hidden is None and grad_weight is None:
             continue
-        probs = chunk.exp.div_(chunk.sum_exp.unsqueeze(-1))
+        grad_logits = _logits_gradient(chunk.exp, 1.0 / chunk.sum_exp.float(), token_weights[start:end],
+                                       local_target[start:end], inside[start:end], weight.dtype)
         del chunk
-        grad_logits = _logits_gradient(probs, local_target[start:end], inside[start:end],
-                                       token_weights[start:end], weight.dtype)
-        del probs
         if grad_hidden is not None:
             torch.mm(grad_logits, weight, out=grad_hidden[start:end])
         if grad_weight is not None:
@@ -208,10 +207,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             rows = hidden[start:end]
             logits = F.linear(rows, weight)
             x = logits if ctx.keep_dtype else logits.float()
-            probs = x.sub_(lse[start:end].to(x.dtype).unsqueeze(-1)).exp_()
-            grad_logits = _logits_gradient(probs, local_target[start:end], inside[start:end],
-                                           grad_losses[start:end], weight.dtype)
-            del logits, x, probs
+            softmax = x.sub_(lse[start:end].to(x.dtype).unsqueeze(-1)).exp_()
+            grad_logits = _logits_gradient(softmax, torch.ones_like(lse[start:end]), grad_losses[start:end].float(),
+                                           local_target[start:end], inside[start:end], weight.dtype)
+            del logits, x, softmax
             if grad_hidden is not None:
                 torch.mm(grad_logits, weight, out=grad_hidden[start:end])
             if grad_weight is not None:
