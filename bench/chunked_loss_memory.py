@@ -18,7 +18,10 @@ there and the peak is the peak allocated GPU memory. Contenders:
     python bench/chunked_loss_memory.py --repeats 3 --only unchunked,chunked
     python bench/chunked_loss_memory.py --size tiny --seq 64 --steps 1 --warmup 1   # smoke test
 
-The model is built directly (no DeepSpeed engine): the contenders differ in the loss alone."""
+The model is built directly (no DeepSpeed engine): the contenders differ in the loss alone. On a shared machine the
+step times drift between runs; --head-repeats N also times the head and loss alone (forward and backward of
+[batch x seq, hidden] x [vocab, hidden], the only work that differs) N times per contender, interleaved in one
+process, which the drift cannot favour."""
 
 import argparse
 import datetime
@@ -97,6 +100,35 @@ def worker(args) -> Dict[str, float]:
     return out
 
 
+def head_and_loss_times(args) -> Dict[str, float]:
+    """Median seconds of the head and loss alone (forward + backward) per contender, turning in one process."""
+    import torch
+
+    from megatron.model.head import DeferredLogits, masked_cross_entropy_sum, token_cross_entropy
+    from megatron.mpu import vocab_parallel_cross_entropy
+
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    tokens, width = args.batch * args.seq, SIZES[args.size]["hidden_size"]
+    hidden = torch.randn(tokens, width, generator=gen).to(dtype).requires_grad_()
+    weight = (torch.randn(args.vocab, width, generator=gen) * width ** -0.5).to(dtype).requires_grad_()
+    target = torch.randint(0, args.vocab, (tokens,), generator=gen)
+    mask = torch.ones(tokens)
+    runs = {"unchunked": lambda: torch.sum(vocab_parallel_cross_entropy(hidden @ weight.t(), target, None) * mask),
+            "chunked": lambda: masked_cross_entropy_sum(DeferredLogits(hidden, weight), target, mask, None),
+            "per_token": lambda: torch.sum(token_cross_entropy(DeferredLogits(hidden, weight), target, None) * mask)}
+    names = [name for name in CONTENDERS if name in args.only.split(",")]
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for repeat in range(args.head_repeats):
+        for name in names[repeat % len(names):] + names[:repeat % len(names)]:
+            start = time.perf_counter()
+            runs[name]().backward()
+            times[name].append(time.perf_counter() - start)
+            hidden.grad = weight.grad = None
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
 def measure(args, contender: str) -> Dict[str, float]:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", contender, *worker_flags(args)]
     result = measure_command(cmd, env={"OMP_NUM_THREADS": str(args.threads), "DS_ACCELERATOR": "cpu"})
@@ -138,6 +170,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each contender")
     parser.add_argument("--only", default=",".join(CONTENDERS), help="comma list of contenders to run")
+    parser.add_argument("--head-repeats", type=int, default=0,
+                        help="also time the head and loss alone this many times per contender, interleaved")
     parser.add_argument("--worker", choices=sorted(CONTENDERS), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -152,13 +186,17 @@ def main() -> None:
     summary = median_of_turning_runs(
         names, args.repeats, lambda name: measure(args, name),
         lambda r: f"step {r['step_time']:.2f} s, peak {r['peak_mb']:,.0f} MB, loss {r['first_loss']:.4f}")
+    heads = head_and_loss_times(args) if args.head_repeats else {}
     base = summary.get("unchunked")
     rows = []
     for name in names:
         s = summary[name]
         vs = (f"{s['peak_mb'] / base['peak_mb'] - 1:+.0%}", f"{s['step_time'] / base['step_time']:.2f}") if base \
             else ("-", "-")
-        rows.append([CONTENDERS[name], f"{s['peak_mb']:,.0f}", vs[0], f"{s['step_time']:.2f}", vs[1],
+        head = f"{heads[name]:.2f}" if heads else "-"
+        if heads and "unchunked" in heads:
+            head += f" ({heads[name] / heads['unchunked']:.2f})"
+        rows.append([CONTENDERS[name], f"{s['peak_mb']:,.0f}", vs[0], f"{s['step_time']:.2f}", vs[1], head,
                      f"{s['first_loss']:.6f}"])
     shape = SIZES[args.size]
     print_table(f"Chunked linear + cross entropy: {args.size} ({shape['num_layers']} layers, hidden "
@@ -167,7 +205,7 @@ def main() -> None:
                 f"{args.repeats} run(s) x {args.steps} steps; {datetime.date.today()}, commit {commit()}, on "
                 f"{machine_description()}",
                 ["loss", "peak GPU MB" if on_gpu() else "peak RSS MB", "peak vs whole", "step s", "step time vs whole",
-                 "loss of step 1"], rows)
+                 f"head + loss s (vs whole), median of {args.head_repeats}", "loss of step 1"], rows)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ tests/model/test_chunked_loss.py)."""
 
 import pytest
 
-from bench.chunked_loss_memory import CONTENDERS, parse_args, worker
+from bench.chunked_loss_memory import CONTENDERS, head_and_loss_times, parse_args, worker
 
 
 def test_every_contender_trains_to_the_same_first_loss():
@@ -18,3 +18,9 @@ def test_every_contender_trains_to_the_same_first_loss():
         losses[name] = result["first_loss"]
     assert losses["chunked"] == pytest.approx(losses["unchunked"], abs=1e-5)
     assert losses["per_token"] == pytest.approx(losses["unchunked"], abs=1e-5)
+
+
+def test_the_head_and_loss_timing_runs_every_contender():
+    args = parse_args(["--size", "tiny", "--seq", "8", "--batch", "1", "--vocab", "64", "--head-repeats", "2"])
+    times = head_and_loss_times(args)
+    assert set(times) == set(CONTENDERS) and all(t > 0 for t in times.values())
