@@ -124,15 +124,17 @@ def _chunked_losses(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Te
         rows = hidden[start:end]
         chunk = _Chunk(rows, weight, local_target[start:end], inside[start:end], group, keep_dtype)
         losses[start:end], lse[start:end] = chunk.loss, chunk.lse
-        if grad_hidden is None and grad_weight is None:
-            continue
-        grad_logits = _logits_gradient(chunk.exp, 1.0 / chunk.sum_exp.float(), token_weights[start:end],
-                                       local_target[start:end], inside[start:end], weight.dtype)
-        del chunk
-        if grad_hidden is not None:
-            torch.mm(grad_logits, weight, out=grad_hidden[start:end])
-        if grad_weight is not None:
-            _add_weight_gradient(grad_weight, grad_logits, rows)
+        if grad_hidden is not None or grad_weight is not None:
+            grad_logits = _logits_gradient(chunk.exp, 1.0 / chunk.sum_exp.float(), token_weights[start:end],
+                                           local_target[start:end], inside[start:end], weight.dtype)
+            del chunk
+            if grad_hidden is not None:
+                torch.mm(grad_logits, weight, out=grad_hidden[start:end])
+            if grad_weight is not None:
+                _add_weight_gradient(grad_weight, grad_logits, rows)
+            del grad_logits
+        else:
+            del chunk  # one chunk's temporaries at a time: freed before the next chunk's logits
     return losses, lse
 
 
@@ -215,6 +217,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 torch.mm(grad_logits, weight, out=grad_hidden[start:end])
             if grad_weight is not None:
                 _add_weight_gradient(grad_weight, grad_logits, rows)
+            del grad_logits  # before the next chunk's logits
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
