@@ -397,9 +397,13 @@ def curriculum_step(schedule, batches: _ModelBatches, iteration: int) -> int:
 
 
 def _loss_of(engine, batch) -> torch.Tensor:
-    """Forward one micro-batch of the sequential model and apply its loss (honours fp16_lm_cross_entropy)."""
+    """Forward one micro-batch of the sequential model and apply its loss (honours fp16_lm_cross_entropy). The GPT's
+    head output is deferred: the loss computes the logits in chunks of tokens, never whole (megatron.model.head)."""
+    from megatron.model import GPT2ModelSequential
+
     inputs, labels = batch
-    return engine.module.loss_fn(engine(inputs), labels)
+    defer = {"defer_logits": True} if isinstance(engine.module, GPT2ModelSequential) else {}
+    return engine.module.loss_fn(engine(inputs, **defer), labels)
 
 
 def aux_loss_scale(engine, neox_args) -> float:

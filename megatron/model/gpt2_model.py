@@ -14,7 +14,11 @@ norms.py, embedding.py, transformer.py), so a model's state dict is the state di
 same config has, entry for entry. With pos_emb rpe one relative-position table is shared by all layers (as
 GPT-NeoX's), which is why rpe needs pipe_parallel_size <= 1.
 Inputs are GPT-NeoX's batch format ((tokens, position_ids, attention_mask), (labels, loss_mask));
-the model returns this rank's vocabulary shard of the logits and ``cross_entropy_loss`` reduces them.
+the model returns this rank's vocabulary shard of the logits and ``cross_entropy_loss`` reduces them. For the
+training loss the head's output is deferred instead (megatron.model.head.DeferredLogits): the loss computes logits
+and cross entropy a chunk of tokens at a time, so that the [tokens, vocab] logits never exist whole. The sequential
+model defers when asked (``forward(..., defer_logits=True)``, as training does), the pipeline's head while
+training (DeepSpeed's pipeline engine hands the last stage's output only to the loss then).
 
 * ``GPT2ModelPipe`` (pipe_parallel_size >= 1): a PipelineModule over ``parallel_state``'s topology,
   partitioned by ``pipe_partition_method``; DeepSpeed saves slot i of tensor rank t as
@@ -46,7 +50,15 @@ from torch import nn
 
 from megatron.model.attention import build_relative_position_bias
 from megatron.model.embedding import Embedding
-from megatron.model.head import FinalNorm, OutputHead, ValueHead, tied_logits
+from megatron.model.head import (
+    FinalNorm,
+    HeadOutput,
+    OutputHead,
+    ValueHead,
+    masked_cross_entropy_sum,
+    pipeline_tied_logits,
+    tied_logits,
+)
 from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache, LayerKeyedCache
@@ -62,16 +74,17 @@ from megatron.model.activation_checkpointing import (
 from megatron.model_config import RECURRENT_TYPES, ModelConfig, context_parallel_problems
 from megatron.neox_arguments.errors import ConfigError
 from megatron.deepspeed_comm import init_deepspeed_comm
-from megatron.mpu import RNGStatesTracker, model_parallel_seed, vocab_parallel_cross_entropy
+from megatron.mpu import RNGStatesTracker, model_parallel_seed
 from megatron.mpu.context_parallel import all_reduce_sum
 
 Batch = Tuple[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
 
-def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor, torch.Tensor],
+def cross_entropy_loss(logits: HeadOutput, labels_and_mask: Tuple[torch.Tensor, torch.Tensor],
                        group=None, half_precision_loss: bool = False, context_group=None,
                        context_grad_scale: int = 1) -> torch.Tensor:
-    """Mean vocabulary-parallel cross entropy over the tokens where loss_mask is 1.
+    """Mean vocabulary-parallel cross entropy over the tokens where loss_mask is 1, from the logits or from the
+    head's DeferredLogits (then in chunks of tokens, megatron.mpu.chunked_cross_entropy).
 
     Per-token losses are computed in fp32, or in the logits' dtype with ``half_precision_loss``
     (fp16_lm_cross_entropy); the masked mean is always taken in fp32.
@@ -84,12 +97,12 @@ def cross_entropy_loss(logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor
     multiplied by ``context_grad_scale`` = context_parallel_size, which that average divides out again.
     """
     labels, loss_mask = labels_and_mask
-    losses = vocab_parallel_cross_entropy(logits, labels, group, keep_dtype=half_precision_loss).float()
+    total = masked_cross_entropy_sum(logits, labels, loss_mask, group, keep_dtype=half_precision_loss)
     loss_mask = loss_mask.reshape(-1).float()
     if context_group is None:
-        return torch.sum(losses.reshape(-1) * loss_mask) / loss_mask.sum().clamp(min=1.0)
+        return total / loss_mask.sum().clamp(min=1.0)
     count = all_reduce_sum(loss_mask.sum(), context_group).clamp(min=1.0)
-    share = torch.sum(losses.reshape(-1) * loss_mask) / count
+    share = total / count
     scaled = share * context_grad_scale if context_grad_scale != 1 else share
     return scaled + (all_reduce_sum(share, context_group) - scaled).detach()
 
@@ -240,10 +253,12 @@ class GPT2ModelSequential(nn.Module):
         """The untied output head, or None when the word embedding is the head."""
         return None if self.tied_head else self.sequential[len(self.layers) + 4]
 
-    def forward(self, inputs, kv_cache: Optional[KVCache] = None, logits_to_keep: Optional[int] = None
-                ) -> torch.Tensor:
+    def forward(self, inputs, kv_cache: Optional[KVCache] = None, logits_to_keep: Optional[int] = None,
+                defer_logits: bool = False) -> HeadOutput:
         """Logits [batch, seq, vocab shard]; `logits_to_keep` = n computes them for the last n positions only
-        (decoding needs one: the output head over a 50k vocabulary dominates a prompt's forward otherwise)."""
+        (decoding needs one: the output head over a 50k vocabulary dominates a prompt's forward otherwise).
+        `defer_logits`: the head's DeferredLogits instead, for ``loss_fn`` to compute in chunks (ignored with a
+        KV cache or `logits_to_keep`, and by a reward model's value head)."""
         if kv_cache is not None and self.embedding.sequence_parallel:
             raise ValueError("KV-cache decoding with sequence_parallel is not supported; build the "
                              "inference model with sequence_parallel=False (weights are identical)")
@@ -258,7 +273,13 @@ class GPT2ModelSequential(nn.Module):
                 raise ValueError("logits_to_keep needs sequence_parallel=False (the sequence is split over ranks)")
             hidden = hidden[:, -logits_to_keep:]
         hidden = self.final_norm((hidden, mask))
-        logits = tied_logits(self.embedding, hidden) if self.head is None else self.head(hidden)
+        defer = defer_logits and kv_cache is None and logits_to_keep is None
+        if self.head is None:
+            logits = tied_logits(self.embedding, hidden, defer)
+        elif isinstance(self.head, OutputHead):
+            logits = self.head(hidden, defer)
+        else:
+            logits = self.head(hidden)
         if kv_cache is not None:
             kv_cache.advance(inputs[0].size(1))
         return logits
@@ -319,9 +340,11 @@ def gpt2_layer_specs(config: ModelConfig, parallel_state, rng_tracker) -> List[o
     specs += [pass_through, LayerSpec(FinalNorm, config, parallel_state)]
     if config.tied_embeddings:
         specs.append(TiedLayerSpec("embed", Embedding, config, parallel_state, init, rng_tracker,
-                                   forward_fn=tied_logits, tied_weight_attr="word_embeddings.weight"))
-    else:
-        specs.append(LayerSpec(_head_class(config), config, parallel_state, init))
+                                   forward_fn=pipeline_tied_logits, tied_weight_attr="word_embeddings.weight"))
+    elif config.value_head:
+        specs.append(LayerSpec(ValueHead, config, parallel_state, init))
+    else:  # deferred while training: the pipeline engine hands the last stage's output only to the loss then
+        specs.append(LayerSpec(OutputHead, config, parallel_state, init, defer_when_training=True))
     return specs
 
 

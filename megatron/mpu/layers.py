@@ -108,7 +108,7 @@ class ColumnParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(self._local_input(x), self.weight, self.bias)
+        out = F.linear(self.local_input(x), self.weight, self.bias)
         if self.gather_output:
             out = gather_from_model_parallel_region(out, self.group)
         return out
@@ -117,9 +117,11 @@ class ColumnParallelLinear(nn.Module):
         """This rank's ``forward(x)`` before the bias is added, for a fused op that adds it itself."""
         if self.gather_output:
             raise ValueError("forward_without_bias needs a ColumnParallelLinear with gather_output=False")
-        return F.linear(self._local_input(x), self.weight)
+        return F.linear(self.local_input(x), self.weight)
 
-    def _local_input(self, x: torch.Tensor) -> torch.Tensor:
+    def local_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What this rank multiplies by its weight shard: ``x`` whole (all-gathered over the sequence under
+        sequence parallelism), with the backward that sums its gradient over the ranks."""
         if self.sequence_parallel:
             return gather_from_sequence_parallel_region(x, self.group, seq_dim=1)
         return copy_to_model_parallel_region(x, self.group)

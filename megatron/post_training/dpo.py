@@ -19,14 +19,15 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from megatron.mpu import vocab_parallel_cross_entropy
+from megatron.model.head import HeadOutput, token_cross_entropy
 from megatron.post_training.metrics import MetricSums, preference_metrics
 
 
-def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor, group=None,
+def sequence_logps(logits: HeadOutput, labels: torch.Tensor, loss_mask: torch.Tensor, group=None,
                    fp32: bool = True) -> torch.Tensor:
-    """[rows] sum over each row's masked tokens of log p(label), from (vocabulary-parallel) logits."""
-    token_logps = -vocab_parallel_cross_entropy(logits, labels, group, keep_dtype=not fp32)
+    """[rows] sum over each row's masked tokens of log p(label), from (vocabulary-parallel) logits or the head's
+    DeferredLogits (computed in chunks of tokens, megatron.mpu.chunked_cross_entropy)."""
+    token_logps = -token_cross_entropy(logits, labels, group, keep_dtype=not fp32)
     return (token_logps.float() * loss_mask.float()).sum(dim=-1)
 
 
@@ -57,7 +58,7 @@ class DPOLoss(MetricSums):
         super().__init__()
         self.beta, self.reference_free, self.fp32, self.group = beta, reference_free, fp32, group
 
-    def __call__(self, logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def __call__(self, logits: HeadOutput, labels_and_mask: Tuple[torch.Tensor, ...]) -> torch.Tensor:
         if len(labels_and_mask) != 3 and not self.reference_free:
             raise ValueError("train_impl 'dpo' needs the reference log-probabilities in the batch "
                              "(labels, loss_mask, reference_logps)")

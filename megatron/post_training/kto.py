@@ -20,6 +20,7 @@ from typing import Dict, Tuple
 
 import torch
 
+from megatron.model.head import HeadOutput
 from megatron.post_training.dpo import sequence_logps
 from megatron.post_training.metrics import MetricSums
 
@@ -59,7 +60,7 @@ class KTOLoss(MetricSums):
         self.beta, self.desirable_weight, self.undesirable_weight = beta, desirable_weight, undesirable_weight
         self.fp32, self.group = fp32, group
 
-    def __call__(self, logits: torch.Tensor, labels_and_mask: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def __call__(self, logits: HeadOutput, labels_and_mask: Tuple[torch.Tensor, ...]) -> torch.Tensor:
         if len(labels_and_mask) != 4:
             raise ValueError("train_impl 'kto' needs (labels, loss_mask, rewards, reference_logps) in the batch")
         labels, loss_mask, rewards, reference_logps = labels_and_mask

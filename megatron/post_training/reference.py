@@ -38,6 +38,7 @@ class ReferenceModel:
         from megatron.model.gpt2_model import GPT2ModelSequential, cast_model, model_dtype
 
         self.parallel_state, self.fp32 = parallel_state, fp32
+        self.defer_logits = True  # start_reference sets what the policy's loss does
         self.model = None
         if parallel_state.is_last_pipe_stage():
             with torch.random.fork_rng():
@@ -97,7 +98,7 @@ class ReferenceModel:
 
         if self.model is None:
             raise RuntimeError("the reference model is held by the last pipeline stage only")
-        logits = self.model(inputs)
+        logits = self.model(inputs, defer_logits=self.defer_logits)
         return sequence_logps(logits, labels, loss_mask, self.parallel_state.get_model_parallel_group(), self.fp32)
 
 
@@ -135,7 +136,13 @@ def gather_pipeline_state(policy: torch.nn.Module, parallel_state) -> Optional[D
 def start_reference(reference: ReferenceModel, policy: torch.nn.Module, resumed_dir: Optional[str]) -> str:
     """Fill the reference at the start of a run: from the checkpoint a run resumes (`resumed_dir`, None for a
     fresh start or finetune) when it is a DPO checkpoint, else from the policy as loaded. Every rank calls it (the
-    stages of a pipeline exchange weights). Returns where its weights came from, for the log."""
+    stages of a pipeline exchange weights). Returns where its weights came from, for the log.
+
+    The reference computes its log-probabilities as the policy's loss computes the policy's: from the head's
+    DeferredLogits in chunks of tokens (megatron.model.head), or from whole logits where the policy's weights are
+    ZeRO-3 partitioned (its head never defers then). Equal weights then give equal log-probabilities to the last
+    bit (DPO's margin is exactly 0 at the start), and the reference's logits are never whole either."""
+    reference.defer_logits = not any(hasattr(p, "ds_id") for p in policy.parameters())
     if resumed_dir and reference.load(resumed_dir):
         return f"the reference weights saved in {resumed_dir}"
     reference.copy_from(policy)

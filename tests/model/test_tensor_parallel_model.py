@@ -1,11 +1,13 @@
 """TP=2 (with and without sequence parallelism) gives the TP=1 logits, loss and gradients (fp32),
-and KV-cache decoding at TP=2 gives the full-forward logits."""
+and KV-cache decoding at TP=2 gives the full-forward logits. Every other config takes its TP=2 loss from the head's
+DeferredLogits (as training does: logits and cross entropy in chunks of 5 tokens, all-reduced within each chunk)."""
+from unittest import mock
 
 import pytest
 import torch
 
 from megatron.model import BatchOptions, build_model, get_batch
-from megatron.mpu import ParallelState, SingleProcessState
+from megatron.mpu import ParallelState, SingleProcessState, chunked_cross_entropy
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits
@@ -23,10 +25,11 @@ CONFIGS = [
 
 def compare_tp2_with_tp1(rank: int, world_size: int, configs=tuple(CONFIGS), adjust=None) -> None:
     """For each tiny_config override dict: init, logits, loss, grads and KV-cache decoding at TP=2 equal TP=1.
-    ``adjust(model)``, when given, changes both models' weights the same way after they are built."""
+    ``adjust(model)``, when given, changes both models' weights the same way after they are built. The first,
+    third, ... config's TP=2 loss comes from DeferredLogits in chunks of 5 tokens (the others' from the logits)."""
     inputs, labels = random_batch()
     text = torch.cat([inputs[0], labels[0][:, -1:]], dim=1)
-    for overrides in configs:
+    for index, overrides in enumerate(configs):
         args = tiny_config(model_parallel_size=2, **overrides)
         ref = build_model(args, SingleProcessState())
         if adjust is not None:
@@ -45,10 +48,17 @@ def compare_tp2_with_tp1(rank: int, world_size: int, configs=tuple(CONFIGS), adj
             assert torch.equal(got, want)
         for name, (want, got) in expected_local(ref, model, rank, 2, grads=False).items():
             torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"{overrides} init {name}")
-        logits = model(inputs)
-        loss = model.loss_fn(logits, labels)
+        deferred = index % 2 == 0
+        if deferred:
+            with torch.no_grad():
+                logits = model(inputs)
+            with mock.patch.object(chunked_cross_entropy, "CHUNK_LOGITS_BYTES", 5 * 4 * args.padded_vocab_size // 2):
+                loss = model.loss_fn(model(inputs, defer_logits=True), labels)
+        else:
+            logits = model(inputs)
+            loss = model.loss_fn(logits, labels)
         loss.backward()
-        msg = f"{overrides}"
+        msg = f"{overrides}{' deferred' if deferred else ''}"
         torch.testing.assert_close(
             gather_vocab(logits, state.get_model_parallel_group()), ref_logits, rtol=1e-5, atol=1e-5, msg=msg
         )

@@ -1,4 +1,5 @@
-"""Tensor-parallel layers, collectives, cross entropy and batch broadcast at TP=2 against TP=1."""
+"""Tensor-parallel layers, collectives, cross entropy (also chunked with the head's matmul) and batch broadcast at
+TP=2 against TP=1."""
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from megatron.mpu import (
     shard_of,
     vocab_parallel_cross_entropy,
 )
+from megatron.mpu.chunked_cross_entropy import linear_cross_entropy, weighted_linear_cross_entropy
 from tests.distributed_helpers import run_distributed
 
 
@@ -29,7 +31,9 @@ def _seeded_normal(seed: int):
     return init
 
 
-def _mlp_and_loss(ps, x, tokens, targets, sequence_parallel=False):
+def _mlp_and_loss(ps, x, tokens, targets, sequence_parallel=False, loss="logits"):
+    """loss 'logits': the head's logits and vocab_parallel_cross_entropy; 'weighted' / 'per_token': the head's input
+    and weight through megatron.mpu.chunked_cross_entropy in chunks of 3 tokens (not dividing the 8)."""
     emb = VocabParallelEmbedding(16, 8, ps, _seeded_normal(1), sequence_parallel=sequence_parallel)
     col = ColumnParallelLinear(8, 12, ps, _seeded_normal(2), sequence_parallel=sequence_parallel)
     row = RowParallelLinear(12, 8, ps, _seeded_normal(3), sequence_parallel=sequence_parallel)
@@ -41,8 +45,17 @@ def _mlp_and_loss(ps, x, tokens, targets, sequence_parallel=False):
     h = row(torch.tanh(col(h)))
     if sequence_parallel:
         h = gather_from_sequence_parallel_region(h, group, tensor_parallel_output_grad=False)
-    logits = head(h)
-    loss = vocab_parallel_cross_entropy(logits, targets, group).mean()
+    if loss == "logits":
+        logits = head(h)
+        loss = vocab_parallel_cross_entropy(logits, targets, group).mean()
+    else:
+        with torch.no_grad():
+            logits = head(h)
+        if loss == "weighted":
+            loss = weighted_linear_cross_entropy(head.local_input(h), head.weight, targets, torch.ones(targets.shape),
+                                                 group, chunk_tokens=3) / targets.numel()
+        else:
+            loss = linear_cross_entropy(head.local_input(h), head.weight, targets, group, chunk_tokens=3).mean()
     loss.backward()
     return loss, logits, emb, col, row, head
 
@@ -54,10 +67,10 @@ def _tp2_equals_tp1(rank: int, world_size: int) -> None:
     targets = torch.randint(0, 16, (2, 4))
     ref = _mlp_and_loss(SingleProcessState(), x, tokens, targets)
     ref_xgrad = x.grad.clone()
-    for sp in (False, True):
+    for sp, loss in ((False, "logits"), (True, "logits"), (False, "weighted"), (True, "per_token")):
         x.grad = None
         ps = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
-        out = _mlp_and_loss(ps, x, tokens, targets, sequence_parallel=sp)
+        out = _mlp_and_loss(ps, x, tokens, targets, sequence_parallel=sp, loss=loss)
         torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(out[1], ref[1].chunk(2, dim=-1)[rank], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(x.grad, ref_xgrad, rtol=1e-5, atol=1e-6)

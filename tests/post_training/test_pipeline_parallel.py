@@ -62,7 +62,7 @@ def sequential_run(impl: str, config):
         total = 0.0
         for inputs, labels in batches[step * GAS:(step + 1) * GAS]:
             inputs, labels = with_reference(impl, inputs, labels, reference)
-            loss = loss_fn(policy(inputs), labels)
+            loss = loss_fn(policy(inputs, defer_logits=True), labels)  # as training (megatron.training._loss_of)
             (loss / GAS).backward()
             total += loss.item() / GAS
         opt.step()
