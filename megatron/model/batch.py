@@ -58,8 +58,10 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` on ``device`` without the host waiting for the copy: a host tensor bound for a GPU is copied
     from page-locked memory (the DataLoader's pinned batches as they are, others pinned first), which is what
     makes ``non_blocking`` asynchronous — from pageable memory CUDA copies synchronously. Elsewhere a plain
-    ``.to``."""
-    if tensor.device.type == "cpu" and torch.device(device).type == "cuda" and not tensor.is_pinned():
+    ``.to``. A tensor whose elements share memory (an ``expand``ed view: position ids, a broadcast mask) cannot be
+    pinned as it is, and is small where it is that: it is copied as it is."""
+    if tensor.device.type == "cpu" and torch.device(device).type == "cuda" and not tensor.is_pinned() \
+            and tensor.is_contiguous():
         tensor = tensor.pin_memory()
     return tensor.to(device, non_blocking=True)
 

@@ -126,8 +126,10 @@ def _checks(rank: int, emulation):
         layer = MoELayerBase()
         layer.setup_stats(num_experts=2, layer_number=0, loss_coeff=0.1)
         cuda = torch.device("cuda", 0)  # a forward's counts on the GPU: recording them reads nothing back
-        layer.load.record(torch.tensor([rank + 1.0, 1.0]).to(cuda), kept=2.0, aux=torch.tensor(0.5).to(cuda))
-        syncs = list(emulation.current.host_syncs)
+        routed, aux = torch.tensor([rank + 1.0, 1.0]).to(cuda), torch.tensor(0.5).to(cuda)
+        before = len(emulation.current.host_syncs)  # the copies above are the test's own (pageable memory: a sync)
+        layer.load.record(routed, kept=2.0, aux=aux)
+        syncs = emulation.current.host_syncs[before:]
         return syncs, moe_metrics(nn.ModuleList([layer]), num_layers=1, num_experts=2, loss_coeff=0.1, iterations=1)
 
     def _parallel_grads():
