@@ -101,7 +101,8 @@ def worker(args) -> Dict[str, float]:
 
 
 def head_and_loss_times(args) -> Dict[str, float]:
-    """Median seconds of the head and loss alone (forward + backward) per contender, turning in one process."""
+    """Median seconds of the head and loss alone (forward + backward) per contender, turning in one process (on the
+    GPU where there is one)."""
     import torch
 
     from megatron.model.head import DeferredLogits, masked_cross_entropy_sum, token_cross_entropy
@@ -109,12 +110,13 @@ def head_and_loss_times(args) -> Dict[str, float]:
 
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     tokens, width = args.batch * args.seq, SIZES[args.size]["hidden_size"]
-    hidden = torch.randn(tokens, width, generator=gen).to(dtype).requires_grad_()
-    weight = (torch.randn(args.vocab, width, generator=gen) * width ** -0.5).to(dtype).requires_grad_()
-    target = torch.randint(0, args.vocab, (tokens,), generator=gen)
-    mask = torch.ones(tokens)
+    hidden = torch.randn(tokens, width, generator=gen).to(device, dtype).requires_grad_()
+    weight = (torch.randn(args.vocab, width, generator=gen) * width ** -0.5).to(device, dtype).requires_grad_()
+    target = torch.randint(0, args.vocab, (tokens,), generator=gen).to(device)
+    mask = torch.ones(tokens, device=device)
     runs = {"unchunked": lambda: torch.sum(vocab_parallel_cross_entropy(hidden @ weight.t(), target, None) * mask),
             "chunked": lambda: masked_cross_entropy_sum(DeferredLogits(hidden, weight), target, mask, None),
             "per_token": lambda: torch.sum(token_cross_entropy(DeferredLogits(hidden, weight), target, None) * mask)}
@@ -124,6 +126,8 @@ def head_and_loss_times(args) -> Dict[str, float]:
         for name in names[repeat % len(names):] + names[:repeat % len(names)]:
             start = time.perf_counter()
             runs[name]().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             times[name].append(time.perf_counter() - start)
             hidden.grad = weight.grad = None
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
