@@ -29,6 +29,12 @@ matmuls; the weight's gradient is summed over chunks in fp32. In fp32, losses an
 ones to float rounding (tests/mpu/test_chunked_cross_entropy.py).
 
 Targets must lie in [0, vocabulary size) (not checked: that would cost a host sync).
+
+On a GPU the chunk's elementwise work is PyTorch's (about seven passes over the chunk's fp32 logits, as many as the
+unchunked loss makes over the whole). The Triton kernels of megatron.fused_kernels.cross_entropy could do it in
+two passes over the logits in their own dtype (the forward kernel's log-sum-exp is this rank's; its backward takes
+a given log-sum-exp, and a target of -1 for a token whose target is on another rank); not wired in: no config key
+chooses it, and it has not run on a GPU.
 """
 from __future__ import annotations
 

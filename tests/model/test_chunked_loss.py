@@ -70,6 +70,7 @@ def test_pipeline_head_slots_defer_while_training_only():
     hidden = torch.randn(2, 3, config.hidden_size, requires_grad=True)
     assert isinstance(head(hidden), DeferredLogits)
     assert isinstance(head(hidden, defer=False), torch.Tensor)  # the sequential model says what it wants
+    torch.testing.assert_close(head(hidden).logits(), head(hidden, defer=False), rtol=0, atol=0)
     head.eval()
     assert isinstance(head(hidden), torch.Tensor)
     assert isinstance(OutputHead(config, SingleProcessState(), _initializer(config))(hidden), torch.Tensor)
