@@ -22,7 +22,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench.common import gpu_or_tiny  # noqa: E402
-from tests.e2e.launch import free_port  # noqa: E402
+
+
+def _random_batch(batch: int, seq: int, vocab: int, seed: int):
+    """((tokens, position_ids, attention_mask), (labels, loss_mask)) from seeded random tokens."""
+    from megatron.model.batch import masks_and_position_ids
+
+    text = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(seed))
+    tokens, labels = text[:, :-1], text[:, 1:]
+    mask, loss_mask, positions = masks_and_position_ids(tokens, None, False)
+    return (tokens, positions, mask), (labels, loss_mask)
 
 
 def main(argv=None) -> int:
@@ -32,16 +41,15 @@ def main(argv=None) -> int:
     from megatron.neox_arguments import NeoXArgs
     from megatron.training import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
-    from tests.model.helpers import random_batch
 
     layers, hidden, heads, seq, batch, vocab, warmup, steps = \
         (12, 768, 12, 2048, 8, 50304, 3, 10) if on_gpu else (2, 64, 4, 32, 2, 128, 1, 2)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port()))
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     if on_gpu:
         torch.cuda.set_device(0)
     backend = "nccl" if on_gpu else "gloo"
-    torch.distributed.init_process_group(backend, rank=0, world_size=1)  # one rank, no launcher
+    store = torch.distributed.HashStore()  # one rank, no launcher, no port
+    torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1)
     args = NeoXArgs.from_dict({
         "num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads, "seq_length": seq,
         "max_position_embeddings": seq, "pos_emb": "rotary", "rotary_pct": 0.25, "gpt_j_residual": True,
@@ -55,7 +63,7 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name() if on_gpu else 'cpu'}, "
           f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST')!r}, "
           f"the rule on CUDA: {optimizers.adam_implementation(args, 'cuda')}", flush=True)
-    batches = [random_batch(batch=batch, seq=seq, vocab=vocab, seed=i) for i in range(warmup + steps)]
+    batches = [_random_batch(batch, seq, vocab, seed=i) for i in range(warmup + steps)]
     batches = [tuple(tuple(t.to(ctx.device) for t in part) for part in b) for b in batches]
 
     def sync() -> None:
