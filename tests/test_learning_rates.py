@@ -320,7 +320,7 @@ def test_inverse_sqrt_every_step_equals_its_closed_form_then_holds(min_lr):
     assert _lr_at(sched, 90) == pytest.approx(max(min_lr, 1e-3 / 3))
 
 
-@pytest.mark.parametrize("style,init", itertools.product(["exponential", "linear", "cosine"], [None, 2.0e-5]))
+@pytest.mark.parametrize("style,init", list(itertools.product(["exponential", "linear", "cosine"], [None, 2.0e-5])))
 def test_wsd_every_step_equals_megatron_closed_form(style, init):
     """Warmup 10 iterations (GPT-NeoX's rule, or from lr_warmup_init), stable at lr to 70, decay over the last
     30 of 100 to min_lr in the wsd style, then held."""
