@@ -174,8 +174,9 @@ def autotune(args: NeoXArgs) -> int:
     import torch
 
     from megatron.autotuner_launch import AutotuningSignals, local_autotuner
+    from megatron.neox_arguments.autotuned import tuned_args
     from megatron.neox_arguments.autotuning import (OPTIMAL_CONFIG, autotuner_config, measured_optimal_config,
-                                                    results_dir, runner_autotuning_argv, tuned_args)
+                                                    results_dir, runner_autotuning_argv)
 
     with tempfile.TemporaryDirectory(prefix="neox-autotuning-") as folder:
         path = os.path.join(folder, "ds_config.json")  # read once, when the autotuner starts

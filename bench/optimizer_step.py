@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Which Adam trains faster on one GPU: DeepSpeed's FusedAdam (which DeepSpeed wraps in its flat fused
 FP16_Optimizer for bf16 / fp16 without ZeRO) or torch's fused AdamW (which it wraps in FP16_UnfusedOptimizer there).
-megatron.optimizers.adam_implementation makes the choice; this measures both through setup_model_and_optimizer as
+megatron.optim.optimizers.adam_implementation makes the choice; this measures both through setup_model_and_optimizer as
 training builds the engine (bf16, ZeRO 0, gradient clipping 1.0, a 12 x 768 GPT at vocab 50304, seq 2048, micro-batch
 8), FusedAdam, then torch, then FusedAdam again (the first may pay for warm-up), and prints for each the optimizer
 DeepSpeed wraps, the wrapper, the median step and engine.step() times, peak memory and the losses.
@@ -36,7 +36,7 @@ def _random_batch(batch: int, seq: int, vocab: int, seed: int):
 
 def main(argv=None) -> int:
     on_gpu = gpu_or_tiny(__doc__, "CPU dry run: tiny model, a step or two", argv)
-    import megatron.optimizers as optimizers
+    import megatron.optim.optimizers as optimizers
     from megatron.initialize import initialize_megatron
     from megatron.neox_arguments import NeoXArgs
     from megatron.training import setup_model_and_optimizer

@@ -17,7 +17,7 @@ from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.model_config import ModelConfig, padded_vocab_size
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
 from megatron.mpu.host_collectives import barrier
-from megatron.zero_offload import offload_device_problems
+from megatron.optim.zero_offload import offload_device_problems
 
 
 @dataclasses.dataclass

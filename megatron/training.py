@@ -113,9 +113,9 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     its state in checkpoints)."""
     import deepspeed
 
-    from megatron.learning_rates import build_lr_scheduler
+    from megatron.optim.learning_rates import build_lr_scheduler
     from megatron.model import build_model
-    from megatron.optimizers import build_optimizer
+    from megatron.optim.optimizers import build_optimizer
 
     from megatron.post_training import preference_loss
 
@@ -174,7 +174,7 @@ CASTABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def _place_as_deepspeed_will(model: torch.nn.Module, neox_args, ctx: RunContext) -> None:
     """Cast the parameters to the 16-bit training dtype and move the model to ctx.device, as deepspeed.initialize
     does (engine._configure_distributed_model: the floating-point parameters cast, the buffers left as they are,
-    then module.to(device)), but before the optimizer is built: megatron.optimizers chooses and builds it for the
+    then module.to(device)), but before the optimizer is built: megatron.optim.optimizers chooses and builds it for the
     parameters as they will train (DeepSpeed's FusedAdam on CUDA where that gives the flat 16-bit optimizer). The
     parameter objects stay the same (their data is replaced), as under DeepSpeed's own cast, so the attributes set on
     them (muP shapes, expert and no-decay flags) stay, and DeepSpeed's cast and move then find nothing to do.
@@ -201,10 +201,10 @@ def _place_as_deepspeed_will(model: torch.nn.Module, neox_args, ctx: RunContext)
 
 
 def _check_stage_param_groups(optimizer: torch.optim.Optimizer, ps) -> None:
-    """Every pipeline stage must have the same optimizer groups under ZeRO 1 / 2 (megatron.optimizers.
+    """Every pipeline stage must have the same optimizer groups under ZeRO 1 / 2 (megatron.optim.optimizers.
     pipeline_group_mismatch): a ConfigError on every rank instead of a hang at the first step."""
     from megatron.neox_arguments import ConfigError
-    from megatron.optimizers import describe_param_groups, pipeline_group_mismatch
+    from megatron.optim.optimizers import describe_param_groups, pipeline_group_mismatch
 
     stages = all_gather_object(describe_param_groups(optimizer.param_groups), group=ps.get_pipe_parallel_group())
     problem = pipeline_group_mismatch(stages)
@@ -230,7 +230,7 @@ def _partition_over_data_and_context(model: torch.nn.Module, ctx: RunContext, co
 
 def current_lr(lr_scheduler) -> float:
     """The learning rate to log: AnnealingLR's base rate, or the rate a DeepSpeed scheduler last set."""
-    from megatron.learning_rates import AnnealingLR
+    from megatron.optim.learning_rates import AnnealingLR
 
     if isinstance(lr_scheduler, AnnealingLR):
         return lr_scheduler.get_lr()

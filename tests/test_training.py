@@ -163,7 +163,7 @@ def _ramped_weights(rank: int, world_size: int, zero_stage: int) -> list:
 
     import deepspeed
 
-    from megatron.learning_rates import AnnealingLR
+    from megatron.optim.learning_rates import AnnealingLR
     from megatron.mpu import SingleProcessState
     from megatron.training import set_batch_size, train_step
 
@@ -269,7 +269,7 @@ def test_a_batch_ramp_steps_on_the_mean_gradient_of_each_steps_samples():
 
 def test_the_model_is_cast_and_placed_as_deepspeed_will_before_the_optimizer_is_built():
     """bf16: the floating-point parameters become bf16 in place (the same objects, their flags kept; what
-    megatron.optimizers picks depends on them), buffers keep their dtype (as DeepSpeed leaves them); a DeepSpeed
+    megatron.optim.optimizers picks depends on them), buffers keep their dtype (as DeepSpeed leaves them); a DeepSpeed
     accelerator other than the training device is refused before anything is built."""
     from types import SimpleNamespace
 

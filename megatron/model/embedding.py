@@ -25,7 +25,7 @@ from megatron.model.positional import sinusoidal_embedding
 from megatron.model.transformer import sequence_parallel_on
 from megatron.model_config import ModelConfig
 from megatron.mpu import VocabParallelEmbedding, scatter_to_sequence_parallel_region
-from megatron.optimizers import EMBEDDING_OR_OUTPUT_FLAG
+from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG
 
 EMBEDDING_LAYER_INDEX = -1
 
@@ -58,7 +58,7 @@ class Embedding(nn.Module):
         self.word_embeddings = VocabParallelEmbedding(
             config.padded_vocab_size, hidden, parallel_state,
             initializer.weight(EMBEDDING_LAYER_INDEX, "word_embeddings"))
-        # decoupled_lr gives this weight its own learning rate (megatron.optimizers.get_param_groups)
+        # decoupled_lr gives this weight its own learning rate (megatron.optim.param_groups.get_param_groups)
         setattr(self.word_embeddings.weight, EMBEDDING_OR_OUTPUT_FLAG, True)
         self.pos_emb = config.pos_emb
         self.hidden = hidden

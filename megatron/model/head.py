@@ -33,7 +33,7 @@ from megatron.mpu import (
     vocab_parallel_cross_entropy,
 )
 from megatron.mpu.chunked_cross_entropy import linear_cross_entropy, weighted_linear_cross_entropy
-from megatron.optimizers import EMBEDDING_OR_OUTPUT_FLAG
+from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG
 
 
 class DeferredLogits(NamedTuple):

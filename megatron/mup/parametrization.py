@@ -5,11 +5,11 @@ Each trainable parameter gets an InfShape (megatron.mup.shapes) as its ``mup_inf
     weight (2-D and up) x mup_init_scale; matrix-like weights (two width dimensions: the attention and MLP
     projections) x fan-in multiplier^-1/2 (mup's init.normal_); the untied output head x width multiplier^1/2
     (mup's MuReadout._rescale_parameters, since the head also divides its input by the multiplier);
-  * learning rates and weight decay (``mup_param_groups``, megatron.optimizers): for the Adams, matrix-like
+  * learning rates and weight decay (``mup_param_groups``, megatron.optim.optimizers): for the Adams, matrix-like
     weights learn at lr / fan-in multiplier with weight decay x the multiplier (mup's MuAdam); for SGD,
     vector-like parameters at lr x width multiplier (weight decay / it) and matrix-like at lr / (fan-in / fan-out
     multiplier) (weight decay x it) (mup's MuSGD). The factors sit in each group's ``lr_mult`` / ``wd_mult``,
-    which the LR schedule (megatron.learning_rates) applies every step.
+    which the LR schedule (megatron.optim.learning_rates) applies every step.
 """
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def run_coord_check(neox_args, config: ModelConfig, parallel_state, batch, rng_t
     written, by kind (megatron.mup.coord_check.write_coord_check)."""
     from megatron.model import build_model
     from megatron.mup.coord_check import coord_check, write_coord_check
-    from megatron.optimizers import build_optimizer
+    from megatron.optim.optimizers import build_optimizer
 
     path = neox_args.base_shapes_file
     base = read_base_shapes(path)

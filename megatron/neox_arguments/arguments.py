@@ -187,7 +187,7 @@ class NeoXArgs(NeoXArgsSchema):
                                f"python deepy.py {script} {configs}"])
         args = cls.decode(encoded)
         if known.deepspeed_config is not None:
-            from megatron.neox_arguments.autotuning import is_experiment, read_deepspeed_config, tuned_args
+            from megatron.neox_arguments.autotuned import is_experiment, read_deepspeed_config, tuned_args
 
             ds_config = read_deepspeed_config(known.deepspeed_config)
             args = tuned_args(args, ds_config, experiment=is_experiment(ds_config))

@@ -15,7 +15,7 @@ from megatron.mup.rules import mup_run_problems
 from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_space_problems
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
-from megatron.zero_offload import offload_problems
+from megatron.optim.zero_offload import offload_problems
 
 
 TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha")
@@ -323,7 +323,7 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
         value = getattr(args, name)
         if value is not None and value < 0:
             problems.append(f"{name}={value} must be >= 0")
-    from megatron.optimizers import base_weight_decay
+    from megatron.optim.param_groups import base_weight_decay
 
     try:
         base = base_weight_decay(args)

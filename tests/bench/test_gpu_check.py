@@ -68,7 +68,7 @@ def test_a_hung_step_is_killed_with_its_children_and_the_next_still_runs(tmp_pat
 
 def test_gpu_test_paths_find_the_gpu_marked_files():
     paths = gpu_check.gpu_test_paths()
-    assert "tests/fused_kernels" in paths and "tests/test_optimizers.py" in paths
+    assert "tests/fused_kernels" in paths and "tests/optim/test_optimizers.py" in paths
     assert not any(p.startswith("tests/fused_kernels/") for p in paths)  # the folder covers its files
 
 

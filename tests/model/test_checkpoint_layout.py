@@ -6,7 +6,7 @@ import torch
 from megatron.model import build_model
 from megatron.model.checkpoint_layout import LayoutError
 from megatron.mpu import SingleProcessState
-from megatron.optimizers import get_param_groups
+from megatron.optim.param_groups import get_param_groups
 from tests.model.helpers import random_batch, tiny_config
 
 

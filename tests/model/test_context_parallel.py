@@ -165,7 +165,7 @@ def _check_training(tp: int, zero_stage: int, reference_rank: int, pp: int = 0,
     samples joined. Three batches in turn, so that the loss falls in 10 steps. With ``save_dir`` the run saves
     after step 5 and a fresh engine loading that checkpoint repeats steps 6-10 ("resumed")."""
     from megatron.checkpointing import load_checkpoint
-    from megatron.optimizers import build_optimizer
+    from megatron.optim.optimizers import build_optimizer
     from megatron.training import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 

@@ -244,7 +244,7 @@ def test_moe_model_trains_on_cpu():
 
 @pytest.mark.parametrize("own_group", [True, False])
 def test_create_moe_param_group_puts_the_experts_in_their_own_group(own_group):
-    from megatron.optimizers import MOE_GROUP_NAME, get_param_groups
+    from megatron.optim.param_groups import MOE_GROUP_NAME, get_param_groups
 
     model = build_model(moe_config(num_layers=2, expert_interval=2), SingleProcessState())
     groups = get_param_groups(model, 0.1, moe_param_group=own_group)
@@ -456,7 +456,7 @@ def test_deepspeed_gate_loss_and_residual():
 
 
 def test_deepspeed_param_groups_mark_the_experts_for_deepspeed():
-    from megatron.optimizers import deepspeed_moe_param_groups
+    from megatron.optim.param_groups import deepspeed_moe_param_groups
 
     model = build_model(ds_config(num_layers=2, expert_interval=2, use_bias_in_mlp=True), SingleProcessState())
     groups = deepspeed_moe_param_groups(model, 0.1)

@@ -12,7 +12,7 @@ from megatron.model.batch import masks_and_position_ids
 from megatron.model_config import ModelConfig
 from megatron.mpu import SingleProcessState
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, set_base_shapes
-from megatron.optimizers import build_optimizer
+from megatron.optim.optimizers import build_optimizer
 
 SEQ, BATCH, STEPS, BASE = 32, 4, 12, 64
 LEARNING_RATES = [2.0 ** -p for p in (10, 8, 6, 4)]

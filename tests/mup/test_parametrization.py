@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.learning_rates import AnnealingLR
+from megatron.optim.learning_rates import AnnealingLR
 from megatron.model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, named_parameters, set_base_shapes
-from megatron.optimizers import build_optimizer
+from megatron.optim.optimizers import build_optimizer
 from tests.model.helpers import random_batch, tiny_config
 
 PS = SingleProcessState()
@@ -78,7 +78,7 @@ def test_mup_initialisation_and_optimizer_groups():
     assert (qkv["lr"], qkv["lr_mult"], qkv["weight_decay"]) == pytest.approx((0.01 / 4, 0.25, 0.1 * 4))
     assert (emb["lr"], emb["weight_decay"], "lr_mult" in emb) == (0.01, 0.1, False)
     assert by_name["sequential.2.input_layernorm.weight"]["weight_decay"] == 0.0
-    # the schedule keeps the factor every step (megatron.learning_rates: lr x lr_mult)
+    # the schedule keeps the factor every step (megatron.optim.learning_rates: lr x lr_mult)
     AnnealingLR(adam, start_lr=0.02, warmup_iter=0, total_iters=10, decay_style="constant", last_iter=0)
     assert qkv["lr"] == pytest.approx(0.02 / 4) and emb["lr"] == pytest.approx(0.02)
     # SGD (MuSGD): vector-like x width multiplier, matrix-like / (fan-in / fan-out multiplier), here 4 / 4

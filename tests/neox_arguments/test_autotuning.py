@@ -8,8 +8,8 @@ import os
 import pytest
 
 from megatron.neox_arguments import ConfigError, NeoXArgs
-from megatron.neox_arguments.autotuning import (autotuner_config, read_deepspeed_config, runner_autotuning_argv,
-                                                tuned_args)
+from megatron.neox_arguments.autotuned import read_deepspeed_config, tuned_args
+from megatron.neox_arguments.autotuning import autotuner_config, runner_autotuning_argv
 from tests.neox_arguments.helpers import problems_of, tiny
 
 AUTOTUNING = {"enabled": True, "fast": True, "start_profile_step": 1, "end_profile_step": 2,

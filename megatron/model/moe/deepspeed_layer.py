@@ -69,7 +69,7 @@ from megatron.model.mlp import ParallelMLP
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import ModelConfig
 from megatron.mpu import SingleProcessState, gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
-from megatron.optimizers import MOE_EXPERT_FLAG
+from megatron.model.parameter_marks import MOE_EXPERT_FLAG
 
 JITTER_POLICY = "Jitter"
 

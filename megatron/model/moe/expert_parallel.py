@@ -59,7 +59,7 @@ from megatron.model.moe.stats import MoELayerBase
 from megatron.model_config import ModelConfig
 from megatron.mpu import copy_to_model_parallel_region, reduce_from_model_parallel_region
 from megatron.mpu.collectives import all_to_all_equal, all_to_all_rows
-from megatron.optimizers import MOE_EXPERT_FLAG
+from megatron.model.parameter_marks import MOE_EXPERT_FLAG
 
 
 class LocalExpert(nn.Module):

@@ -43,7 +43,7 @@ from megatron.mpu import (
     reduce_scatter_to_sequence_parallel_region,
 )
 from megatron.mpu.collectives import group_size
-from megatron.optimizers import MOE_EXPERT_FLAG
+from megatron.model.parameter_marks import MOE_EXPERT_FLAG
 
 
 def expert_activation(name: str):

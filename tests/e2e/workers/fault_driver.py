@@ -39,7 +39,7 @@ import torch.distributed.fsdp  # noqa: E402,F401  (deepspeed.comm's initialisati
 import megatron.data.data_utils  # noqa: E402,F401
 import megatron.logging  # noqa: E402,F401
 import megatron.model  # noqa: E402,F401
-import megatron.optimizers  # noqa: E402,F401
+import megatron.optim.optimizers  # noqa: E402,F401
 import train  # noqa: E402,F401
 from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile  # noqa: E402
 

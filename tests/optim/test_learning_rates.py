@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from megatron.learning_rates import CHECKED_KEYS, AnnealingLR
-from megatron.learning_rates import build_lr_scheduler as _build
+from megatron.optim.learning_rates import CHECKED_KEYS, AnnealingLR
+from megatron.optim.learning_rates import build_lr_scheduler as _build
 from megatron.training_schedule import TrainingSchedule
 from tests.distributed_helpers import run_distributed
 from tests.neox_arguments.helpers import tiny
@@ -351,7 +351,7 @@ def _tiny_model(tied: bool = False):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_decoupled_lr_gives_the_embedding_and_output_weights_their_own_schedule(tied):
-    from megatron.optimizers import build_optimizer
+    from megatron.optim.optimizers import build_optimizer
 
     model = _tiny_model(tied)
     args = tiny(optimizer=ADAM, train_iters=50, warmup=0.2, lr_decay_style="cosine", min_lr=1e-4,
@@ -371,7 +371,7 @@ def test_decoupled_lr_gives_the_embedding_and_output_weights_their_own_schedule(
 
 @pytest.mark.parametrize("style", ["linear", "cosine"])
 def test_weight_decay_increment_every_step_and_norms_never_decay(style):
-    from megatron.optimizers import build_optimizer
+    from megatron.optim.optimizers import build_optimizer
 
     args = tiny(optimizer=ADAM, train_iters=40, weight_decay=0.0, start_weight_decay=0.01, end_weight_decay=0.1,
                 weight_decay_incr_style=style)
@@ -395,7 +395,7 @@ RESUMED = {"wsd": dict(lr_decay_style="wsd", lr_warmup_iters=10, lr_wsd_decay_it
 def test_resumes_exactly_from_a_state_dict_mid_schedule(kind, stop):
     """A scheduler rebuilt from the config and loaded from the state at `stop` (stable phase 45, WSD decay 80)
     gives the uninterrupted scheduler's rates and weight decays at every later step."""
-    from megatron.optimizers import build_optimizer
+    from megatron.optim.optimizers import build_optimizer
 
     args = tiny(optimizer=ADAM, train_iters=100, **RESUMED[kind])
     first = build_lr_scheduler(args, build_optimizer(args, _tiny_model()))

@@ -64,6 +64,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from megatron.optim.param_groups import DECOUPLED_GROUP, base_weight_decay
 from megatron.training_schedule import TrainingSchedule
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential", "inverse_sqrt", "wsd")
@@ -76,9 +77,6 @@ EXTRA_CHECKED_KEYS: Dict[str, Any] = {"warmup_init": None, "wsd_decay_style": "e
                                       "end_wd": None, "wd_incr_style": None, "wd_incr_iters": None}
 """Configuration this project adds to GPT-NeoX's state, with the value that means "not used": a checkpoint
 without them (GPT-NeoX's, or one saved before they existed) holds these values."""
-DECOUPLED_GROUP = "decoupled_lr"
-"""Parameter-group flag (set by megatron.optimizers.get_param_groups): the group holds input-embedding or
-output-layer weights and follows decoupled_lr / decoupled_min_lr."""
 
 
 class WeightDecaySchedule:
@@ -329,7 +327,6 @@ def build_lr_scheduler(neox_args: Any, schedule: TrainingSchedule, optimizer: to
 
     Call it after build_optimizer and before deepspeed.initialize; it starts at iteration 0 (lr / W with
     warmup, lr_warmup_init when that is set, lr without warmup)."""
-    from megatron.optimizers import base_weight_decay
 
     if neox_args.lr is None:
         raise ValueError("no learning rate: set optimizer.params.lr (or lr)")

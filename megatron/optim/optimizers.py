@@ -52,10 +52,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 from torch import nn
 
-_log = logging.getLogger(__name__)
+from megatron.optim.param_groups import base_weight_decay, deepspeed_moe_param_groups, get_param_groups
 
-NO_DECAY_FLAG = "_no_weight_decay"
-"""Set this attribute to True on a parameter to exclude it from weight decay."""
+_log = logging.getLogger(__name__)
 
 ACCEPTED_PARAMS: Dict[str, Tuple[str, ...]] = {
     "adam": ("lr", "betas", "eps", "weight_decay", "adam_w_mode", "amsgrad", "bias_correction"),
@@ -66,90 +65,6 @@ ACCEPTED_PARAMS: Dict[str, Tuple[str, ...]] = {
     "madgrad_wd": ("lr", "momentum", "eps", "weight_decay"),
     "lion": ("lr", "betas", "weight_decay"),
 }
-
-
-# ---------------------------------------------------------------------------------------------------
-# Parameter groups
-# ---------------------------------------------------------------------------------------------------
-
-def _excluded_from_decay(module: nn.Module, name: str, param: nn.Parameter) -> bool:
-    return ("Norm" in type(module).__name__ or name == "bias" or name.endswith("_bias")
-            or bool(getattr(param, NO_DECAY_FLAG, False)))
-
-
-MOE_EXPERT_FLAG = "_moe_expert"
-"""Set on the expert weights of the MoE layers (megatron.model.moe): ``create_moe_param_group`` gives them their
-own optimizer group."""
-MOE_GROUP_NAME = "moe_experts"
-
-
-EMBEDDING_OR_OUTPUT_FLAG = "_embedding_or_output"
-"""Set on the input-embedding and output-layer weights (megatron.model.embedding / head): with decoupled_lr
-``get_param_groups`` puts them in groups of their own (Megatron-LM's is_embedding_or_output_parameter)."""
-
-
-def get_param_groups(model: nn.Module, weight_decay: float, moe_param_group: bool = False,
-                     decoupled_lr: bool = False) -> List[Dict[str, Any]]:
-    """[{params to decay, weight_decay}, {params not to decay, weight_decay: 0}], empty groups dropped.
-
-    Not decayed: every parameter of a module whose class name contains "Norm" (LayerNorm, RMSNorm, ...),
-    biases, and parameters flagged `_no_weight_decay`. Parameters that do not require grad are left out;
-    a parameter shared by several modules (tied embeddings) appears once.
-    With ``moe_param_group`` (create_moe_param_group) the experts' weights (flagged ``_moe_expert``) form a third
-    group of their own, named ``moe_experts``, decayed with ``weight_decay`` (they are weight matrices; they never
-    share a group with the norms and biases).
-    With ``decoupled_lr`` the parameters flagged ``_embedding_or_output`` form decay / no-decay groups of their own,
-    after the others, marked ``decoupled_lr: True`` (megatron.learning_rates gives them decoupled_lr)."""
-    from megatron.learning_rates import DECOUPLED_GROUP
-
-    buckets: Dict[Tuple[str, bool], List[nn.Parameter]] = {}
-    seen = set()
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if id(param) in seen or not param.requires_grad:
-                continue
-            seen.add(id(param))
-            if moe_param_group and getattr(param, MOE_EXPERT_FLAG, False):
-                kind = "experts"
-            elif weight_decay != 0.0 and not _excluded_from_decay(module, name, param):
-                kind = "decay"
-            else:
-                kind = "no_decay"
-            own = decoupled_lr and bool(getattr(param, EMBEDDING_OR_OUTPUT_FLAG, False))
-            buckets.setdefault((kind, own), []).append(param)
-    settings = {"decay": {"weight_decay": float(weight_decay)}, "no_decay": {"weight_decay": 0.0},
-                "experts": {"weight_decay": float(weight_decay), "name": MOE_GROUP_NAME}}
-    groups = []
-    for own in (False, True):
-        for kind in ("decay", "no_decay", "experts"):
-            if buckets.get((kind, own)):
-                groups.append({"params": buckets[(kind, own)], **settings[kind],
-                               **({DECOUPLED_GROUP: True} if own else {})})
-    return groups
-
-
-def base_weight_decay(neox_args: Any) -> float:
-    """The optimizer's weight decay: optimizer.params.weight_decay, else weight_decay."""
-    params = (neox_args.optimizer or {}).get("params") or {}
-    return float(params.get("weight_decay", neox_args.weight_decay))
-
-
-def deepspeed_moe_param_groups(model: nn.Module, weight_decay: float,
-                               decoupled_lr: bool = False) -> List[Dict[str, Any]]:
-    """create_moe_param_group with DeepSpeed's MoE layer (moe_type deepspeed) or expert parallelism:
-    ``get_param_groups``' decay and no-decay groups, each with its experts moved to a group of their own marked ``moe`` (DeepSpeed's
-    split_params_into_different_moe_groups_for_optimizer, which its engine and ZeRO expect: expert gradients
-    are reduced over the expert-data-parallel group)."""
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
-    from megatron.learning_rates import DECOUPLED_GROUP
-
-    groups = get_param_groups(model, weight_decay, decoupled_lr=decoupled_lr)
-    plain = [group for group in groups if not group.get(DECOUPLED_GROUP)]
-    for group in groups:
-        name = ("decay" if group["weight_decay"] else "no_decay") if len(plain) == 2 else "params"
-        group["name"] = name + ("_decoupled" if group.get(DECOUPLED_GROUP) else "")
-    return [group for group in split_params_into_different_moe_groups_for_optimizer(groups) if group["params"]]
 
 
 # ---------------------------------------------------------------------------------------------------

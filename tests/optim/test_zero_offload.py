@@ -1,11 +1,11 @@
-"""ZeRO-Offload: the config rules (megatron.zero_offload), and DeepSpeed's offloading on two gloo ranks giving the
+"""ZeRO-Offload: the config rules (megatron.optim.zero_offload), and DeepSpeed's offloading on two gloo ranks giving the
 losses of the same run without offload, and resuming exactly from its checkpoint. (The deepy.py path with
 offload is covered by tests/e2e/test_deepspeed_features.py.)"""
 
 import pytest
 import torch
 
-from megatron.zero_offload import offload_device_problems, offload_problems
+from megatron.optim.zero_offload import offload_device_problems, offload_problems
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config
 from tests.neox_arguments.helpers import problems_of, tiny

@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from megatron.optimizers import (DEEPSPEED_FUSED_ADAM, MADGRAD, SM3, TORCH_FUSED_ADAM, Lion, adam_implementation,
-                                 build_optimizer, get_param_groups, parameters_device_type)
+from megatron.optim.optimizers import (DEEPSPEED_FUSED_ADAM, MADGRAD, SM3, TORCH_FUSED_ADAM, Lion, adam_implementation,
+                                       build_optimizer, parameters_device_type)
+from megatron.optim.param_groups import get_param_groups
 from tests.neox_arguments.helpers import tiny
 
 
@@ -245,7 +246,7 @@ def test_adam_is_deepspeed_fused_adam_on_cuda_where_deepspeed_fuses_its_16bit_wr
 def test_a_cuda_model_whose_fused_adam_cannot_be_built_gets_torch_fused_adamw_and_one_warning(monkeypatch, caplog):
     """The choice for a CUDA-placed model through build_optimizer (the parameters' device read as CUDA); the JIT
     build failing (no nvcc here) falls back to torch's fused AdamW over the same groups, saying why in one line."""
-    import megatron.optimizers as optimizers
+    import megatron.optim.optimizers as optimizers
 
     def no_nvcc() -> None:
         raise RuntimeError("Unable to JIT load the fused_adam op due to ninja not being installed.\nmore detail")
@@ -253,7 +254,7 @@ def test_a_cuda_model_whose_fused_adam_cannot_be_built_gets_torch_fused_adamw_an
     monkeypatch.setattr(optimizers, "parameters_device_type", lambda groups: "cuda")
     monkeypatch.setattr(optimizers, "_load_fused_adam_op", no_nvcc)
     model = Toy()
-    with caplog.at_level("WARNING", logger="megatron.optimizers"):
+    with caplog.at_level("WARNING", logger="megatron.optim.optimizers"):
         opt = build_optimizer(tiny(optimizer={"type": "Adam", "params": {"lr": 0.01}}, weight_decay=0.1,
                                    bf16={"enabled": True}), model)
     assert type(opt) is torch.optim.AdamW and opt.defaults["fused"] is True
@@ -300,7 +301,8 @@ def test_pipeline_stages_with_other_param_groups_are_named_before_zero_would_han
     """The experts' own group exists only on stages holding an MoE layer: under ZeRO 1 / 2 that would hang DeepSpeed's
     group-by-group norm all-reduce (megatron.training checks it over the pipe group: by hand, PP=2 with one MoE layer
     of 2 gives this message on both ranks instead of a hang)."""
-    from megatron.optimizers import MOE_EXPERT_FLAG, describe_param_groups, pipeline_group_mismatch
+    from megatron.model.parameter_marks import MOE_EXPERT_FLAG
+    from megatron.optim.optimizers import describe_param_groups, pipeline_group_mismatch
 
     def stage(with_experts: bool) -> nn.Module:
         model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
