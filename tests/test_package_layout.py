@@ -14,14 +14,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def module_level_imports(path: Path, modules: Set[str]) -> Set[str]:
-    """The megatron modules `path` imports at module level (also under `if TYPE_CHECKING:`)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    body: List[ast.stmt] = []
-    for node in tree.body:
-        body += node.body if isinstance(node, ast.If) else [node]
+def imported_modules(nodes, modules: Set[str]) -> Set[str]:
+    """The megatron modules the import statements among `nodes` name."""
     found: Set[str] = set()
-    for node in body:
+    for node in nodes:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name in modules}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -29,6 +25,15 @@ def module_level_imports(path: Path, modules: Set[str]) -> Set[str]:
                 child = f"{node.module}.{alias.name}"
                 found.add(child if child in modules else node.module)
     return {name for name in found if name in modules}
+
+
+def module_level_imports(path: Path, modules: Set[str]) -> Set[str]:
+    """The megatron modules `path` imports at module level (also under `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    body: List[ast.stmt] = []
+    for node in tree.body:
+        body += node.body if isinstance(node, ast.If) else [node]
+    return imported_modules(body, modules)
 
 
 def import_graph() -> Dict[str, Set[str]]:
@@ -77,15 +82,7 @@ def test_megatron_has_no_import_cycle():
 
 def all_imports(path: Path, modules: Set[str]) -> Set[str]:
     """The megatron modules `path` imports anywhere: at module level and inside functions."""
-    found: Set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name in modules}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:
-                child = f"{node.module}.{alias.name}"
-                found.add(child if child in modules else node.module)
-    return {name for name in found if name in modules}
+    return imported_modules(ast.walk(ast.parse(path.read_text(encoding="utf-8"))), modules)
 
 
 def circles(graph: Dict[str, Set[str]]) -> List[Set[str]]:
