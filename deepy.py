@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.autotuner_launch import missing_packages
 from megatron.launch_signals import ForwardSignals, interrupted_exit_code
-from megatron.neox_arguments import ConfigError, NeoXArgs, prelaunch
+from megatron.neox_arguments import NeoXArgs, prelaunch
+from megatron.errors import ConfigError
 from megatron.neox_arguments.hostfile import is_local_launch
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variables_to_workers, multi_node_launch,
                                               worker_environment)

@@ -16,15 +16,14 @@ HF_HUB_OFFLINE and HF_DATASETS_OFFLINE are set unless the environment sets them.
 
 import sys
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError
 
 
 def main() -> int:
-    from megatron.checkpointing import CheckpointError
-    from megatron.data.errors import DataError
+    from megatron.errors import CheckpointError, DataError, TokenizerError
     from megatron.evaluation import EvalTaskError, set_offline_env
     from megatron.optional_deps import MissingOptionalDependency, require
-    from megatron.tokenizer import TokenizerError
 
     set_offline_env()
     try:

@@ -27,7 +27,8 @@ import os
 import sys
 from typing import IO, Iterator, List, Optional
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError
 
 
 def _rank() -> int:
@@ -150,11 +151,9 @@ def generate_samples(neox_args, engine, ctx, stdin: IO[str] = sys.stdin) -> int:
 
 
 def main() -> int:
-    from megatron.checkpointing import CheckpointError
-    from megatron.data.errors import DataError
+    from megatron.errors import CheckpointError, DataError, TokenizerError
     from megatron.optional_deps import MissingOptionalDependency
     from megatron.text_generation_utils import GenerationError
-    from megatron.tokenizer import TokenizerError
 
     try:
         neox_args = NeoXArgs.consume_neox_args()

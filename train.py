@@ -6,15 +6,13 @@
 
 import sys
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.errors import CheckpointError, ConfigError, DataError, TokenizerError
+from megatron.neox_arguments import NeoXArgs
 
 
 def main() -> int:
-    from megatron.checkpointing import CheckpointError
-    from megatron.data.errors import DataError
     from megatron.launch_signals import interrupted_exit_code
     from megatron.optional_deps import MissingOptionalDependency
-    from megatron.tokenizer import TokenizerError
 
     neox_args = None
     try:

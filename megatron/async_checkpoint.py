@@ -29,7 +29,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
-from megatron.checkpoint_files import CheckpointError
+from megatron.errors import CheckpointError
 from megatron.hashed_save import BLOCK, save_hashed
 from megatron.mpu.host_collectives import all_reduce, gather_object
 

@@ -15,9 +15,7 @@ from typing import Any, List
 
 import torch
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded into this run; the message says which and why."""
+from megatron.errors import CheckpointError
 
 
 def checkpoint_globals() -> List[Any]:

@@ -41,7 +41,8 @@ from typing import Any, Dict, Mapping, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.checkpointing import CheckpointError, optimizer_layout, set_rng_states
+from megatron.checkpointing import optimizer_layout, set_rng_states
+from megatron.errors import CheckpointError
 from megatron.checkpoint_conversion.tensor_parallel import split_full
 from megatron.checkpoint_conversion.training_state import (FP32, TrainingState, client_state, flat_name,
                                                            read_training_state)
@@ -257,7 +258,7 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
     if load_optim:
         state = read_training_state(path, model_config, saved_layout, wanted=set(names.values()))
     else:
-        from megatron.checkpoint_conversion.errors import ConversionError
+        from megatron.errors import ConversionError
         from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 
         try:

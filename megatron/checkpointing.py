@@ -56,7 +56,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint_files import CheckpointError, load_checkpoint_file  # noqa: F401 (CheckpointError: re-exported)
+from megatron.checkpoint_files import load_checkpoint_file
+from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
 from megatron.checkpoint_integrity import verification_problems, write_manifest
 from megatron.checkpoint_integrity import write_atomically as _write_atomically  # a seam tests replace
 from megatron.mpu.host_collectives import barrier, broadcast_object
@@ -527,7 +528,7 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
 
 def _yaml_values(path: str) -> Dict[str, Any]:
     """The merged values of checkpoint ``path``'s configs/*.yml (GPT-NeoX writes the run's YAML files there)."""
-    from megatron.neox_arguments import ConfigError
+    from megatron.errors import ConfigError
     from megatron.neox_arguments.loading import parse_yaml_text
 
     values: Dict[str, Any] = {}

@@ -20,7 +20,8 @@ from typing import Dict, Tuple
 
 from torch import nn
 
-from megatron.checkpointing import CheckpointError, resolve_checkpoint
+from megatron.checkpointing import resolve_checkpoint
+from megatron.errors import CheckpointError
 from megatron.initialize import RunContext, initialize_megatron
 
 PIPELINE_SCHEDULE_CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
@@ -46,7 +47,7 @@ def slot_modules(model: nn.Module) -> Dict[int, nn.Module]:
 def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, model_config) -> None:
     """Copy this rank's slice of the checkpoint's weights into ``model`` (every parameter must be found). The
     checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's."""
-    from megatron.checkpoint_conversion.errors import ConversionError
+    from megatron.errors import ConversionError
     from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
     from megatron.checkpoint_conversion.tensor_parallel import split_full
     from megatron.model.checkpoint_layout import from_neox, slot_kind, to_neox
@@ -87,13 +88,13 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
     from megatron.model import build_model
 
     if neox_args.train_impl == "rm":
-        from megatron.neox_arguments import ConfigError
+        from megatron.errors import ConfigError
 
         raise ConfigError(["train_impl 'rm': a reward model scores sequences and has no vocabulary head, so "
                            "generate.py / eval.py cannot use it; score with the model converted to transformers' "
                            "*ForSequenceClassification (tools/ckpts/convert_neox_to_hf.py)"])
     if neox_args.context_parallel_size > 1:
-        from megatron.neox_arguments import ConfigError
+        from megatron.errors import ConfigError
 
         raise ConfigError([f"context_parallel_size={neox_args.context_parallel_size}: generate.py / eval.py with "
                            f"context parallelism is not supported yet (decoding keeps whole sequences); set "

@@ -72,7 +72,7 @@ def start_distributed(neox_args) -> None:
     of rank 0 from MASTER_ADDR or master_addr. A master port that is taken is a ConfigError naming it."""
     import torch.distributed as dist
 
-    from megatron.neox_arguments import ConfigError
+    from megatron.errors import ConfigError
     from megatron.neox_arguments.launcher import rendezvous_environment
 
     if not dist.is_initialized():
@@ -97,7 +97,7 @@ def start_distributed(neox_args) -> None:
 
 def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config."""
-    from megatron.neox_arguments import ConfigError
+    from megatron.errors import ConfigError
     from megatron.rank_logs import tee_rank_output
 
     tee_rank_output(neox_args.log_dir, neox_args.rank)
@@ -129,7 +129,7 @@ def _checkpoint_vocabulary(neox_args, tokenizer_vocab: int, vocab: int) -> int:
     """A GPT-NeoX checkpoint to load fixes the padded vocabulary (its embedding's rows; GPT-NeoX pads with its
     own make_vocab_size_divisible_by), unless padded_vocab_size is set (then resolve_checkpoint compares)."""
     from megatron.checkpointing import checkpoint_vocab_size
-    from megatron.neox_arguments import ConfigError
+    from megatron.errors import ConfigError
 
     rows = checkpoint_vocab_size(neox_args)
     if rows is None or rows == vocab or neox_args.padded_vocab_size is not None:

@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint_files import use_safe_loading
-from megatron.checkpointing import (CheckpointError, estimated_checkpoint_bytes, load_checkpoint, rng_states,
-                                   save_checkpoint, set_rng_states, space_problem)
+from megatron.checkpointing import (estimated_checkpoint_bytes, load_checkpoint, rng_states, save_checkpoint,
+                                    set_rng_states, space_problem)
+from megatron.errors import CheckpointError
 from megatron.comms_logging import CommsReporter
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
@@ -203,7 +204,7 @@ def _place_as_deepspeed_will(model: torch.nn.Module, neox_args, ctx: RunContext)
 def _check_stage_param_groups(optimizer: torch.optim.Optimizer, ps) -> None:
     """Every pipeline stage must have the same optimizer groups under ZeRO 1 / 2 (megatron.optim.optimizers.
     pipeline_group_mismatch): a ConfigError on every rank instead of a hang at the first step."""
-    from megatron.neox_arguments import ConfigError
+    from megatron.errors import ConfigError
     from megatron.optim.optimizers import describe_param_groups, pipeline_group_mismatch
 
     stages = all_gather_object(describe_param_groups(optimizer.param_groups), group=ps.get_pipe_parallel_group())
@@ -326,7 +327,7 @@ class _ModelBatches:
         vocab = self.ctx.model_config.padded_vocab_size
         largest = int(tokens.max()) if tokens.numel() else 0
         if largest >= vocab:
-            from megatron.data.errors import DataError
+            from megatron.errors import DataError
 
             raise DataError(f"token id {largest} in {self.source} is beyond the model's vocabulary of {vocab} "
                             f"ids (the tokenizer {self.tokenizer_file or ''} padded to "
@@ -704,7 +705,7 @@ def pretrain(neox_args) -> Dict[str, Any]:
     """Train (and evaluate) as the config says; returns a summary (iterations, losses, evaluations)."""
     problems = neox_args.training_problems()
     if problems:
-        from megatron.neox_arguments import ConfigError
+        from megatron.errors import ConfigError
 
         raise ConfigError(problems)
     started_at = time.time()

@@ -13,7 +13,7 @@ import torch
 
 from megatron.async_checkpoint import (DONE, FAILED, PACE_SHARE, WRITER_NICENESS, WRITING, ArenaPool,
                                       AsyncCheckpoints, BackgroundWriter, WritePacer, snapshot)
-from megatron.checkpoint_files import CheckpointError
+from megatron.errors import CheckpointError
 from megatron.checkpointing import (COMPLETE_MARKER, LATEST_FILE, complete_checkpoint, complete_tags, failed_save,
                                     read_latest)
 from megatron import async_checkpoint, checkpoint_integrity

@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from megatron.checkpoint_files import CheckpointError, load_checkpoint_file
+from megatron.checkpoint_files import load_checkpoint_file
+from megatron.errors import CheckpointError
 from tests.distributed_helpers import run_distributed
 
 
@@ -70,7 +71,7 @@ def test_a_planted_rng_state_is_refused_on_resume(tmp_path):
 
 @pytest.mark.fault
 def test_conversion_refuses_a_planted_model_file(tmp_path):
-    from megatron.checkpoint_conversion import ConversionError
+    from megatron.errors import ConversionError
     from megatron.checkpoint_conversion.neox_checkpoint import _load
 
     plant(str(tmp_path / "layer_00-model_00-model_states.pt"), tmp_path / "ran")

@@ -12,8 +12,8 @@ import torch
 
 from megatron.checkpoint_integrity import LEGACY_MANIFEST, MANIFEST, read_manifest, verification_problems
 from megatron.hashed_save import new_digest
-from megatron.checkpointing import (CheckpointError, estimated_checkpoint_bytes, read_latest, space_problem,
-                                    tag_for)
+from megatron.checkpointing import estimated_checkpoint_bytes, read_latest, space_problem, tag_for
+from megatron.errors import CheckpointError
 from tests.test_checkpointing import FakeEngine, args_for, load, resolve, save
 
 

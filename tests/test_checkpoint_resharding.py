@@ -296,7 +296,7 @@ def test_expert_parallelism_and_deepspeeds_layer_in_a_pipeline_are_refused_namin
     """Expert parallelism and DeepSpeed's layer in a pipeline are refused, in the checkpoint or in the run; the
     dropless layer, and DeepSpeed's without a pipeline, at EP 1 pass."""
     from megatron.checkpoint_resharding import load_resharded, moe_problem
-    from megatron.checkpointing import CheckpointError
+    from megatron.errors import CheckpointError
     from megatron.model_config import ModelConfig
     from tests.neox_arguments.helpers import tiny
 

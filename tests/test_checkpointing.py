@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import megatron.checkpointing
-from megatron.checkpointing import (CheckpointError, complete_tags, load_checkpoint, read_latest, resolve_checkpoint,
-                                    save_checkpoint)
+from megatron.checkpointing import complete_tags, load_checkpoint, read_latest, resolve_checkpoint, save_checkpoint
+from megatron.errors import CheckpointError
 from megatron.model_config import ModelConfig
 from tests.neox_arguments.helpers import tiny
 
@@ -327,7 +327,7 @@ def test_save_writes_gpt_neox_client_state(tmp_path):
 
 def test_the_padded_vocabulary_of_a_gpt_neox_checkpoint_comes_from_its_embedding(tmp_path):
     from megatron.initialize import _checkpoint_vocabulary
-    from megatron.neox_arguments import ConfigError
+    from megatron.errors import ConfigError
 
     args = args_for(tmp_path)
     _gpt_neox_checkpoint(tmp_path, args)  # 128 rows

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from megatron.checkpointing import CheckpointError
+from megatron.errors import CheckpointError
 from megatron.run_lock import LOCK_FILE, RunLock, lock_problem
 from tests.e2e.launch import REPO
 

@@ -114,7 +114,7 @@ def test_char_counter_counts_the_predicted_tokens_and_their_characters():
 
 @pytest.mark.fault
 def test_token_ids_beyond_the_vocabulary_are_a_data_error_naming_the_files():
-    from megatron.data.errors import DataError
+    from megatron.errors import DataError
     from megatron.initialize import RunContext
     from megatron.model_config import ModelConfig
     from megatron.mpu import SingleProcessState

@@ -10,6 +10,6 @@ layouts, and Hugging Face folders. The model is described by a ModelConfig throu
   LlamaForCausalLM / MistralForCausalLM / MambaForCausalLM, with the matching configs.
 * ``hf_folder`` and ``tokenizer_files``: reading and writing a local Hugging Face folder.
 """
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 
 __all__ = ["ConversionError"]

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.model_config import ModelConfig
 
 

@@ -19,7 +19,7 @@ import yaml
 from megatron.model_config import ModelConfig
 
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import load_hf_folder
 from megatron.checkpoint_conversion.neox_checkpoint import write_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
@@ -53,7 +53,8 @@ def model_yaml_values(config: ModelConfig) -> Dict[str, Any]:
 def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_parallel_size: int = 1,
                        pipe_parallel_size: int = 0) -> str:
     """Convert ``hf_dir``; returns the checkpoint directory written."""
-    from megatron.neox_arguments import ConfigError, NeoXArgs
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.errors import ConfigError
 
     if model_parallel_size < 1 or pipe_parallel_size < 0:
         raise ConversionError("--model_parallel_size must be >= 1 and --pipe_parallel_size >= 0")

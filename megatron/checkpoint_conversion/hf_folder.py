@@ -8,7 +8,7 @@ from typing import Any, Dict, Mapping, Tuple
 import torch
 
 from megatron.checkpoint_conversion.common import transformers_module
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHTS_FILE = "model.safetensors"

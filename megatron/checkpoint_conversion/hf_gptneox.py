@@ -22,7 +22,7 @@ from megatron.checkpoint_conversion.common import (
     take,
     transformers_module,
 )
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.model_config import ModelConfig
 
 ACTIVATIONS_TO_HF = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "mish": "mish"}

@@ -34,7 +34,7 @@ from megatron.checkpoint_conversion.common import (
     take,
     transformers_module,
 )
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.model_config import ModelConfig
 
 ARCHITECTURES = ("llama", "mistral", "mixtral")

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 import torch
 
 from megatron.checkpoint_conversion.common import refuse_unrepresentable, take, transformers_module
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.model_config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 
 SEQ_LENGTH = 2048

@@ -42,29 +42,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import CheckpointError, ConversionError
 from megatron.checkpoint_integrity import verification_problems, write_manifest
 from megatron.checkpoint_conversion.tensor_parallel import merge_shards, split_full
-from megatron.checkpointing import (
-    ARGS_FILE,
-    COMPLETE_MARKER,
-    EXPERT_FILE,
-    GPT_NEOX,
-    LATEST_FILE,
-    LAYER_FILE,
-    LAYOUT,
-    LAYOUT_KEY,
-    MP_FILE,
-    OURS_OLD,
-    CheckpointError,
-    checkpoint_kind,
-    file_layout,
-    gpt_neox_client_args,
-    gpt_neox_gmlp_problem,
-    gpt_neox_mamba_problem,
-    load_lazily,
-    model_files,
-)
+from megatron.checkpointing import (ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE, GPT_NEOX, LATEST_FILE, LAYER_FILE, LAYOUT,
+                                    LAYOUT_KEY, MP_FILE, OURS_OLD, checkpoint_kind, file_layout, gpt_neox_client_args,
+                                    gpt_neox_gmlp_problem, gpt_neox_mamba_problem, load_lazily, model_files)
 from megatron.model.checkpoint_layout import LAYER, LayoutError, from_neox, slot_kind, to_neox
 from megatron.model_config import ModelConfig
 
@@ -113,7 +96,8 @@ def read_args_file(path: str) -> Dict[str, Any]:
     args_file = os.path.join(path, ARGS_FILE)
     if not os.path.isfile(args_file):
         raise ConversionError(f"{args_file} is missing; pass the run's YAML files with --config_file")
-    from megatron.checkpointing import CheckpointError, read_saved_args
+    from megatron.checkpointing import read_saved_args
+    from megatron.errors import CheckpointError
 
     try:
         return read_saved_args(args_file)
@@ -147,7 +131,8 @@ def model_config_of(args: Mapping[str, Any], source: str, **layout: Any) -> Mode
 
 
 def _load(path: str) -> Any:
-    from megatron.checkpoint_files import CheckpointError, load_checkpoint_file
+    from megatron.checkpoint_files import load_checkpoint_file
+    from megatron.errors import CheckpointError
 
     try:
         return load_checkpoint_file(path)

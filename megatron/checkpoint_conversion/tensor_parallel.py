@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.model.attention import qkv_blocks
 from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
 from megatron.mpu.utils import Chunks, join_shards, shard_of

@@ -6,7 +6,7 @@ import os
 from typing import Any, Dict, Optional, Sequence
 
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
@@ -18,7 +18,8 @@ HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistra
 
 def args_from_config_files(paths: Sequence[str]) -> Dict[str, Any]:
     """A NeoXArgs dict from the run's YAML files (validated as train.py would)."""
-    from megatron.neox_arguments import ConfigError, NeoXArgs
+    from megatron.neox_arguments import NeoXArgs
+    from megatron.errors import ConfigError
 
     try:
         return NeoXArgs.from_ymls(list(paths)).to_dict()

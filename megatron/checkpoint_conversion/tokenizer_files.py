@@ -16,7 +16,7 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from megatron.checkpoint_conversion.common import transformers_module
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 
 JSON_TOKENIZERS = ("HFTokenizer", "HFGPT2Tokenizer")
 
@@ -28,7 +28,8 @@ def run_tokenizer(args: Mapping[str, Any]) -> Optional[Any]:
         print(f"note: tokenizer_type={kind!r} without a vocab_file: config.json gets no eos_token_id / "
               f"bos_token_id (set them yourself)", file=sys.stderr)
         return None
-    from megatron.tokenizer import TokenizerError, build_tokenizer_from
+    from megatron.tokenizer import build_tokenizer_from
+    from megatron.errors import TokenizerError
 
     try:
         return build_tokenizer_from(kind, args.get("vocab_file"), args.get("merge_file"))
@@ -82,7 +83,8 @@ def copy_hf_tokenizer(hf_dir: str, out_dir: str) -> Optional[Dict[str, Any]]:
             os.makedirs(out_dir, exist_ok=True)
             target = os.path.abspath(os.path.join(out_dir, name))
             shutil.copyfile(source, target)
-            from megatron.tokenizer import TokenizerError, build_tokenizer_from
+            from megatron.tokenizer import build_tokenizer_from
+            from megatron.errors import TokenizerError
 
             try:
                 size = build_tokenizer_from(kind, target).vocab_size

@@ -28,7 +28,8 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tup
 import torch
 
 from megatron.checkpoint_conversion.tensor_parallel import merge_shards, split_rule
-from megatron.checkpointing import RESHARD_KEY, CheckpointError, load_lazily
+from megatron.checkpointing import RESHARD_KEY, load_lazily
+from megatron.errors import CheckpointError
 from megatron.model_config import ModelConfig
 
 FP32 = "fp32"
@@ -236,7 +237,7 @@ def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int,
     ``saved_layout`` = (model_parallel_size, pipe_parallel_size) by a model of ``config``'s architecture; only the
     parameters of the flat names ``wanted`` when given (a pipeline stage's: the files are memory-mapped, so the
     others are not read)."""
-    from megatron.checkpoint_conversion.errors import ConversionError
+    from megatron.errors import ConversionError
     from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 
     tp, pp = saved_layout

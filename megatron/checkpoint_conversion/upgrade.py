@@ -14,7 +14,7 @@ import glob
 import os
 import shutil
 
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint, write_checkpoint
 from megatron.checkpointing import MP_FILE, OURS_OLD, load_lazily, model_files
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 
 
 def normalize_weights(weights: Sequence[float]) -> np.ndarray:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 
 IGNORE_INDEX = -100
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset, make_dataset
 from megatron.data.samplers import DistributedBatchSampler

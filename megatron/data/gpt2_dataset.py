@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.index_maps import IndexMaps, build_index_maps
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.rank_sync import build_once

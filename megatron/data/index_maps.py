@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 
 PACK_IMPLS = ("packed", "pack_until_overflow", "unpacked")
 

@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
 LEGACY_INDEX_MAGIC = b"TNTIDX\x00\x00"

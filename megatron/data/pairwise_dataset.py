@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.indexed_dataset import MMapIndexedDataset
 
 PAD = -100

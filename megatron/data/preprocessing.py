@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 
 Document = dict[str, str]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 
 
 class DistributedBatchSampler(torch.utils.data.Sampler):

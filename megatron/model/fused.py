@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from megatron.fused_kernels import FusedOps
 from megatron.model_config import SOFTMAX_FUSION_FLAGS, ModelConfig, fusion_flag_problems
-from megatron.neox_arguments.errors import ConfigError
+from megatron.errors import ConfigError
 
 
 def model_fused_ops(config: ModelConfig) -> FusedOps:

@@ -72,7 +72,7 @@ from megatron.model.activation_checkpointing import (
     configure_activation_checkpointing,
 )
 from megatron.model_config import RECURRENT_TYPES, ModelConfig, context_parallel_problems
-from megatron.neox_arguments.errors import ConfigError
+from megatron.errors import ConfigError
 from megatron.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed
 from megatron.mpu.context_parallel import all_reduce_sum

@@ -134,7 +134,7 @@ def base_shapes_and_coord_check(neox_args, ctx, first_batch: Callable[[], object
 
 def _as_config_error(run: Callable[[], Any]) -> Any:
     """``run()``, a bad base shapes file reported as the ConfigError train.py prints (one line, no traceback)."""
-    from megatron.neox_arguments import ConfigError
+    from megatron.errors import ConfigError
 
     try:
         return run()

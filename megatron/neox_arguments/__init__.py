@@ -2,7 +2,7 @@
 config and the launcher argv. See arguments.py for the life cycle."""
 
 from megatron.neox_arguments.arguments import NeoXArgs, argument_types
-from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
+from megatron.errors import ConfigError, NeoXConfigWarning
 from megatron.neox_arguments.groups import ARGUMENT_GROUPS
 
 __all__ = ["ARGUMENT_GROUPS", "ConfigError", "NeoXArgs", "NeoXConfigWarning", "argument_types"]

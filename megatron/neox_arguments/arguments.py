@@ -30,7 +30,7 @@ from megatron.neox_arguments.derivation import (derive_activation_checkpointing,
                                                 derive_recompute, derive_scheduler, derive_world)
 from megatron.neox_arguments.deepspeed_config import (build_deepspeed_config, fold_deepspeed_extra_args,
                                                       note_extra_args_origin)
-from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
+from megatron.errors import ConfigError, NeoXConfigWarning
 from megatron.neox_arguments.groups import ARGUMENT_GROUPS, NeoXArgsDeepspeedConfig, NeoXArgsSchema
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG_FLAG, deepspeed_runner_argv,
                                               ranks_from_environment)

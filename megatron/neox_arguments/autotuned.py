@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any, Dict, Mapping, Optional
 
-from megatron.neox_arguments.errors import ConfigError
+from megatron.errors import ConfigError
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.validation import parallelism_problems
 

@@ -9,7 +9,7 @@ import subprocess
 from typing import Any, Callable, Dict, List, Optional, Set
 
 from megatron.model_config import expand_attention_config
-from megatron.neox_arguments.errors import ConfigError
+from megatron.errors import ConfigError
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import count_global_ranks
 

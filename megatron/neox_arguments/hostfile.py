@@ -10,7 +10,7 @@ import os
 import warnings
 from typing import Dict, List, Optional
 
-from megatron.neox_arguments.errors import ConfigError, NeoXConfigWarning
+from megatron.errors import ConfigError, NeoXConfigWarning
 
 DEFAULT_HOSTFILE = "/job/hostfile"
 """DeepSpeed's runner reads this file when no hostfile is given; so do we."""

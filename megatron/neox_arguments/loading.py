@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from megatron.neox_arguments.errors import ConfigError
+from megatron.errors import ConfigError
 
 
 class _StrictLoader(yaml.SafeLoader):

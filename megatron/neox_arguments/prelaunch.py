@@ -75,7 +75,7 @@ def precomputed_problems(args: NeoXArgsSchema) -> List[str]:
 def pairwise_length_problems(args: NeoXArgsSchema) -> List[str]:
     """dataset_impl 'pairwise': each chosen (pos_*) dataset must hold as many sequences as its rejected (neg_*)
     one, and labels as many as their data (read from the .idx headers, before any worker starts)."""
-    from megatron.data.errors import DataError
+    from megatron.errors import DataError
     from megatron.data.indexed_dataset import MMapIndexedDataset
 
     if args.dataset_impl != "pairwise":

@@ -7,7 +7,7 @@ from megatron.tokenizer.build_tokenizer import (
     build_tokenizer,
     build_tokenizer_from,
 )
-from megatron.tokenizer.errors import TokenizerError
+from megatron.errors import TokenizerError
 
 __all__ = [
     "AbstractTokenizer",

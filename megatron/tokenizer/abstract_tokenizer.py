@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
-from megatron.tokenizer.errors import TokenizerError
+from megatron.errors import TokenizerError
 
 
 class AbstractTokenizer(ABC):

@@ -6,7 +6,7 @@ import os
 from typing import Any, List
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
-from megatron.tokenizer.errors import TokenizerError
+from megatron.errors import TokenizerError
 
 TOKENIZER_TYPES = (
     "GPT2BPETokenizer",

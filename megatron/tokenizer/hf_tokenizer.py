@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import BPE
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer, require_file
-from megatron.tokenizer.errors import TokenizerError
+from megatron.errors import TokenizerError
 
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]", "<eod>")
 

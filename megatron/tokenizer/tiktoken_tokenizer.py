@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer, require_file
-from megatron.tokenizer.errors import TokenizerError
+from megatron.errors import TokenizerError
 
 # The pre-tokenisation regex of the cl100k family, which the published .tiktoken rank files expect.
 CL100K_PATTERN = (

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from megatron.checkpoint_conversion import hf_mamba
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
 from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict, read_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.checkpoint_conversion import ConversionError
+from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict, read_checkpoint, write_checkpoint
 from megatron.checkpoint_conversion.tensor_parallel import split_full
 from megatron.checkpointing import OURS, OURS_OLD

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from megatron.checkpoint_conversion import ConversionError, hf_gptneox, hf_llama
+from megatron.checkpoint_conversion import hf_gptneox, hf_llama
+from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
 from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from megatron.checkpoint_conversion.errors import ConversionError
+from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
 from tests.checkpoint_conversion.helpers import tiny_gptneox, tiny_llama

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megatron.checkpoint_conversion import ConversionError
+from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.tensor_parallel import merge_shards, split_full, split_rule
 from megatron.mpu.utils import shard_of
 from tests.model.helpers import tiny_config

@@ -16,7 +16,7 @@ def test_a_checkpoint_saved_before_the_layout_record_names_the_way_out(tmp_path)
     import torch
 
     from megatron.checkpoint_conversion.training_state import read_training_state
-    from megatron.checkpointing import CheckpointError
+    from megatron.errors import CheckpointError
     from megatron.model_config import ModelConfig
     from tests.neox_arguments.helpers import tiny
 

@@ -10,7 +10,8 @@ import warnings
 import pytest
 
 from megatron.model_config import ModelConfig
-from megatron.neox_arguments import ConfigError, NeoXArgs, NeoXConfigWarning
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError, NeoXConfigWarning
 from tests.tools.tool_runner import REPO, load_tool
 
 SETUP = """\

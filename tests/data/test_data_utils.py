@@ -16,8 +16,7 @@ from megatron.data.data_utils import (
     repeating_iterator,
     split_document_ranges,
 )
-from megatron.data.errors import DataError
-from megatron.neox_arguments import ConfigError
+from megatron.errors import ConfigError, DataError
 from megatron.training_schedule import TrainingSchedule
 from tests.data.dataset_factory import make_docs, write_dataset
 from tests.neox_arguments.helpers import tiny

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.gpt2_dataset import PAD_TOKEN, GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from tests.data.dataset_factory import make_docs, write_dataset

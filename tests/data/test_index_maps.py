@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.index_maps import build_index_maps
 from tests.data.dataset_factory import make_docs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.indexed_dataset import (
     MMapIndexedDataset,
     MMapIndexedDatasetBuilder,

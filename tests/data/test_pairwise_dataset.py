@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from megatron.data.data_utils import build_train_valid_test_datasets
-from megatron.data.errors import DataError
+from megatron.errors import ConfigError, DataError
 from megatron.data.pairwise_dataset import as_text_and_labels
-from megatron.neox_arguments import ConfigError
 from megatron.training_schedule import TrainingSchedule
 from tests.data.dataset_factory import write_dataset
 from tests.neox_arguments.helpers import tiny

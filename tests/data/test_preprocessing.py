@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.preprocessing import encode_documents
 
 

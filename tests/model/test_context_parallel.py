@@ -37,7 +37,7 @@ def test_model_rules_refuse_what_ring_attention_does_not_do():
 
 def test_generation_and_evaluation_refuse_context_parallelism():
     from megatron.inference import setup_for_inference
-    from megatron.neox_arguments import ConfigError
+    from megatron.errors import ConfigError
     from tests.neox_arguments.helpers import tiny
 
     with pytest.raises(ConfigError, match="context_parallel_size: 1, the checkpoint loads unchanged"):

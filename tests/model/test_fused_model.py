@@ -24,7 +24,7 @@ import torch
 
 from megatron.model import build_model
 from megatron.mpu import ParallelState, SingleProcessState
-from megatron.neox_arguments.errors import ConfigError
+from megatron.errors import ConfigError
 from tests.accelerator import deepspeed_accelerator_env
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
@@ -327,7 +327,7 @@ NO_DEVICE_SCRIPT = textwrap.dedent(
     {prelude}
     from megatron.model import build_model
     from megatron.mpu import SingleProcessState
-    from megatron.neox_arguments.errors import ConfigError
+    from megatron.errors import ConfigError
     from tests.model.helpers import random_batch
     from tests.model.helpers import tiny_config
 

@@ -7,7 +7,7 @@ import torch
 from megatron.model import build_model
 from megatron.model.mamba import causal_conv1d, selective_scan, selective_scan_reference
 from megatron.mpu import SingleProcessState
-from megatron.neox_arguments.errors import ConfigError
+from megatron.errors import ConfigError
 from tests.model.helpers import random_batch, tiny_config
 
 FP32_TOLERANCE = dict(rtol=1e-5, atol=1e-5)

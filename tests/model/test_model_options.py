@@ -11,7 +11,7 @@ from megatron.model.batch import causal_attention_mask
 from megatron.model.init_functions import get_init_method, tensor_seed
 from megatron.model.norms import build_norm
 from megatron.mpu import SingleProcessState
-from megatron.neox_arguments import ConfigError
+from megatron.errors import ConfigError
 from tests.model.helpers import random_batch, tiny_config
 
 

@@ -8,7 +8,7 @@ from megatron.mpu import SingleProcessState
 from megatron.mup.parametrization import INFSHAPE_ATTR, named_parameters, set_base_shapes
 from megatron.mup.run import prepare_model, save_base_shapes
 from megatron.mup.shapes import BaseShapesError, read_base_shapes
-from megatron.neox_arguments import ConfigError
+from megatron.errors import ConfigError
 from megatron.model import build_model
 from tests.model.helpers import tiny_config
 from tests.neox_arguments.helpers import problems_of, tiny

@@ -2,7 +2,8 @@
 
 from typing import Any, Dict
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError
 
 TINY: Dict[str, Any] = {
     "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,

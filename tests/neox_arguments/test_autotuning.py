@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError
 from megatron.neox_arguments.autotuned import read_deepspeed_config, tuned_args
 from megatron.neox_arguments.autotuning import autotuner_config, runner_autotuning_argv
 from tests.neox_arguments.helpers import problems_of, tiny

@@ -3,7 +3,8 @@ import warnings
 import pytest
 
 from megatron.neox_arguments.validation import DERIVED_ONLY
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError
 from tests.neox_arguments.helpers import TINY, tiny
 
 
@@ -102,7 +103,7 @@ def test_bad_hostfile_is_a_config_error(tmp_path):
 @pytest.mark.parametrize("num_gpus,expected", [(None, "local"), (2, 2)])
 def test_missing_hostfile_means_the_local_node_with_one_warning(tmp_path, num_gpus, expected):
     """GPT-NeoX's 125M.yml ships hostfile: /mock_path; GPT-NeoX and DeepSpeed's runner fall back to this node."""
-    from megatron.neox_arguments import NeoXConfigWarning
+    from megatron.errors import NeoXConfigWarning
     from megatron.neox_arguments.hostfile import local_device_count
 
     placeholder = str(tmp_path / "mock_path")

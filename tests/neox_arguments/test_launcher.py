@@ -4,7 +4,8 @@ import shlex
 
 import pytest
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError
 from megatron.neox_arguments.launcher import ENCODED_CONFIG_ENV, rendezvous_environment, worker_environment
 from tests.neox_arguments.helpers import TINY
 

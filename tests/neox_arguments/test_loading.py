@@ -2,7 +2,8 @@ import warnings
 
 import pytest
 
-from megatron.neox_arguments import ConfigError, NeoXArgs
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError
 
 FLOW = """# GPT-NeoX style: flow mapping, comments, trailing commas, True/False
 {

@@ -5,7 +5,8 @@ import warnings
 import pytest
 
 from megatron.model_config import ModelConfig
-from megatron.neox_arguments import ConfigError, NeoXArgs, NeoXConfigWarning
+from megatron.neox_arguments import NeoXArgs
+from megatron.errors import ConfigError, NeoXConfigWarning
 from megatron.neox_arguments.validation import DERIVED_ONLY
 from tests.neox_arguments.helpers import TINY, problems_of, tiny
 

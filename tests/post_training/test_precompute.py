@@ -12,7 +12,7 @@ from megatron.data.data_utils import build_train_valid_test_datasets
 from megatron.data.pairwise_dataset import as_text_and_labels
 from megatron.model import BatchOptions, build_model, get_batch
 from megatron.mpu import SingleProcessState
-from megatron.neox_arguments import ConfigError
+from megatron.errors import ConfigError
 from megatron.neox_arguments.prelaunch import data_problems
 from megatron.post_training import DPOLoss, ReferenceModel
 from megatron.post_training.precompute import precompute_reference_logps

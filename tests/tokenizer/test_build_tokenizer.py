@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from megatron.tokenizer.build_tokenizer import build_tokenizer_from
-from megatron.tokenizer import TOKENIZER_TYPES, AbstractTokenizer, TokenizerError, build_tokenizer
+from megatron.tokenizer import TOKENIZER_TYPES, AbstractTokenizer, build_tokenizer
+from megatron.errors import TokenizerError
 from tests.neox_arguments.helpers import tiny
 from tests.tokenizer.tokenizer_files import (
     ROUND_TRIP_TEXTS,

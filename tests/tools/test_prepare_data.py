@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from megatron.data.corpora import ONLINE_CORPORA, stdlib_source_files
-from megatron.data.errors import DataError
+from megatron.errors import DataError
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.tokenizer import build_tokenizer_from
 from tests.tools.tool_runner import load_tool, run_tool

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from megatron.checkpoint_conversion.errors import ConversionError  # noqa: E402
+from megatron.errors import ConversionError  # noqa: E402
 from megatron.checkpoint_conversion.upgrade import upgrade_checkpoint  # noqa: E402
 
 

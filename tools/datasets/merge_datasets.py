@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from megatron.data.errors import DataError  # noqa: E402
+from megatron.errors import DataError  # noqa: E402
 from megatron.data.indexed_dataset import MMapIndexedDataset, merge_indexed_datasets  # noqa: E402
 
 

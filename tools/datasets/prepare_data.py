@@ -26,10 +26,10 @@ from megatron.data.corpora import (  # noqa: E402
     unpack_if_archive,
 )
 from megatron.data.document_readers import expand_input_paths, iter_documents, iter_texts, write_jsonl  # noqa: E402
-from megatron.data.errors import DataError  # noqa: E402
+from megatron.errors import DataError, TokenizerError  # noqa: E402
 from megatron.data.indexed_dataset import dataset_exists  # noqa: E402
 from megatron.data.preprocessing import TextEncoderSpec, vocab_size_of, write_indexed_datasets  # noqa: E402
-from megatron.tokenizer import TOKENIZER_TYPES, TokenizerError  # noqa: E402
+from megatron.tokenizer import TOKENIZER_TYPES  # noqa: E402
 from megatron.tokenizer.training import save_tokenizer, train_byte_level_bpe  # noqa: E402
 
 

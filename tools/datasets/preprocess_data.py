@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from megatron.data.document_readers import expand_input_paths, iter_documents  # noqa: E402
-from megatron.data.errors import DataError  # noqa: E402
+from megatron.errors import DataError, TokenizerError  # noqa: E402
 from megatron.data.preprocessing import (  # noqa: E402
     TextEncoderSpec,
     run_cli,
@@ -23,7 +23,6 @@ from megatron.data.preprocessing import (  # noqa: E402
     tokenizer_args,
     vocab_size_of,
 )
-from megatron.tokenizer import TokenizerError  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from megatron.data.chat_template import ChatTemplateEncoderSpec, load_chat_tokenizer  # noqa: E402
 from megatron.data.document_readers import expand_input_paths, is_jsonl, iter_json_records  # noqa: E402
-from megatron.data.errors import DataError  # noqa: E402
+from megatron.errors import DataError  # noqa: E402
 from megatron.data.indexed_dataset import best_fitting_dtype  # noqa: E402
 from megatron.data.label_encoders import DEFAULT_ROLE_FORMAT, ChatEncoderSpec  # noqa: E402
 from megatron.data.preprocessing import (  # noqa: E402
@@ -39,7 +39,7 @@ from megatron.data.preprocessing import (  # noqa: E402
     tokenizer_args,
     vocab_size_of,
 )
-from megatron.tokenizer import TokenizerError  # noqa: E402
+from megatron.errors import TokenizerError  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from megatron.data.document_readers import expand_input_paths, iter_documents  # noqa: E402
-from megatron.data.errors import DataError  # noqa: E402
+from megatron.errors import DataError  # noqa: E402
 from megatron.data.indexed_dataset import best_fitting_dtype  # noqa: E402
 from megatron.data.label_encoders import MaskedTextEncoderSpec  # noqa: E402
 from megatron.data.preprocessing import (  # noqa: E402
@@ -28,7 +28,7 @@ from megatron.data.preprocessing import (  # noqa: E402
     tokenizer_args,
     vocab_size_of,
 )
-from megatron.tokenizer import TokenizerError  # noqa: E402
+from megatron.errors import TokenizerError  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -13,9 +13,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
-from megatron.checkpointing import CheckpointError  # noqa: E402
-from megatron.neox_arguments import ConfigError, NeoXArgs  # noqa: E402
-from megatron.tokenizer import TokenizerError  # noqa: E402
+from megatron.errors import CheckpointError, ConfigError, TokenizerError  # noqa: E402
+from megatron.neox_arguments import NeoXArgs  # noqa: E402
 
 
 def _gather_vocab(logits: torch.Tensor, ps) -> torch.Tensor:
