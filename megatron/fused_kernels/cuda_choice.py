@@ -26,14 +26,21 @@ of triton.testing.do_bench), with the Triton kernels as they were then::
     swiglu                       halves of [16384, 11264]      0.535       1.335        Triton
     cross_entropy                [16384, 50304]                1.288       10.622       Triton
 
-The four losing kernels have been rewritten since (norms: several rows a program, a persistent
-backward that sums the weight/bias gradients in registers, chunked rows past one block;
-bias_gelu / bias_dropout_add: [rows, columns] tiles without a 64-bit division per element, one Philox
-call per four elements, the bias gradient summed while dx is written) but not yet timed on a GPU, so
-their flags keep running PyTorch's implementation until a GPU run shows the Triton kernel faster:
-``bench/gpu_check.py`` times both candidates of every op
-(:func:`megatron.fused_kernels.kernel_candidates`); flip an entry below, with its numbers, where the
-Triton kernel wins. For the two bias ops, also compare a model step with the flag on and off: where the
+The four losing kernels were rewritten since (norms: several rows a program, a persistent backward that
+sums the weight/bias gradients in registers, chunked rows past one block; bias_gelu / bias_dropout_add:
+[rows, columns] tiles without a 64-bit division per element, one Philox call per four elements, the bias
+gradient summed while dx is written) and timed again on the same H200 (bench/gpu_check.py, 2026-11-28,
+commit 4b0fe57): they still lose, so their flags keep running PyTorch's implementation on CUDA::
+
+    layer_norm                   [16384, 2048]                 0.560       0.210        PyTorch
+    layer_norm                   [8192, 8192]                  0.893       0.380        PyTorch
+    rms_norm                     [16384, 4096]                 0.646       0.303        PyTorch
+    bias_gelu (exact GeLU)       [16384, 8192]                 0.831       0.810        PyTorch
+    bias_dropout_add p=0.1       [16384, 2048]                 0.850       0.352        PyTorch
+
+``bench/gpu_check.py`` times both candidates of every op (:func:`megatron.fused_kernels.kernel_candidates`)
+and marks a row where the measurement disagrees with the choice; flip an entry below, with its numbers, where
+the Triton kernel wins. For the two bias ops, also compare a model step with the flag on and off: where the
 flag runs PyTorch's implementation the layers keep the bias inside the linear's GEMM (:func:`runs_triton`),
 which the op-level PyTorch column (a separate x + bias) does not credit, so the Triton kernel must beat
 that too (it saves at most one pass over dx in the backward).
@@ -58,10 +65,10 @@ class Choice:
 
 
 CUDA_CHOICE: Mapping[str, Choice] = MappingProxyType({
-    "layer_norm": Choice(PYTORCH, "H200 bf16 fwd+bwd [16384, 2048]: Triton 0.777 ms, F.layer_norm 0.209 ms"),
-    "rms_norm": Choice(PYTORCH, "H200 bf16 fwd+bwd [16384, 4096]: Triton 0.619 ms, F.rms_norm 0.302 ms"),
-    "bias_gelu": Choice(PYTORCH, "H200 bf16 fwd+bwd [16384, 8192]: Triton 0.888 ms, PyTorch 0.753 ms"),
-    "bias_dropout_add": Choice(PYTORCH, "H200 bf16 fwd+bwd [16384, 2048] p=0.1: Triton 0.608 ms, PyTorch 0.276 ms"),
+    "layer_norm": Choice(PYTORCH, "H200 bf16 fwd+bwd [16384, 2048]: Triton 0.560 ms, F.layer_norm 0.210 ms"),
+    "rms_norm": Choice(PYTORCH, "H200 bf16 fwd+bwd [16384, 4096]: Triton 0.646 ms, F.rms_norm 0.303 ms"),
+    "bias_gelu": Choice(PYTORCH, "H200 bf16 fwd+bwd [16384, 8192]: Triton 0.831 ms, PyTorch 0.810 ms"),
+    "bias_dropout_add": Choice(PYTORCH, "H200 bf16 fwd+bwd [16384, 2048] p=0.1: Triton 0.850 ms, PyTorch 0.352 ms"),
     "upper_triang_masked_softmax": Choice(TRITON, "H200 bf16 fwd+bwd [4, 16, 2048, 2048]: Triton 0.700 ms, "
                                                   "PyTorch 8.030 ms"),
     "masked_softmax": Choice(TRITON, "H200 bf16 fwd+bwd [4, 16, 2048, 2048]: Triton 0.800 ms, PyTorch 8.011 ms"),

@@ -183,16 +183,19 @@ class ParallelSelfAttention(nn.Module):
             allowed = allowed & ~attention_mask.to(torch.bool)
         return allowed
 
-    def _plain_causal(self, q_len: int, k_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
-        """True when the attention is exactly causal over the whole sequence with no additive bias (host values
+    def _only_the_future_hidden(self, attention_mask: Optional[torch.Tensor]) -> bool:
+        """No mask, window, block layout or additive bias: nothing but causality restricts a query (host values
         only: the mask was reduced to None when it hides nothing beyond the future, see ``_context``)."""
-        return q_len == k_len and attention_mask is None and self.window is None and not self.blockwise and \
+        return attention_mask is None and self.window is None and not self.blockwise and \
             self.pos_emb not in ("alibi", "rpe")
+
+    def _plain_causal(self, q_len: int, k_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
+        """True when the attention is exactly causal over the whole sequence with no additive bias."""
+        return q_len == k_len and self._only_the_future_hidden(attention_mask)
 
     def _single_query_sees_all(self, q_len: int, attention_mask: Optional[torch.Tensor]) -> bool:
         """Decoding one token with no mask, window or bias: it attends to every cached key unmasked."""
-        return q_len == 1 and attention_mask is None and self.window is None and \
-            not self.blockwise and self.pos_emb not in ("alibi", "rpe")
+        return q_len == 1 and self._only_the_future_hidden(attention_mask)
 
     def alibi_slopes(self, device: torch.device) -> torch.Tensor:
         """This rank's ALiBi slopes, fp32, on ``device``."""

