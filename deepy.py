@@ -16,8 +16,8 @@ import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-from megatron.autotuner_launch import missing_packages
-from megatron.launch_signals import ForwardSignals, interrupted_exit_code
+from megatron.launch.autotuner import missing_packages
+from megatron.launch.signals import ForwardSignals, interrupted_exit_code
 from megatron.neox_arguments import NeoXArgs, prelaunch
 from megatron.errors import ConfigError
 from megatron.neox_arguments.hostfile import is_local_launch
@@ -174,7 +174,7 @@ def autotune(args: NeoXArgs) -> int:
 
     import torch
 
-    from megatron.autotuner_launch import AutotuningSignals, local_autotuner
+    from megatron.launch.autotuner import AutotuningSignals, local_autotuner
     from megatron.neox_arguments.autotuned import tuned_args
     from megatron.neox_arguments.autotuning import (OPTIMAL_CONFIG, autotuner_config, measured_optimal_config,
                                                     results_dir, runner_autotuning_argv)

@@ -54,7 +54,7 @@ def _interactive_prompts(stream: IO[str]) -> Iterator[str]:
 
 
 def _file_prompts(neox_args) -> List[str]:
-    from megatron.text_generation_utils import GenerationError, split_prompts
+    from megatron.inference.text_generation import GenerationError, split_prompts
 
     path = neox_args.sample_input_file
     if not path:
@@ -99,7 +99,7 @@ def generate_samples(neox_args, engine, ctx, stdin: IO[str] = sys.stdin) -> int:
     """Run the configured text_gen_type; returns the number of samples written."""
     import torch
 
-    from megatron.text_generation_utils import (
+    from megatron.inference.text_generation import (
         GenerationError,
         SamplingParams,
         batches,
@@ -152,13 +152,13 @@ def generate_samples(neox_args, engine, ctx, stdin: IO[str] = sys.stdin) -> int:
 
 def main() -> int:
     from megatron.errors import CheckpointError, DataError, TokenizerError
-    from megatron.optional_deps import MissingOptionalDependency
-    from megatron.text_generation_utils import GenerationError
+    from megatron.utils.optional_deps import MissingOptionalDependency
+    from megatron.inference.text_generation import GenerationError
 
     try:
         neox_args = NeoXArgs.consume_neox_args()
-        from megatron.inference import setup_for_inference
-        from megatron.text_generation_utils import SamplingParams
+        from megatron.inference.loading import setup_for_inference
+        from megatron.inference.text_generation import SamplingParams
 
         SamplingParams.from_args(neox_args)  # bad sampling options fail before the model is built
         engine, ctx, _ = setup_for_inference(neox_args)

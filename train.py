@@ -11,13 +11,13 @@ from megatron.neox_arguments import NeoXArgs
 
 
 def main() -> int:
-    from megatron.launch_signals import interrupted_exit_code
-    from megatron.optional_deps import MissingOptionalDependency
+    from megatron.launch.signals import interrupted_exit_code
+    from megatron.utils.optional_deps import MissingOptionalDependency
 
     neox_args = None
     try:
         neox_args = NeoXArgs.consume_neox_args()
-        from megatron.training import pretrain
+        from megatron.training.loop import pretrain
 
         summary = pretrain(neox_args)
     except (ConfigError, CheckpointError, DataError, TokenizerError, MissingOptionalDependency) as err:
@@ -27,7 +27,7 @@ def main() -> int:
         if neox_args is None or neox_args.autotuning_run is None or stop.code not in (None, 0):
             raise
         # DeepSpeed's engine ends an autotuning experiment with exit() on every rank, after writing its metrics
-        from megatron.autotuner_launch import finish_experiment
+        from megatron.launch.autotuner import finish_experiment
 
         finish_experiment()
         return 0
@@ -39,7 +39,7 @@ def main() -> int:
             raise
         print(f"error: {lost}", file=sys.stderr, flush=True)
         return 1
-    if "signal" in summary:  # saved and stopped by a signal: not a finished run (megatron.launch_signals)
+    if "signal" in summary:  # saved and stopped by a signal: not a finished run (megatron.launch.signals)
         return interrupted_exit_code(summary["signal"])
     return 0
 

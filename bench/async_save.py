@@ -9,7 +9,7 @@ checkpoint engine, the competitor — only the copy to CPU memory with async_sav
 steps, which no write overlaps, and the time per iteration with the saves included. Then, in this process, what
 writing a --writer-mb MB state costs in CPU: the writer thread's own CPU time, and the whole machine's busy time
 (on a virtual machine the disk's work shows up as steal time on the cores that train), for the first writer
-(torch.save, fsync, the SHA-256 read back) against megatron.hashed_save (O_DIRECT from the page-aligned snapshot,
+(torch.save, fsync, the SHA-256 read back) against megatron.checkpoint.hashed_save (O_DIRECT from the page-aligned snapshot,
 XXH3-128 as written, no torch CRC32).
 
     python bench/async_save.py                      # 6 layers, hidden 512: an 845 MB file of weights and Adam state
@@ -82,8 +82,8 @@ def writer_cpu_seconds(megabytes: int, repeats: int, directory: str) -> Dict[str
 
     import torch
 
-    from megatron.async_checkpoint import ArenaPool, snapshot
-    from megatron.hashed_save import save_hashed
+    from megatron.checkpoint.async_save import ArenaPool, snapshot
+    from megatron.checkpoint.hashed_save import save_hashed
 
     state = {f"t{i}": torch.randn(1 << 20) for i in range(megabytes // 4)}  # 4 MB tensors, as an optimizer's
     copied, _ = snapshot(state, ArenaPool())  # where async_save's writer finds them: page-aligned
@@ -97,7 +97,7 @@ def writer_cpu_seconds(megabytes: int, repeats: int, directory: str) -> Dict[str
 
     methods: Dict[str, Callable[[], object]] = {
         "torch.save (CRC32), fsync, SHA-256 read back (the first writer)": read_back,
-        "O_DIRECT from the snapshot, XXH3-128 as written (megatron.hashed_save)": lambda: save_hashed(copied, path)}
+        "O_DIRECT from the snapshot, XXH3-128 as written (megatron.checkpoint.hashed_save)": lambda: save_hashed(copied, path)}
     seconds: Dict[str, Dict[str, List[float]]] = {name: {"thread": [], "machine": []} for name in methods}
     for _ in range(repeats):
         for name, write in methods.items():

@@ -9,7 +9,7 @@ there and the peak is the peak allocated GPU memory. Contenders:
 
 * unchunked: ``loss_fn(model(inputs))``, the logits whole (vocab_parallel_cross_entropy keeps their fp32
   log-softmax for the backward);
-* chunked: ``loss_fn(model(inputs, defer_logits=True))``, what training runs (megatron.training._loss_of): the head
+* chunked: ``loss_fn(model(inputs, defer_logits=True))``, what training runs (megatron.training.loop._loss_of): the head
   and the cross entropy a chunk of tokens at a time, gradients computed in the forward pass;
 * per-token chunks (the DPO / KTO path): the same chunks, per-token losses whose backward recomputes each
   chunk's logits (one more matmul of the head's size).
@@ -44,7 +44,7 @@ CONTENDERS = {"unchunked": "whole logits (vocab_parallel_cross_entropy)",
 
 
 def model_config(args):
-    from megatron.model_config import ModelConfig
+    from megatron.model.config import ModelConfig
 
     precision = "bfloat16" if args.precision == "bf16" else "fp32"
     return ModelConfig(**SIZES[args.size], seq_length=args.seq, max_position_embeddings=args.seq,
@@ -71,7 +71,8 @@ def worker(args) -> Dict[str, float]:
     step time, the loss of step 1 and, on a GPU, the peak allocated GPU memory."""
     import torch
 
-    from megatron.model import build_model, masks_and_position_ids
+    from megatron.model.gpt2_model import build_model
+    from megatron.model.batch import masks_and_position_ids
     from megatron.mpu import SingleProcessState
 
     torch.set_num_threads(args.threads)

@@ -71,9 +71,11 @@ def _step(rank: int, world: int, port: int, args, kernel: Optional[str], queue) 
     import torch
     import torch.distributed as dist
 
-    from megatron.model import BatchOptions, attention, build_model, get_batch
+    from megatron.model.batch import BatchOptions, get_batch
+    from megatron.model import attention
+    from megatron.model.gpt2_model import build_model
     from megatron.model.ring_attention import ring_attention
-    from megatron.model_config import ModelConfig
+    from megatron.model.config import ModelConfig
     from megatron.mpu import ParallelState, SingleProcessState
 
     torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Generation throughput: this project's KV-cache decoding (megatron/text_generation_utils.py) against
+"""Generation throughput: this project's KV-cache decoding (megatron/inference/text_generation.py) against
 Hugging Face transformers' generate() with its KV cache, on the same weights (our randomly initialised
 model converted with megatron/checkpoint_conversion), greedy, batch 1 and batch 8.
 
@@ -32,9 +32,9 @@ VOCAB = 50304
 def build_models(size: str, max_len: int):
     """(our sequential model, its ModelConfig, the transformers copy)."""
     from megatron.checkpoint_conversion.hf_gptneox import to_hf
-    from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict
-    from megatron.model import build_model
-    from megatron.model_config import ModelConfig
+    from megatron.checkpoint.neox_checkpoint import flat_state_dict
+    from megatron.model.gpt2_model import build_model
+    from megatron.model.config import ModelConfig
     from megatron.mpu import SingleProcessState
 
     config = ModelConfig(**SIZES[size], seq_length=max_len, padded_vocab_size=VOCAB, pos_emb="rotary",
@@ -77,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from megatron.mpu import SingleProcessState
-    from megatron.text_generation_utils import SequentialRunner, generate_tokens
+    from megatron.inference.text_generation import SequentialRunner, generate_tokens
 
     torch.manual_seed(0)
     max_len = args.prompt + args.new

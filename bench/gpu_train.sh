@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Training throughput on one GPU, bf16, flash attention and fused kernels on (--fused): a ~125M and a ~1B
 # model, this project against transformers and a minimal PyTorch loop, with TFLOP/s, MFU
-# (megatron/flops.py) and peak GPU memory. Run on a machine with a CUDA GPU:
+# (megatron/observability/flops.py) and peak GPU memory. Run on a machine with a CUDA GPU:
 #   bash bench/gpu_train.sh                      # both sizes, 3 repeats of 10 steps each
 #   GPU_TRAIN_SIZES=125M bash bench/gpu_train.sh --repeats 1 --steps 4 --time-budget 120
 # Arguments are appended to every run (the later of two equal flags wins); GPU_TRAIN_SIZES picks the runs,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """One bf16 GPT-NeoX model step (forward + backward, no optimizer, no DeepSpeed) of a ~125M model on one GPU,
 for several attention / fusion settings: median step time, peak GPU memory, TFLOP/s and MFU (the project's
-formula, megatron/flops.py), and the host synchronisations of one step by file:line, counted with
+formula, megatron/observability/flops.py), and the host synchronisations of one step by file:line, counted with
 torch.cuda.set_sync_debug_mode("warn") (every sync of the hot path shows up there).
 
     python bench/model_step.py          # on a CUDA GPU (bench/gpu_check.py runs it)
@@ -53,10 +53,10 @@ def host_syncs(step: Callable[[], None], repo: str) -> Counter:
 
 
 def run_variant(name: str, extra: dict, shape: dict, on_gpu: bool, repo: str) -> None:
-    from megatron.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
-    from megatron.model import build_model
+    from megatron.observability.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
+    from megatron.model.gpt2_model import build_model
     from megatron.model.batch import masks_and_position_ids
-    from megatron.model_config import ModelConfig
+    from megatron.model.config import ModelConfig
     from megatron.mpu import SingleProcessState
 
     device = "cuda" if on_gpu else "cpu"

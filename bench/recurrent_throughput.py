@@ -62,8 +62,9 @@ def decode(args, kind: str) -> Dict:
     parameter count (in process, batch 1, greedy)."""
     import torch
 
-    from megatron.model import KVCache, build_model
-    from megatron.model_config import ModelConfig
+    from megatron.model.kv_cache import KVCache
+    from megatron.model.gpt2_model import build_model
+    from megatron.model.config import ModelConfig
     from megatron.mpu import SingleProcessState
 
     length = args.context + args.new

@@ -11,7 +11,7 @@ Each contender runs --repeats times in its own process (the order turning every 
 --steps optimizer steps after --warmup steps; the table gives the median over runs of the median step
 time, tokens/s from it, the peak resident memory of the process tree (on a GPU: the peak allocated GPU
 memory), and ratios to (b) and (c). On a GPU it adds TFLOP/s and MFU (the project's formula in
-megatron/flops.py); --fused turns on flash attention and the fused Triton kernels for this project (the
+megatron/observability/flops.py); --fused turns on flash attention and the fused Triton kernels for this project (the
 label names what the 'flash' layers ran: flash-attn, or PyTorch SDPA where flash-attn does not import).
 A run that fails or outlives its share of --time-budget is killed with its processes; the table is printed
 all the same, the failed contender's row says so, the reason follows the table, and the exit code is 1."""
@@ -209,8 +209,8 @@ def main(argv=None) -> int:
     header = ["contender", "tokens/s", "step ms", "peak GPU MB" if on_gpu else "peak RSS MB", "speed vs (b)",
               "speed vs (c)"]
     if on_gpu:
-        from megatron.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
-        from megatron.model_config import ModelConfig
+        from megatron.observability.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
+        from megatron.model.config import ModelConfig
 
         per_token = training_flops_per_token(ModelConfig(
             **{k: shape[k] for k in ("num_layers", "hidden_size", "num_attention_heads")}, seq_length=args.seq,

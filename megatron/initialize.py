@@ -13,8 +13,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from megatron.deepspeed_comm import init_deepspeed_comm
-from megatron.model_config import ModelConfig, padded_vocab_size
+from megatron.mpu.deepspeed_comm import init_deepspeed_comm
+from megatron.model.config import ModelConfig, padded_vocab_size
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
 from megatron.mpu.host_collectives import barrier
 from megatron.optim.zero_offload import offload_device_problems
@@ -98,7 +98,7 @@ def start_distributed(neox_args) -> None:
 def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config."""
     from megatron.errors import ConfigError
-    from megatron.rank_logs import tee_rank_output
+    from megatron.utils.rank_logs import tee_rank_output
 
     tee_rank_output(neox_args.log_dir, neox_args.rank)
     problems = ModelConfig.from_neox_args(neox_args).device_problems(torch.cuda.is_available())
@@ -128,7 +128,7 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
 def _checkpoint_vocabulary(neox_args, tokenizer_vocab: int, vocab: int) -> int:
     """A GPT-NeoX checkpoint to load fixes the padded vocabulary (its embedding's rows; GPT-NeoX pads with its
     own make_vocab_size_divisible_by), unless padded_vocab_size is set (then resolve_checkpoint compares)."""
-    from megatron.checkpointing import checkpoint_vocab_size
+    from megatron.checkpoint.engine import checkpoint_vocab_size
     from megatron.errors import ConfigError
 
     rows = checkpoint_vocab_size(neox_args)

@@ -8,12 +8,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from megatron.errors import ConversionError
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 
 def transformers_module() -> Any:
     """transformers, or one clear error naming the requirements file (it is an optional extra)."""
-    from megatron.optional_deps import require
+    from megatron.utils.optional_deps import require
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return require("transformers", "Hugging Face checkpoint conversion (tools/ckpts)", "transformers")

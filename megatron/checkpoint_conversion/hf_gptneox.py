@@ -23,7 +23,7 @@ from megatron.checkpoint_conversion.common import (
     transformers_module,
 )
 from megatron.errors import ConversionError
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 ACTIVATIONS_TO_HF = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "mish": "mish"}
 ACTIVATIONS_FROM_HF = {"gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "mish": "mish"}

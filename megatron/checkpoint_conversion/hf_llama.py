@@ -35,7 +35,7 @@ from megatron.checkpoint_conversion.common import (
     transformers_module,
 )
 from megatron.errors import ConversionError
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 ARCHITECTURES = ("llama", "mistral", "mixtral")
 

@@ -22,7 +22,7 @@ import torch
 
 from megatron.checkpoint_conversion.common import refuse_unrepresentable, take, transformers_module
 from megatron.errors import ConversionError
-from megatron.model_config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
+from megatron.model.config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 
 SEQ_LENGTH = 2048
 """seq_length of a model converted from Hugging Face (GPT-NeoX's Mamba configs' value; any length runs)."""

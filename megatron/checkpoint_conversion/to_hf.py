@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Sequence
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
 from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import save_hf_folder
-from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+from megatron.checkpoint.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
 
 ARCHITECTURES = ("neox", "llama", "mistral", "mixtral", "mamba")

@@ -9,7 +9,7 @@ scores of the two comparable number for number.
   (causal attention: padding after a sequence never changes its logits); a sequence longer than
   ``max_length`` keeps its last ``max_length`` tokens (the context is truncated from the left).
 * loglikelihood_rolling: lm-eval's disjoint rolling windows of ``max_length`` tokens.
-* generate_until: batched left-padded decoding (megatron.text_generation_utils), greedy unless the task
+* generate_until: batched left-padded decoding (megatron.inference.text_generation), greedy unless the task
   asks for sampling, the context truncated from the left to leave room for max_gen_toks, the text cut at
   the end-of-text token and the first stop string. As in lm-eval's hf model, every id of the (padded)
   output layer may be drawn.
@@ -32,7 +32,7 @@ from lm_eval.api.model import TemplateLM
 
 from megatron.model.batch import causal_only_mask
 from megatron.mpu import host_collectives
-from megatron.text_generation_utils import (
+from megatron.inference.text_generation import (
     ModelRunner,
     PipelineRunner,
     SamplingParams,

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from megatron.mpu.host_collectives import broadcast_object
-from megatron.optional_deps import require
+from megatron.utils.optional_deps import require
 
 BOOTSTRAP_ITERS = 1000
 """Bootstrap resamples for the standard errors of non-mean metrics (lm-eval's default, 100000, takes
@@ -88,7 +88,7 @@ MIN_LM_EVAL_FOR_DATA_PARALLEL = (0, 4, 12)
 def _check_lm_eval_version(parallel_state) -> None:
     from importlib.metadata import version
 
-    from megatron.optional_deps import MissingOptionalDependency
+    from megatron.utils.optional_deps import MissingOptionalDependency
 
     installed = version("lm-eval")
     numbers = tuple(int(p) for p in installed.split(".")[:3] if p.isdigit())
@@ -109,7 +109,7 @@ def run_eval_tasks(neox_args, engine, ctx, iteration: int, limit: Optional[int] 
 
     from megatron.evaluation.adapter import NeoXLM
     from megatron.evaluation.tasks import resolve_tasks, task_manager
-    from megatron.text_generation_utils import build_runner, max_sequence_length
+    from megatron.inference.text_generation import build_runner, max_sequence_length
 
     selection = resolve_tasks(neox_args.eval_tasks or [])
     manager = task_manager(selection)
@@ -154,8 +154,8 @@ def write_results(neox_args, results: Dict[str, Any]) -> str:
 
 def log_eval_results(neox_args, results: Dict[str, Any]) -> None:
     """The flat metrics as an 'eval_tasks' record at the checkpoint's iteration, to every sink the config
-    asks for (metrics.jsonl, tensorboard, comet, wandb; see megatron.logging.MetricSinks). Call on rank 0."""
-    from megatron.logging import MetricSinks
+    asks for (metrics.jsonl, tensorboard, comet, wandb; see megatron.observability.training_logger.MetricSinks). Call on rank 0."""
+    from megatron.observability.training_logger import MetricSinks
 
     sinks = MetricSinks(neox_args, rank=0, is_logging_rank=True)
     try:

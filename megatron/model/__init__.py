@@ -1,19 +1,11 @@
-"""The GPT model: layers, positional encodings, norms, activations, init, KV cache, and builders.
+"""The GPT model: its config, layers, positional encodings, norms, activations, init, KV cache and builders.
 
-``build_model(config, parallel_state)`` returns GPT2ModelPipe (a DeepSpeed PipelineModule) when
-pipe_parallel_size >= 1 and GPT2ModelSequential otherwise; ``config`` is the frozen
-megatron.model_config.ModelConfig, never NeoXArgs.
+Owns ``config.ModelConfig`` (the frozen description of the network, built once per process from NeoXArgs),
+``gpt2_model.build_model(config, parallel_state)`` (GPT2ModelPipe, a DeepSpeed PipelineModule, when
+pipe_parallel_size >= 1, GPT2ModelSequential otherwise), ``batch`` (inputs, masks, position ids) and the blocks
+(attention, MLP, MoE, Mamba, RWKV, gMLP).
+
+May import: megatron.errors, utils, fused_kernels, mpu, mup, data. Never neox_arguments: the model sees
+ModelConfig only. This file imports nothing, so that ``megatron.model.config`` stays cheap (no torch) for
+the launcher, which validates the model before any process starts.
 """
-from megatron.model.batch import BatchOptions, get_batch, masks_and_position_ids
-from megatron.model.gpt2_model import (
-    GPT2ModelPipe,
-    GPT2ModelSequential,
-    build_model,
-    cross_entropy_loss,
-    gpt2_layer_specs,
-    loss_function,
-)
-from megatron.model.kv_cache import KVCache
-
-__all__ = ["GPT2ModelPipe", "GPT2ModelSequential", "build_model", "cross_entropy_loss", "gpt2_layer_specs",
-           "loss_function", "BatchOptions", "get_batch", "masks_and_position_ids", "KVCache"]

@@ -18,8 +18,8 @@ from typing import Callable
 import deepspeed
 import torch
 
-from megatron.deepspeed_comm import init_deepspeed_comm
-from megatron.model_config import ModelConfig
+from megatron.mpu.deepspeed_comm import init_deepspeed_comm
+from megatron.model.config import ModelConfig
 from megatron.mpu.random import model_parallel_seed
 
 

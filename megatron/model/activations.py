@@ -11,7 +11,7 @@ from typing import Callable, Tuple
 import torch
 import torch.nn.functional as F
 
-from megatron.model_config import GATED_ACTIVATIONS, PLAIN_ACTIVATIONS
+from megatron.model.config import GATED_ACTIVATIONS, PLAIN_ACTIVATIONS
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 

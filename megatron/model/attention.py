@@ -56,7 +56,7 @@ Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
 With context_parallel_size > 1 this rank holds two load-balanced chunks of each sequence: rotary rotates q and k
 at the chunks' global positions and the core is ring attention (megatron.model.ring_attention), causal by
 position (the batch carries no mask then); the layer types, positions and options it does not serve are
-refused by megatron.model_config.context_parallel_problems.
+refused by megatron.model.config.context_parallel_problems.
 """
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ from megatron.model.norms import build_norm
 from megatron.model.positional import RelativePositionBias, RotaryEmbedding, alibi_bias, alibi_slopes
 from megatron.model.ring_attention import ring_attention
 from megatron.mpu.context_parallel import chunk_positions
-from megatron.model_config import ModelConfig, sparsity_settings
-from megatron.sparsity_config import SPARSE_TYPES
+from megatron.model.config import ModelConfig, sparsity_settings
+from megatron.model.sparsity_config import SPARSE_TYPES
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
 
 

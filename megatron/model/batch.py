@@ -130,7 +130,7 @@ def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], pa
 
 
 def truncate_batch(batch, seqlen: int):
-    """The model batch cut to its first `seqlen` positions (the sequence-length curriculum, megatron.curriculum):
+    """The model batch cut to its first `seqlen` positions (the sequence-length curriculum, megatron.data.curriculum):
     tokens, position_ids, the attention mask's last two dimensions (a causal-only mask stays as it is), labels and
     loss_mask; a batch no longer than `seqlen` is returned as is."""
     (tokens, position_ids, attention_mask), (labels, loss_mask, *rest) = batch

@@ -31,7 +31,7 @@ import random
 
 import torch
 
-from megatron.sparsity_config import SparsitySettings
+from megatron.model.sparsity_config import SparsitySettings
 
 
 def _local_windows(layout: torch.Tensor, h: int, start: int, size: int) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from megatron.model.checkpoint_layout import EMBEDDING, install_hooks
 from megatron.model.positional import sinusoidal_embedding
 from megatron.model.transformer import sequence_parallel_on
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.mpu import VocabParallelEmbedding, scatter_to_sequence_parallel_region
 from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG
 

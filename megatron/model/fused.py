@@ -3,7 +3,7 @@
 Every layer asks :func:`model_fused_ops` for a :class:`~megatron.fused_kernels.FusedOps`; a flag that is
 off gives the pure-PyTorch reference, so the unfused model never imports triton. Flags that are on but
 cannot run here (no triton, or no GPU without TRITON_INTERPRET=1), or that name an op this model does not
-contain (e.g. rope_fusion without rotary embeddings, see ``megatron.model_config.fusion_flag_problems``),
+contain (e.g. rope_fusion without rotary embeddings, see ``megatron.model.config.fusion_flag_problems``),
 raise one ConfigError naming the flag and the fix when the model is built rather than at the first forward.
 The softmax fusion flags of a model whose every layer is 'flash' (which computes its own softmax) are left
 out: there is nothing for them to fuse, and the config loader has already warned about it (GPT-NeoX accepts
@@ -15,7 +15,7 @@ the layers call the tensor-parallel linears' ``forward_without_bias`` and hand t
 from __future__ import annotations
 
 from megatron.fused_kernels import FusedOps
-from megatron.model_config import SOFTMAX_FUSION_FLAGS, ModelConfig, fusion_flag_problems
+from megatron.model.config import SOFTMAX_FUSION_FLAGS, ModelConfig, fusion_flag_problems
 from megatron.errors import ConfigError
 
 

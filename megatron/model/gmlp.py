@@ -25,12 +25,12 @@ reduce-scatters) with full, replicated weights; sgu.proj is replicated and sees 
 proj_qkv is row-parallel over the two chunks (q, k, v replicated), proj_ffn column-parallel, output_linear
 row-parallel. Replicated weights that each rank applies to its own channels sum their gradients over the
 ranks (copy_to_model_parallel_region). Sequence parallelism is refused for these layers, and so are GPT-NeoX
-checkpoints with these layers saved at model_parallel_size > 1 (megatron.checkpointing.gpt_neox_gmlp_problem).
+checkpoints with these layers saved at model_parallel_size > 1 (megatron.checkpoint.engine.gpt_neox_gmlp_problem).
 
 Decoding (``KVCache``): each layer keeps the normalised gates (and, for aMLP, the keys and values) of the
 positions so far as its recurrent state; a new token's gate is its row of the projection over them. Positions
 stop at seq_length (the projection's size). Left-padded batches of prompts of different lengths are refused
-(megatron.text_generation_utils hands these layers the padding through the cache, as for Mamba / RWKV).
+(megatron.inference.text_generation hands these layers the padding through the cache, as for Mamba / RWKV).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from megatron.model.activations import get_activation
 from megatron.model.checkpoint_layout import GMLP_LAYER, install_hooks
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
-from megatron.model_config import GMLP_FF_MULT, ModelConfig
+from megatron.model.config import GMLP_FF_MULT, ModelConfig
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, copy_to_model_parallel_region
 from megatron.mpu.collectives import gather_from_sequence_parallel_region, _split
 

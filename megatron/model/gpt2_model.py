@@ -35,7 +35,7 @@ training (DeepSpeed's pipeline engine hands the last stage's output only to the 
   of its own and writes nothing to the state dict, so each shared tensor is stored once (under its owner's
   slot).
 
-Every layer is built from a frozen ``ModelConfig`` (megatron.model_config) and the ParallelState; the
+Every layer is built from a frozen ``ModelConfig`` (megatron.model.config) and the ParallelState; the
 builder checks the config's rules once (``ModelConfig.problems``) and raises one ConfigError.
 """
 from __future__ import annotations
@@ -71,9 +71,9 @@ from megatron.model.activation_checkpointing import (
     checkpointing_rng_tracker,
     configure_activation_checkpointing,
 )
-from megatron.model_config import RECURRENT_TYPES, ModelConfig, context_parallel_problems
+from megatron.model.config import RECURRENT_TYPES, ModelConfig, context_parallel_problems
 from megatron.errors import ConfigError
-from megatron.deepspeed_comm import init_deepspeed_comm
+from megatron.mpu.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed
 from megatron.mpu.context_parallel import all_reduce_sum
 

@@ -25,7 +25,7 @@ from megatron.model.checkpoint_layout import FINAL_NORM, install_hooks
 from megatron.model.embedding import Embedding, readout_mult
 from megatron.model.norms import build_norm
 from megatron.model.transformer import sequence_parallel_on
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.mpu import (
     ColumnParallelLinear,
     copy_to_model_parallel_region,

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from megatron.model_config import INIT_METHODS, ModelConfig
+from megatron.model.config import INIT_METHODS, ModelConfig
 
 GeneratorInit = Callable[[torch.Tensor, torch.Generator], None]
 InitFn = Callable[[torch.Tensor], None]

@@ -14,7 +14,7 @@ kept in the layers. After a forward over ``s`` new tokens the model advances it 
 * ``padding`` ([batch, s] bool, True at the pad slots of the tokens of the next forward; None when there
   are none) tells recurrent layers which slots to leave out of their state. Attention layers hide pad
   slots through the attention mask instead; a recurrent layer has no mask to apply, so the caller that
-  left-pads a batch (megatron.text_generation_utils) sets it before each forward.
+  left-pads a batch (megatron.inference.text_generation) sets it before each forward.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ halves each split, so the full tensor is mamba_ssm's and Hugging Face's [x | z];
 and D hold the rank's channels; out_proj row-parallel). x_proj is row-parallel and its output is summed over
 the ranks, so every rank's dt, B and C are those of the whole layer: TP=N computes what TP=1 computes.
 (GPT-NeoX's mixer skips that sum and chunks each rank's in_proj rows into x and z, so its model_parallel_size
-> 1 Mamba is another function: such checkpoints are refused, megatron.checkpointing.gpt_neox_mamba_problem.)
+> 1 Mamba is another function: such checkpoints are refused, megatron.checkpoint.engine.gpt_neox_mamba_problem.)
 
 The selective scan (``selective_scan``) runs chunk by chunk: inside a chunk a log-depth (Hillis-Steele)
 scan over the step pairs (exp(dt A), dt B x), which only ever multiplies decays <= 1, so it is stable at any
@@ -37,7 +37,7 @@ mamba_inner_func_fusion its ``mamba_inner_fn`` (the whole mixer after in_proj) o
 prompts); decoding steps and inputs with left padding always take the PyTorch path. A flag whose package
 does not import, or that finds no CUDA device, is refused when the model is built; mamba_causal_conv_fusion
 with a per-rank inner width that is not a multiple of 8 (which causal_conv1d's kernel refuses for this layer's
-channel-last input) is refused when the config is read (megatron.model_config).
+channel-last input) is refused when the config is read (megatron.model.config).
 
 mamba_selective_fp32_params keeps A_log and D in fp32 when the model is cast to half precision (the scan
 always reads them in fp32, as GPT-NeoX and mamba_ssm do).
@@ -61,7 +61,7 @@ from megatron.model.checkpoint_layout import MAMBA_LAYER, install_hooks
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
 from megatron.model.recurrent_common import hidden_dropout, pad_mask
-from megatron.model_config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
+from megatron.model.config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, copy_to_model_parallel_region
 from megatron.mpu.layers import _fill_shard
 

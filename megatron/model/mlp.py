@@ -1,6 +1,6 @@
 """Tensor-parallel MLP: column-parallel up projection, activation, row-parallel down projection.
 
-Width: ``config.ffn_width`` (GPT-NeoX's rule, derived in megatron.model_config.mlp_width). Gated activations
+Width: ``config.ffn_width`` (GPT-NeoX's rule, derived in megatron.model.config.mlp_width). Gated activations
 fuse the up projection as [up | gate], each half split across tensor-parallel ranks.
 
 bias_gelu_fusion (activation 'gelu' only): the up projection's bias and the GeLU run as one fused kernel.
@@ -22,7 +22,7 @@ from torch import nn
 from megatron.fused_kernels import runs_triton
 from megatron.model.activations import get_activation
 from megatron.model.fused import model_fused_ops
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
 
 # The GeLU of the unfused model (F.gelu's default): the exact erf form.

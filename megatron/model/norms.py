@@ -20,7 +20,7 @@ from torch import nn
 
 from megatron.fused_kernels import layer_norm_reference, rms_norm_reference
 from megatron.model.fused import model_fused_ops
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.mpu.collectives import copy_to_model_parallel_region
 
 # norm_fn(x, weight | None, bias | None, eps) over the last dimension (megatron.fused_kernels' contract).

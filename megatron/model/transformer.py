@@ -33,7 +33,7 @@ from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.mlp import ParallelMLP
 from megatron.model.norms import build_norm
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 
 def sequence_parallel_on(config: ModelConfig, parallel_state) -> bool:

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from megatron.deepspeed_comm import collectives
+from megatron.mpu.deepspeed_comm import collectives
 from megatron.mpu.collectives import group_rank, group_size
 
 CHUNK_LOGITS_BYTES = 256 * 2 ** 20

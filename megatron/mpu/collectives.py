@@ -25,7 +25,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from megatron.deepspeed_comm import collectives
+from megatron.mpu.deepspeed_comm import collectives
 
 
 def group_size(group) -> int:

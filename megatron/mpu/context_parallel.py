@@ -48,7 +48,7 @@ def ring_exchange(tensor: torch.Tensor, group) -> torch.Tensor:
 
 def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
     """A detached sum over ``group`` (token counts, loss values: nothing here needs a gradient)."""
-    from megatron.deepspeed_comm import collectives
+    from megatron.mpu.deepspeed_comm import collectives
 
     total = tensor.detach().clone()
     collectives().all_reduce(total, group=group)

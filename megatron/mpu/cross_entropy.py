@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron.deepspeed_comm import collectives
+from megatron.mpu.deepspeed_comm import collectives
 
 from megatron.mpu.collectives import group_rank, group_size
 

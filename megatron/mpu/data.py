@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from megatron.deepspeed_comm import collectives
+from megatron.mpu.deepspeed_comm import collectives
 from megatron.mpu.host_collectives import communication_device
 
 

@@ -10,7 +10,7 @@ clipping (and the logged norm) would change with moe_expert_parallel_size. Here,
 * an expert parameter (DeepSpeed's mark: ``allreduce`` false) is summed over the expert-parallel group, whose
   ranks hold different experts; the expert-data-parallel ranks hold the same ones and count them once each;
 * under DeepSpeed's pipeline engine (``pipeline_group``: its model-parallel group, every stage and tensor rank of
-  one data-parallel index) a parameter counts where megatron.training marked it ``model_parallel`` (the tied
+  one data-parallel index) a parameter counts where megatron.training.loop marked it ``model_parallel`` (the tied
   copies once), and the sum runs over that group.
 """
 from __future__ import annotations

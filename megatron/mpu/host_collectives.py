@@ -8,7 +8,7 @@ cpu" (the first GPU run died of exactly that after iteration 1). Every function 
 
 * puts its tensor on the group's communication device (``communication_device``): the current CUDA device for a
   group that serves CUDA only, the CPU for one that serves the CPU;
-* runs a tensor collective through ``megatron.deepspeed_comm.collectives()`` (deepspeed.comm once it is started, so
+* runs a tensor collective through ``megatron.mpu.deepspeed_comm.collectives()`` (deepspeed.comm once it is started, so
   that DeepSpeed's comms logger counts it beside ZeRO's; torch.distributed otherwise);
 * hands the result back where the caller holds it: host values come back as CPU tensors (one device-to-host copy,
   the only host sync) or python objects; a tensor already on the group's device is reduced in place and stays
@@ -29,7 +29,7 @@ from typing import Any, List, Optional, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from megatron.deepspeed_comm import collectives
+from megatron.mpu.deepspeed_comm import collectives
 
 Values = Union[torch.Tensor, Sequence[float]]
 

@@ -9,7 +9,7 @@ from megatron.mup.shapes import BaseShapesError, base_hidden_size, read_base_sha
 MODEL_KEYS = ("mup_init_scale", "mup_attn_temp", "mup_output_temp", "mup_embedding_mult", "mup_rp_embedding_mult")
 """The muP settings the model reads (ModelConfig fields), each 1.0 by default."""
 RUN_KEYS = ("coord_check", "save_base_shapes", "base_shapes_file", "mup_width_scale")
-"""The muP settings of the run (megatron.mup.run), defaults False, False, None, 2."""
+"""The muP settings of the run (megatron.training.mup_run), defaults False, False, None, 2."""
 RUN_DEFAULTS = {"coord_check": False, "save_base_shapes": False, "base_shapes_file": None, "mup_width_scale": 2}
 MUP_OPTIMIZERS = ("adam", "cpu_adam", "cpu_torch_adam", "sgd")
 """Optimizers with a muP learning-rate rule: the Adams (mup's MuAdam) and SGD (MuSGD)."""

@@ -18,7 +18,7 @@ How a tuning launch goes (deepy.py, as in GPT-NeoX):
 
 This module holds the config side's rules and the autotuner's config; megatron/neox_arguments/autotuned.py reads an
 experiment's (or the optimal) config back into NeoXArgs (it re-validates them, so it sits above validation, which
-uses the rules here); megatron/autotuner_launch.py holds the launcher side (the runner call and the patches that make the
+uses the rules here); megatron/launch/autotuner.py holds the launcher side (the runner call and the patches that make the
 autotuner run on one node without pdsh)."""
 
 import json

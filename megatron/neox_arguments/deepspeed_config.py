@@ -18,7 +18,7 @@ module writes that value.
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Set, Tuple
 
-from megatron.comms_logging import deepspeed_section as comms_logger_section
+from megatron.observability.comms_logging import deepspeed_section as comms_logger_section
 from megatron.neox_arguments.groups import NeoXArgsSchema
 
 

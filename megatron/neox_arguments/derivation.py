@@ -8,7 +8,7 @@ import dataclasses
 import subprocess
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from megatron.model_config import expand_attention_config
+from megatron.model.config import expand_attention_config
 from megatron.errors import ConfigError
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import count_global_ranks
@@ -416,7 +416,7 @@ MOE_SETTINGS = ("expert_interval", "moe_expert_interval", "moe_top_k", "moe_loss
 
 def derive_moe(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     """The mixture-of-experts settings GPT-NeoX spells twice become one value, and what depends on the run's layout
-    is checked (the layer's own rules are megatron.model_config.moe_problems).
+    is checked (the layer's own rules are megatron.model.config.moe_problems).
 
     * expert_interval (GPT-NeoX until 2025, default 2) and moe_expert_interval (its current name, default 1) are one
       setting: the one written wins; both written with different values is an error; neither gives 2.

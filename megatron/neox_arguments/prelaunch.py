@@ -129,7 +129,7 @@ def load_problems(args: NeoXArgsSchema) -> List[str]:
 def save_problems(args: NeoXArgsSchema) -> List[str]:
     """Training must be able to write in `save` (a read-only or unwritable one failed only at the first
     save, after the whole startup, as "Parent directory ... does not exist"). Probed by creating a file. And no
-    other training run may be writing there (megatron.run_lock; the workers take the lock itself)."""
+    other training run may be writing there (megatron.checkpoint.run_lock; the workers take the lock itself)."""
     save = args.save
     if not save or script_name(args) not in TRAINING_SCRIPTS:
         return []
@@ -147,7 +147,7 @@ def save_problems(args: NeoXArgsSchema) -> List[str]:
     except OSError as exc:
         return [f"save='{save}' is not writable: creating a file in '{existing}' failed ({exc.strerror or exc}); "
                 f"choose a directory this user can write, on a writable filesystem"]
-    from megatron.run_lock import lock_problem
+    from megatron.checkpoint.run_lock import lock_problem
 
     in_use = lock_problem(save)
     return [in_use] if in_use else []
@@ -157,7 +157,7 @@ def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
     """The iteration of the checkpoint `load/latest` names, or None."""
     if not load:
         return None
-    from megatron.checkpointing import resume_tag
+    from megatron.checkpoint.engine import resume_tag
 
     tag = resume_tag(load)[0]
     match = re.fullmatch(r"global_step(\d+)", tag or "")

@@ -8,9 +8,9 @@ import difflib
 import os
 from typing import Any, Callable, Iterable, List, Set, Tuple
 
-from megatron.comms_logging import comms_logger_problems
-from megatron.curriculum import curriculum_problems, enabled as curriculum_enabled
-from megatron.model_config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
+from megatron.observability.comms_logging import comms_logger_problems
+from megatron.data.curriculum import curriculum_problems, enabled as curriculum_enabled
+from megatron.model.config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.mup.rules import mup_run_problems
 from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_space_problems
 from megatron.neox_arguments.groups import NeoXArgsSchema
@@ -106,7 +106,7 @@ anything but its default, since nothing would read it."""
 
 def fusion_flag_warnings(args: NeoXArgsSchema) -> List[str]:
     """What to tell the user about fusion flags, and transformer-layer settings on an all-recurrent model,
-    that are accepted but cannot take effect (megatron.model_config.softmax_fusion_warning and
+    that are accepted but cannot take effect (megatron.model.config.softmax_fusion_warning and
     recurrent_only_warning)."""
     if any(getattr(args, name) is None for name in REQUIRED_MODEL_FIELDS):
         return []
@@ -157,7 +157,7 @@ def not_supported_setting_problems(args: NeoXArgsSchema) -> List[str]:
 
 
 def model_problems(args: NeoXArgsSchema) -> List[str]:
-    """The model's own rules (megatron.model_config.ModelConfig.problems) plus the GPT-NeoX keys around them."""
+    """The model's own rules (megatron.model.config.ModelConfig.problems) plus the GPT-NeoX keys around them."""
     problems = [f"'{name}' is required (the model shape); set it in a config file"
                 for name in REQUIRED_MODEL_FIELDS if getattr(args, name) is None]
     if problems:
@@ -229,7 +229,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
 
 
 def non_persistent_problems(args: NeoXArgsSchema) -> List[str]:
-    """Megatron-LM's non-persistent checkpoints (megatron.non_persistent_checkpoints): type 'global' only, its
+    """Megatron-LM's non-persistent checkpoints (megatron.checkpoint.non_persistent): type 'global' only, its
     keys together, and a directory of its own."""
     kind, interval, directory = (args.non_persistent_ckpt_type, args.non_persistent_save_interval,
                                  args.non_persistent_global_ckpt_dir)
@@ -536,7 +536,7 @@ def context_parallel_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"reset_attention_mask {why} (ring attention masks by position only); set it to false")
     if args.zero_stage == 3 and (args.zero_optimization or {}).get("reduce_scatter", True) is False:
         problems.append(f"zero_optimization.reduce_scatter=false with stage 3 {why} (the gradients of stage 3 under "
-                        f"context parallelism are scaled for its reduce-scatter's average, megatron.training."
+                        f"context parallelism are scaled for its reduce-scatter's average, megatron.training.loop."
                         f"_partition_over_data_and_context); keep reduce_scatter true (the default)")
     if curriculum_enabled(args.curriculum_learning):
         problems.append(f"curriculum_learning {why} (the curriculum cuts whole sequences, the batch is already "

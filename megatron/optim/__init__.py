@@ -3,6 +3,6 @@
 (zero_offload).
 
 May import: megatron.model (the marks its layers put on parameters), megatron.mup, megatron.training_schedule,
-megatron.deepspeed_ops, and third-party packages. Imported by megatron.training, megatron.mup.run,
+megatron.utils.deepspeed_ops, and third-party packages. Imported by megatron.training.loop, megatron.training.mup_run,
 megatron.initialize and megatron.neox_arguments. Nothing is imported here, so that importing one module (the
 launcher reads zero_offload's rules before torch is needed elsewhere) does not import the others."""

@@ -2,7 +2,7 @@
 
 `build_optimizer(neox_args, model)` returns a torch.optim.Optimizer for the training loop to hand to
 deepspeed.initialize(optimizer=...). Build it over the parameters as they will train: on their device and in their
-dtype (megatron.training moves and casts the model first, as deepspeed.initialize would), because what `adam`
+dtype (megatron.training.loop moves and casts the model first, as deepspeed.initialize would), because what `adam`
 becomes depends on the device. optimizer.type (lower-cased in neox_args.optimizer_type):
 
 * adam            `adam_implementation` picks (see "Which Adam" below): torch.optim.AdamW(fused=True), or DeepSpeed's
@@ -32,13 +32,13 @@ Which Adam (DeepSpeed 0.19.8, runtime/engine.py _do_optimizer_sanity_check and _
   bf16 in the pipeline engine (BF16_Optimizer), one flat fp32 partition per group; in fp32 without ZeRO, the
   parameters themselves. torch's fused AdamW is a fused multi-tensor kernel over them as FusedAdam is, needs no JIT
   build (nvcc and ninja on every node), supports amsgrad, and, in fp32 without ZeRO, is an optimizer
-  megatron.checkpoint_resharding can refill (it takes torch's and this module's only). There, and on CPU, `adam` is
+  megatron.checkpoint.resharding can refill (it takes torch's and this module's only). There, and on CPU, `adam` is
   torch.optim.AdamW(fused=True).
 * amsgrad: FusedAdam has none, so torch's fused AdamW (hence the unfused 16-bit wrapper without ZeRO);
   bias_correction: false exists only in DeepSpeed's Adam, so FusedAdam on CUDA (an error on CPU).
 * When FusedAdam cannot be built (no nvcc / ninja, a compiler error), the optimizer is torch's fused AdamW and one
   warning says why. FusedAdam is built with a TORCH_CUDA_ARCH_LIST DeepSpeed can parse
-  (megatron.deepspeed_ops). A build that fails on some ranks only would give the ranks different 16-bit wrappers;
+  (megatron.utils.deepspeed_ops). A build that fails on some ranks only would give the ranks different 16-bit wrappers;
   a build failure is normally the machine's, the same everywhere.
 
 Measured (bench/optimizer_step.py, NVIDIA H200, torch 2.11, DeepSpeed 0.19.8, 2026-11-28; a 12 x 768 GPT at vocab
@@ -284,7 +284,7 @@ def _load_fused_adam_op() -> None:
     """Build (or load the cached build of) DeepSpeed's FusedAdam CUDA op, with an arch list it can parse."""
     from deepspeed.ops.op_builder import FusedAdamBuilder
 
-    from megatron.deepspeed_ops import arch_list_deepspeed_can_parse
+    from megatron.utils.deepspeed_ops import arch_list_deepspeed_can_parse
 
     with arch_list_deepspeed_can_parse():
         FusedAdamBuilder().load()

@@ -9,7 +9,7 @@ these files (PairwiseDataset's pos_ref / neg_ref, GPT2Dataset's ref) and sum the
 sum the reference model would have computed (in fp32).
 
 Any tensor / pipeline split computes them: with pipe_parallel_size >= 2 each batch runs through DeepSpeed's
-pipeline engine (the last stage's logits are sent to every stage, megatron.text_generation_utils.PipelineRunner),
+pipeline engine (the last stage's logits are sent to every stage, megatron.inference.text_generation.PipelineRunner),
 and the files are the same as with one stage.
 """
 
@@ -47,8 +47,8 @@ def logits_function(engine: Any, ctx: Any) -> Tuple[Logits, Any]:
     """(inputs -> logits, the tensor-parallel group the logits' vocabulary is split over, or None) for the model
     as setup_for_inference returns it: a sequential model's own vocabulary shard, or under a pipeline of 2+
     stages the whole vocabulary's logits on every rank (PipelineRunner)."""
-    from megatron.model import GPT2ModelPipe
-    from megatron.text_generation_utils import build_runner
+    from megatron.model.gpt2_model import GPT2ModelPipe
+    from megatron.inference.text_generation import build_runner
 
     module = getattr(engine, "module", engine)
     if isinstance(module, GPT2ModelPipe) and module.num_stages > 1:

@@ -2,7 +2,7 @@
 speed figures are read by hand: 2 shared cores make wall-clock assertions unreliable)."""
 from bench.moe_throughput import contender_config, parse_args
 from bench.train_throughput import write_data
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.neox_arguments import NeoXArgs
 
 

@@ -4,7 +4,7 @@ tests/model/test_activation_checkpointing.py)."""
 
 from bench.recompute_memory import MODES, parse_args, train_config
 from bench.train_throughput import write_data
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.neox_arguments import NeoXArgs
 
 

@@ -1,5 +1,5 @@
 """Logits of a checkpoint as generate.py / eval.py compute them, through deepy.py and
-workers/logits_worker.py (megatron.inference's load path)."""
+workers/logits_worker.py (megatron.inference.loading's load path)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,7 +1,7 @@
 """GPT-NeoX checkpoints written the way GPT-NeoX writes them, from a Hugging Face model's weights, without this
 project's converter: the oracle side of the layout tests.
 
-Written from GPT-NeoX's code (EleutherAI/gpt-neox: megatron/checkpointing.py save_ds_checkpoint,
+Written from GPT-NeoX's code (EleutherAI/gpt-neox: megatron/checkpoint/engine.py save_ds_checkpoint,
 megatron/model/gpt2_model.py / transformer.py / norms.py / word_embeddings.py, and the inverse of
 tools/ckpts/convert_neox_to_hf.py) and DeepSpeed's engine:
   * ``global_step{N}/`` with, for pipe_parallel_size 0, ``mp_rank_{t:02d}_model_states.pt`` whose ``module`` keys

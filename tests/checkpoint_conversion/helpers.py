@@ -85,8 +85,8 @@ def _randomise(model):
 def our_model(config, state: Mapping[str, torch.Tensor]):
     """GPT2ModelSequential of a checkpoint's ModelConfig, built for one process in fp32 without dropout, with
     the merged ``state`` (the converter's flat names) loaded strictly."""
-    from megatron.checkpoint_conversion.neox_checkpoint import sequential_state_dict
-    from megatron.model import GPT2ModelSequential
+    from megatron.checkpoint.neox_checkpoint import sequential_state_dict
+    from megatron.model.gpt2_model import GPT2ModelSequential
     from megatron.mpu import SingleProcessState
 
     config = config.replace(
@@ -115,7 +115,7 @@ def random_tokens(batch: int = 2, seq: int = 12, seed: int = 1) -> torch.Tensor:
 
 def our_greedy(model, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Greedy decoding with our KV cache: the prompt in one forward, then one token per forward."""
-    from megatron.model import KVCache
+    from megatron.model.kv_cache import KVCache
 
     cache = KVCache(prompt.size(1) + new_tokens)
     out, step = prompt, prompt

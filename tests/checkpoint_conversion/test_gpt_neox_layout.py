@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint, write_checkpoint
+from megatron.checkpoint.neox_checkpoint import read_checkpoint, write_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
-from megatron.checkpointing import GPT_NEOX, LAYOUT_KEY, file_layout
-from megatron.model_config import ModelConfig
+from megatron.checkpoint.engine import GPT_NEOX, LAYOUT_KEY, file_layout
+from megatron.model.config import ModelConfig
 from tests.checkpoint_conversion.gpt_neox_files import (
     gpt_neox_yaml,
     neox_slots_from_gptneox,
@@ -130,7 +130,7 @@ def test_what_we_write_is_what_gpt_neox_writes(variant, tp, pp, tmp_path):
 def _tp2_model_loads_gpt_neox_files(rank: int, world_size: int, variant: str, directory: str):
     """A TP=2 model takes GPT-NeoX's rank files with load_state_dict (DeepSpeed's engine does that), computes the
     reference logits, and its state_dict (what DeepSpeed saves) is the rank's file again."""
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
     from megatron.mpu import ParallelState, gather_from_model_parallel_region
 
     values = dict(VARIANTS[variant], model_parallel_size=2, pipe_parallel_size=0, padded_vocab_size=VOCAB)

@@ -8,7 +8,7 @@ import torch
 from megatron.checkpoint_conversion import hf_mamba
 from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
-from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict, read_checkpoint
+from megatron.checkpoint.neox_checkpoint import flat_state_dict, read_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
 from tests.checkpoint_conversion.helpers import VOCAB, assert_matches_hf, our_logits, our_model, random_tokens
 
@@ -76,7 +76,7 @@ def test_our_mamba_model_to_hf(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from megatron.checkpoint_conversion.hf_folder import save_hf_folder
-    from megatron.model import GPT2ModelSequential
+    from megatron.model.gpt2_model import GPT2ModelSequential
     from megatron.mpu import SingleProcessState
     from tests.model.helpers import tiny_config
 
@@ -95,7 +95,7 @@ def test_our_mamba_model_to_hf(tmp_path):
 
 
 def test_what_mamba_for_causal_lm_cannot_hold_is_refused():
-    from megatron.model import GPT2ModelSequential
+    from megatron.model.gpt2_model import GPT2ModelSequential
     from megatron.mpu import SingleProcessState
     from tests.model.helpers import tiny_config
 

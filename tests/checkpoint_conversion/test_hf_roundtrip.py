@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
-from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict, read_checkpoint
+from megatron.checkpoint.neox_checkpoint import flat_state_dict, read_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
 from tests.checkpoint_conversion.helpers import (
     assert_matches_hf,
@@ -171,7 +171,7 @@ def _saved_and_loaded(config, state, directory):
 
 def _randomised_state(config):
     """Our model's weights (flat names) with every tensor random (norm weights and biases included)."""
-    from megatron.model import GPT2ModelSequential
+    from megatron.model.gpt2_model import GPT2ModelSequential
     from megatron.mpu import SingleProcessState
 
     torch.manual_seed(0)

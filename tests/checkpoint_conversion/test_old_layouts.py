@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from megatron.errors import ConversionError
-from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict, read_checkpoint, write_checkpoint
-from megatron.checkpoint_conversion.tensor_parallel import split_full
-from megatron.checkpointing import OURS, OURS_OLD
-from megatron.model import build_model
-from megatron.model_config import ModelConfig
+from megatron.checkpoint.neox_checkpoint import flat_state_dict, read_checkpoint, write_checkpoint
+from megatron.checkpoint.tensor_parallel import split_full
+from megatron.checkpoint.engine import OURS, OURS_OLD
+from megatron.model.gpt2_model import build_model
+from megatron.model.config import ModelConfig
 from megatron.mpu import SingleProcessState
 from tests.checkpoint_conversion.helpers import our_logits, our_model, random_tokens
 from tests.tools.tool_runner import load_tool

@@ -5,9 +5,9 @@ import torch
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama
 from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
-from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+from megatron.checkpoint.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from tests.checkpoint_conversion.helpers import tiny_gptneox, tiny_llama
 
 NEOX = dict(num_layers=1, hidden_size=8, num_attention_heads=2, seq_length=8, pos_emb="rotary", norm="layernorm",
@@ -104,7 +104,7 @@ def test_vocabulary_that_does_not_split_is_refused(tmp_path):
 def test_gpt_neox_mamba_checkpoint_saved_with_tensor_parallelism_is_refused(tmp_path):
     """GPT-NeoX's TP > 1 Mamba mixer is another function than ours (megatron.model.mamba): its checkpoints are
     refused, naming why, before any tensor is read."""
-    from megatron.checkpointing import gpt_neox_mamba_problem
+    from megatron.checkpoint.engine import gpt_neox_mamba_problem
     from tests.checkpoint_conversion.gpt_neox_files import gpt_neox_yaml, write_gpt_neox_checkpoint
 
     values = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,

@@ -60,7 +60,7 @@ def test_every_config_is_found():
 @pytest.mark.parametrize("name,kind,layers,capacity", [("125M-dmoe.yml", "megablocks", 6, 1.0),
                                                        ("1-3B-moe.yml", "deepspeed", 12, 1.25)])
 def test_moe_examples_build_their_experts(name, kind, layers, capacity):
-    from megatron.model_config import ModelConfig
+    from megatron.model.config import ModelConfig
 
     files = [os.path.join(CONFIGS, name), os.path.join(CONFIGS, "local_setup.yml")]
     args = NeoXArgs.from_ymls(files, overwrite_values={"num_gpus": 1})

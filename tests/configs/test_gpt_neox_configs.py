@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.neox_arguments import NeoXArgs
 from megatron.errors import ConfigError, NeoXConfigWarning
 from tests.tools.tool_runner import REPO, load_tool
@@ -259,7 +259,7 @@ def test_dmoe_style_model_loads_ready_to_train(tmp_path):
     args, messages = load([write(tmp_path, "small.yml", SMALL % ""),
                            write(tmp_path, "moe.yml", '{"moe_num_experts": 8}'), write(tmp_path, "setup.yml", SETUP)])
     assert messages == [] and args.training_problems() == []
-    from megatron.model_config import ModelConfig
+    from megatron.model.config import ModelConfig
 
     config = ModelConfig.from_neox_args(args, padded_vocab_size=50304)
     assert config.moe_type == "megablocks" and config.moe_layers == (0, 2) and config.moe_top_k == 1
@@ -546,7 +546,7 @@ MUP_STYLE = """\
 
 def test_mup_style_config_loads_then_trains_wider_from_its_base_shapes(tmp_path):
     from megatron.mpu import SingleProcessState
-    from megatron.mup.run import save_base_shapes
+    from megatron.training.mup_run import save_base_shapes
 
     shapes = str(tmp_path / "base-shapes")
     args, messages = load([write(tmp_path, "mup.yml", MUP_STYLE % shapes), write(tmp_path, "setup.yml", SETUP)])

@@ -1,7 +1,7 @@
 """DeepSpeed config sections through deepy.py on two CPU ranks, in one run and its resumption: ZeRO-3 with the
 optimizer and the parameters offloaded to CPU (under tensor parallelism), comms_logger with prof_interval,
 csv_monitor and flops_profiler together. (Offload's losses against the same run without offload are compared in
-tests/optim/test_zero_offload.py; the flops profiler's counts against megatron/flops.py in tests/test_flops.py.)"""
+tests/optim/test_zero_offload.py; the flops profiler's counts against megatron/observability/flops.py in tests/observability/test_flops.py.)"""
 
 import csv
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from tests.e2e.launch import free_port, run_deepy
 from tests.e2e.test_generate import trained_checkpoint
 from tests.evaluation.hf_copy import sequential_state, write_hf_copy

@@ -5,8 +5,8 @@ background writer is writing a file; then one rank killed alone, and one rank hu
 its counts and prints them at the end of the run. The seed is random each run (NEOX_FAULT_SEED repeats one).
 
 The other faults have their own tests: a full disk, damaged files and a read-only save directory
-(tests/test_checkpoint_integrity.py, tests/e2e/test_prelaunch.py), concurrent writers (tests/test_run_lock.py),
-a hostile pickle (tests/test_checkpoint_files.py), hostile launcher values (tests/neox_arguments/test_launcher.py)."""
+(tests/checkpoint/test_integrity.py, tests/e2e/test_prelaunch.py), concurrent writers (tests/checkpoint/test_run_lock.py),
+a hostile pickle (tests/checkpoint/test_files.py), hostile launcher values (tests/neox_arguments/test_launcher.py)."""
 
 import json
 import os

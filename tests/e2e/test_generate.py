@@ -119,7 +119,7 @@ def test_interactive_reads_stdin_until_empty_line(trained, tmp_path):
 
 def test_pipeline_parallel_generation(tmp_path_factory, tmp_path):
     """pipe_parallel_size=2: the stages run through DeepSpeed's eval_batch (recompute, even when asked for
-    the cache). That it equals one rank token for token is tests/test_text_generation_utils.py's check."""
+    the cache). That it equals one rank token for token is tests/inference/test_text_generation.py's check."""
     config = trained_checkpoint(tmp_path_factory.getbasetemp(), pipe_parallel_size=2)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("<|end|>".join(PROMPTS))

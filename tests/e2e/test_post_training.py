@@ -78,10 +78,10 @@ def test_reward_model_under_zero3_learns_the_preference_and_exports_to_transform
     import torch
     from transformers import GPTNeoXForSequenceClassification
 
-    from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+    from megatron.checkpoint.neox_checkpoint import read_checkpoint
     from megatron.data.indexed_dataset import MMapIndexedDataset
-    from megatron.inference import load_model_weights
-    from megatron.model import build_model
+    from megatron.inference.loading import load_model_weights
+    from megatron.model.gpt2_model import build_model
     from megatron.mpu import SingleProcessState
     from tests.checkpoint_conversion.helpers import batch_inputs
 

@@ -145,9 +145,9 @@ def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp
 
 @pytest.mark.fault
 def test_a_save_directory_another_run_is_writing_is_refused(deepy_main, files, tmp_path):
-    """The run lock (megatron.run_lock) is held by another process: deepy.py names it and starts nothing."""
+    """The run lock (megatron.checkpoint.run_lock) is held by another process: deepy.py names it and starts nothing."""
     ckpt = tmp_path / "ckpt"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from megatron.run_lock import RunLock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from megatron.checkpoint.run_lock import RunLock; "
                                f"assert RunLock({str(ckpt)!r}).acquire() is None; print('held', flush=True); "
                                "time.sleep(600)"], cwd=REPO, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": REPO})

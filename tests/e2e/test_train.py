@@ -33,7 +33,7 @@ def single_rank_losses(data, tmp_path_factory):
 
 def test_bf16_zero3_data_parallel_trains_and_resumes(data, tmp_path):
     """bf16 under ZeRO-3 on two ranks (one launch for both: bf16 with ZeRO 0-2 goes through DeepSpeed's bf16
-    optimizer, tested in process by tests/test_checkpoint_resharding.py) learns, saves and continues."""
+    optimizer, tested in process by tests/checkpoint/test_resharding.py) learns, saves and continues."""
     run = TrainingRun(tmp_path, data, num_gpus=2, bf16={"enabled": True}, zero_optimization={"stage": 3},
                       train_iters=10, checkpoint_factor=10)
     run.launch()
@@ -161,7 +161,7 @@ def test_sigterm_to_deepy_alone_reaches_every_rank_which_saves_and_exits_interru
     checkpoint; deepy.py waits for them and exits 143 (interrupted), leaving no process behind (issue 19)."""
     import yaml
 
-    from megatron.launch_signals import signal_targets
+    from megatron.launch.signals import signal_targets
 
     run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=100000)
     config = tmp_path / "sigterm.yml"

@@ -8,9 +8,9 @@ import torch
 
 from megatron.checkpoint_conversion import hf_gptneox
 from megatron.checkpoint_conversion.hf_folder import save_hf_folder
-from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+from megatron.checkpoint.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 
 def write_hf_copy(state: Dict[str, torch.Tensor], model_config: ModelConfig, tokenizer_file: str, eos_token: str,

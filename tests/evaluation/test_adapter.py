@@ -21,9 +21,9 @@ from megatron.evaluation import (
     write_results,
 )
 from megatron.initialize import RunContext
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import RNGStatesTracker, SingleProcessState
-from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict
+from megatron.checkpoint.neox_checkpoint import flat_state_dict
 from tests.evaluation.hf_copy import write_hf_copy
 from tests.evaluation.local_tasks import TASKS, scores, write_local_tasks
 from tests.model.helpers import tiny_config
@@ -88,7 +88,7 @@ def _hf_scores(tiny, hf_lm, names):
 
 def _our_lm(tiny):
     from megatron.evaluation.adapter import NeoXLM
-    from megatron.text_generation_utils import build_runner
+    from megatron.inference.text_generation import build_runner
 
     return NeoXLM(build_runner(tiny.model, tiny.ctx.parallel_state, tiny.config), tiny.ctx.tokenizer,
                   tiny.ctx.parallel_state, max_length=32, batch_size=3, device=torch.device("cpu"))

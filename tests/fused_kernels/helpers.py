@@ -5,7 +5,7 @@ from typing import Sequence
 
 import torch
 
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 # The fusion flags at their reference defaults (all off).
 FUSION_FLAG_DEFAULTS = {

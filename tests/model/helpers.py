@@ -5,7 +5,7 @@ import math
 import torch
 
 from megatron.model.batch import masks_and_position_ids
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 TINY_MODEL = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, padded_vocab_size=128)
 """A 2-layer, hidden-32, 4-head, seq-16, vocab-128 model; the rest are ModelConfig's (GPT-NeoX's) defaults."""

@@ -2,7 +2,7 @@
 
 import torch
 
-from megatron.model import KVCache
+from megatron.model.kv_cache import KVCache
 
 
 def incremental_logits(model, tokens: torch.Tensor, prompt: int) -> torch.Tensor:

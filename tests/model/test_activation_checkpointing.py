@@ -6,7 +6,7 @@ the inputs the checkpoints keep, and cpu_checkpointing moves them off the GPU.""
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import ParallelState, RNGStatesTracker, SingleProcessState
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config

@@ -11,7 +11,7 @@ def _configured(rank: int, world_size: int, overrides):
     import deepspeed
 
     from megatron.model.activation_checkpointing import configure_activation_checkpointing
-    from megatron.model_config import ModelConfig
+    from megatron.model.config import ModelConfig
     from megatron.mpu import ParallelState
 
     args = tiny(checkpoint_activations=True, **overrides)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from megatron.model import BatchOptions, get_batch
+from megatron.model.batch import BatchOptions, get_batch
 from megatron.model.batch import is_causal_only
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch, tiny_config
@@ -36,7 +36,7 @@ def test_reset_position_ids_and_attention_mask_restart_at_each_document():
 
 
 def test_documents_packed_with_resets_match_each_document_alone():
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
 
     torch.manual_seed(0)
     args = BatchOptions(reset_position_ids=True, reset_attention_mask=True)
@@ -60,7 +60,7 @@ def test_negative_labels_are_masked_and_label_datasets_are_used():
 
 
 def test_a_truncated_batch_is_the_prefix_and_the_model_sees_only_it():
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
     from megatron.model.batch import truncate_batch
 
     (tokens, position_ids, mask), (labels, loss_mask) = batch = random_batch(seq=16, seed=3)

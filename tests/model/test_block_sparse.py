@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.block_sparse import make_layout
 from megatron.mpu import SingleProcessState
-from megatron.sparsity_config import SparsitySettings
+from megatron.model.sparsity_config import SparsitySettings
 from tests.model.helpers import tiny_config
 from tests.model.kv_helpers import assert_decoding_matches_full_forward
 

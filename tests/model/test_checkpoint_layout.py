@@ -3,7 +3,7 @@ how GPT-NeoX's models load where they differ from this config's, and GPT-NeoX's 
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.checkpoint_layout import LayoutError
 from megatron.mpu import SingleProcessState
 from megatron.optim.param_groups import get_param_groups
@@ -157,7 +157,7 @@ its forward never adds them."""
 
 
 def test_gmlp_slots_hold_gpt_neox_s_entries_and_its_unused_biases_load_as_nothing():
-    from megatron.checkpointing import gpt_neox_gmlp_problem
+    from megatron.checkpoint.engine import gpt_neox_gmlp_problem
 
     model = _model(attention_config=["global", "amlp"], gmlp_attn_dim=8)
     state = model.state_dict()

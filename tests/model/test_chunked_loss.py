@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.head import DeferredLogits, OutputHead, pipeline_tied_logits
 from megatron.mpu import SingleProcessState, chunked_cross_entropy
 from megatron.post_training.dpo import sequence_logps
@@ -109,7 +109,7 @@ def test_dpo_and_kto_log_probabilities_from_deferred_logits():
 
 
 def test_the_training_step_asks_the_gpt_for_deferred_logits():
-    from megatron.training import _loss_of
+    from megatron.training.loop import _loss_of
 
     model = build_model(tiny_config(), SingleProcessState())
     inputs, labels = _batch()

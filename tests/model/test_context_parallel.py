@@ -1,6 +1,6 @@
 """Context parallelism (megatron.mpu.context_parallel, megatron.model.ring_attention): on 4 gloo ranks, ring
 attention at CP=2 and CP=4 gives full causal attention's output and gradients; the tiny model at CP=2 x TP=2 gives the
-CP=1 loss and gradients; megatron.training's setup and train_step (DeepSpeed with the ParallelState as mpu, or its
+CP=1 loss and gradients; megatron.training.loop's setup and train_step (DeepSpeed with the ParallelState as mpu, or its
 pipeline engine) train CP=2 x TP=2 (ZeRO 2), CP=2 x DP=2 (no ZeRO) and CP=2 x PP=2 (ZeRO 1) with the CP=1 losses over 10
 steps, and the last two resume their step-5 checkpoints bitwise; the CP=2 x DP=2 checkpoint continues at CP=1 x DP=4
 (ZeRO-1) and that one's back at CP=2 (ZeRO-2 and ZeRO-3) with the uninterrupted losses (resharded optimizer state). One spawned
@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.model import BatchOptions, build_model, get_batch
+from megatron.model.batch import BatchOptions, get_batch
+from megatron.model.gpt2_model import build_model
 from megatron.model.ring_attention import ring_attention
 from megatron.mpu import ParallelState, SingleProcessState
 from megatron.mpu.context_parallel import chunk_positions, split_sequence
-from megatron.model_config import context_parallel_problems
+from megatron.model.config import context_parallel_problems
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import tiny_config
 from tests.model.tp_helpers import expected_local
@@ -36,7 +37,7 @@ def test_model_rules_refuse_what_ring_attention_does_not_do():
 
 
 def test_generation_and_evaluation_refuse_context_parallelism():
-    from megatron.inference import setup_for_inference
+    from megatron.inference.loading import setup_for_inference
     from megatron.errors import ConfigError
     from tests.neox_arguments.helpers import tiny
 
@@ -121,10 +122,10 @@ def _initialize(args):
 
 
 def _train(args, ctx, engine, optimizer, first: int, save_at: Optional[int] = None) -> list:
-    """Steps first + 1 .. STEPS of megatron.training's train_step on the global batches ``_text(100 + step % 3)``
+    """Steps first + 1 .. STEPS of megatron.training.loop's train_step on the global batches ``_text(100 + step % 3)``
     (this data-parallel rank's micro-batch of them); saves a checkpoint after step ``save_at``."""
-    from megatron.checkpointing import save_checkpoint
-    from megatron.training import _ModelBatches, train_step
+    from megatron.checkpoint.engine import save_checkpoint
+    from megatron.training.loop import _ModelBatches, train_step
 
     state, micro = ctx.parallel_state, args.train_micro_batch_size_per_gpu
     rows = slice(micro * state.get_data_parallel_rank(), micro * (state.get_data_parallel_rank() + 1))
@@ -140,10 +141,10 @@ def _train(args, ctx, engine, optimizer, first: int, save_at: Optional[int] = No
 
 def _check_resharded(load_dir: str, first: int, save_at: Optional[int] = None, **layout) -> list:
     """Steps first + 1 .. STEPS of the CP=2 x DP=2 run of 4 samples a step, resumed from its checkpoint in
-    ``load_dir`` in another layout (``layout``: _neox_args' keywords): megatron.checkpointing.load_checkpoint
-    reshards weights and optimizer state (megatron.checkpoint_resharding)."""
-    from megatron.checkpointing import load_checkpoint
-    from megatron.training import setup_model_and_optimizer
+    ``load_dir`` in another layout (``layout``: _neox_args' keywords): megatron.checkpoint.engine.load_checkpoint
+    reshards weights and optimizer state (megatron.checkpoint.resharding)."""
+    from megatron.checkpoint.engine import load_checkpoint
+    from megatron.training.loop import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     args = _neox_args(save_dir=load_dir, **layout)
@@ -158,15 +159,15 @@ def _check_resharded(load_dir: str, first: int, save_at: Optional[int] = None, *
 
 def _check_training(tp: int, zero_stage: int, reference_rank: int, pp: int = 0,
                     save_dir: Optional[str] = None) -> dict:
-    """10 steps of megatron.training (initialize_megatron, setup_model_and_optimizer with the ParallelState as
+    """10 steps of megatron.training.loop (initialize_megatron, setup_model_and_optimizer with the ParallelState as
     DeepSpeed's mpu, or the pipeline engine over its topology, _ModelBatches splitting each sample per
     context-parallel rank, train_step) at CP=2 x PP=pp x TP=tp (x DP=2 / (pp x tp)); the CP=1 reference (on
     ``reference_rank`` only) takes the same optimizer and clipping in a plain loop over the data-parallel ranks'
     samples joined. Three batches in turn, so that the loss falls in 10 steps. With ``save_dir`` the run saves
     after step 5 and a fresh engine loading that checkpoint repeats steps 6-10 ("resumed")."""
-    from megatron.checkpointing import load_checkpoint
+    from megatron.checkpoint.engine import load_checkpoint
     from megatron.optim.optimizers import build_optimizer
-    from megatron.training import setup_model_and_optimizer
+    from megatron.training.loop import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     args = _neox_args(tp, zero_stage, pp, save_dir)

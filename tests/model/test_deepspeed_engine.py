@@ -1,11 +1,11 @@
 """ParallelState serves as DeepSpeed's mpu: a TP=2 sequential model trained by the DeepSpeed engine
 (ZeRO stage 1, gradient clipping on) follows the TP=1 reference over several steps. The engine's loss is the training
-step's (megatron.training._loss_of: from the head's DeferredLogits, in chunks of tokens), the reference's from the
+step's (megatron.training.loop._loss_of: from the head's DeferredLogits, in chunks of tokens), the reference's from the
 logits."""
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config
@@ -18,7 +18,7 @@ CONFIG = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2, "gradient_
 def _train(model, engine_like: bool, parallel_state=None) -> list:
     import deepspeed
 
-    from megatron.training import _loss_of
+    from megatron.training.loop import _loss_of
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if engine_like:

@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.batch import masks_and_position_ids
 from megatron.model.flash import FlashAttention, FlashAttnUnavailableWarning, flash_attention_backend
 from megatron.mpu import SingleProcessState

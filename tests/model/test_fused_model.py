@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from megatron.errors import ConfigError
 from tests.accelerator import deepspeed_accelerator_env
@@ -325,7 +325,7 @@ NO_DEVICE_SCRIPT = textwrap.dedent(
     """
     import sys
     {prelude}
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
     from megatron.mpu import SingleProcessState
     from megatron.errors import ConfigError
     from tests.model.helpers import random_batch

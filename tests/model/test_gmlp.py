@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.model import KVCache, build_model
+from megatron.model.kv_cache import KVCache
+from megatron.model.gpt2_model import build_model
 from megatron.model.batch import causal_attention_mask
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch, tiny_config

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import incremental_logits

@@ -4,7 +4,7 @@ q|k|v) and the rotate-half rotary are Hugging Face's. Needs `transformers` (requ
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch, tiny_config
 

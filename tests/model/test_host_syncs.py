@@ -15,7 +15,8 @@ import time
 import pytest
 import torch
 
-from megatron.model import BatchOptions, build_model, get_batch
+from megatron.model.batch import BatchOptions, get_batch
+from megatron.model.gpt2_model import build_model
 from megatron.model.batch import causal_attention_mask, is_causal_only, to_device
 from megatron.model.moe.router import expert_counts, sinkhorn
 from megatron.model.positional import RotaryEmbedding

@@ -4,7 +4,8 @@ logits of a full forward over the same tokens."""
 import pytest
 import torch
 
-from megatron.model import KVCache, build_model
+from megatron.model.kv_cache import KVCache
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch
 from tests.model.kv_helpers import assert_decoding_matches_full_forward

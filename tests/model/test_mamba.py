@@ -4,7 +4,7 @@ and bf16), the causal convolution continues from its state, fp32 parameters, and
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.mamba import causal_conv1d, selective_scan, selective_scan_reference
 from megatron.mpu import SingleProcessState
 from megatron.errors import ConfigError

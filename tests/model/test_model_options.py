@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.activations import get_activation
 from megatron.model.batch import causal_attention_mask
 from megatron.model.init_functions import get_init_method, tensor_seed

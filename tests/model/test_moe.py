@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.init_functions import Initializer
 from megatron.model.moe import DroplessMoE, moe_layers, moe_metrics, set_aux_loss_scale
 from megatron.model.moe.router import load_balancing_loss, sinkhorn
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.mpu import SingleProcessState
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config
@@ -330,7 +330,7 @@ def _tp_vs_single(rank, world_size):
         model = build_model(config, state).train()
         layer = moe_layers(model)[0]
         assert layer.experts.mlp.w1.shape[0] == 2 * config.expert_ffn_width  # 2 of the 4 experts
-        from megatron.checkpoint_conversion.tensor_parallel import split_rule
+        from megatron.checkpoint.tensor_parallel import split_rule
 
         for name, param in model.named_parameters():  # checkpoint conversion merges the shards the model splits
             assert (split_rule(name, config) == (0, 1)) == (".experts.mlp." in name) or ".experts." not in name

@@ -5,7 +5,7 @@ EP x TP, DeepSpeed's replicated over TP or, with enable_expert_tensor_parallelis
 pipeline (PP=2 x DP=2, EP=2 as EP=1; PP=2 x TP=2, DeepSpeed's layer replicated and split, as without a pipeline),
 with sequence_parallel (TP=2 x DP=2, as without), their per-parameter logs, checkpoint files, exact resume,
 inference, and loading at another expert-parallel size (the refusals of bad sizes:
-tests/neox_arguments/test_validation.py, tests/test_checkpointing.py)."""
+tests/neox_arguments/test_validation.py, tests/checkpoint/test_engine.py)."""
 import os
 from typing import Callable
 
@@ -58,7 +58,7 @@ def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
 def _setup(args):
     """The training run's own setup: process groups, model, optimizer, engine."""
     from megatron.initialize import initialize_megatron
-    from megatron.training import setup_model_and_optimizer
+    from megatron.training.loop import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     ctx = initialize_megatron(args)
@@ -70,7 +70,7 @@ def _steps(args, ctx, engine, optimizer, rank, first: int, count: int, logs: lis
     """[(loss over both ranks, gradient norm)] of train_step for steps first .. first + count - 1; with ``logs``
     the first two steps also take the per-parameter logs (train_step's debug values), appended to it. ``rank``:
     the seed of this rank's batch, or a tuple of seeds, one per micro batch (gradient accumulation)."""
-    from megatron.training import train_step
+    from megatron.training.loop import train_step
 
     out = []
     seeds = rank if isinstance(rank, tuple) else (rank,)
@@ -109,7 +109,7 @@ def _straight_save_resume(args, ctx, engine, optimizer, seed, at: int, total: in
     fresh engine loads that checkpoint and repeats ``resume`` steps from ``at``. Returns (the straight run's steps,
     the experts saved, the experts reloaded, the resumed steps); ``experts(module)`` reads a module's experts. Both
     engines' parallel states are destroyed."""
-    from megatron.checkpointing import load_checkpoint, save_checkpoint
+    from megatron.checkpoint.engine import load_checkpoint, save_checkpoint
 
     straight = _steps(args, ctx, engine, optimizer, seed, 0, at, logs)
     save_checkpoint(args, ctx.model_config, at, engine)
@@ -125,8 +125,8 @@ def _straight_save_resume(args, ctx, engine, optimizer, seed, at: int, total: in
 
 
 def _expert_parallel_run(rank: int, world_size: int, save_root: str):
-    from megatron.checkpointing import load_checkpoint
-    from megatron.inference import setup_for_inference
+    from megatron.checkpoint.engine import load_checkpoint
+    from megatron.inference.loading import setup_for_inference
 
     out = {}
     for layer in LAYERS:
@@ -243,7 +243,7 @@ def _tensor_parallel_layer_runs(layer: str, runs, root: str, out: dict) -> None:
     ZeRO 2 saved at step 4 and resumed by a fresh engine (out[(layer, 'saved' / 'reloaded' / 'resumed' /
     'files')]), then loaded by generate.py's setup (out[(layer, 'inference')]). With one tensor-parallel rank the
     data-parallel ranks 2d and 2d + 1 read the batches of data-parallel rank d at two tensor-parallel ranks."""
-    from megatron.inference import setup_for_inference
+    from megatron.inference.loading import setup_for_inference
 
     save = os.path.join(root, layer)
     for tp, ep, zero in runs:
@@ -395,7 +395,7 @@ def test_deepspeed_layer_with_split_experts_trains_as_with_replicated_experts(te
     losses and gradient norms over 10 steps (EP=1, and EP=2 with ZeRO 2) and per-parameter logs; each
     tensor-parallel rank writes its shards in its own expert files, which resume exactly, load for inference (split,
     and merged into whole experts: the same logits) and merge into the whole experts for conversion."""
-    from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+    from megatron.checkpoint.neox_checkpoint import read_checkpoint
 
     layer = "deepspeed_split"
     reference = torch.tensor(tensor_parallel_runs[0][("deepspeed", 1, 1, 0)])
@@ -437,7 +437,7 @@ def _pipeline_run(rank: int, world_size: int, save_root: str) -> dict:
     """4 ranks, PP=2 x DP=2, both layers, one MoE layer on each stage (expert_interval 1): EP=1 and EP=2 (ZeRO 0, with
     the per-parameter logs, as the reference without a pipeline), then EP=2 (ZeRO 1) saved after 3 steps and
     resumed by a fresh engine, then loaded by generate.py's setup."""
-    from megatron.inference import setup_for_inference
+    from megatron.inference.loading import setup_for_inference
 
     out = {}
     for layer in LAYERS:
@@ -487,7 +487,7 @@ def _pipeline_tensor_parallel_run(rank: int, world_size: int, save_root: str) ->
     ranks and split over them (enable_expert_tensor_parallelism), one MoE layer on each stage, ZeRO 1: each step
     two micro batches, the batches of _pipeline_run's no-pipeline run's two data-parallel ranks; per-parameter logs;
     saved after 3 steps and resumed by a fresh engine, then loaded by generate.py's setup."""
-    from megatron.inference import setup_for_inference
+    from megatron.inference.loading import setup_for_inference
 
     out = {}
     for layer in ("deepspeed", "deepspeed_split"):
@@ -515,8 +515,8 @@ def _pipeline_tensor_parallel_run(rank: int, world_size: int, save_root: str) ->
 
 
 def _inference_logits(model, ctx) -> torch.Tensor:
-    """generate.py's logits of one random sequence (megatron.text_generation_utils' runner of ``model``)."""
-    from megatron.text_generation_utils import build_runner
+    """generate.py's logits of one random sequence (megatron.inference.text_generation' runner of ``model``)."""
+    from megatron.inference.text_generation import build_runner
 
     return build_runner(model, ctx.parallel_state, ctx.model_config)(*random_batch(batch=1)[0])
 
@@ -595,7 +595,7 @@ def test_deepspeed_layer_in_a_pipeline_with_tensor_parallelism(four_rank_runs, l
     steps with the same per-parameter logs; each stage's and tensor-parallel rank's experts are in files of their own
     (model-parallel rank stage x 2 + tensor rank) which a fresh engine resumes exactly, generate.py's setup loads
     (the logits of the same checkpoint loaded without a pipeline) and conversion merges into whole experts."""
-    from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+    from megatron.checkpoint.neox_checkpoint import read_checkpoint
 
     runs = [out["pptp"] for out in four_rank_runs]
     reference = torch.tensor(four_rank_runs[0]["pp"][("deepspeed", "no pipeline")])
@@ -656,8 +656,8 @@ def _sequence_parallel_run(rank: int, save_root: str) -> dict:
     sequence_parallel, on the model alone; and "engine": the first steps' (loss, gradient norm) of DeepSpeed's
     layer with split experts at EP=2, ZeRO 2 through DeepSpeed's engine (the run of _tensor_parallel_layer_runs
     with sequence_parallel)."""
-    from megatron.deepspeed_comm import init_deepspeed_comm
-    from megatron.model import build_model
+    from megatron.mpu.deepspeed_comm import init_deepspeed_comm
+    from megatron.model.gpt2_model import build_model
     from megatron.model.moe import moe_layers
     from megatron.mpu import ParallelState
     from tests.model.helpers import tiny_config

@@ -42,9 +42,9 @@ def _mixtral_args(ep: int, zero: int, save: str):
 
 def _expert_parallel_logs_and_checkpoint(rank: int, save_root: str) -> dict:
     """{(ep, zero): [each step's logged values]}; EP 1 and 2 (ZeRO 0) save their initial weights."""
-    from megatron.checkpointing import save_checkpoint
+    from megatron.checkpoint.engine import save_checkpoint
     from megatron.initialize import initialize_megatron
-    from megatron.training import setup_model_and_optimizer, train_step
+    from megatron.training.loop import setup_model_and_optimizer, train_step
     from megatron.training_schedule import TrainingSchedule
 
     out = {}
@@ -83,7 +83,7 @@ SEQUENCE_PARALLEL = {"topk": dict(moe_router_type="topk", moe_top_k=2, activatio
 
 def _sequence_parallel_loss_and_grads(rank: int) -> dict:
     """{(router, sequence_parallel): (loss, this rank's logits shard, {name: gradient}, {name: weight})} at TP=2."""
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
     from megatron.mpu import ParallelState
     from tests.model.helpers import tiny_config
 
@@ -149,7 +149,7 @@ def test_expert_parallel_checkpoint_exports_to_mixtral(runs, tmp_path):
     tokens in transformers."""
     from transformers import MixtralForCausalLM
 
-    from megatron.checkpoint_conversion.neox_checkpoint import read_checkpoint
+    from megatron.checkpoint.neox_checkpoint import read_checkpoint
     from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
     from tests.checkpoint_conversion.helpers import assert_matches_hf, our_model
 

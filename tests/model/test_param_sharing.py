@@ -8,8 +8,8 @@ import io
 import pytest
 import torch
 
-from megatron.model import build_model
-from megatron.model_config import shared_layer_owners
+from megatron.model.gpt2_model import build_model
+from megatron.model.config import shared_layer_owners
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import random_batch, tiny_config
 from tests.model.kv_helpers import assert_decoding_matches_full_forward

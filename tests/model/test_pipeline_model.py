@@ -4,7 +4,7 @@ the pipe / model parallel layout)."""
 import pytest
 import torch
 
-from megatron.model import GPT2ModelPipe, build_model
+from megatron.model.gpt2_model import GPT2ModelPipe, build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config

@@ -71,7 +71,7 @@ def test_relative_position_buckets():
 
 
 def test_rotary_tables_stay_fp32_in_a_bf16_model_and_equal_direct_angles():
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
     from megatron.mpu import SingleProcessState
     from tests.model.helpers import tiny_config
 
@@ -92,7 +92,7 @@ def test_rotary_tables_stay_fp32_in_a_bf16_model_and_equal_direct_angles():
 
 
 def test_alibi_slopes_stay_fp32_in_a_bf16_model():
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
     from megatron.mpu import SingleProcessState
     from tests.model.helpers import tiny_config
 

@@ -5,9 +5,9 @@ issue's bar; measured <= 2e-7)."""
 
 import torch
 
-from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict
-from megatron.checkpoint_conversion.tensor_parallel import split_full
-from megatron.model import build_model
+from megatron.checkpoint.neox_checkpoint import flat_state_dict
+from megatron.checkpoint.tensor_parallel import split_full
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config

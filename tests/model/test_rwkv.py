@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.rwkv import wkv_chunked, wkv_recurrent
 from megatron.mpu import SingleProcessState
 from tests.model.helpers import tiny_config

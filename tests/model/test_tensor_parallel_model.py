@@ -6,7 +6,8 @@ from unittest import mock
 import pytest
 import torch
 
-from megatron.model import BatchOptions, build_model, get_batch
+from megatron.model.batch import BatchOptions, get_batch
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import ParallelState, SingleProcessState, chunked_cross_entropy
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch

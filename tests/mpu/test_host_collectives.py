@@ -84,21 +84,21 @@ def _checks(rank: int, emulation):
     from torch import nn
 
     def any_rank():
-        from megatron.training import StopRequested
+        from megatron.training.loop import StopRequested
 
         stop = StopRequested()
         stop.signal_name = "SIGTERM" if rank == 1 else None
         return stop.any_rank(deadline=0.0 if rank == 0 else None)
 
     def check_space():
-        from megatron.training import _check_space_for_a_checkpoint
+        from megatron.training.loop import _check_space_for_a_checkpoint
 
         engine = SimpleNamespace(module=nn.Linear(4, 4))
         ctx = SimpleNamespace(parallel_state=SimpleNamespace(get_data_parallel_world_size=lambda: 2))
         return _check_space_for_a_checkpoint(SimpleNamespace(save=tempfile.mkdtemp()), engine, ctx)
 
     def objective_metrics():
-        from megatron.training import objective_metrics
+        from megatron.training.loop import objective_metrics
 
         loss_fn = SimpleNamespace(take_metrics=lambda: {"accuracy": float(rank), "margin": 2.0})
         engine = SimpleNamespace(module=SimpleNamespace(loss_fn=loss_fn),
@@ -106,17 +106,17 @@ def _checks(rank: int, emulation):
         return objective_metrics(engine)
 
     def tokens_per_char():
-        from megatron.training import tokens_per_char
+        from megatron.training.loop import tokens_per_char
 
         return tokens_per_char(3 * (rank + 1), 4)
 
     def loss_mean():
-        from megatron.training import _data_parallel_mean
+        from megatron.training.loop import _data_parallel_mean
 
         return _data_parallel_mean(torch.tensor(rank + 1.0), SimpleNamespace(mpu=None))
 
     def agreed_problem():
-        from megatron.training import _agreed_problem
+        from megatron.training.loop import _agreed_problem
 
         return _agreed_problem("rank 0's finding" if rank == 0 else None)
 
@@ -172,7 +172,7 @@ def _checks(rank: int, emulation):
         return norm.item(), params[0].grad.tolist()
 
     def optimizer_state_norms():
-        from megatron.logging import _partitioned_state_norms
+        from megatron.observability.training_logger import _partitioned_state_norms
 
         param, flat = nn.Parameter(torch.zeros(2)), torch.zeros(4)
         param._hp_mapping = SimpleNamespace(param_group_index=0,
@@ -183,14 +183,14 @@ def _checks(rank: int, emulation):
         return _partitioned_state_norms([("w", param)], basic)
 
     def debug_sums():
-        from megatron.logging import gather_debug_sums
+        from megatron.observability.training_logger import gather_debug_sums
 
         state = SimpleNamespace(get_data_parallel_rank=lambda: 0, get_expert_data_parallel_rank=lambda: 0)
         return gather_debug_sums({f"gradient_norms/w{rank}": [rank + 1.0]}, state)
 
     def checkpoint_verification():
-        from megatron.checkpoint_integrity import MANIFEST
-        from megatron.checkpointing import _verified_by_rank0
+        from megatron.checkpoint.integrity import MANIFEST
+        from megatron.checkpoint.engine import _verified_by_rank0
 
         path = tempfile.mkdtemp()  # rank 0's manifest lists a file that is not there; rank 1 reads nothing
         if rank == 0:
@@ -199,7 +199,7 @@ def _checks(rank: int, emulation):
         return _verified_by_rank0(path)
 
     def async_checkpoint():
-        from megatron.async_checkpoint import AsyncCheckpoints
+        from megatron.checkpoint.async_save import AsyncCheckpoints
 
         writer = SimpleNamespace(take_digests=lambda path: {f"file{rank}": f"digest{rank}"})
         agreed = AsyncCheckpoints._agreed(None, 2 - rank)

@@ -93,7 +93,7 @@ def scanned_files() -> List[Path]:
 
 def test_the_scan_finds_a_stray_collective():
     stray = ("import torch\nimport torch.distributed as dist\nfrom deepspeed import comm as c2\n"
-             "from megatron.deepspeed_comm import collectives\n"
+             "from megatron.mpu.deepspeed_comm import collectives\n"
              "def f(x, group):\n"
              "    dist.all_reduce(x)\n"
              "    torch.distributed.barrier()\n"

@@ -6,10 +6,10 @@ import yaml
 
 from megatron.mpu import SingleProcessState
 from megatron.mup.parametrization import INFSHAPE_ATTR, named_parameters, set_base_shapes
-from megatron.mup.run import prepare_model, save_base_shapes
+from megatron.training.mup_run import prepare_model, save_base_shapes
 from megatron.mup.shapes import BaseShapesError, read_base_shapes
 from megatron.errors import ConfigError
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from tests.model.helpers import tiny_config
 from tests.neox_arguments.helpers import problems_of, tiny
 
@@ -71,7 +71,7 @@ def test_mup_settings_are_checked_with_the_key_and_the_fix(tmp_path):
     save_base_shapes(tiny(use_mup=True, save_base_shapes=True, base_shapes_file=path), tiny_config(hidden_size=16),
                      SingleProcessState())
     args = tiny(use_mup=True, base_shapes_file=path, mup_attn_temp=0.5, mup_output_temp=2.0)
-    from megatron.model_config import ModelConfig
+    from megatron.model.config import ModelConfig
 
     config = ModelConfig.from_neox_args(args)
     assert config.use_mup and config.mup_width_mult == 64 / 16 and config.mup_attn_temp == 0.5

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import torch
 
 from megatron.data.corpora import iter_stdlib_texts
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.model.batch import masks_and_position_ids
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.mpu import SingleProcessState
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, set_base_shapes
 from megatron.optim.optimizers import build_optimizer

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatron.optim.learning_rates import AnnealingLR
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, named_parameters, set_base_shapes
 from megatron.optim.optimizers import build_optimizer

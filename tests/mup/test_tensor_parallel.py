@@ -1,7 +1,7 @@
 """muP under tensor parallelism: base shapes are whole-tensor shapes, so a TP=2 muP model (its multipliers, its
 muP initialisation) gives TP=1's initial weights, logits, loss, gradients and KV-cache decoding."""
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, set_base_shapes
 from tests.distributed_helpers import run_distributed

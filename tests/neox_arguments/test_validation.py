@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.neox_arguments import NeoXArgs
 from megatron.errors import ConfigError, NeoXConfigWarning
 from megatron.neox_arguments.validation import DERIVED_ONLY
@@ -378,8 +378,8 @@ def test_newer_gpt_neox_keys_are_known_and_refused_until_built(key, value):
 
 def test_newer_gpt_neox_keys_that_act_or_do_nothing_here():
     assert tiny(fused_kernels_build_path="/tmp/build").fused_kernels_build_path == "/tmp/build"  # documented no-op
-    from megatron.logging import TrainingLogger
-    from megatron.model_config import ModelConfig
+    from megatron.observability.training_logger import TrainingLogger
+    from megatron.model.config import ModelConfig
 
     args = tiny(peak_theoretical_tflops=312.0, train_iters=2, optimizer={"type": "Adam", "params": {"lr": 1e-3}})
     logger = TrainingLogger(args, ModelConfig.from_neox_args(args, padded_vocab_size=128), rank=1)

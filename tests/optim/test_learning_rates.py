@@ -342,7 +342,7 @@ def test_lr_warmup_init_is_the_first_steps_rate_and_lr_warmup_iters_the_length()
 
 
 def _tiny_model(tied: bool = False):
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
     from megatron.mpu import SingleProcessState
     from tests.model.helpers import tiny_config
 

@@ -299,7 +299,7 @@ def test_adam_on_cuda_in_bf16_without_zero_is_deepspeed_fused_adam_matching_torc
 
 def test_pipeline_stages_with_other_param_groups_are_named_before_zero_would_hang():
     """The experts' own group exists only on stages holding an MoE layer: under ZeRO 1 / 2 that would hang DeepSpeed's
-    group-by-group norm all-reduce (megatron.training checks it over the pipe group: by hand, PP=2 with one MoE layer
+    group-by-group norm all-reduce (megatron.training.loop checks it over the pipe group: by hand, PP=2 with one MoE layer
     of 2 gives this message on both ranks instead of a hang)."""
     from megatron.model.parameter_marks import MOE_EXPERT_FLAG
     from megatron.optim.optimizers import describe_param_groups, pipeline_group_mismatch

@@ -61,7 +61,7 @@ def _engine(zero, state, world_size: int = 2):
     import deepspeed
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
 
     torch.manual_seed(0)
     model = build_model(tiny_config(), state)
@@ -85,7 +85,7 @@ def _train(engine, model, rank, steps):
 
 def _offload_losses(rank: int, world_size: int, checkpoints: str):
     """{case: losses of STEPS steps} and, for the offload cases, the losses after resuming at SAVE_AT."""
-    from megatron.deepspeed_comm import init_deepspeed_comm
+    from megatron.mpu.deepspeed_comm import init_deepspeed_comm
     from megatron.mpu import ParallelState
 
     init_deepspeed_comm("gloo", dist_init_required=False)
@@ -121,7 +121,7 @@ def _async_io_compatible() -> bool:
 
 
 def _nvme_losses(rank: int, world_size: int, nvme_path: str):
-    from megatron.deepspeed_comm import init_deepspeed_comm
+    from megatron.mpu.deepspeed_comm import init_deepspeed_comm
     from megatron.mpu import ParallelState
 
     init_deepspeed_comm("gloo", dist_init_required=False)

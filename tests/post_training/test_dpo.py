@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.post_training import DPOLoss, ReferenceModel, dpo_loss, sequence_logps
 from megatron.post_training.reference import start_reference

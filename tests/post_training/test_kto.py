@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron.data.data_utils import build_train_valid_test_datasets
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.post_training import KTOLoss, ReferenceModel, kto_loss
 from megatron.post_training.reference import start_reference

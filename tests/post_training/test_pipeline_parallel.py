@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from megatron.post_training import DPOLoss, KTOLoss, ReferenceModel, RewardLoss
 from megatron.post_training.reference import start_reference
@@ -36,7 +36,7 @@ def loss_function(impl: str):
 
 
 def with_reference(impl: str, inputs, labels, reference):
-    """The batch the loss of `impl` reads (as megatron.training._ModelBatches): KTO's rewards, and the reference
+    """The batch the loss of `impl` reads (as megatron.training.loop._ModelBatches): KTO's rewards, and the reference
     log-probabilities on the ranks that hold the reference (the last pipeline stage)."""
     if impl == "kto":
         labels = labels + (REWARDS,)
@@ -62,7 +62,7 @@ def sequential_run(impl: str, config):
         total = 0.0
         for inputs, labels in batches[step * GAS:(step + 1) * GAS]:
             inputs, labels = with_reference(impl, inputs, labels, reference)
-            loss = loss_fn(policy(inputs, defer_logits=True), labels)  # as training (megatron.training._loss_of)
+            loss = loss_fn(policy(inputs, defer_logits=True), labels)  # as training (megatron.training.loop._loss_of)
             (loss / GAS).backward()
             total += loss.item() / GAS
         opt.step()
@@ -80,7 +80,7 @@ def _pipeline_run(impl: str, directory: str):
 
     import deepspeed
 
-    from megatron.training import objective_metrics
+    from megatron.training.loop import objective_metrics
 
     os.makedirs(directory, exist_ok=True)
     shape = dict(hidden_dropout=0.0, attention_dropout=0.0, train_impl="rm" if impl == "rm" else "normal")
@@ -94,7 +94,7 @@ def _pipeline_run(impl: str, directory: str):
         config={"train_batch_size": ROWS * GAS, "train_micro_batch_size_per_gpu": ROWS,
                 "gradient_accumulation_steps": GAS, "steps_per_print": 10 ** 6, "gradient_clipping": 0.0})
     reference = None
-    if impl != "rm":  # as megatron.training._start_reference: after the engine (and any checkpoint) is loaded
+    if impl != "rm":  # as megatron.training.loop._start_reference: after the engine (and any checkpoint) is loaded
         reference = ReferenceModel(config, state)
         assert reference.holds == state.is_last_pipe_stage()
         assert start_reference(reference, engine.module, None).startswith("the policy's weights")

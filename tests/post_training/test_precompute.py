@@ -10,7 +10,8 @@ import torch
 
 from megatron.data.data_utils import build_train_valid_test_datasets
 from megatron.data.pairwise_dataset import as_text_and_labels
-from megatron.model import BatchOptions, build_model, get_batch
+from megatron.model.batch import BatchOptions, get_batch
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.errors import ConfigError
 from megatron.neox_arguments.prelaunch import data_problems
@@ -63,13 +64,13 @@ def test_precomputed_logps_give_the_on_the_fly_losses(tmp_path: Path) -> None:
 
 def test_kto_reads_precomputed_logps_that_give_the_on_the_fly_losses(tmp_path: Path) -> None:
     """KTO data (completions, labels, rewards): generate.py's precompute writes `{data path}_sft` for every split;
-    training's batches (megatron.training._ModelBatches) then carry their sums, which give the KTO losses of the
+    training's batches (megatron.training.loop._ModelBatches) then carry their sums, which give the KTO losses of the
     reference model run on the fly."""
     from megatron.initialize import RunContext
-    from megatron.model_config import ModelConfig
+    from megatron.model.config import ModelConfig
     from megatron.post_training import KTOLoss
     from megatron.post_training.reference import ReferenceModel
-    from megatron.training import _ModelBatches
+    from megatron.training.loop import _ModelBatches
 
     rng = np.random.RandomState(1)
     docs = [rng.randint(0, 128, rng.randint(5, SEQ + 6)) for _ in range(12)]

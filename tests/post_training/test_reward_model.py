@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama
-from megatron.checkpoint_conversion.neox_checkpoint import flat_state_dict
-from megatron.model import build_model
+from megatron.checkpoint.neox_checkpoint import flat_state_dict
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.post_training import RewardLoss, sequence_rewards
 from tests.checkpoint_conversion.helpers import batch_inputs

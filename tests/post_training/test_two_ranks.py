@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from megatron.data.indexed_dataset import MMapIndexedDataset
-from megatron.model import build_model
+from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.post_training import DPOLoss, KTOLoss, ReferenceModel, RewardLoss
 from megatron.post_training.precompute import precompute_reference_logps
@@ -45,7 +45,7 @@ def _batch(rank: int, step: int):
 
 def _model(impl: str, state, seed: int = 0):
     """(tiny model with the loss of `impl`, its reference model or None); weights from `seed`."""
-    from megatron.model import build_model
+    from megatron.model.gpt2_model import build_model
 
     config = tiny_config(hidden_dropout=0.0, attention_dropout=0.0, train_impl="rm" if impl == "rm" else "normal")
     torch.manual_seed(seed)
@@ -55,7 +55,7 @@ def _model(impl: str, state, seed: int = 0):
 
 
 def _labels(impl: str, reference, inputs, labels):
-    """The labels tuple as megatron.training builds it: KTO's rewards, then the reference log-probabilities."""
+    """The labels tuple as megatron.training.loop builds it: KTO's rewards, then the reference log-probabilities."""
     if impl == "kto":
         labels = labels + (REWARDS,)
     if reference is not None:
@@ -78,7 +78,7 @@ def data_parallel_by_hand(impl: str):
         total = 0
         for rank, (losses, metrics) in enumerate(runs):
             inputs, labels = _batch(rank, step)
-            loss = model.loss_fn(model(inputs, defer_logits=True),  # as training does (megatron.training._loss_of)
+            loss = model.loss_fn(model(inputs, defer_logits=True),  # as training does (megatron.training.loop._loss_of)
                                  _labels(impl, reference, inputs, labels))
             total = total + loss / 2
             losses.append(loss.item())
@@ -116,11 +116,11 @@ def _train(impl: str, engine, reference, rank: int, steps):
 def _two_rank_checks(rank: int, world_size: int, directory: str, precompute_args):
     """({impl: {"zero3": (losses, metrics), "resumed": (losses, metrics) from SAVE_AT on}} on this rank, the files
     the 2-stage pipeline precomputed)."""
-    from megatron.deepspeed_comm import init_deepspeed_comm
-    from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
+    from megatron.mpu.deepspeed_comm import init_deepspeed_comm
+    from megatron.utils.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
     from megatron.mpu import ParallelState
 
-    import_with_lazy_compile(DEEPSPEED_MUON)  # as megatron.training does: ZeRO's optimizer check imports it
+    import_with_lazy_compile(DEEPSPEED_MUON)  # as megatron.training.loop does: ZeRO's optimizer check imports it
     init_deepspeed_comm("gloo", dist_init_required=False)
     state = ParallelState(pipe_parallel_size=0, model_parallel_size=1)
     results = {}
@@ -158,7 +158,7 @@ def _pipeline_precompute(args):
     builds it."""
     import deepspeed
 
-    from megatron.inference import PIPELINE_SCHEDULE_CONFIG
+    from megatron.inference.loading import PIPELINE_SCHEDULE_CONFIG
     from megatron.mpu import ParallelState
 
     state = ParallelState(pipe_parallel_size=2, model_parallel_size=1)

@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never ask th
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from megatron.errors import ConversionError  # noqa: E402
-from megatron.optional_deps import MissingOptionalDependency  # noqa: E402
+from megatron.utils.optional_deps import MissingOptionalDependency  # noqa: E402
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox  # noqa: E402
 
 

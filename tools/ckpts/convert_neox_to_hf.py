@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never ask th
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from megatron.errors import ConversionError  # noqa: E402
-from megatron.optional_deps import MissingOptionalDependency  # noqa: E402
+from megatron.utils.optional_deps import MissingOptionalDependency  # noqa: E402
 from megatron.checkpoint_conversion.to_hf import ARCHITECTURES, convert_neox_to_hf  # noqa: E402
 from megatron.checkpoint_conversion.hf_folder import DTYPES  # noqa: E402
 

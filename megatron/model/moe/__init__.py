@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from megatron.model.moe.layer import DroplessMoE
 from megatron.model.moe.stats import MoELayerBase, moe_layers, moe_metrics, set_aux_loss_scale
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 __all__ = ["DroplessMoE", "MoELayerBase", "build_moe_mlp", "moe_layers", "moe_metrics", "set_aux_loss_scale"]
 

@@ -29,7 +29,7 @@ ParallelState's (megatron.mpu.parallel_state), registered with DeepSpeed under i
 marks the expert parameters (``allreduce=False``, ``group_name``) so that its engine reduces their gradients over
 the expert-data-parallel group only (averaged over all data-parallel ranks), with and without ZeRO 1 / 2, and saves
 each expert in its own file, as above. An expert starts from the same initialiser entry at every EP size.
-generate.py and eval.py build the model with every expert on every rank (megatron.inference), from those files.
+generate.py and eval.py build the model with every expert on every rank (megatron.inference.loading), from those files.
 Tensor parallelism (model_parallel_size T > 1): every tensor-parallel rank holds the same tokens, the whole gate and
 the same experts (replicated, as DeepSpeed's layer without expert tensor parallelism), and runs the layer exactly as
 with one tensor-parallel rank: DeepSpeed is shown a single tensor-parallel rank during the layer's forward
@@ -49,7 +49,7 @@ so every rank keeps all its tokens (no drop / gather of capacity slots: DeepSpee
 all_gather_into_tensor into a flat buffer, which gloo refuses, and asserts a capacity divisible by T), runs its
 share of every expert on them, and the row-parallel layer all-reduces the outputs. An expert shard's gradient is
 whole (all tokens), reduced over the same expert-data-parallel groups; each tensor-parallel rank writes its shards
-in its own ``mp_rank`` expert files (megatron.checkpoint_conversion.tensor_parallel merges them).
+in its own ``mp_rank`` expert files (megatron.checkpoint.tensor_parallel merges them).
 With sequence_parallel each tensor-parallel rank holds a chunk of the sequence; the layer all-gathers the chunks and
 runs on the whole sequence as without sequence_parallel (the gate's capacity counts the same tokens, so the same ones
 are dropped; the gate, replicated experts and residual MLP see every token, so their gradients are whole on each
@@ -67,7 +67,7 @@ from torch import nn
 
 from megatron.model.mlp import ParallelMLP
 from megatron.model.moe.stats import MoELayerBase
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.mpu import SingleProcessState, gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
 from megatron.model.parameter_marks import MOE_EXPERT_FLAG
 

@@ -56,7 +56,7 @@ from megatron.model.moe.layer import (
 )
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 from megatron.mpu import copy_to_model_parallel_region, reduce_from_model_parallel_region
 from megatron.mpu.collectives import all_to_all_equal, all_to_all_rows
 from megatron.model.parameter_marks import MOE_EXPERT_FLAG

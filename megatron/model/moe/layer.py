@@ -35,7 +35,7 @@ from torch import nn
 from megatron.model.activations import _GATED, _PLAIN
 from megatron.model.moe.router import Router, expert_counts
 from megatron.model.moe.stats import MoELayerBase
-from megatron.model_config import GATED_ACTIVATIONS, ModelConfig
+from megatron.model.config import GATED_ACTIVATIONS, ModelConfig
 from megatron.mpu import (
     copy_to_model_parallel_region,
     gather_from_sequence_parallel_region,

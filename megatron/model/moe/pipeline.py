@@ -19,7 +19,7 @@ its pipeline engine with MoE are closed here, per engine (no global patch):
 
 And with expert parallelism without ZeRO, DeepSpeed's clipping norm averages the data-parallel ranks' norms, which
 hold other experts: every stage clips by megatron.mpu.grad_norm's norm of the whole gradient instead (as without a
-pipeline, megatron.training), summed over the stages. (ZeRO 1 computes a whole norm itself.)
+pipeline, megatron.training.loop), summed over the stages. (ZeRO 1 computes a whole norm itself.)
 """
 from __future__ import annotations
 

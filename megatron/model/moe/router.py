@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.model_config import ModelConfig
+from megatron.model.config import ModelConfig
 
 SINKHORN_ITERATIONS = 3
 SINKHORN_TOLERANCE = 1e-4

@@ -170,7 +170,7 @@ class NeoXArgsLogging:
 
     peak_theoretical_tflops: Optional[float] = None
     """
-    Peak dense TFLOP/s of one device, for MFU; overrides the device table of megatron/flops.py and the
+    Peak dense TFLOP/s of one device, for MFU; overrides the device table of megatron/observability/flops.py and the
     NEOX_PEAK_TFLOPS environment variable.
     """
 

@@ -1,4 +1,4 @@
-"""deepy.py worker: load a checkpoint as generate.py and eval.py do (megatron.inference.setup_for_inference)
+"""deepy.py worker: load a checkpoint as generate.py and eval.py do (megatron.inference.loading.setup_for_inference)
 and write the full logits of fixed tokens.
 
 Environment: CONVERT_TOKENS (a torch file with a [batch, seq] LongTensor), CONVERT_LOGITS_OUT (where the
@@ -43,7 +43,7 @@ def _pipeline_logits(module, inputs, ps, hidden_size: int):
 
 
 def main() -> int:
-    from megatron.inference import setup_for_inference
+    from megatron.inference.loading import setup_for_inference
     from megatron.model.batch import masks_and_position_ids
 
     try:

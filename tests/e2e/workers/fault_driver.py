@@ -24,11 +24,11 @@ sys.path.insert(0, REPO)
 from tests.accelerator import deepspeed_accelerator_env  # noqa: E402
 
 os.environ.update(deepspeed_accelerator_env())
-import megatron.async_checkpoint as async_checkpoint  # noqa: E402
-import megatron.checkpointing as checkpointing  # noqa: E402
-import megatron.training as training  # noqa: E402
-from megatron.checkpoint_integrity import verification_problems  # noqa: E402
-from megatron.launch_signals import interrupted_exit_code  # noqa: E402,F401 (imported before forking)
+import megatron.checkpoint.async_save as async_checkpoint  # noqa: E402
+import megatron.checkpoint.engine as checkpointing  # noqa: E402
+import megatron.training.loop as training  # noqa: E402
+from megatron.checkpoint.integrity import verification_problems  # noqa: E402
+from megatron.launch.signals import interrupted_exit_code  # noqa: E402,F401 (imported before forking)
 from megatron.neox_arguments import NeoXArgs  # noqa: E402
 from megatron.neox_arguments.launcher import ENCODED_CONFIG_ENV  # noqa: E402
 from tests.e2e.launch import free_port  # noqa: E402
@@ -37,11 +37,11 @@ import deepspeed.runtime.engine  # noqa: E402,F401  (everything a segment would 
 import torch._dynamo  # noqa: E402,F401  (torch's optimizers import it on construction)
 import torch.distributed.fsdp  # noqa: E402,F401  (deepspeed.comm's initialisation imports it)
 import megatron.data.data_utils  # noqa: E402,F401
-import megatron.logging  # noqa: E402,F401
+import megatron.observability.training_logger  # noqa: E402,F401
 import megatron.model  # noqa: E402,F401
 import megatron.optim.optimizers  # noqa: E402,F401
 import train  # noqa: E402,F401
-from megatron.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile  # noqa: E402
+from megatron.utils.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile  # noqa: E402
 
 import_with_lazy_compile(DEEPSPEED_MUON)
 

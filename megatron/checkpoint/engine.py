@@ -1,0 +1,733 @@
+"""Saving and loading training checkpoints through the DeepSpeed engine, atomically, in GPT-NeoX's layout.
+
+Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety and run records):
+    global_step{N}/            DeepSpeed's files, written by every rank, in GPT-NeoX's layout: without a
+                               pipeline mp_rank_{t:02d}_model_states.pt whose `module` keys are
+                               sequential.{slot}.{name}; with one layer_{slot:02d}-model_{t:02d}-model_states.pt
+                               per slot and tensor rank (megatron.model.gpt2_model, checkpoint_layout); ZeRO /
+                               optimizer files as DeepSpeed names them
+    mp_rank_*_model_states.pt  also hold GPT-NeoX's client state: `iteration`, `args` (the eight values
+                               GPT-NeoX's loader checks), `random_rng_state`, `np_rng_state`, `torch_rng_state`
+                               (and `cuda_rng_state` on CUDA), plus ours: the data position,
+                               `checkpoint_layout` and `optimizer_layout` (the rank's tensor / pipe rank and
+                               its optimizer's parameter names, which resharding needs)
+    global_step{N}/neox_args.json   the NeoXArgs of the run (architecture check on load), with
+                               checkpoint_layout: gpt-neox
+    global_step{N}/configs/*.yml    the user's YAML files, verbatim (as GPT-NeoX)
+    global_step{N}/rng_state_rank{R}.pt   each rank's RNG states (unless no_save_rng)
+    global_step{N}/checksums.xxh128   XXH3-128 of every file above, written after they are all flushed to disk;
+                               verified before a load (megatron.checkpoint.integrity; checksums.sha256 in
+                               checkpoints saved before)
+    global_step{N}/COMPLETE   written last, after every rank has finished
+    latest                     the tag of the newest complete checkpoint
+    .run.lock                  held by the training run writing here (megatron.checkpoint.run_lock)
+    non_persistent/            non-persistent checkpoints (non_persistent_ckpt_type 'global', by default here):
+                               the same layout, only the newest kept (megatron.checkpoint.non_persistent)
+
+DeepSpeed is told not to touch `latest`; we replace it (write to a temporary file, then os.replace)
+only after all ranks have saved and COMPLETE exists, so a crash mid-save leaves `latest` pointing at the
+previous, complete checkpoint. A save that fails (the disk full) removes its partial directory and raises
+CheckpointError naming the cause; `latest` stays where it was.
+
+Which checkpoint a directory holds (``checkpoint_kind``):
+  * this project's (neox_args.json with checkpoint_layout gpt-neox): needs COMPLETE and the same architecture;
+    saved with another tensor / pipeline split, ZeRO stage, or number of data-parallel ranks under ZeRO, it is
+    resharded on load, weights and optimizer state (megatron.checkpoint.resharding), with a note saying so;
+  * this project's older layout (neox_args.json without checkpoint_layout: flat names, or GPT-NeoX's slots
+    with this project's earlier tensor names): generation, evaluation and conversion read it
+    (megatron.checkpoint_conversion translates it); training refuses it and names the upgrade command;
+  * GPT-NeoX's (no neox_args.json, and no checkpoint_layout in the client state): loaded as it is, its
+    architecture checked against the client state's `args`, the checkpoint's configs/*.yml and the files'
+    tensor/pipeline split (another split loads the weights only: finetune or no_load_optim); its padded
+    vocabulary is taken from the embedding (megatron.initialize); its RNG
+    states come from the client state. Files of this project without COMPLETE are an interrupted save and
+    are refused.
+"""
+
+import json
+import os
+import random
+import shutil
+import glob
+import re
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from megatron.checkpoint.files import load_checkpoint_file
+from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
+from megatron.checkpoint.integrity import verification_problems, write_manifest
+from megatron.checkpoint.integrity import write_atomically as _write_atomically  # a seam tests replace
+from megatron.mpu.host_collectives import barrier, broadcast_object
+
+COMPLETE_MARKER = "COMPLETE"
+LATEST_FILE = "latest"
+ARGS_FILE = "neox_args.json"
+LAYOUT_KEY = "checkpoint_layout"
+LAYOUT = "gpt-neox"
+"""neox_args.json and the client state record ``checkpoint_layout: gpt-neox``: the files are in GPT-NeoX's
+layout. This project's checkpoints without it are in an older layout."""
+OURS, OURS_OLD, GPT_NEOX = "this project's", "this project's older layout", "GPT-NeoX's"
+UPGRADE_TOOL = "tools/ckpts/upgrade_checkpoint.py"
+GPT_NEOX_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
+                 "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type", "model_parallel_size")
+"""The `args` GPT-NeoX writes into the client state and its loader asserts equal."""
+LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
+MP_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+EXPERT_FILE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+"""DeepSpeed's files of MoE experts (moe_type deepspeed): MoE layer, expert, tensor-parallel rank."""
+
+ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
+                     "expansion_factor", "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct",
+                     "max_position_embeddings", "padded_vocab_size", "no_weight_tying", "gpt_j_residual",
+                     "gpt_j_tied", "use_bias_in_norms", "use_bias_in_attn_linear", "use_bias_in_mlp",
+                     "use_qk_layernorm", "attention_config", "num_unique_layers", "model_parallel_size",
+                     "pipe_parallel_size", "enable_expert_tensor_parallelism")
+"""Arguments that must match between a checkpoint and the model loading it."""
+LAYOUT_KEYS = ("model_parallel_size", "pipe_parallel_size")
+MERGED_ON_READ = ("enable_expert_tensor_parallelism",)
+"""Architecture keys of a layout that inference merges on reading (megatron.inference.loading), DeepSpeed's engine not."""
+
+
+RESHARD_KEY = "optimizer_layout"
+"""Client-state entry of each rank's model-states file: that rank's tensor / pipeline rank and the names of its
+optimizer's parameters, group by group, so that its optimizer state can be resharded (megatron.checkpoint.resharding).
+"""
+
+
+def optimizer_layout(engine) -> Dict[str, Any]:
+    """What RESHARD_KEY records for this rank: ``tensor_rank``, ``pipe_rank``, ``param_names`` (the module's
+    names of the optimizer's parameters, group by group, in the order of its state dict; None under ZeRO, whose
+    own files name them) and ``param_shapes`` (this rank's shape of each parameter, which DeepSpeed's bf16
+    optimizer files lack)."""
+    grid = getattr(engine, "grid", None)
+    if grid is not None:  # DeepSpeed's pipeline engine
+        tensor_rank, pipe_rank = grid.get_slice_parallel_rank(), grid.get_pipe_parallel_rank()
+    else:
+        mpu = getattr(engine, "mpu", None)
+        tensor_rank, pipe_rank = (mpu.get_model_parallel_rank() if mpu is not None else 0), 0
+    module = getattr(engine, "module", None)
+    names = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
+    optimizer = getattr(engine, "basic_optimizer", None) or getattr(engine, "optimizer", None)
+    groups = [[names.get(id(p)) for p in group["params"]] for group in getattr(optimizer, "param_groups", [])]
+    if any(name is None for group in groups for name in group):  # ZeRO's flat partitions: its files name them
+        groups = None
+    shapes = {n: list(getattr(p, "ds_shape", p.shape)) for n, p in module.named_parameters()} if module else {}
+    return {"tensor_rank": tensor_rank, "pipe_rank": pipe_rank, "param_names": groups, "param_shapes": shapes}
+
+
+def tag_for(iteration: int) -> str:
+    return f"global_step{iteration}"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def rng_states() -> Dict[str, Any]:
+    """This process's RNG states (python, numpy, torch [, cuda]), as the checkpoint saves them."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def _rng_states() -> Dict[str, Any]:
+    """What a checkpoint saves (a seam tests replace to interrupt a save)."""
+    return rng_states()
+
+
+def set_rng_states(states: Dict[str, Any]) -> None:
+    """Restore the states ``rng_states`` returned."""
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states["cuda"])
+
+
+def read_latest(save_dir: str) -> Optional[str]:
+    """The tag `latest` names, or None when there is no checkpoint."""
+    path = os.path.join(save_dir, LATEST_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as handle:  # random bytes: a name that is no directory
+        return handle.read().strip() or None
+
+
+def _tag_iteration(tag: str) -> int:
+    suffix = tag[len("global_step"):]
+    return int(suffix) if tag.startswith("global_step") and suffix.isdigit() else -1
+
+
+def complete_tags(save_dir: str) -> List[str]:
+    """Complete checkpoints, oldest first (by iteration: global_step10 after global_step9)."""
+    if not os.path.isdir(save_dir):
+        return []
+    tags = [t for t in os.listdir(save_dir) if _tag_iteration(t) >= 0
+            and os.path.isfile(os.path.join(save_dir, t, COMPLETE_MARKER))]
+    return sorted(tags, key=_tag_iteration)
+
+
+def resume_tag(load_dir: str) -> Tuple[Optional[str], Optional[str]]:
+    """(tag to resume from, note), the note saying why it is not the one `latest` names.
+
+    `latest` moves only after a checkpoint is COMPLETE, so it normally names the newest complete one. After
+    a crash between those two writes, or with `latest` deleted, emptied or damaged, trusting it would
+    resume from an older checkpoint or start over, and the run would overwrite complete checkpoints: the
+    newest complete checkpoint wins instead. GPT-NeoX's checkpoints have no COMPLETE marker: for them
+    `latest` decides. To resume from an older checkpoint on purpose, set `iteration`."""
+    named = read_latest(load_dir)
+    complete = complete_tags(load_dir)
+    if not complete or named == complete[-1]:
+        return named, None
+    newest = complete[-1]
+    if named is None:
+        reason = f"'{LATEST_FILE}' is missing or empty"
+    elif not os.path.isdir(os.path.join(load_dir, named)):
+        reason = f"'{LATEST_FILE}' names {named[:40]!r}, which is not a checkpoint directory"
+    elif named in complete:
+        reason = f"'{LATEST_FILE}' names the older {named} (a save ended before '{LATEST_FILE}' moved)"
+    else:  # an incomplete directory, or a checkpoint without marker: resolve_checkpoint decides
+        return named, None
+    return newest, (f"resuming from {os.path.join(load_dir, newest)}, the newest complete checkpoint: {reason}; "
+                    f"set iteration to resume from another one")
+
+
+def saved_args(neox_args, model_config) -> Dict[str, Any]:
+    """What neox_args.json records: the run's arguments plus the values only known in the workers (the
+    padded vocabulary, from the tokenizer) and the layout marker."""
+    return {**neox_args.to_dict(), "padded_vocab_size": model_config.padded_vocab_size, LAYOUT_KEY: LAYOUT}
+
+
+def gpt_neox_client_args(values: Mapping[str, Any], model_config) -> Dict[str, Any]:
+    """The `args` of GPT-NeoX's client state for a run with arguments ``values`` (a NeoXArgs dict)."""
+    args = {key: values.get(key) for key in GPT_NEOX_ARGS}
+    args.update(num_layers=model_config.num_layers, hidden_size=model_config.hidden_size,
+                num_attention_heads=model_config.num_attention_heads,
+                max_position_embeddings=model_config.positions, padded_vocab_size=model_config.padded_vocab_size,
+                model_parallel_size=model_config.model_parallel_size)
+    return args
+
+
+def gpt_neox_rng_state() -> Dict[str, Any]:
+    """The RNG entries of GPT-NeoX's client state (``cuda_rng_state`` only where CUDA is)."""
+    states = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
+              "torch_rng_state": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda_rng_state"] = torch.cuda.get_rng_state()
+    return states
+
+
+def model_files(path: str) -> List[str]:
+    return sorted(glob.glob(os.path.join(path, "*model_states.pt")))
+
+
+def load_lazily(path: str) -> Any:
+    """A checkpoint file, memory-mapped where the file allows it (the weights are read only when used);
+    nothing but tensors and plain data is unpickled (megatron.checkpoint.files)."""
+    return load_checkpoint_file(path, mmap=True)
+
+
+def read_client_state(path: str) -> Dict[str, Any]:
+    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file."""
+    files = sorted(f for f in model_files(path) if MP_FILE.search(os.path.basename(f)))
+    if not files:
+        raise CheckpointError(f"{path} holds no mp_rank_XX_model_states.pt file")
+    return {key: value for key, value in load_lazily(files[0]).items() if key != "module"}
+
+
+def read_saved_args(args_file: str) -> Dict[str, Any]:
+    """A checkpoint's neox_args.json; CheckpointError when it is not a JSON object."""
+    try:
+        with open(args_file, encoding="utf-8") as handle:
+            saved = json.load(handle)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{args_file} is damaged (not JSON: {exc}); this checkpoint cannot be checked against "
+                              f"the config. Restore the file, or set iteration to another checkpoint") from None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{args_file} is damaged (not a JSON object); restore it, or set iteration to "
+                              f"another checkpoint")
+    return saved
+
+
+def checkpoint_kind(path: str) -> str:
+    """OURS, OURS_OLD or GPT_NEOX (see the module docstring). A directory of this project's without its
+    neox_args.json (an interrupted save) counts as OURS, to be refused for its missing COMPLETE."""
+    args_file = os.path.join(path, ARGS_FILE)
+    if os.path.isfile(args_file):
+        return OURS if read_saved_args(args_file).get(LAYOUT_KEY) == LAYOUT else OURS_OLD
+    if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
+        return OURS
+    return OURS if read_client_state(path).get(LAYOUT_KEY) else GPT_NEOX
+
+
+def file_layout(path: str) -> Tuple[int, int]:
+    """(model_parallel_size, pipe_parallel_size) the files of checkpoint ``path`` were written with
+    (pipe_parallel_size 0: mp_rank files hold the weights; >= 1: layer files)."""
+    files = [os.path.basename(f) for f in model_files(path)]
+    layer_ranks = {int(m.group(2)) for m in map(LAYER_FILE.search, files) if m}
+    mp_ranks = {int(m.group(1)) for m in map(MP_FILE.search, files) if m}
+    if layer_ranks:
+        tp = len(layer_ranks)
+        return tp, max(len(mp_ranks) // tp, 1)
+    return len(mp_ranks), 0
+
+
+def directory_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _dirs, names in os.walk(path) for name in names)
+
+
+def estimated_checkpoint_bytes(save_dir: str, parameters: int, weight_bytes: int) -> int:
+    """The size of one checkpoint: the newest complete one in ``save_dir`` if there is one, else ``parameters``
+    weights of ``weight_bytes`` each plus Adam's two fp32 moments (and fp32 master weights for 16-bit weights)."""
+    complete = complete_tags(save_dir)
+    if complete:
+        return directory_bytes(os.path.join(save_dir, complete[-1]))
+    return parameters * (weight_bytes + 8 + (4 if weight_bytes < 4 else 0))
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2 ** 30:.2f} GiB"
+
+
+def space_problem(save_dir: str, needed: int) -> Optional[str]:
+    """A message when the filesystem of ``save_dir`` has less free space than ``needed`` bytes (one checkpoint)."""
+    free = shutil.disk_usage(save_dir).free
+    if free >= needed:
+        return None
+    return (f"save='{save_dir}' has {_gib(free)} free, and one checkpoint of this run takes about {_gib(needed)}: "
+            f"the first save would fail with the disk full. Free space there (keep_last_n_checkpoints prunes old "
+            f"checkpoints) or set save to a larger filesystem")
+
+
+def _save_failure(path: str, exc: BaseException) -> CheckpointError:
+    """What a failed save (disk full, a vanished directory, a failing disk) says; `latest` has not moved."""
+    save_dir = os.path.dirname(path)
+    previous = read_latest(save_dir)
+    try:
+        free = shutil.disk_usage(save_dir).free
+    except OSError:
+        free = None
+    full = free is not None and (free < 1 << 20 or "No space left" in str(exc))
+    cause = "the disk is full" if full else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc}"
+    keeps = (f"'{LATEST_FILE}' still names {previous}, which is complete and will be resumed from" if previous
+             else "no checkpoint was completed before it")
+    return CheckpointError(f"saving checkpoint {path} failed: {cause}"
+                           f"{f' ({_gib(free)} free)' if free is not None else ''}; the partial checkpoint was "
+                           f"removed and {keeps}. Free space (or fix the disk) and relaunch to resume")
+
+
+def save_checkpoint(neox_args, model_config, iteration: int, engine,
+                    extra_state: Optional[Dict[str, Any]] = None,
+                    write_extra: Optional[Callable[[str], None]] = None, complete: bool = True,
+                    non_persistent: bool = False) -> str:
+    """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position;
+    `write_extra(directory)` (every rank) adds files before the checkpoint is marked complete (DPO's reference).
+    ``complete=False``: the engine's files may still be being written (async_save's BackgroundWriter); the caller
+    completes the checkpoint with complete_checkpoint once they are (megatron.checkpoint.async_save).
+    ``non_persistent``: into the non-persistent directory, which then keeps only this checkpoint
+    (megatron.checkpoint.non_persistent)."""
+    from megatron.checkpoint.non_persistent import non_persistent_dir
+
+    save_dir = os.path.normpath(non_persistent_dir(neox_args)) if non_persistent else neox_args.save
+    tag = tag_for(iteration)
+    path = os.path.join(save_dir, tag)
+    rank = _rank()
+    if rank == 0:
+        os.makedirs(save_dir, exist_ok=True)
+        if os.path.isdir(path):  # a leftover from a crashed save of the same iteration
+            shutil.rmtree(path)
+    barrier()
+    client_state = {"iteration": iteration, "args": gpt_neox_client_args(neox_args.to_dict(), model_config),
+                    LAYOUT_KEY: LAYOUT, **({} if neox_args.no_save_rng else gpt_neox_rng_state()),
+                    RESHARD_KEY: optimizer_layout(engine), **(extra_state or {})}
+    try:
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+        os.makedirs(path, exist_ok=True)
+        if not neox_args.no_save_rng:
+            torch.save(_rng_states(), os.path.join(path, f"rng_state_rank{rank}.pt"))
+        if rank == 0:
+            with open(os.path.join(path, ARGS_FILE), "w", encoding="utf-8") as handle:
+                json.dump(saved_args(neox_args, model_config), handle, indent=1, sort_keys=True, default=str)
+            os.makedirs(os.path.join(path, "configs"), exist_ok=True)
+            for name, text in (neox_args.config_files or {}).items():
+                with open(os.path.join(path, "configs", os.path.basename(name)), "w", encoding="utf-8") as handle:
+                    handle.write(text)
+        if write_extra is not None:
+            write_extra(path)
+    except (OSError, RuntimeError) as exc:  # disk full: torch reports it as "[enforce fail at inline_container.cc]"
+        raise failed_save(path, exc) from None
+    if not complete:
+        return path
+    barrier()
+    if rank == 0:
+        complete_checkpoint(path, iteration, neox_args.keep_last_n_checkpoints, only=non_persistent)
+    barrier()
+    return path
+
+
+def failed_save(path: str, exc: BaseException) -> CheckpointError:
+    """The error of a save that failed on this rank; its partial directory is removed (it was never complete,
+    so never loaded, and it holds the space)."""
+    error = _save_failure(path, exc)
+    shutil.rmtree(path, ignore_errors=True)
+    return error
+
+
+def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int], only: bool = False,
+                        digests: Optional[Mapping[str, str]] = None) -> None:
+    """Rank 0, once every rank's files of ``path`` are written: checksums, COMPLETE, then `latest` moves.
+    Then the oldest beyond ``keep_last`` are pruned, or with ``only`` (a non-persistent checkpoint) every other
+    checkpoint of the directory is removed. ``digests``: {file relative to ``path``: XXH3-128} hashed as written
+    (async_save), not read back."""
+    save_dir = os.path.dirname(path)
+    write_manifest(path, digests)  # every file flushed to disk and checksummed before COMPLETE
+    _write_atomically(os.path.join(path, COMPLETE_MARKER), f"{iteration}\n")
+    _write_atomically(os.path.join(save_dir, LATEST_FILE), os.path.basename(path))
+    _remove_stray_temporaries(save_dir)
+    if only:
+        from megatron.checkpoint.non_persistent import keep_only
+
+        keep_only(save_dir, os.path.basename(path))
+    else:
+        _prune(save_dir, keep_last)
+
+
+def _remove_stray_temporaries(save_dir: str) -> None:
+    """`latest.tmp<pid>` files that a process killed inside _write_atomically left behind."""
+    for name in os.listdir(save_dir):
+        if name.startswith(f"{LATEST_FILE}.tmp"):
+            try:
+                os.remove(os.path.join(save_dir, name))
+            except OSError:
+                pass
+
+
+def _prune(save_dir: str, keep: Optional[int]) -> None:
+    if not keep:
+        return
+    for old in complete_tags(save_dir)[:-keep]:
+        shutil.rmtree(os.path.join(save_dir, old), ignore_errors=True)
+
+
+def _architecture_mismatches(saved: Dict[str, Any], current: Dict[str, Any], keys: Tuple[str, ...]) -> List[str]:
+    return [f"{key}: checkpoint {saved[key]!r}, config {current[key]!r}" for key in keys
+            if key in saved and saved[key] != current[key]]
+
+
+def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> None:
+    """What a resume (not a fine-tune) needs besides the architecture. Refused: another seq_length (the data
+    position counts samples of seq_length tokens), and another moe_expert_parallel_size with the optimizer state
+    loaded (DeepSpeed saves the experts' optimizer state per expert-parallel rank; the dropless layer's weights
+    change layout between 1 and more expert-parallel ranks). Handled, with a note: another global batch size (the
+    data continues at the same sample; iterations and the LR schedule count batches of the new size). Another
+    parallel layout (context_parallel_size included) is resharded by load_checkpoint."""
+    problems = []
+    saved_ep, ep = saved.get("moe_expert_parallel_size") or 1, neox_args.moe_expert_parallel_size
+    experts = saved.get("moe_num_experts", 1) > 1 and saved_ep != ep
+    if experts and neox_args.moe_type == "megablocks" and 1 in (saved_ep, ep):
+        problems.append(f"moe_expert_parallel_size: checkpoint {saved_ep}, this run {ep}: the dropless layer keeps "
+                        f"its experts stacked in the model file at moe_expert_parallel_size 1 and in one file per "
+                        f"expert above it, and DeepSpeed's engine loads only its own layout. Resume with "
+                        f"moe_expert_parallel_size: {saved_ep} (or another size above 1 with no_load_optim: true); "
+                        f"generate.py, eval.py and the conversion tools read either")
+    elif experts and not neox_args.no_load_optim:
+        problems.append(f"moe_expert_parallel_size: checkpoint {saved_ep}, this run {ep}: DeepSpeed's optimizer "
+                        f"state of the experts is saved per expert-parallel rank and cannot be split another way. "
+                        f"Resume with moe_expert_parallel_size: {saved_ep}, or set no_load_optim: true to load the "
+                        f"weights (saved one expert per file, they load at any expert-parallel size) and the "
+                        f"iteration and start the optimizer state afresh")
+    if saved.get("seq_length") is not None and saved["seq_length"] != neox_args.seq_length:
+        problems.append(f"seq_length: checkpoint {saved['seq_length']}, config {neox_args.seq_length}: resuming "
+                        f"continues the data where the run stopped, which is only defined for the same seq_length "
+                        f"(a sample is seq_length tokens). To go on training at another length, set finetune: true "
+                        f"(the weights, from iteration 0, on the data from its start)")
+    if problems:
+        raise CheckpointError(f"checkpoint {path} cannot be resumed by this run:\n  " + "\n  ".join(problems))
+    saved_batch = saved.get("train_batch_size")
+    if saved_batch is not None and saved_batch != neox_args.train_batch_size and _rank() == 0:
+        print(f"note: the global batch size changed from {saved_batch} (checkpoint) to {neox_args.train_batch_size}: "
+              f"the data continues at the sample where the run stopped; iterations (train_iters, the LR schedule, "
+              f"checkpoint and evaluation intervals) count batches of {neox_args.train_batch_size}", flush=True)
+
+
+def _verified_by_rank0(path: str) -> List[str]:
+    """verification_problems of checkpoint ``path``, read once (by rank 0) and given to every rank."""
+    return broadcast_object(verification_problems(path) if _rank() == 0 else [], src=0)
+
+
+def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) -> Optional[Tuple[str, str]]:
+    """(load_dir, tag) to load, or None to start from scratch. Raises CheckpointError for a bad checkpoint.
+    ``layout_must_match``: the tensor / pipeline split must be the checkpoint's (DeepSpeed's engine loads
+    its own shards; inference reshards and sets it False)."""
+    load_dir = neox_args.load
+    if not load_dir:
+        return None
+    if neox_args.iteration is not None:
+        tag = tag_for(neox_args.iteration)
+        if not os.path.isdir(os.path.join(load_dir, tag)):
+            raise CheckpointError(f"iteration={neox_args.iteration}: no checkpoint {os.path.join(load_dir, tag)}; "
+                                  f"complete ones: {complete_tags(load_dir) or 'none'}")
+    else:
+        from megatron.checkpoint.non_persistent import newer_checkpoint
+
+        tag, note = resume_tag(load_dir)
+        load_dir, tag, newer = newer_checkpoint(neox_args, load_dir, tag)
+        note = newer or note
+        if tag is None:
+            return None
+        if note and _rank() == 0:
+            print(f"note: {note}", flush=True)
+    path = os.path.join(load_dir, tag)
+    damage = _verified_by_rank0(path)
+    if damage:
+        older = [t for t in complete_tags(load_dir) if t != tag]
+        raise CheckpointError(f"checkpoint {path} is damaged: " + "; ".join(damage) + f". It was not loaded. Other "
+                              f"complete checkpoints: {older or 'none'}" + (" — set iteration to one of them"
+                                                                            if older else ""))
+    kind = checkpoint_kind(path)
+    if kind == GPT_NEOX:
+        # its weights load into any split (megatron.checkpoint.resharding); its optimizer state only into its own
+        weights_only = neox_args.finetune or neox_args.no_load_optim
+        mismatches = _gpt_neox_mismatches(path, neox_args, model_config, layout_must_match and not weights_only)
+        if mismatches:
+            layout = any(m.startswith(LAYOUT_KEYS) for m in mismatches)
+            raise CheckpointError(f"GPT-NeoX checkpoint {path} was saved by a model of another architecture or "
+                                  f"parallel layout:\n  " + "\n  ".join(mismatches) + (
+                                      "\nIts weights load into another tensor / pipeline split, its optimizer state "
+                                      "only into its own: set no_load_optim: true (weights and iteration) or "
+                                      "finetune: true, or resume with the checkpoint's split" if layout else ""))
+        return load_dir, tag
+    if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
+        raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: its save was "
+                              f"interrupted); complete ones: {complete_tags(load_dir) or 'none'} — set iteration "
+                              f"to one of them")
+    args_file = os.path.join(path, ARGS_FILE)
+    if os.path.isfile(args_file):
+        saved = read_saved_args(args_file)
+        # this project's checkpoints load into any tensor / pipeline layout (megatron.checkpoint.resharding)
+        keys = tuple(k for k in ARCHITECTURE_KEYS if k not in LAYOUT_KEYS) if kind == OURS or not layout_must_match \
+            else ARCHITECTURE_KEYS
+        keys = keys if layout_must_match else tuple(k for k in keys if k not in MERGED_ON_READ)
+        mismatches = _architecture_mismatches(saved, saved_args(neox_args, model_config), keys)
+        if mismatches:
+            raise CheckpointError(f"checkpoint {path} was saved by a model of another architecture or parallel "
+                                  f"layout:\n  " + "\n  ".join(mismatches))
+        if layout_must_match and not neox_args.finetune:
+            _check_resume_settings(path, saved, neox_args)
+    if kind == OURS_OLD and layout_must_match:
+        raise CheckpointError(f"checkpoint {path} is in this project's older layout (before GPT-NeoX's tensor names "
+                              f"and slots), which DeepSpeed's engine cannot load for training; rewrite it with\n  "
+                              f"python {UPGRADE_TOOL} --input_dir {path} --output_dir NEW_SAVE_DIR\nand set load to "
+                              f"NEW_SAVE_DIR (generation, evaluation and conversion read the old layout as it is)")
+    return load_dir, tag
+
+
+def _yaml_values(path: str) -> Dict[str, Any]:
+    """The merged values of checkpoint ``path``'s configs/*.yml (GPT-NeoX writes the run's YAML files there)."""
+    from megatron.errors import ConfigError
+    from megatron.neox_arguments.loading import parse_yaml_text
+
+    values: Dict[str, Any] = {}
+    for name in sorted(glob.glob(os.path.join(path, "configs", "*"))):
+        with open(name, encoding="utf-8") as handle:
+            try:
+                values.update(parse_yaml_text(handle.read(), name))
+            except ConfigError as exc:
+                raise CheckpointError(str(exc)) from None
+    return values
+
+
+def _comparable(key: str, value: Any, values: Mapping[str, Any]) -> Any:
+    """``value`` of ``key`` in a form where equal models compare equal."""
+    from megatron.model.config import expand_attention_config
+
+    if key == "num_kv_heads":
+        return value or values.get("num_attention_heads")
+    if key == "attention_config" and value is not None:
+        try:
+            return expand_attention_config(value, int(values.get("num_layers") or 0))
+        except (ValueError, TypeError):
+            return value
+    return value
+
+
+def gpt_neox_mamba_problem(tp: int, attention_types) -> Optional[str]:
+    """Why a GPT-NeoX checkpoint with Mamba layers saved at model_parallel_size ``tp`` > 1 cannot load, or None:
+    GPT-NeoX's Mamba mixer splits each rank's in_proj rows into x and z and does not sum x_proj's output over
+    the ranks (megatron.model.mamba), so its TP > 1 model is another function than the one its weights would
+    make here."""
+    if tp > 1 and "mamba" in tuple(attention_types):
+        return (f"GPT-NeoX's Mamba layers saved at model_parallel_size={tp} compute another function than this "
+                f"project's (each rank's in_proj rows split into x and z; x_proj's output not summed over ranks), "
+                f"so their weights cannot be loaded; GPT-NeoX checkpoints with Mamba layers load from "
+                f"model_parallel_size 1")
+    return None
+
+
+def gpt_neox_gmlp_problem(tp: int, attention_types) -> Optional[str]:
+    """Why a GPT-NeoX checkpoint with gMLP / aMLP layers saved at model_parallel_size ``tp`` > 1 cannot load, or
+    None: GPT-NeoX normalises each rank's slice of the gate and runs aMLP's attention on each rank's slice, and
+    splits input_linear's rows without regard to [residual | gate], so its TP > 1 model is another function
+    (megatron.model.gmlp)."""
+    if tp > 1 and set(attention_types) & {"gmlp", "amlp"}:
+        return (f"GPT-NeoX's gMLP / aMLP layers saved at model_parallel_size={tp} compute another function than "
+                f"this project's (the gate norm and aMLP's attention work on each rank's slice of the width), so "
+                f"their weights cannot be loaded; GPT-NeoX checkpoints with these layers load from "
+                f"model_parallel_size 1")
+    return None
+
+
+def _gpt_neox_mismatches(path: str, neox_args, model_config, layout_must_match: bool) -> List[str]:
+    """What differs between a GPT-NeoX checkpoint (its files, client `args` and configs/*.yml) and this run."""
+    problems = []
+    tp, pp = file_layout(path)
+    for problem in (gpt_neox_mamba_problem(tp, model_config.attention_types),
+                    gpt_neox_gmlp_problem(tp, model_config.attention_types)):
+        if problem:
+            problems.append(problem)
+    if layout_must_match:
+        if tp != model_config.model_parallel_size:
+            problems.append(f"model_parallel_size: checkpoint {tp} (its files), config "
+                            f"{model_config.model_parallel_size}")
+        if (pp >= 1) != model_config.is_pipe_parallel or (pp >= 1 and pp != model_config.pipe_parallel_size):
+            problems.append(f"pipe_parallel_size: checkpoint {pp} (its files: "
+                            f"{'layer_* files' if pp else 'weights in mp_rank_* files'}), config "
+                            f"{model_config.pipe_parallel_size}")
+    client = read_client_state(path).get("args") or {}
+    current = {"num_layers": model_config.num_layers, "hidden_size": model_config.hidden_size,
+               "num_attention_heads": model_config.num_attention_heads,
+               "max_position_embeddings": model_config.positions, "padded_vocab_size": model_config.padded_vocab_size}
+    problems += [f"{key}: checkpoint {client[key]!r} (args in its mp_rank files), config {value!r}"
+                 for key, value in current.items() if client.get(key) is not None and client[key] != value]
+    yaml_values = _yaml_values(path)
+    ours = saved_args(neox_args, model_config)
+    for key in ARCHITECTURE_KEYS:
+        if key in LAYOUT_KEYS or key == "padded_vocab_size" or key not in yaml_values:
+            continue
+        theirs, mine = _comparable(key, yaml_values[key], yaml_values), _comparable(key, ours.get(key), ours)
+        if theirs != mine:
+            problems.append(f"{key}: checkpoint {yaml_values[key]!r} (its configs/*.yml), config {ours.get(key)!r}")
+    return problems
+
+
+def checkpoint_vocab_size(neox_args) -> Optional[int]:
+    """The padded vocabulary of the GPT-NeoX checkpoint ``load`` names (rows of its word embedding, all tensor
+    ranks), or None when there is none to load or it is this project's (neox_args.json records it)."""
+    path = _checkpoint_path(neox_args)
+    if path is None or checkpoint_kind(path) != GPT_NEOX:
+        return None
+    tp, pp = file_layout(path)
+    if pp:
+        name, key = os.path.join(path, "layer_00-model_00-model_states.pt"), "word_embeddings.weight"
+    else:
+        name, key = os.path.join(path, "mp_rank_00_model_states.pt"), "sequential.0.word_embeddings.weight"
+    state = load_lazily(name)
+    weights = state if pp else (state.get("module") or {})
+    if key not in weights:
+        raise CheckpointError(f"{name} has no {key}: not a GPT-NeoX language model checkpoint")
+    return int(weights[key].shape[0]) * tp
+
+
+def _check_gpt_neox_optimizer_state(path: str, model_config) -> None:
+    """GPT-NeoX's optimizer state covers the same parameters in the same order and groups as this model's
+    (megatron.model.checkpoint_layout), except where GPT-NeoX's model has other parameters."""
+    reasons = []
+    if model_config.gpt_j_residual and model_config.gpt_j_tied:
+        reasons.append("with gpt_j_tied GPT-NeoX also optimizes a post_attention_layernorm it never uses, which this "
+                       "model does not have")
+    if model_config.gpt_j_residual and model_config.model_parallel_size > 1:
+        reasons.append("with gpt_j_residual and model_parallel_size > 1 GPT-NeoX's row-parallel biases are one share "
+                       "per rank (its optimizer's master weights hold the share, not the bias)")
+    if reasons:
+        raise CheckpointError(f"the optimizer state of GPT-NeoX checkpoint {path} does not fit this model: "
+                              f"{'; '.join(reasons)}. Load its weights only: set finetune: true (or no_load_optim: "
+                              f"true to keep its iteration)")
+
+
+def _checkpoint_path(neox_args) -> Optional[str]:
+    """The checkpoint directory ``load`` / ``iteration`` name, if it exists (no checks)."""
+    if not neox_args.load:
+        return None
+    load_dir, tag = neox_args.load, tag_for(neox_args.iteration) if neox_args.iteration is not None else None
+    if tag is None:
+        from megatron.checkpoint.non_persistent import newer_checkpoint
+
+        load_dir, tag, _ = newer_checkpoint(neox_args, load_dir, resume_tag(load_dir)[0])
+    path = os.path.join(load_dir, tag) if tag else None
+    return path if path and os.path.isdir(path) else None
+
+
+def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any], Optional[str]]:
+    """Load into `engine`; returns (iteration to continue from, client state, the checkpoint directory loaded).
+    (0, {}, None) when nothing to load. The directory is returned so that callers needing it again (DPO / KTO's
+    reference model) do not resolve, and so checksum, the checkpoint a second time."""
+    resolved = resolve_checkpoint(neox_args, model_config)
+    if resolved is None:
+        return 0, {}, None
+    from deepspeed.runtime.zero.utils import ZeRORuntimeException
+
+    load_dir, tag = resolved
+    finetune = neox_args.finetune
+    load_optim = not (neox_args.no_load_optim or finetune)
+    resharded = _load_resharded(neox_args, model_config, engine, os.path.join(load_dir, tag), load_optim)
+    if resharded is not None:
+        return (*resharded, os.path.join(load_dir, tag))
+    if load_optim and checkpoint_kind(os.path.join(load_dir, tag)) == GPT_NEOX:
+        _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
+    try:
+        # a reward model fine-tuned from a language model keeps its new value head and drops the vocabulary head
+        lenient = {"load_module_strict": False} if finetune and model_config.value_head else {}
+        loaded_path, client_state = engine.load_checkpoint(
+            load_dir, tag=tag, load_optimizer_states=load_optim, load_lr_scheduler_states=load_optim,
+            load_module_only=finetune, **lenient)
+    except (RuntimeError, KeyError, OSError, EOFError, ValueError, ZeRORuntimeException) as exc:
+        raise CheckpointError(f"checkpoint {os.path.join(load_dir, tag)} could not be loaded: {exc}") from exc
+    if loaded_path is None:
+        raise CheckpointError(f"DeepSpeed found no checkpoint files in {os.path.join(load_dir, tag)}")
+    client_state = client_state or {}
+    rng_file = os.path.join(load_dir, tag, f"rng_state_rank{_rank()}.pt")
+    if not (finetune or neox_args.no_load_rng):
+        if os.path.isfile(rng_file):
+            set_rng_states(load_checkpoint_file(rng_file))
+        elif "random_rng_state" in client_state:  # GPT-NeoX's: one state per tensor rank, in the client state
+            set_rng_states({"python": client_state["random_rng_state"], "numpy": client_state["np_rng_state"],
+                             "torch": client_state["torch_rng_state"],
+                             **({"cuda": client_state["cuda_rng_state"]} if "cuda_rng_state" in client_state else {})})
+    iteration = 0 if finetune else int(client_state.get("iteration", 0))
+    return iteration, client_state, os.path.join(load_dir, tag)
+
+
+def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
+                    ) -> Optional[Tuple[int, Dict[str, Any]]]:
+    """(iteration, client state) when checkpoint ``path`` of this project was saved with another parallel layout
+    (tensor, pipeline, data-parallel size or ZeRO stage) and has been resharded into ``engine``; None when the
+    layouts agree (DeepSpeed's engine loads its own files)."""
+    from megatron.checkpoint.resharding import (describe, layout_of, load_resharded, needs_resharding,
+                                                reference_problem)
+
+    kind = checkpoint_kind(path)
+    if kind == GPT_NEOX:  # resolve_checkpoint let another split through for the weights only
+        tp, pp = file_layout(path)
+        saved = {**neox_args.to_dict(), "model_parallel_size": tp, "pipe_parallel_size": pp}
+    elif kind == OURS and os.path.isfile(os.path.join(path, ARGS_FILE)):
+        saved = read_saved_args(os.path.join(path, ARGS_FILE))
+    else:
+        return None
+    before, now = layout_of(saved), layout_of(neox_args.to_dict())
+    if not needs_resharding(before, now, optimizer_state=load_optim):
+        return None
+    problem = reference_problem(path, before, now, neox_args.train_impl)
+    if problem:
+        raise CheckpointError(problem)
+    if _rank() == 0:
+        print(f"note: checkpoint {path} was saved with {describe(before)}; resharding its weights"
+              f"{' and optimizer state' if load_optim else ''} for this run's {describe(now)}", flush=True)
+    iteration, client_state = load_resharded(
+        path, saved, model_config, engine, load_optim=load_optim,
+        load_rng=not (neox_args.finetune or neox_args.no_load_rng),
+        strict=not (neox_args.finetune and model_config.value_head), restore_counters=not neox_args.finetune)
+    return (0 if neox_args.finetune else iteration), client_state
