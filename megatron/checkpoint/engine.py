@@ -46,234 +46,27 @@ Which checkpoint a directory holds (``checkpoint_kind``):
 
 import json
 import os
-import random
 import shutil
-import glob
-import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-import numpy as np
 import torch
-import torch.distributed as dist
 
 from megatron.checkpoint.files import load_checkpoint_file
 from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
 from megatron.checkpoint.integrity import verification_problems, write_manifest
 from megatron.checkpoint.integrity import write_atomically as _write_atomically  # a seam tests replace
 from megatron.mpu.host_collectives import barrier, broadcast_object
-
-COMPLETE_MARKER = "COMPLETE"
-LATEST_FILE = "latest"
-ARGS_FILE = "neox_args.json"
-LAYOUT_KEY = "checkpoint_layout"
-LAYOUT = "gpt-neox"
-"""neox_args.json and the client state record ``checkpoint_layout: gpt-neox``: the files are in GPT-NeoX's
-layout. This project's checkpoints without it are in an older layout."""
-OURS, OURS_OLD, GPT_NEOX = "this project's", "this project's older layout", "GPT-NeoX's"
-UPGRADE_TOOL = "tools/ckpts/upgrade_checkpoint.py"
-GPT_NEOX_ARGS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings",
-                 "make_vocab_size_divisible_by", "padded_vocab_size", "tokenizer_type", "model_parallel_size")
-"""The `args` GPT-NeoX writes into the client state and its loader asserts equal."""
-LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
-MP_FILE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-EXPERT_FILE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-"""DeepSpeed's files of MoE experts (moe_type deepspeed): MoE layer, expert, tensor-parallel rank."""
-
-ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
-                     "expansion_factor", "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct",
-                     "max_position_embeddings", "padded_vocab_size", "no_weight_tying", "gpt_j_residual",
-                     "gpt_j_tied", "use_bias_in_norms", "use_bias_in_attn_linear", "use_bias_in_mlp",
-                     "use_qk_layernorm", "attention_config", "num_unique_layers", "model_parallel_size",
-                     "pipe_parallel_size", "enable_expert_tensor_parallelism")
-"""Arguments that must match between a checkpoint and the model loading it."""
-LAYOUT_KEYS = ("model_parallel_size", "pipe_parallel_size")
-MERGED_ON_READ = ("enable_expert_tensor_parallelism",)
-"""Architecture keys of a layout that inference merges on reading (megatron.inference.loading), DeepSpeed's engine not."""
-
-
-RESHARD_KEY = "optimizer_layout"
-"""Client-state entry of each rank's model-states file: that rank's tensor / pipeline rank and the names of its
-optimizer's parameters, group by group, so that its optimizer state can be resharded (megatron.checkpoint.resharding).
-"""
-
-
-def optimizer_layout(engine) -> Dict[str, Any]:
-    """What RESHARD_KEY records for this rank: ``tensor_rank``, ``pipe_rank``, ``param_names`` (the module's
-    names of the optimizer's parameters, group by group, in the order of its state dict; None under ZeRO, whose
-    own files name them) and ``param_shapes`` (this rank's shape of each parameter, which DeepSpeed's bf16
-    optimizer files lack)."""
-    grid = getattr(engine, "grid", None)
-    if grid is not None:  # DeepSpeed's pipeline engine
-        tensor_rank, pipe_rank = grid.get_slice_parallel_rank(), grid.get_pipe_parallel_rank()
-    else:
-        mpu = getattr(engine, "mpu", None)
-        tensor_rank, pipe_rank = (mpu.get_model_parallel_rank() if mpu is not None else 0), 0
-    module = getattr(engine, "module", None)
-    names = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
-    optimizer = getattr(engine, "basic_optimizer", None) or getattr(engine, "optimizer", None)
-    groups = [[names.get(id(p)) for p in group["params"]] for group in getattr(optimizer, "param_groups", [])]
-    if any(name is None for group in groups for name in group):  # ZeRO's flat partitions: its files name them
-        groups = None
-    shapes = {n: list(getattr(p, "ds_shape", p.shape)) for n, p in module.named_parameters()} if module else {}
-    return {"tensor_rank": tensor_rank, "pipe_rank": pipe_rank, "param_names": groups, "param_shapes": shapes}
-
-
-def tag_for(iteration: int) -> str:
-    return f"global_step{iteration}"
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def rng_states() -> Dict[str, Any]:
-    """This process's RNG states (python, numpy, torch [, cuda]), as the checkpoint saves them."""
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state()
-    return states
+from megatron.checkpoint.format import ARCHITECTURE_KEYS, ARGS_FILE, COMPLETE_MARKER, GPT_NEOX, LATEST_FILE, LAYOUT, LAYOUT_KEY, LAYOUT_KEYS, MERGED_ON_READ, OURS, OURS_OLD, RESHARD_KEY, UPGRADE_TOOL, yaml_values, checkpoint_kind, complete_tags, file_layout, gpt_neox_client_args, load_lazily, optimizer_layout, read_client_state, read_latest, read_saved_args, resume_tag, saved_args, tag_for
+from megatron.checkpoint.rng_state import gpt_neox_rng_state, process_rank, rng_states, set_rng_states
+from megatron.checkpoint.non_persistent import keep_only, newer_checkpoint, non_persistent_dir
+from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
+from megatron.model.config import expand_attention_config
+from megatron.checkpoint.format import gpt_neox_gmlp_problem, gpt_neox_mamba_problem
 
 
 def _rng_states() -> Dict[str, Any]:
     """What a checkpoint saves (a seam tests replace to interrupt a save)."""
     return rng_states()
-
-
-def set_rng_states(states: Dict[str, Any]) -> None:
-    """Restore the states ``rng_states`` returned."""
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state(states["cuda"])
-
-
-def read_latest(save_dir: str) -> Optional[str]:
-    """The tag `latest` names, or None when there is no checkpoint."""
-    path = os.path.join(save_dir, LATEST_FILE)
-    if not os.path.isfile(path):
-        return None
-    with open(path, encoding="utf-8", errors="replace") as handle:  # random bytes: a name that is no directory
-        return handle.read().strip() or None
-
-
-def _tag_iteration(tag: str) -> int:
-    suffix = tag[len("global_step"):]
-    return int(suffix) if tag.startswith("global_step") and suffix.isdigit() else -1
-
-
-def complete_tags(save_dir: str) -> List[str]:
-    """Complete checkpoints, oldest first (by iteration: global_step10 after global_step9)."""
-    if not os.path.isdir(save_dir):
-        return []
-    tags = [t for t in os.listdir(save_dir) if _tag_iteration(t) >= 0
-            and os.path.isfile(os.path.join(save_dir, t, COMPLETE_MARKER))]
-    return sorted(tags, key=_tag_iteration)
-
-
-def resume_tag(load_dir: str) -> Tuple[Optional[str], Optional[str]]:
-    """(tag to resume from, note), the note saying why it is not the one `latest` names.
-
-    `latest` moves only after a checkpoint is COMPLETE, so it normally names the newest complete one. After
-    a crash between those two writes, or with `latest` deleted, emptied or damaged, trusting it would
-    resume from an older checkpoint or start over, and the run would overwrite complete checkpoints: the
-    newest complete checkpoint wins instead. GPT-NeoX's checkpoints have no COMPLETE marker: for them
-    `latest` decides. To resume from an older checkpoint on purpose, set `iteration`."""
-    named = read_latest(load_dir)
-    complete = complete_tags(load_dir)
-    if not complete or named == complete[-1]:
-        return named, None
-    newest = complete[-1]
-    if named is None:
-        reason = f"'{LATEST_FILE}' is missing or empty"
-    elif not os.path.isdir(os.path.join(load_dir, named)):
-        reason = f"'{LATEST_FILE}' names {named[:40]!r}, which is not a checkpoint directory"
-    elif named in complete:
-        reason = f"'{LATEST_FILE}' names the older {named} (a save ended before '{LATEST_FILE}' moved)"
-    else:  # an incomplete directory, or a checkpoint without marker: resolve_checkpoint decides
-        return named, None
-    return newest, (f"resuming from {os.path.join(load_dir, newest)}, the newest complete checkpoint: {reason}; "
-                    f"set iteration to resume from another one")
-
-
-def saved_args(neox_args, model_config) -> Dict[str, Any]:
-    """What neox_args.json records: the run's arguments plus the values only known in the workers (the
-    padded vocabulary, from the tokenizer) and the layout marker."""
-    return {**neox_args.to_dict(), "padded_vocab_size": model_config.padded_vocab_size, LAYOUT_KEY: LAYOUT}
-
-
-def gpt_neox_client_args(values: Mapping[str, Any], model_config) -> Dict[str, Any]:
-    """The `args` of GPT-NeoX's client state for a run with arguments ``values`` (a NeoXArgs dict)."""
-    args = {key: values.get(key) for key in GPT_NEOX_ARGS}
-    args.update(num_layers=model_config.num_layers, hidden_size=model_config.hidden_size,
-                num_attention_heads=model_config.num_attention_heads,
-                max_position_embeddings=model_config.positions, padded_vocab_size=model_config.padded_vocab_size,
-                model_parallel_size=model_config.model_parallel_size)
-    return args
-
-
-def gpt_neox_rng_state() -> Dict[str, Any]:
-    """The RNG entries of GPT-NeoX's client state (``cuda_rng_state`` only where CUDA is)."""
-    states = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-              "torch_rng_state": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda_rng_state"] = torch.cuda.get_rng_state()
-    return states
-
-
-def model_files(path: str) -> List[str]:
-    return sorted(glob.glob(os.path.join(path, "*model_states.pt")))
-
-
-def load_lazily(path: str) -> Any:
-    """A checkpoint file, memory-mapped where the file allows it (the weights are read only when used);
-    nothing but tensors and plain data is unpickled (megatron.checkpoint.files)."""
-    return load_checkpoint_file(path, mmap=True)
-
-
-def read_client_state(path: str) -> Dict[str, Any]:
-    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file."""
-    files = sorted(f for f in model_files(path) if MP_FILE.search(os.path.basename(f)))
-    if not files:
-        raise CheckpointError(f"{path} holds no mp_rank_XX_model_states.pt file")
-    return {key: value for key, value in load_lazily(files[0]).items() if key != "module"}
-
-
-def read_saved_args(args_file: str) -> Dict[str, Any]:
-    """A checkpoint's neox_args.json; CheckpointError when it is not a JSON object."""
-    try:
-        with open(args_file, encoding="utf-8") as handle:
-            saved = json.load(handle)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{args_file} is damaged (not JSON: {exc}); this checkpoint cannot be checked against "
-                              f"the config. Restore the file, or set iteration to another checkpoint") from None
-    if not isinstance(saved, dict):
-        raise CheckpointError(f"{args_file} is damaged (not a JSON object); restore it, or set iteration to "
-                              f"another checkpoint")
-    return saved
-
-
-def checkpoint_kind(path: str) -> str:
-    """OURS, OURS_OLD or GPT_NEOX (see the module docstring). A directory of this project's without its
-    neox_args.json (an interrupted save) counts as OURS, to be refused for its missing COMPLETE."""
-    args_file = os.path.join(path, ARGS_FILE)
-    if os.path.isfile(args_file):
-        return OURS if read_saved_args(args_file).get(LAYOUT_KEY) == LAYOUT else OURS_OLD
-    if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
-        return OURS
-    return OURS if read_client_state(path).get(LAYOUT_KEY) else GPT_NEOX
-
-
-def file_layout(path: str) -> Tuple[int, int]:
-    """(model_parallel_size, pipe_parallel_size) the files of checkpoint ``path`` were written with
-    (pipe_parallel_size 0: mp_rank files hold the weights; >= 1: layer files)."""
-    files = [os.path.basename(f) for f in model_files(path)]
-    layer_ranks = {int(m.group(2)) for m in map(LAYER_FILE.search, files) if m}
-    mp_ranks = {int(m.group(1)) for m in map(MP_FILE.search, files) if m}
-    if layer_ranks:
-        tp = len(layer_ranks)
-        return tp, max(len(mp_ranks) // tp, 1)
-    return len(mp_ranks), 0
 
 
 def directory_bytes(path: str) -> int:
@@ -330,12 +123,10 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     completes the checkpoint with complete_checkpoint once they are (megatron.checkpoint.async_save).
     ``non_persistent``: into the non-persistent directory, which then keeps only this checkpoint
     (megatron.checkpoint.non_persistent)."""
-    from megatron.checkpoint.non_persistent import non_persistent_dir
-
     save_dir = os.path.normpath(non_persistent_dir(neox_args)) if non_persistent else neox_args.save
     tag = tag_for(iteration)
     path = os.path.join(save_dir, tag)
-    rank = _rank()
+    rank = process_rank()
     if rank == 0:
         os.makedirs(save_dir, exist_ok=True)
         if os.path.isdir(path):  # a leftover from a crashed save of the same iteration
@@ -389,7 +180,6 @@ def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int], onl
     _write_atomically(os.path.join(save_dir, LATEST_FILE), os.path.basename(path))
     _remove_stray_temporaries(save_dir)
     if only:
-        from megatron.checkpoint.non_persistent import keep_only
 
         keep_only(save_dir, os.path.basename(path))
     else:
@@ -448,7 +238,7 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
     if problems:
         raise CheckpointError(f"checkpoint {path} cannot be resumed by this run:\n  " + "\n  ".join(problems))
     saved_batch = saved.get("train_batch_size")
-    if saved_batch is not None and saved_batch != neox_args.train_batch_size and _rank() == 0:
+    if saved_batch is not None and saved_batch != neox_args.train_batch_size and process_rank() == 0:
         print(f"note: the global batch size changed from {saved_batch} (checkpoint) to {neox_args.train_batch_size}: "
               f"the data continues at the sample where the run stopped; iterations (train_iters, the LR schedule, "
               f"checkpoint and evaluation intervals) count batches of {neox_args.train_batch_size}", flush=True)
@@ -456,7 +246,7 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
 
 def _verified_by_rank0(path: str) -> List[str]:
     """verification_problems of checkpoint ``path``, read once (by rank 0) and given to every rank."""
-    return broadcast_object(verification_problems(path) if _rank() == 0 else [], src=0)
+    return broadcast_object(verification_problems(path) if process_rank() == 0 else [], src=0)
 
 
 def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) -> Optional[Tuple[str, str]]:
@@ -472,14 +262,13 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
             raise CheckpointError(f"iteration={neox_args.iteration}: no checkpoint {os.path.join(load_dir, tag)}; "
                                   f"complete ones: {complete_tags(load_dir) or 'none'}")
     else:
-        from megatron.checkpoint.non_persistent import newer_checkpoint
 
         tag, note = resume_tag(load_dir)
         load_dir, tag, newer = newer_checkpoint(neox_args, load_dir, tag)
         note = newer or note
         if tag is None:
             return None
-        if note and _rank() == 0:
+        if note and process_rank() == 0:
             print(f"note: {note}", flush=True)
     path = os.path.join(load_dir, tag)
     damage = _verified_by_rank0(path)
@@ -526,25 +315,8 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
     return load_dir, tag
 
 
-def _yaml_values(path: str) -> Dict[str, Any]:
-    """The merged values of checkpoint ``path``'s configs/*.yml (GPT-NeoX writes the run's YAML files there)."""
-    from megatron.errors import ConfigError
-    from megatron.neox_arguments.loading import parse_yaml_text
-
-    values: Dict[str, Any] = {}
-    for name in sorted(glob.glob(os.path.join(path, "configs", "*"))):
-        with open(name, encoding="utf-8") as handle:
-            try:
-                values.update(parse_yaml_text(handle.read(), name))
-            except ConfigError as exc:
-                raise CheckpointError(str(exc)) from None
-    return values
-
-
 def _comparable(key: str, value: Any, values: Mapping[str, Any]) -> Any:
     """``value`` of ``key`` in a form where equal models compare equal."""
-    from megatron.model.config import expand_attention_config
-
     if key == "num_kv_heads":
         return value or values.get("num_attention_heads")
     if key == "attention_config" and value is not None:
@@ -553,32 +325,6 @@ def _comparable(key: str, value: Any, values: Mapping[str, Any]) -> Any:
         except (ValueError, TypeError):
             return value
     return value
-
-
-def gpt_neox_mamba_problem(tp: int, attention_types) -> Optional[str]:
-    """Why a GPT-NeoX checkpoint with Mamba layers saved at model_parallel_size ``tp`` > 1 cannot load, or None:
-    GPT-NeoX's Mamba mixer splits each rank's in_proj rows into x and z and does not sum x_proj's output over
-    the ranks (megatron.model.mamba), so its TP > 1 model is another function than the one its weights would
-    make here."""
-    if tp > 1 and "mamba" in tuple(attention_types):
-        return (f"GPT-NeoX's Mamba layers saved at model_parallel_size={tp} compute another function than this "
-                f"project's (each rank's in_proj rows split into x and z; x_proj's output not summed over ranks), "
-                f"so their weights cannot be loaded; GPT-NeoX checkpoints with Mamba layers load from "
-                f"model_parallel_size 1")
-    return None
-
-
-def gpt_neox_gmlp_problem(tp: int, attention_types) -> Optional[str]:
-    """Why a GPT-NeoX checkpoint with gMLP / aMLP layers saved at model_parallel_size ``tp`` > 1 cannot load, or
-    None: GPT-NeoX normalises each rank's slice of the gate and runs aMLP's attention on each rank's slice, and
-    splits input_linear's rows without regard to [residual | gate], so its TP > 1 model is another function
-    (megatron.model.gmlp)."""
-    if tp > 1 and set(attention_types) & {"gmlp", "amlp"}:
-        return (f"GPT-NeoX's gMLP / aMLP layers saved at model_parallel_size={tp} compute another function than "
-                f"this project's (the gate norm and aMLP's attention work on each rank's slice of the width), so "
-                f"their weights cannot be loaded; GPT-NeoX checkpoints with these layers load from "
-                f"model_parallel_size 1")
-    return None
 
 
 def _gpt_neox_mismatches(path: str, neox_args, model_config, layout_must_match: bool) -> List[str]:
@@ -603,14 +349,14 @@ def _gpt_neox_mismatches(path: str, neox_args, model_config, layout_must_match: 
                "max_position_embeddings": model_config.positions, "padded_vocab_size": model_config.padded_vocab_size}
     problems += [f"{key}: checkpoint {client[key]!r} (args in its mp_rank files), config {value!r}"
                  for key, value in current.items() if client.get(key) is not None and client[key] != value]
-    yaml_values = _yaml_values(path)
+    saved_yaml = yaml_values(path)
     ours = saved_args(neox_args, model_config)
     for key in ARCHITECTURE_KEYS:
-        if key in LAYOUT_KEYS or key == "padded_vocab_size" or key not in yaml_values:
+        if key in LAYOUT_KEYS or key == "padded_vocab_size" or key not in saved_yaml:
             continue
-        theirs, mine = _comparable(key, yaml_values[key], yaml_values), _comparable(key, ours.get(key), ours)
+        theirs, mine = _comparable(key, saved_yaml[key], saved_yaml), _comparable(key, ours.get(key), ours)
         if theirs != mine:
-            problems.append(f"{key}: checkpoint {yaml_values[key]!r} (its configs/*.yml), config {ours.get(key)!r}")
+            problems.append(f"{key}: checkpoint {saved_yaml[key]!r} (its configs/*.yml), config {ours.get(key)!r}")
     return problems
 
 
@@ -654,7 +400,6 @@ def _checkpoint_path(neox_args) -> Optional[str]:
         return None
     load_dir, tag = neox_args.load, tag_for(neox_args.iteration) if neox_args.iteration is not None else None
     if tag is None:
-        from megatron.checkpoint.non_persistent import newer_checkpoint
 
         load_dir, tag, _ = newer_checkpoint(neox_args, load_dir, resume_tag(load_dir)[0])
     path = os.path.join(load_dir, tag) if tag else None
@@ -689,7 +434,7 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     if loaded_path is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint files in {os.path.join(load_dir, tag)}")
     client_state = client_state or {}
-    rng_file = os.path.join(load_dir, tag, f"rng_state_rank{_rank()}.pt")
+    rng_file = os.path.join(load_dir, tag, f"rng_state_rank{process_rank()}.pt")
     if not (finetune or neox_args.no_load_rng):
         if os.path.isfile(rng_file):
             set_rng_states(load_checkpoint_file(rng_file))
@@ -706,9 +451,6 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
     """(iteration, client state) when checkpoint ``path`` of this project was saved with another parallel layout
     (tensor, pipeline, data-parallel size or ZeRO stage) and has been resharded into ``engine``; None when the
     layouts agree (DeepSpeed's engine loads its own files)."""
-    from megatron.checkpoint.resharding import (describe, layout_of, load_resharded, needs_resharding,
-                                                reference_problem)
-
     kind = checkpoint_kind(path)
     if kind == GPT_NEOX:  # resolve_checkpoint let another split through for the weights only
         tp, pp = file_layout(path)
@@ -723,7 +465,7 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
     problem = reference_problem(path, before, now, neox_args.train_impl)
     if problem:
         raise CheckpointError(problem)
-    if _rank() == 0:
+    if process_rank() == 0:
         print(f"note: checkpoint {path} was saved with {describe(before)}; resharding its weights"
               f"{' and optimizer state' if load_optim else ''} for this run's {describe(now)}", flush=True)
     iteration, client_state = load_resharded(

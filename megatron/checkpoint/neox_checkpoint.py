@@ -45,11 +45,16 @@ import torch
 from megatron.errors import CheckpointError, ConversionError
 from megatron.checkpoint.integrity import verification_problems, write_manifest
 from megatron.checkpoint.tensor_parallel import merge_shards, split_full
-from megatron.checkpoint.engine import (ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE, GPT_NEOX, LATEST_FILE, LAYER_FILE, LAYOUT,
-                                    LAYOUT_KEY, MP_FILE, OURS_OLD, checkpoint_kind, file_layout, gpt_neox_client_args,
-                                    gpt_neox_gmlp_problem, gpt_neox_mamba_problem, load_lazily, model_files)
+from megatron.checkpoint.format import (ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE, GPT_NEOX, LATEST_FILE, LAYER_FILE, LAYOUT,
+                                        LAYOUT_KEY, MP_FILE, OURS_OLD, checkpoint_kind, file_layout,
+                                        gpt_neox_client_args, gpt_neox_gmlp_problem, gpt_neox_mamba_problem,
+                                        load_lazily, model_files, read_saved_args, resume_tag, yaml_values)
 from megatron.model.checkpoint_layout import LAYER, LayoutError, from_neox, slot_kind, to_neox
 from megatron.model.config import ModelConfig
+from megatron.checkpoint.files import load_checkpoint_file
+from megatron.model.gpt2_model import slot_prefixes
+from megatron.model.moe.layer import stack_expert_parallel_experts
+from megatron.model.moe.pipeline import expert_slot_states
 
 FLAT, SLOTS = "flat", "slots"
 """This project's older layouts (see the module docstring)."""
@@ -59,7 +64,6 @@ FLAT, SLOTS = "flat", "slots"
 class NeoxCheckpoint:
     """A merged checkpoint: the model's full tensors under flat names, the run's arguments (a NeoXArgs dict, or
     a GPT-NeoX checkpoint's YAML values), the model they describe, and where the files came from."""
-
     state: Dict[str, torch.Tensor]
     args: Dict[str, Any]
     config: ModelConfig
@@ -76,7 +80,6 @@ def resolve_checkpoint_dir(path: str) -> str:
         raise ConversionError(f"--input_dir {path!r} does not exist; pass a checkpoint directory such as "
                               f"save/global_step1000")
     if not model_files(path):
-        from megatron.checkpoint.engine import resume_tag
 
         tag = resume_tag(path)[0]  # what `latest` names, or the newest complete checkpoint when it is damaged
         if tag:
@@ -96,8 +99,6 @@ def read_args_file(path: str) -> Dict[str, Any]:
     args_file = os.path.join(path, ARGS_FILE)
     if not os.path.isfile(args_file):
         raise ConversionError(f"{args_file} is missing; pass the run's YAML files with --config_file")
-    from megatron.checkpoint.engine import read_saved_args
-    from megatron.errors import CheckpointError
 
     try:
         return read_saved_args(args_file)
@@ -109,10 +110,9 @@ def _checkpoint_args(path: str, kind: str) -> Dict[str, Any]:
     """neox_args.json, or the YAML files GPT-NeoX keeps in configs/."""
     if kind != GPT_NEOX:
         return read_args_file(path)
-    from megatron.checkpoint.engine import _yaml_values
 
     try:
-        values = _yaml_values(path)
+        values = yaml_values(path)
     except CheckpointError as exc:
         raise ConversionError(f"{exc}; pass the run's YAML files with --config_file") from None
     if not values:
@@ -131,8 +131,6 @@ def model_config_of(args: Mapping[str, Any], source: str, **layout: Any) -> Mode
 
 
 def _load(path: str) -> Any:
-    from megatron.checkpoint.files import load_checkpoint_file
-    from megatron.errors import CheckpointError
 
     try:
         return load_checkpoint_file(path)
@@ -165,8 +163,6 @@ def _split_by_slot(module: Mapping[str, torch.Tensor], num_layers: int, flat: bo
                    ) -> Dict[int, Dict[str, torch.Tensor]]:
     """{slot: slot-relative state} of a sequential model's state dict (``sequential.{slot}.*``, or the old
     flat names)."""
-    from megatron.model.gpt2_model import slot_prefixes
-
     by_prefix = {prefix: slot for slot, prefix in slot_prefixes(num_layers).items()}
     slots: Dict[int, Dict[str, torch.Tensor]] = {}
     for key, value in module.items():
@@ -244,7 +240,6 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> Neox
         else:
             slots = _read_slots(path, files, config, tp, pp, old)
         state = {}
-        from megatron.model.gpt2_model import slot_prefixes
 
         prefixes = slot_prefixes(num_layers)
         for slot in sorted(slots):
@@ -277,7 +272,6 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
             per_slot.setdefault(slot, {})[rank] = (f, _load(f))
         _add_pipeline_experts(files, tp, per_slot)
     else:
-        from megatron.model.moe.layer import stack_expert_parallel_experts
 
         experts: Dict[int, Dict[str, torch.Tensor]] = {}  # DeepSpeed's MoE experts, saved in files of their own
         for f in files:
@@ -313,9 +307,6 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
 def _add_pipeline_experts(files: List[str], tp: int, per_slot: Dict[int, Dict[int, Tuple[str, Dict]]]) -> None:
     """A pipeline's DeepSpeed MoE experts (their own files, megatron.model.moe.pipeline) into their slots' states,
     the dropless layer's stacked as GPT-NeoX's ``experts.mlp.w1`` & co."""
-    from megatron.model.moe.layer import stack_expert_parallel_experts
-    from megatron.model.moe.pipeline import expert_slot_states
-
     expert_files: Dict[int, Dict[str, torch.Tensor]] = {}
     for f in files:
         match = EXPERT_FILE.search(os.path.basename(f))
@@ -368,8 +359,6 @@ def _check_shared_rpe(state: Mapping[str, torch.Tensor], config: ModelConfig, pa
 def flat_state_dict(module: Mapping[str, torch.Tensor], config: ModelConfig) -> Dict[str, torch.Tensor]:
     """A one-rank GPT2ModelSequential state dict (``sequential.{slot}.*``, GPT-NeoX's entries included) as the
     model's parameters under the flat names."""
-    from megatron.model.gpt2_model import slot_prefixes
-
     prefixes = slot_prefixes(config.num_layers)
     flat = {}
     for slot, state in _split_by_slot(module, config.num_layers, False, "the state dict").items():
@@ -380,8 +369,6 @@ def flat_state_dict(module: Mapping[str, torch.Tensor], config: ModelConfig) -> 
 
 def sequential_state_dict(state: Mapping[str, torch.Tensor], num_layers: int) -> Dict[str, torch.Tensor]:
     """Flat names back to GPT2ModelSequential's ``sequential.{slot}.*`` (the model's load hooks accept it)."""
-    from megatron.model.gpt2_model import slot_prefixes
-
     by_prefix = {prefix: slot for slot, prefix in slot_prefixes(num_layers).items()}
     out = {}
     for name, value in state.items():
@@ -418,8 +405,6 @@ def write_checkpoint(save_dir: str, state: Mapping[str, torch.Tensor], config: M
     GPT-NeoX's layout for ``config``'s model_parallel_size / pipe_parallel_size, with GPT-NeoX's client state
     (plus ``client_state``), neox_args.json (``args`` and the layout marker), configs/, COMPLETE and ``latest``.
     Returns the checkpoint directory."""
-    from megatron.model.gpt2_model import slot_prefixes
-
     tp, pp, num_layers = config.model_parallel_size, config.pipe_parallel_size, config.num_layers
     tag = f"global_step{iteration}"
     path = os.path.join(save_dir, tag)

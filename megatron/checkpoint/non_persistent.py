@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 from typing import Iterable, Optional, Tuple
+from megatron.checkpoint.format import tag_iteration, complete_tags
 
 NON_PERSISTENT_SUBDIR = "non_persistent"
 
@@ -55,13 +56,11 @@ def keep_only(save_dir: str, tag: str) -> None:
 def newer_checkpoint(neox_args, load_dir: str, tag: Optional[str]) -> Tuple[str, Optional[str], Optional[str]]:
     """(directory, tag, note): the non-persistent checkpoint when it is newer than ``tag`` of ``load_dir``
     (the persistent one the run would resume from), else ``load_dir`` and ``tag`` unchanged."""
-    from megatron.checkpoint.engine import _tag_iteration, complete_tags
-
     directory = non_persistent_dir(neox_args)
     if directory is None or os.path.abspath(directory) == os.path.abspath(load_dir):
         return load_dir, tag, None
     complete = complete_tags(directory)
-    if not complete or (tag is not None and _tag_iteration(complete[-1]) <= _tag_iteration(tag)):
+    if not complete or (tag is not None and tag_iteration(complete[-1]) <= tag_iteration(tag)):
         return load_dir, tag, None
     newest = complete[-1]
     return directory, newest, (f"resuming from the non-persistent checkpoint {os.path.join(directory, newest)}, "

@@ -41,12 +41,16 @@ from typing import Any, Dict, Mapping, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint.engine import optimizer_layout, set_rng_states
+from megatron.checkpoint.rng_state import set_rng_states
+from megatron.checkpoint.format import REFERENCE_FILE, optimizer_layout
 from megatron.errors import CheckpointError
 from megatron.checkpoint.tensor_parallel import split_full
 from megatron.checkpoint.training_state import (FP32, TrainingState, client_state, flat_name,
                                                            read_training_state)
 from megatron.model.config import ModelConfig
+from megatron.checkpoint.files import load_checkpoint_file
+from megatron.checkpoint.neox_checkpoint import read_checkpoint
+from megatron.errors import ConversionError
 
 
 def layout_of(values: Mapping[str, Any]) -> Dict[str, int]:
@@ -79,8 +83,6 @@ def reference_problem(path: str, saved: Mapping[str, int], current: Mapping[str,
     """Why DPO / KTO cannot resume checkpoint ``path`` in layout ``current``, or "": its frozen reference model is
     saved whole per tensor-parallel rank (megatron.post_training.reference), so only another tensor-parallel size
     leaves it unloadable (the pipeline, data-parallel and ZeRO layouts do not touch it)."""
-    from megatron.post_training.reference import REFERENCE_FILE
-
     if train_impl not in ("dpo", "kto") or saved["model_parallel_size"] == current["model_parallel_size"]:
         return ""
     if not os.path.isfile(os.path.join(path, REFERENCE_FILE.format(0))):
@@ -234,8 +236,6 @@ def _fill_zero3(engine, locals_: Dict[str, Dict[str, Any]], names: Dict[int, str
 
 
 def _restore_rng(path: str, rank: int) -> None:
-    from megatron.checkpoint.files import load_checkpoint_file
-
     for candidate in (rank, 0):
         name = os.path.join(path, f"rng_state_rank{candidate}.pt")
         if os.path.isfile(name):
@@ -258,9 +258,6 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
     if load_optim:
         state = read_training_state(path, model_config, saved_layout, wanted=set(names.values()))
     else:
-        from megatron.errors import ConversionError
-        from megatron.checkpoint.neox_checkpoint import read_checkpoint
-
         try:
             weights = read_checkpoint(path, args=saved_args).state
         except ConversionError as exc:

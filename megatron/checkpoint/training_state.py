@@ -28,9 +28,12 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tup
 import torch
 
 from megatron.checkpoint.tensor_parallel import merge_shards, split_rule
-from megatron.checkpoint.engine import RESHARD_KEY, load_lazily
+from megatron.checkpoint.format import RESHARD_KEY, load_lazily
 from megatron.errors import CheckpointError
 from megatron.model.config import ModelConfig
+from megatron.checkpoint.neox_checkpoint import read_checkpoint
+from megatron.errors import ConversionError
+from megatron.model.gpt2_model import GPT2ModelPipe, slot_prefixes
 
 FP32 = "fp32"
 """The key of a parameter's full fp32 (master) value in TrainingState.params."""
@@ -41,7 +44,6 @@ _MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.
 @dataclasses.dataclass
 class TrainingState:
     """A checkpoint's training state, independent of its layout."""
-
     params: Dict[str, Dict[str, Any]]
     """{flat name: {FP32: full value, state key: full tensor, or a scalar such as Adam's step}}."""
     zero_stage: int
@@ -50,8 +52,6 @@ class TrainingState:
 def flat_name(module_name: str, num_layers: int) -> str:
     """A parameter's name in the flat state dict, from its name in GPT2ModelSequential (``sequential.S.rest``) or
     GPT2ModelPipe (``S.rest``, ``tied_modules.embed.rest``)."""
-    from megatron.model.gpt2_model import GPT2ModelPipe, slot_prefixes
-
     if not module_name.startswith("sequential."):
         module_name = GPT2ModelPipe.sequential_name(module_name)
     slot, _, rest = module_name[len("sequential."):].partition(".")
@@ -237,9 +237,6 @@ def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int,
     ``saved_layout`` = (model_parallel_size, pipe_parallel_size) by a model of ``config``'s architecture; only the
     parameters of the flat names ``wanted`` when given (a pipeline stage's: the files are memory-mapped, so the
     others are not read)."""
-    from megatron.errors import ConversionError
-    from megatron.checkpoint.neox_checkpoint import read_checkpoint
-
     tp, pp = saved_layout
     saved_config = config.replace(model_parallel_size=tp, pipe_parallel_size=pp)
     states = _model_states(path)

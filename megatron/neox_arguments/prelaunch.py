@@ -157,7 +157,7 @@ def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
     """The iteration of the checkpoint `load/latest` names, or None."""
     if not load:
         return None
-    from megatron.checkpoint.engine import resume_tag
+    from megatron.checkpoint.format import resume_tag
 
     tag = resume_tag(load)[0]
     match = re.fullmatch(r"global_step(\d+)", tag or "")

@@ -24,9 +24,8 @@ from typing import Dict, Optional
 
 import torch
 
+from megatron.checkpoint.format import REFERENCE_FILE
 from megatron.mpu.host_collectives import broadcast_object, gather_object
-
-REFERENCE_FILE = "dpo_reference_mp_rank_{:02d}.pt"
 
 
 class ReferenceModel:

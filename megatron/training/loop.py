@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint.files import use_safe_loading
-from megatron.checkpoint.engine import (estimated_checkpoint_bytes, load_checkpoint, rng_states, save_checkpoint,
-                                    set_rng_states, space_problem)
+from megatron.checkpoint.engine import estimated_checkpoint_bytes, load_checkpoint, save_checkpoint, space_problem
+from megatron.checkpoint.rng_state import rng_states, set_rng_states
 from megatron.errors import CheckpointError
 from megatron.observability.comms_logging import CommsReporter
 from megatron.initialize import RunContext, initialize_megatron

@@ -14,8 +14,8 @@ import torch
 from megatron.checkpoint.async_save import (DONE, FAILED, PACE_SHARE, WRITER_NICENESS, WRITING, ArenaPool,
                                       AsyncCheckpoints, BackgroundWriter, WritePacer, snapshot)
 from megatron.errors import CheckpointError
-from megatron.checkpoint.engine import (COMPLETE_MARKER, LATEST_FILE, complete_checkpoint, complete_tags, failed_save,
-                                    read_latest)
+from megatron.checkpoint.engine import complete_checkpoint, failed_save
+from megatron.checkpoint.format import COMPLETE_MARKER, LATEST_FILE, complete_tags, read_latest
 from megatron.checkpoint import async_save as async_checkpoint, integrity as checkpoint_integrity
 from megatron.checkpoint.integrity import read_manifest, verification_problems
 from megatron.checkpoint.hashed_save import BLOCK, new_digest

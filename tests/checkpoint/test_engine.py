@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import megatron.checkpoint.engine
-from megatron.checkpoint.engine import complete_tags, load_checkpoint, read_latest, resolve_checkpoint, save_checkpoint
+from megatron.checkpoint.engine import load_checkpoint, resolve_checkpoint, save_checkpoint
+from megatron.checkpoint.format import complete_tags, read_latest
 from megatron.errors import CheckpointError
 from megatron.model.config import ModelConfig
 from tests.neox_arguments.helpers import tiny
@@ -237,7 +238,8 @@ def _gpt_neox_checkpoint(tmp_path, args, iteration=6, yaml_extra="", tp=1, clien
 
 
 def test_a_gpt_neox_checkpoint_is_recognised_and_loaded(tmp_path):
-    from megatron.checkpoint.engine import GPT_NEOX, checkpoint_kind, checkpoint_vocab_size
+    from megatron.checkpoint.engine import checkpoint_vocab_size
+    from megatron.checkpoint.format import GPT_NEOX, checkpoint_kind
 
     args = args_for(tmp_path)
     path = _gpt_neox_checkpoint(tmp_path, args)
@@ -275,7 +277,7 @@ def test_a_gpt_neox_checkpoint_of_another_split_resolves_for_its_weights_only(tm
 
 
 def test_an_interrupted_save_without_neox_args_is_not_taken_for_gpt_neox(tmp_path):
-    from megatron.checkpoint.engine import LAYOUT, LAYOUT_KEY
+    from megatron.checkpoint.format import LAYOUT, LAYOUT_KEY
 
     args = args_for(tmp_path)
     save(args, 2, FakeEngine())
@@ -286,7 +288,7 @@ def test_an_interrupted_save_without_neox_args_is_not_taken_for_gpt_neox(tmp_pat
 
 
 def test_an_old_layout_checkpoint_is_refused_for_training_with_the_upgrade_command(tmp_path):
-    from megatron.checkpoint.engine import OURS_OLD, checkpoint_kind
+    from megatron.checkpoint.format import OURS_OLD, checkpoint_kind
 
     args = args_for(tmp_path)
     path = save(args, 3, FakeEngine())

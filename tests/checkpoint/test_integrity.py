@@ -12,7 +12,8 @@ import torch
 
 from megatron.checkpoint.integrity import LEGACY_MANIFEST, MANIFEST, read_manifest, verification_problems
 from megatron.checkpoint.hashed_save import new_digest
-from megatron.checkpoint.engine import estimated_checkpoint_bytes, read_latest, space_problem, tag_for
+from megatron.checkpoint.engine import estimated_checkpoint_bytes, space_problem
+from megatron.checkpoint.format import read_latest, tag_for
 from megatron.errors import CheckpointError
 from tests.checkpoint.test_engine import FakeEngine, args_for, load, resolve, save
 

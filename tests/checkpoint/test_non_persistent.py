@@ -5,7 +5,8 @@ records what DeepSpeed would be asked to do."""
 
 import os
 
-from megatron.checkpoint.engine import complete_tags, read_latest, save_checkpoint
+from megatron.checkpoint.engine import save_checkpoint
+from megatron.checkpoint.format import complete_tags, read_latest
 from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_dir, non_persistent_due
 from tests.neox_arguments.helpers import problems_of, tiny
 from tests.checkpoint.test_engine import FakeEngine, _model, args_for, load, resolve, save

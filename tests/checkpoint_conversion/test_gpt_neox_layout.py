@@ -11,7 +11,7 @@ import torch
 
 from megatron.checkpoint.neox_checkpoint import read_checkpoint, write_checkpoint
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
-from megatron.checkpoint.engine import GPT_NEOX, LAYOUT_KEY, file_layout
+from megatron.checkpoint.format import GPT_NEOX, LAYOUT_KEY, file_layout
 from megatron.model.config import ModelConfig
 from tests.checkpoint_conversion.gpt_neox_files import (
     gpt_neox_yaml,

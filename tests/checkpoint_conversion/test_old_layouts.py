@@ -12,7 +12,7 @@ import torch
 from megatron.errors import ConversionError
 from megatron.checkpoint.neox_checkpoint import flat_state_dict, read_checkpoint, write_checkpoint
 from megatron.checkpoint.tensor_parallel import split_full
-from megatron.checkpoint.engine import OURS, OURS_OLD
+from megatron.checkpoint.format import OURS, OURS_OLD
 from megatron.model.gpt2_model import build_model
 from megatron.model.config import ModelConfig
 from megatron.mpu import SingleProcessState

@@ -104,7 +104,7 @@ def test_vocabulary_that_does_not_split_is_refused(tmp_path):
 def test_gpt_neox_mamba_checkpoint_saved_with_tensor_parallelism_is_refused(tmp_path):
     """GPT-NeoX's TP > 1 Mamba mixer is another function than ours (megatron.model.mamba): its checkpoints are
     refused, naming why, before any tensor is read."""
-    from megatron.checkpoint.engine import gpt_neox_mamba_problem
+    from megatron.checkpoint.format import gpt_neox_mamba_problem
     from tests.checkpoint_conversion.gpt_neox_files import gpt_neox_yaml, write_gpt_neox_checkpoint
 
     values = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,

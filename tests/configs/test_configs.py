@@ -6,7 +6,7 @@ import os
 import pytest
 
 from megatron.neox_arguments import NeoXArgs
-from megatron.neox_arguments.loading import parse_yaml_text
+from megatron.utils.yaml_text import parse_yaml_text
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 SETUP_FILES = ("local_setup.yml", "text_generation.yml", "slurm_local.yml")

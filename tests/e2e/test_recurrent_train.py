@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from megatron.neox_arguments.loading import parse_yaml_text
+from megatron.utils.yaml_text import parse_yaml_text
 from tests.e2e.launch import REPO
 from tests.e2e.training_run import TrainingRun, build_tiny_corpus, falls
 

@@ -157,7 +157,7 @@ its forward never adds them."""
 
 
 def test_gmlp_slots_hold_gpt_neox_s_entries_and_its_unused_biases_load_as_nothing():
-    from megatron.checkpoint.engine import gpt_neox_gmlp_problem
+    from megatron.checkpoint.format import gpt_neox_gmlp_problem
 
     model = _model(attention_config=["global", "amlp"], gmlp_attn_dim=8)
     state = model.state_dict()

@@ -186,7 +186,7 @@ class Segment:
 
 def _newest_complete(save: str) -> int:
     tags = checkpointing.complete_tags(save)
-    return checkpointing._tag_iteration(tags[-1]) if tags else 0
+    return checkpointing.tag_iteration(tags[-1]) if tags else 0
 
 
 def _records(log_dir: str, kind: str) -> List[Dict[str, Any]]:
