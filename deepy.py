@@ -6,7 +6,7 @@
     python deepy.py eval.py configs/125M.yml --eval_tasks lambada_openai
 
 The YAML files are merged, validated and derived here, and the files, hosts and ports the workers will
-need are checked (megatron/neox_arguments/prelaunch.py), before any process starts; every problem is
+need are checked (megatron/launch/prelaunch.py), before any process starts; every problem is
 printed at once and the exit status is 2. The validated config travels to every worker encoded in one
 environment variable, which the worker turns back into NeoXArgs with NeoXArgs.consume_neox_args()."""
 
@@ -18,7 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.launch.autotuner import missing_packages
 from megatron.launch.signals import ForwardSignals, interrupted_exit_code
-from megatron.neox_arguments import NeoXArgs, prelaunch
+from megatron.launch import prelaunch
+from megatron.neox_arguments import NeoXArgs
 from megatron.errors import ConfigError
 from megatron.neox_arguments.hostfile import is_local_launch
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variables_to_workers, multi_node_launch,

@@ -22,14 +22,16 @@ from megatron.errors import ConfigError
 
 def main() -> int:
     from megatron.errors import CheckpointError, DataError, TokenizerError
-    from megatron.evaluation import EvalTaskError, set_offline_env
+    from megatron.evaluation.tasks import EvalTaskError
+    from megatron.evaluation.harness import set_offline_env
     from megatron.utils.optional_deps import MissingOptionalDependency, require
 
     set_offline_env()
     try:
         neox_args = NeoXArgs.consume_neox_args()
         require("lm_eval", "eval.py (eval_tasks)", "eval")
-        from megatron.evaluation import log_eval_results, resolve_tasks, run_eval_tasks, write_results
+        from megatron.evaluation.harness import log_eval_results, run_eval_tasks, write_results
+        from megatron.evaluation.tasks import resolve_tasks
         from megatron.inference.loading import setup_for_inference
 
         resolve_tasks(neox_args.eval_tasks or [])  # a bad entry fails before the model is built

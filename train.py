@@ -27,7 +27,7 @@ def main() -> int:
         if neox_args is None or neox_args.autotuning_run is None or stop.code not in (None, 0):
             raise
         # DeepSpeed's engine ends an autotuning experiment with exit() on every rank, after writing its metrics
-        from megatron.launch.autotuner import finish_experiment
+        from megatron.training.autotuning_experiment import finish_experiment
 
         finish_experiment()
         return 0

@@ -12,12 +12,18 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from megatron.mpu.deepspeed_comm import init_deepspeed_comm
+from megatron.checkpoint.engine import checkpoint_vocab_size
+from megatron.errors import ConfigError
 from megatron.model.config import ModelConfig, padded_vocab_size
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
+from megatron.mpu.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu.host_collectives import barrier
+from megatron.neox_arguments.launcher import rendezvous_environment
 from megatron.optim.zero_offload import offload_device_problems
+from megatron.tokenizer import build_tokenizer
+from megatron.utils.rank_logs import tee_rank_output
 
 
 @dataclasses.dataclass
@@ -55,8 +61,6 @@ LOST_RANK_SIGNS = ("connection reset by peer", "connection closed by peer", "bro
 
 def lost_rank_message(exc: BaseException, neox_args) -> Optional[str]:
     """The error to print when ``exc`` says that a collective operation lost another rank, else None."""
-    import torch.distributed as dist
-
     text = str(exc)
     if not isinstance(exc, (RuntimeError, dist.DistError)) or not any(s in text.lower() for s in LOST_RANK_SIGNS):
         return None
@@ -70,11 +74,6 @@ def start_distributed(neox_args) -> None:
     """torch.distributed through DeepSpeed, whichever launcher started this worker: the rank comes from
     DeepSpeed's launcher, srun or mpirun (their own variables, read without mpi4py or MPI_Init), the address
     of rank 0 from MASTER_ADDR or master_addr. A master port that is taken is a ConfigError naming it."""
-    import torch.distributed as dist
-
-    from megatron.errors import ConfigError
-    from megatron.neox_arguments.launcher import rendezvous_environment
-
     if not dist.is_initialized():
         try:
             os.environ.update(rendezvous_environment(neox_args.rank, neox_args.local_rank, neox_args.world_size,
@@ -97,9 +96,6 @@ def start_distributed(neox_args) -> None:
 
 def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config."""
-    from megatron.errors import ConfigError
-    from megatron.utils.rank_logs import tee_rank_output
-
     tee_rank_output(neox_args.log_dir, neox_args.rank)
     problems = ModelConfig.from_neox_args(neox_args).device_problems(torch.cuda.is_available())
     problems += offload_device_problems(neox_args.zero_optimization)
@@ -111,9 +107,7 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     parallel_state = build_parallel_state(neox_args)
     tracker = RNGStatesTracker()
     set_seeds(neox_args.seed, parallel_state, tracker)
-    if build_tokenizer_fn is None:
-        from megatron.tokenizer import build_tokenizer as build_tokenizer_fn
-    tokenizer = build_tokenizer_fn(neox_args)
+    tokenizer = (build_tokenizer_fn or build_tokenizer)(neox_args)
     try:
         vocab = padded_vocab_size(tokenizer.vocab_size, neox_args.make_vocab_size_divisible_by,
                                   neox_args.model_parallel_size, neox_args.padded_vocab_size)
@@ -128,9 +122,6 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
 def _checkpoint_vocabulary(neox_args, tokenizer_vocab: int, vocab: int) -> int:
     """A GPT-NeoX checkpoint to load fixes the padded vocabulary (its embedding's rows; GPT-NeoX pads with its
     own make_vocab_size_divisible_by), unless padded_vocab_size is set (then resolve_checkpoint compares)."""
-    from megatron.checkpoint.engine import checkpoint_vocab_size
-    from megatron.errors import ConfigError
-
     rows = checkpoint_vocab_size(neox_args)
     if rows is None or rows == vocab or neox_args.padded_vocab_size is not None:
         return vocab

@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Set, Tuple
+from megatron.data.splits import split_document_ranges
+from megatron.data.indexed_dataset import MMapIndexedDataset
 
 MAX_CONSECUTIVE_SKIPPED_STEPS = 50
 """fp16 steps skipped in a row (loss-scale overflow) after which training stops: dynamic loss scaling
@@ -53,9 +55,6 @@ def checkpoint_iterations(factor: Optional[int], scale: str, extra: Optional[Ite
 
 def epoch_tokens(prefixes: Sequence[str], split: Optional[str], use_split: bool) -> int:
     """Tokens in the training documents: the train part of `split` of one dataset, or whole datasets."""
-    from megatron.data.data_utils import split_document_ranges
-    from megatron.data.indexed_dataset import MMapIndexedDataset
-
     total = 0
     for prefix in prefixes:
         dataset = MMapIndexedDataset(prefix)
@@ -110,7 +109,6 @@ class BatchRampup:
     """rampup_batch_size [start, increment, samples] toward the global batch (Megatron-LM's
     RampupBatchsizeNumMicroBatches): after c consumed samples the batch is
     min(start + increment x floor(c / (samples / n)), global) with n = (global - start) / increment."""
-
     start: int
     increment: int
     samples: int
@@ -170,7 +168,6 @@ def schedule_length(neox_args, train_iters: int) -> int:
 @dataclass(frozen=True)
 class TrainingSchedule:
     """The run's iteration counts and the steps at which things happen (see the module docstring)."""
-
     train_iters: int
     train_batch_size: int
     decay_iters: float
@@ -212,7 +209,6 @@ class TrainingSchedule:
 
 class OverflowGuard:
     """Counts skipped (overflowed) optimizer steps and stops a run that only overflows."""
-
     def __init__(self, limit: int = MAX_CONSECUTIVE_SKIPPED_STEPS) -> None:
         self.limit = limit
         self.in_a_row = 0

@@ -1,10 +1,10 @@
-"""The package has no import cycle: module-level imports between megatron's modules (TYPE_CHECKING blocks
-included, imports inside functions not) form a graph without cycles, so every module can be read, tested and
-imported on its own."""
+"""megatron/ is built in layers: its import graph (every import, TYPE_CHECKING blocks included) has no cycle, every
+import runs down the declared LAYERS, and megatron is imported at module level only — so every module can be read,
+tested and imported on its own, and the layers in DESIGN.md are the code's, not a wish."""
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,8 +81,18 @@ def test_megatron_has_no_import_cycle():
 
 
 def all_imports(path: Path, modules: Set[str]) -> Set[str]:
-    """The megatron modules `path` imports anywhere: at module level and inside functions."""
-    return imported_modules(ast.walk(ast.parse(path.read_text(encoding="utf-8"))), modules)
+    """The megatron modules `path` imports anywhere: at module level and inside functions, with the packages whose
+    ``__init__`` Python runs to import them (not `path`'s own packages: they are imported before it)."""
+    found = imported_modules(ast.walk(ast.parse(path.read_text(encoding="utf-8"))), modules)
+    own = module_name(path)
+    parents = {".".join(name.split(".")[:i]) for name in found for i in range(2, name.count(".") + 1)}
+    return found | {p for p in parents & modules if not own.startswith(p + ".")}
+
+
+def full_import_graph() -> Dict[str, Set[str]]:
+    paths = sorted((REPO / "megatron").rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): all_imports(p, modules) - {module_name(p)} for p in paths}
 
 
 def circles(graph: Dict[str, Set[str]]) -> List[Set[str]]:
@@ -117,26 +127,84 @@ def circles(graph: Dict[str, Set[str]]) -> List[Set[str]]:
     return found
 
 
-KNOWN_CIRCLES = [
-    {"megatron.checkpoint.engine", "megatron.checkpoint.resharding", "megatron.checkpoint.non_persistent",
-     "megatron.checkpoint.neox_checkpoint", "megatron.checkpoint.training_state"},
-]
-"""Import circles that exist through imports inside functions, left for the checkpoint package of issue 30: the
-list may only shrink (a circle that is gone must be removed from it, one that grows or a new one fails)."""
-
-
 def test_the_circle_finder_finds_circles_through_any_import():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}) == [{"a", "b", "c"}]
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
-def test_megatron_has_no_import_circle_beyond_the_known_ones():
-    """Imports inside functions count too: a circle through them still ties the modules together."""
-    paths = sorted((REPO / "megatron").rglob("*.py"))
-    modules = {module_name(p) for p in paths}
-    graph = {module_name(p): all_imports(p, modules) - {module_name(p)} for p in paths}
-    found = circles(graph)
-    unknown = [sorted(c) for c in found if not any(c <= known for known in KNOWN_CIRCLES)]
-    assert not unknown, f"import circles: {unknown}"
-    gone = [sorted(known) for known in KNOWN_CIRCLES if not any(c == known for c in found)]
-    assert not gone, f"these known circles changed or are gone: update KNOWN_CIRCLES: {gone}"
+def test_megatron_has_no_import_circle():
+    """Imports inside functions count too (a circle through them still ties the modules together), and so does the
+    package ``__init__`` that importing ``a.b.c`` runs first."""
+    circles_found = circles(full_import_graph())
+    assert not circles_found, f"import circles: {[sorted(c) for c in circles_found]}"
+
+
+LAYERS: List[Tuple[str, ...]] = [
+    ("megatron.errors",),
+    ("megatron.utils",),
+    ("megatron.fused_kernels", "megatron.tokenizer"),
+    ("megatron.mpu",),
+    ("megatron.mup",),
+    ("megatron.data",),
+    ("megatron.training_schedule",),
+    ("megatron.model",),
+    ("megatron.optim",),
+    ("megatron.checkpoint",),
+    ("megatron.observability",),
+    ("megatron.neox_arguments",),
+    ("megatron.initialize",),
+    ("megatron.inference",),
+    ("megatron.post_training",),
+    ("megatron.evaluation",),
+    ("megatron.training",),
+    ("megatron.checkpoint_conversion",),
+    ("megatron.launch",),
+]
+"""megatron's packages (and its few top-level modules), bottom first: each may import only those on a lower line
+(and itself); those on one line know nothing of each other. DESIGN.md and each package's __init__ say the same."""
+
+
+def unit_of(module: str) -> str:
+    """The LAYERS entry a module belongs to (``megatron.model.moe.layer`` -> ``megatron.model``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer_of(unit: str) -> int:
+    for index, layer in enumerate(LAYERS):
+        if unit in layer:
+            return index
+    raise AssertionError(f"{unit} is in no layer of tests/test_package_layout.LAYERS: add it there and to DESIGN.md")
+
+
+def test_every_package_is_in_a_layer():
+    assert {unit_of(m) for m in full_import_graph()} - {"megatron"} == {u for layer in LAYERS for u in layer}
+
+
+def test_megatron_imports_only_downward():
+    against = sorted(f"{module} imports {target}" for module, targets in full_import_graph().items()
+                     for target in targets if unit_of(module) != unit_of(target) and module != "megatron"
+                     and layer_of(unit_of(target)) >= layer_of(unit_of(module)))
+    assert not against, "imports against tests/test_package_layout.LAYERS:\n" + "\n".join(against)
+
+
+def test_megatron_imports_megatron_at_module_level_only():
+    """An import of megatron inside a function hides a dependency from the reader (and from these checks' first
+    line of defence, the import itself); only optional third-party packages are imported where they are used."""
+    inside = []
+    for path in sorted((REPO / "megatron").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(node) for node in tree.body}
+        top |= {id(node) for block in tree.body if isinstance(block, ast.If) for node in block.body}
+        for node in ast.walk(tree):
+            if id(node) in top or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if any(name == "megatron" or name.startswith("megatron.") for name in names):
+                inside.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not inside, f"megatron imported inside functions: {inside}"
+
+
+def test_the_layer_check_sees_a_package_init():
+    graph = full_import_graph()
+    assert {"megatron.model", "megatron.model.config"} <= graph["megatron.checkpoint.neox_checkpoint"]
+    assert "megatron.model" not in graph["megatron.model.gpt2_model"]  # its own package is imported before it

@@ -10,11 +10,14 @@ CheckpointError naming the file and the object, and nothing of it runs.
 DeepSpeed reads its own files through the engine's checkpoint engine: `use_safe_loading(engine)` swaps in
 one that reads them here."""
 
+import os
 import pickle
-from typing import Any, List
+from typing import Any, Dict, List
 
 import torch
 
+from megatron.checkpoint.format import (ARGS_FILE, GPT_NEOX, LAYOUT, LAYOUT_KEY, MP_FILE, OURS, OURS_OLD, model_files,
+                                        read_saved_args)
 from megatron.errors import CheckpointError
 
 
@@ -67,3 +70,28 @@ def use_safe_loading(engine) -> None:
     reader = getattr(engine, "checkpoint_engine", None)
     if type(reader) is TorchCheckpointEngine:  # other engines (e.g. asynchronous saving) are left as they are
         reader.load = lambda path, map_location=None: load_checkpoint_file(path, map_location=map_location)
+
+
+def load_lazily(path: str) -> Any:
+    """A checkpoint file, memory-mapped where the file allows it (the weights are read only when used);
+    nothing but tensors and plain data is unpickled (megatron.checkpoint.files)."""
+    return load_checkpoint_file(path, mmap=True)
+
+
+def read_client_state(path: str) -> Dict[str, Any]:
+    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file."""
+    files = sorted(f for f in model_files(path) if MP_FILE.search(os.path.basename(f)))
+    if not files:
+        raise CheckpointError(f"{path} holds no mp_rank_XX_model_states.pt file")
+    return {key: value for key, value in load_lazily(files[0]).items() if key != "module"}
+
+
+def checkpoint_kind(path: str) -> str:
+    """OURS, OURS_OLD or GPT_NEOX (see the module docstring). A directory of this project's without its
+    neox_args.json (an interrupted save) counts as OURS, to be refused for its missing COMPLETE."""
+    args_file = os.path.join(path, ARGS_FILE)
+    if os.path.isfile(args_file):
+        return OURS if read_saved_args(args_file).get(LAYOUT_KEY) == LAYOUT else OURS_OLD
+    if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
+        return OURS
+    return OURS if read_client_state(path).get(LAYOUT_KEY) else GPT_NEOX

@@ -2,14 +2,14 @@
 reading its records (neox_args.json, the client state, the configs/*.yml) — the ground floor of megatron.checkpoint,
 which every other checkpoint module reads through (the layout itself is described in megatron.checkpoint.engine).
 
-Imports no torch at module level beyond what reading a file needs (megatron.checkpoint.files)."""
+Imports no torch: the launcher resolves the checkpoint to resume before any process starts. Reading the .pt
+files themselves is megatron.checkpoint.files's job."""
 import glob
 import json
 import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from megatron.checkpoint.files import load_checkpoint_file
 from megatron.errors import CheckpointError, ConfigError
 from megatron.utils.yaml_text import parse_yaml_text
 
@@ -162,20 +162,6 @@ def model_files(path: str) -> List[str]:
     return sorted(glob.glob(os.path.join(path, "*model_states.pt")))
 
 
-def load_lazily(path: str) -> Any:
-    """A checkpoint file, memory-mapped where the file allows it (the weights are read only when used);
-    nothing but tensors and plain data is unpickled (megatron.checkpoint.files)."""
-    return load_checkpoint_file(path, mmap=True)
-
-
-def read_client_state(path: str) -> Dict[str, Any]:
-    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file."""
-    files = sorted(f for f in model_files(path) if MP_FILE.search(os.path.basename(f)))
-    if not files:
-        raise CheckpointError(f"{path} holds no mp_rank_XX_model_states.pt file")
-    return {key: value for key, value in load_lazily(files[0]).items() if key != "module"}
-
-
 def read_saved_args(args_file: str) -> Dict[str, Any]:
     """A checkpoint's neox_args.json; CheckpointError when it is not a JSON object."""
     try:
@@ -188,17 +174,6 @@ def read_saved_args(args_file: str) -> Dict[str, Any]:
         raise CheckpointError(f"{args_file} is damaged (not a JSON object); restore it, or set iteration to "
                               f"another checkpoint")
     return saved
-
-
-def checkpoint_kind(path: str) -> str:
-    """OURS, OURS_OLD or GPT_NEOX (see the module docstring). A directory of this project's without its
-    neox_args.json (an interrupted save) counts as OURS, to be refused for its missing COMPLETE."""
-    args_file = os.path.join(path, ARGS_FILE)
-    if os.path.isfile(args_file):
-        return OURS if read_saved_args(args_file).get(LAYOUT_KEY) == LAYOUT else OURS_OLD
-    if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
-        return OURS
-    return OURS if read_client_state(path).get(LAYOUT_KEY) else GPT_NEOX
 
 
 def file_layout(path: str) -> Tuple[int, int]:

@@ -45,10 +45,8 @@ import torch
 from megatron.errors import CheckpointError, ConversionError
 from megatron.checkpoint.integrity import verification_problems, write_manifest
 from megatron.checkpoint.tensor_parallel import merge_shards, split_full
-from megatron.checkpoint.format import (ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE, GPT_NEOX, LATEST_FILE, LAYER_FILE, LAYOUT,
-                                        LAYOUT_KEY, MP_FILE, OURS_OLD, checkpoint_kind, file_layout,
-                                        gpt_neox_client_args, gpt_neox_gmlp_problem, gpt_neox_mamba_problem,
-                                        load_lazily, model_files, read_saved_args, resume_tag, yaml_values)
+from megatron.checkpoint.format import ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE, GPT_NEOX, LATEST_FILE, LAYER_FILE, LAYOUT, LAYOUT_KEY, MP_FILE, OURS_OLD, file_layout, gpt_neox_client_args, gpt_neox_gmlp_problem, gpt_neox_mamba_problem, model_files, read_saved_args, resume_tag, yaml_values
+from megatron.checkpoint.files import checkpoint_kind, load_lazily
 from megatron.model.checkpoint_layout import LAYER, LayoutError, from_neox, slot_kind, to_neox
 from megatron.model.config import ModelConfig
 from megatron.checkpoint.files import load_checkpoint_file

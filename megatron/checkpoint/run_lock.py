@@ -4,7 +4,7 @@ Two runs writing one `save` directory interleaved their checkpoints, and one sil
 Rank 0 of a training run holds an exclusive lock (`flock`) on `save/.run.lock` from startup to exit; a second
 run finds it held and stops before training, naming the holder (host, pid, start time, written into the file).
 The lock belongs to the process: it is released when the run ends in any way, kill -9 included, so a crashed
-run never leaves a stale lock behind. deepy.py probes it before launching (megatron.neox_arguments.prelaunch)."""
+run never leaves a stale lock behind. deepy.py probes it before launching (megatron.launch.prelaunch)."""
 
 import datetime
 import fcntl

@@ -28,7 +28,8 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tup
 import torch
 
 from megatron.checkpoint.tensor_parallel import merge_shards, split_rule
-from megatron.checkpoint.format import RESHARD_KEY, load_lazily
+from megatron.checkpoint.format import RESHARD_KEY
+from megatron.checkpoint.files import load_lazily
 from megatron.errors import CheckpointError
 from megatron.model.config import ModelConfig
 from megatron.checkpoint.neox_checkpoint import read_checkpoint

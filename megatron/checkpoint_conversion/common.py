@@ -9,12 +9,11 @@ import torch
 
 from megatron.errors import ConversionError
 from megatron.model.config import ModelConfig
+from megatron.utils.optional_deps import require
 
 
 def transformers_module() -> Any:
     """transformers, or one clear error naming the requirements file (it is an optional extra)."""
-    from megatron.utils.optional_deps import require
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return require("transformers", "Hugging Face checkpoint conversion (tools/ckpts)", "transformers")
 

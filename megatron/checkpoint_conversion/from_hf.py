@@ -23,6 +23,8 @@ from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import load_hf_folder
 from megatron.checkpoint.neox_checkpoint import write_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
+from megatron.errors import ConfigError
+from megatron.neox_arguments import NeoXArgs
 
 MODEL_TYPES = {"gpt_neox": hf_gptneox.from_hf, "llama": hf_llama.from_hf, "mistral": hf_llama.from_hf,
                "mixtral": hf_llama.from_hf,
@@ -53,9 +55,6 @@ def model_yaml_values(config: ModelConfig) -> Dict[str, Any]:
 def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_parallel_size: int = 1,
                        pipe_parallel_size: int = 0) -> str:
     """Convert ``hf_dir``; returns the checkpoint directory written."""
-    from megatron.neox_arguments import NeoXArgs
-    from megatron.errors import ConfigError
-
     if model_parallel_size < 1 or pipe_parallel_size < 0:
         raise ConversionError("--model_parallel_size must be >= 1 and --pipe_parallel_size >= 0")
     config, hf_state = load_hf_folder(hf_dir)

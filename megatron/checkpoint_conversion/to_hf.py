@@ -10,6 +10,8 @@ from megatron.errors import ConversionError
 from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
+from megatron.errors import ConfigError
+from megatron.neox_arguments import NeoXArgs
 
 ARCHITECTURES = ("neox", "llama", "mistral", "mixtral", "mamba")
 HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
@@ -18,9 +20,6 @@ HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistra
 
 def args_from_config_files(paths: Sequence[str]) -> Dict[str, Any]:
     """A NeoXArgs dict from the run's YAML files (validated as train.py would)."""
-    from megatron.neox_arguments import NeoXArgs
-    from megatron.errors import ConfigError
-
     try:
         return NeoXArgs.from_ymls(list(paths)).to_dict()
     except ConfigError as exc:

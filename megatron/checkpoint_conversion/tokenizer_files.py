@@ -17,6 +17,8 @@ from typing import Any, Dict, Mapping, Optional
 
 from megatron.checkpoint_conversion.common import transformers_module
 from megatron.errors import ConversionError
+from megatron.errors import TokenizerError
+from megatron.tokenizer import build_tokenizer_from
 
 JSON_TOKENIZERS = ("HFTokenizer", "HFGPT2Tokenizer")
 
@@ -28,8 +30,6 @@ def run_tokenizer(args: Mapping[str, Any]) -> Optional[Any]:
         print(f"note: tokenizer_type={kind!r} without a vocab_file: config.json gets no eos_token_id / "
               f"bos_token_id (set them yourself)", file=sys.stderr)
         return None
-    from megatron.tokenizer import build_tokenizer_from
-    from megatron.errors import TokenizerError
 
     try:
         return build_tokenizer_from(kind, args.get("vocab_file"), args.get("merge_file"))
@@ -83,8 +83,6 @@ def copy_hf_tokenizer(hf_dir: str, out_dir: str) -> Optional[Dict[str, Any]]:
             os.makedirs(out_dir, exist_ok=True)
             target = os.path.abspath(os.path.join(out_dir, name))
             shutil.copyfile(source, target)
-            from megatron.tokenizer import build_tokenizer_from
-            from megatron.errors import TokenizerError
 
             try:
                 size = build_tokenizer_from(kind, target).vocab_size

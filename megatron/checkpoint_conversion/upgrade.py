@@ -16,7 +16,8 @@ import shutil
 
 from megatron.errors import ConversionError
 from megatron.checkpoint.neox_checkpoint import read_checkpoint, write_checkpoint
-from megatron.checkpoint.format import MP_FILE, OURS_OLD, load_lazily, model_files
+from megatron.checkpoint.format import MP_FILE, OURS_OLD, model_files
+from megatron.checkpoint.files import load_lazily
 
 CARRIED = ("consumed_train_samples", "consumed_valid_samples", "lr_scheduler")
 """Client-state entries of the old mp_rank files that the upgraded checkpoint keeps."""

@@ -24,38 +24,10 @@ from megatron.errors import DataError
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset, make_dataset
 from megatron.data.samplers import DistributedBatchSampler
+from megatron.data.pairwise_dataset import PairwiseDataset
+from megatron.data.splits import SPLIT_NAMES, split_document_ranges
 
-SPLIT_NAMES = ("train", "valid", "test")
 BLEND_MARGIN = 1.005  # each blended dataset gets a little more than its share, as GPT-NeoX does
-
-
-def parse_split(split: str | Sequence[float]) -> list[float]:
-    """'969, 30, 1' -> normalised [train, valid, test] proportions (missing ones are 0)."""
-    if isinstance(split, str):
-        parts = [p.strip() for p in split.replace("/", ",").split(",") if p.strip()]
-        try:
-            values = [float(p) for p in parts]
-        except ValueError as exc:
-            raise DataError(f"split={split!r} must be comma-separated numbers such as '969, 30, 1'.") from exc
-    else:
-        values = [float(v) for v in split]
-    if not 1 <= len(values) <= 3 or any(v < 0 for v in values) or sum(values) <= 0:
-        raise DataError(f"split={split!r} needs 1 to 3 non-negative proportions with a positive sum.")
-    values += [0.0] * (3 - len(values))
-    total = sum(values)
-    return [v / total for v in values]
-
-
-def split_document_ranges(num_documents: int, split: str | Sequence[float]) -> list[tuple[int, int]]:
-    """[start, end) document ranges of train, valid and test for the split proportions."""
-    fractions = parse_split(split)
-    bounds = [0]
-    for f in fractions:
-        bounds.append(bounds[-1] + int(round(f * num_documents)))
-    shift = bounds[-1] - num_documents
-    bounds = [b - shift if i > 0 else b for i, b in enumerate(bounds)]
-    bounds = [min(max(b, 0), num_documents) for b in bounds]
-    return [(bounds[i], bounds[i + 1]) for i in range(3)]
 
 
 def _open(prefix: str, neox_args: Any):
@@ -150,8 +122,6 @@ def _pairwise_split(name: str, num_samples: int, neox_args: Any) -> torch.utils.
     """One split of dataset_impl 'pairwise' from pos_/neg_{split}_data_paths (+ label paths, + the precomputed
     reference log-probabilities `{path}_{precompute_model_name}` under DPO), blended by {split}_data_weights when
     there are several."""
-    from megatron.data.pairwise_dataset import PairwiseDataset
-
     def paths(kind: str, label: str = "") -> list[str]:
         value = getattr(neox_args, f"{kind}_{name}_{label}data_paths") or []
         return [value] if isinstance(value, str) else list(value)

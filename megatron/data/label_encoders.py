@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from megatron.errors import DataError
+from megatron.tokenizer import build_tokenizer_from
 
 IGNORE_INDEX = -100
 DEFAULT_ROLE_FORMAT = "<|{role}|>\n"
@@ -53,8 +54,6 @@ class MaskedTextEncoderSpec:
         return out
 
     def build(self) -> Callable[[list[dict[str, Any]]], list[dict[str, np.ndarray]]]:
-        from megatron.tokenizer import build_tokenizer_from
-
         tok = build_tokenizer_from(self.tokenizer_type, self.vocab_file, self.merge_file)
         marker = tok.tokenize(self.mask_before)
         if not marker:
@@ -94,8 +93,6 @@ class ChatEncoderSpec:
         return {f"{self.key}_document": self.token_dtype, f"{self.key}_label_document": np.int32}
 
     def build(self) -> Callable[[list[dict[str, Any]]], list[dict[str, np.ndarray]]]:
-        from megatron.tokenizer import build_tokenizer_from
-
         tok = build_tokenizer_from(self.tokenizer_type, self.vocab_file, self.merge_file)
         newline = tok.tokenize("\n")
 

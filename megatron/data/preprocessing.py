@@ -22,6 +22,7 @@ import numpy as np
 
 from megatron.errors import DataError
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
+from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer_from
 
 Document = dict[str, str]
 Encoded = dict[str, np.ndarray]  # output name (e.g. "text_document") -> token ids
@@ -29,7 +30,6 @@ Encoded = dict[str, np.ndarray]  # output name (e.g. "text_document") -> token i
 
 class EncoderSpec(Protocol):
     """Picklable recipe; `build()` runs once per worker and returns the batch encoding function."""
-
     def build(self) -> Callable[[list[Document]], list[Encoded]]: ...
 
     def output_dtypes(self) -> dict[str, type]: ...
@@ -46,7 +46,6 @@ def _fix_text(text: str) -> str:
 @dataclass(frozen=True)
 class TextEncoderSpec:
     """Plain pretraining data: each key's text becomes one sequence in `{key}_document`."""
-
     tokenizer_type: str
     vocab_file: str | None = None
     merge_file: str | None = None
@@ -59,8 +58,6 @@ class TextEncoderSpec:
         return {f"{k}_document": best_fitting_dtype(self.vocab_size) for k in self.keys}
 
     def build(self) -> Callable[[list[Document]], list[Encoded]]:
-        from megatron.tokenizer import build_tokenizer_from
-
         tok = build_tokenizer_from(self.tokenizer_type, self.vocab_file, self.merge_file)
         dtypes = self.output_dtypes()
 
@@ -169,7 +166,6 @@ def encode_documents(
 @dataclass
 class Throughput:
     """Counts for the progress bar and the final report."""
-
     documents: int = 0
     tokens: int = 0
     start: float = field(default_factory=time.perf_counter)
@@ -261,15 +257,11 @@ def limit(docs: Iterable[Document], num_docs: int | None) -> Iterator[Document]:
 
 def vocab_size_of(tokenizer_type: str, vocab_file: str | None, merge_file: str | None) -> int:
     """Build the tokenizer once in the parent to pick the token dtype and fail early on bad files."""
-    from megatron.tokenizer import build_tokenizer_from
-
     return build_tokenizer_from(tokenizer_type, vocab_file, merge_file).vocab_size
 
 
 def tokenizer_args(parser: argparse.ArgumentParser, required: bool = True) -> argparse._ArgumentGroup:
     """The tokenizer options shared by all preprocessing tools (`required`: --tokenizer-type must be given)."""
-    from megatron.tokenizer import TOKENIZER_TYPES
-
     g = parser.add_argument_group("tokenizer")
     g.add_argument("--tokenizer-type", required=required, choices=TOKENIZER_TYPES)
     g.add_argument("--vocab-file", default=None, help="tokenizer.json, vocab.json, .model or .tiktoken")

@@ -21,6 +21,11 @@ import torch
 
 from megatron.mpu.host_collectives import broadcast_object
 from megatron.utils.optional_deps import require
+from megatron.evaluation.adapter import NeoXLM
+from megatron.evaluation.tasks import resolve_tasks, task_manager
+from megatron.inference.text_generation import build_runner, max_sequence_length
+from megatron.observability.training_logger import MetricSinks
+from megatron.utils.optional_deps import MissingOptionalDependency
 
 BOOTSTRAP_ITERS = 1000
 """Bootstrap resamples for the standard errors of non-mean metrics (lm-eval's default, 100000, takes
@@ -88,7 +93,6 @@ MIN_LM_EVAL_FOR_DATA_PARALLEL = (0, 4, 12)
 def _check_lm_eval_version(parallel_state) -> None:
     from importlib.metadata import version
 
-    from megatron.utils.optional_deps import MissingOptionalDependency
 
     installed = version("lm-eval")
     numbers = tuple(int(p) for p in installed.split(".")[:3] if p.isdigit())
@@ -107,9 +111,6 @@ def run_eval_tasks(neox_args, engine, ctx, iteration: int, limit: Optional[int] 
     _check_lm_eval_version(ctx.parallel_state)
     from lm_eval.evaluator import simple_evaluate
 
-    from megatron.evaluation.adapter import NeoXLM
-    from megatron.evaluation.tasks import resolve_tasks, task_manager
-    from megatron.inference.text_generation import build_runner, max_sequence_length
 
     selection = resolve_tasks(neox_args.eval_tasks or [])
     manager = task_manager(selection)
@@ -155,8 +156,6 @@ def write_results(neox_args, results: Dict[str, Any]) -> str:
 def log_eval_results(neox_args, results: Dict[str, Any]) -> None:
     """The flat metrics as an 'eval_tasks' record at the checkpoint's iteration, to every sink the config
     asks for (metrics.jsonl, tensorboard, comet, wandb; see megatron.observability.training_logger.MetricSinks). Call on rank 0."""
-    from megatron.observability.training_logger import MetricSinks
-
     sinks = MetricSinks(neox_args, rank=0, is_logging_rank=True)
     try:
         sinks.write("eval_tasks", {"type": "eval_tasks", "iteration": int(results.get("iteration", 0)),

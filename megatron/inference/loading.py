@@ -23,6 +23,12 @@ from torch import nn
 from megatron.checkpoint.engine import resolve_checkpoint
 from megatron.errors import CheckpointError
 from megatron.initialize import RunContext, initialize_megatron
+from megatron.checkpoint.neox_checkpoint import read_checkpoint
+from megatron.checkpoint.tensor_parallel import split_full
+from megatron.errors import ConfigError, ConversionError
+from megatron.model.checkpoint_layout import from_neox, slot_kind, to_neox
+from megatron.model.embedding import Embedding
+from megatron.model.gpt2_model import GPT2ModelPipe, build_model, slot_prefixes
 
 PIPELINE_SCHEDULE_CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
 """The DeepSpeed config of the inference PipelineEngine: one micro-batch per eval_batch call."""
@@ -31,8 +37,6 @@ PIPELINE_SCHEDULE_CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accum
 def slot_modules(model: nn.Module) -> Dict[int, nn.Module]:
     """{GPT-NeoX slot index: the module holding that slot's parameters on this rank} (a tied head maps to the
     embedding it reuses)."""
-    from megatron.model.gpt2_model import GPT2ModelPipe
-
     if isinstance(model, GPT2ModelPipe):
         num_layers = model.num_layers
         modules = {model._local_start + i: f for i, f in enumerate(model.forward_funcs) if isinstance(f, nn.Module)}
@@ -47,13 +51,6 @@ def slot_modules(model: nn.Module) -> Dict[int, nn.Module]:
 def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, model_config) -> None:
     """Copy this rank's slice of the checkpoint's weights into ``model`` (every parameter must be found). The
     checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's."""
-    from megatron.errors import ConversionError
-    from megatron.checkpoint.neox_checkpoint import read_checkpoint
-    from megatron.checkpoint.tensor_parallel import split_full
-    from megatron.model.checkpoint_layout import from_neox, slot_kind, to_neox
-    from megatron.model.embedding import Embedding
-    from megatron.model.gpt2_model import slot_prefixes
-
     try:
         checkpoint = read_checkpoint(checkpoint_dir)
     except ConversionError as err:
@@ -85,16 +82,12 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, mo
 def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[object, RunContext, int]:
     """(the model, or its PipelineEngine with pipe_parallel_size > 1, in eval mode; run context; the
     checkpoint's iteration)."""
-    from megatron.model.gpt2_model import build_model
-
     if neox_args.train_impl == "rm":
-        from megatron.errors import ConfigError
 
         raise ConfigError(["train_impl 'rm': a reward model scores sequences and has no vocabulary head, so "
                            "generate.py / eval.py cannot use it; score with the model converted to transformers' "
                            "*ForSequenceClassification (tools/ckpts/convert_neox_to_hf.py)"])
     if neox_args.context_parallel_size > 1:
-        from megatron.errors import ConfigError
 
         raise ConfigError([f"context_parallel_size={neox_args.context_parallel_size}: generate.py / eval.py with "
                            f"context parallelism is not supported yet (decoding keeps whole sequences); set "

@@ -31,6 +31,8 @@ from megatron.model.kv_cache import KVCache
 from megatron.model.config import ModelConfig
 from megatron.mpu import gather_from_model_parallel_region
 from megatron.mpu.host_collectives import broadcast
+from megatron.model.config import GMLP_TYPES, RECURRENT_TYPES
+from megatron.model.gpt2_model import BLOCK_CLASSES, GPT2ModelPipe, model_dtype
 
 LogitsFn = Callable[..., torch.Tensor]  # (tokens, position_ids, attention_mask, kv_cache, last_only=False)
 
@@ -45,7 +47,6 @@ class GenerationError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """temperature / top_k / top_p as in GPT-NeoX: greedy (argmax) when all three are zero."""
-
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 0.0
@@ -106,7 +107,6 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: Optiona
 class ModelRunner:
     """Full-vocabulary logits [batch, seq, padded_vocab] on every rank of the model's tensor- and
     pipeline-parallel groups (forward only, no gradients)."""
-
     supports_cache: bool = True
     recurrent: bool = False
     """True when the model has Mamba / RWKV layers, which see left padding only through a KV cache, or gMLP /
@@ -120,10 +120,7 @@ class ModelRunner:
 
 class SequentialRunner(ModelRunner):
     """A GPT2ModelSequential (all layers on this rank); the vocabulary shards are gathered over TP."""
-
     def __init__(self, model: torch.nn.Module, parallel_state) -> None:
-        from megatron.model.gpt2_model import BLOCK_CLASSES
-        from megatron.model.config import GMLP_TYPES, RECURRENT_TYPES
 
         self.model = model
         recurrent = tuple(BLOCK_CLASSES[kind] for kind in RECURRENT_TYPES + GMLP_TYPES)
@@ -142,7 +139,6 @@ class PipelineRunner(ModelRunner):
     """pipe_parallel_size > 1: one PipelineEngine.eval_batch per forward; the last stage gathers the
     vocabulary shards and broadcasts the logits to the other stages. No KV cache (the engine's schedule
     only passes activations between stages)."""
-
     supports_cache = False
 
     def __init__(self, engine, parallel_state, padded_vocab_size: int, dtype: torch.dtype,
@@ -185,9 +181,6 @@ class PipelineRunner(ModelRunner):
 
 def build_runner(engine, parallel_state, config: ModelConfig) -> ModelRunner:
     """The runner for a model as setup_for_inference returns it (a DeepSpeed engine or a bare module)."""
-    from megatron.model.gpt2_model import GPT2ModelPipe
-    from megatron.model.gpt2_model import model_dtype
-
     if config.sequence_parallel and parallel_state.get_model_parallel_world_size() > 1:
         raise GenerationError("generation / evaluation cannot run a model built with sequence_parallel=True "
                               "(it splits fixed-length sequences between ranks); build it with "
@@ -196,7 +189,6 @@ def build_runner(engine, parallel_state, config: ModelConfig) -> ModelRunner:
     if isinstance(module, GPT2ModelPipe):
         if module.num_stages == 1:
             return SequentialRunner(module.to_sequential(), parallel_state)
-        from megatron.model.config import GMLP_TYPES, RECURRENT_TYPES
 
         return PipelineRunner(engine, parallel_state, config.padded_vocab_size, model_dtype(config),
                               recurrent=any(t in RECURRENT_TYPES + GMLP_TYPES for t in config.attention_types))
@@ -242,7 +234,6 @@ class Generation:
     """One prompt's result: the (possibly left-truncated) prompt ids, the new ids (without the EOD that
     stopped it), whether EOD stopped it, and, with return_logits, the logits [len(tokens) (+1 with the
     EOD), vocab] from which each new token was drawn."""
-
     prompt: List[int]
     tokens: List[int]
     finished: bool

@@ -77,7 +77,6 @@ def _skip_local_cleanup(exp: Dict[str, Any], reservations: Any) -> None:
 class AutotuningSignals(ForwardSignals):
     """ForwardSignals for a tuning: the ranks are two levels down (deepy.py -> each experiment's `deepspeed`
     runner -> DeepSpeed's launcher -> ranks). With no experiment running, the signal ends deepy.py."""
-
     def targets(self) -> List[Any]:
         import psutil
 
@@ -118,13 +117,3 @@ def local_autotuner(args: NeoXArgsSchema, cuda: bool, stopped: Callable[[], bool
             os.environ["LOCAL_SIZE"] = saved[4]
 
 
-def finish_experiment() -> None:
-    """In a worker whose engine ended an autotuning experiment with exit(): leave the process group together
-    (a gloo rank that exits right after a collective may otherwise abort)."""
-    import torch.distributed as dist  # here: deepy.py imports this module, and the launcher imports no torch
-
-    from megatron.mpu.host_collectives import barrier
-
-    if dist.is_available() and dist.is_initialized():
-        barrier()
-        dist.destroy_process_group()

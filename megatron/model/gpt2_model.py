@@ -76,6 +76,7 @@ from megatron.errors import ConfigError
 from megatron.mpu.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed
 from megatron.mpu.context_parallel import all_reduce_sum
+from megatron.model.reward_model import RewardLoss
 
 Batch = Tuple[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
@@ -109,10 +110,9 @@ def cross_entropy_loss(logits: HeadOutput, labels_and_mask: Tuple[torch.Tensor, 
 
 def loss_function(config: ModelConfig, parallel_state, averaged_over_context: bool = False):
     """The model's loss: ``loss_fn(logits, (labels, loss_mask))``; a reward model's is the Bradley-Terry loss
-    on pairs (megatron.post_training.reward_model). ``averaged_over_context``: the engine averages gradients over
+    on pairs (megatron.model.reward_model). ``averaged_over_context``: the engine averages gradients over
     data x context ranks (as DeepSpeed's pipeline engine always does: cross_entropy_loss's context_grad_scale)."""
     if config.value_head:
-        from megatron.post_training.reward_model import RewardLoss
 
         return RewardLoss()
     cp = parallel_state.get_context_parallel_world_size()
@@ -176,7 +176,6 @@ def pass_through(args):
 
 class LayerSlot(nn.Module):
     """``pass_through`` as a module, so that GPT2ModelSequential's slots keep GPT-NeoX's indices."""
-
     def forward(self, args):
         return args
 
@@ -185,7 +184,6 @@ class SharedLayer(nn.Module):
     """Layer position ``position`` of a parameter-shared stack (num_unique_layers): it runs the layer built at
     its owner position, whose parameters are registered (and saved, and counted) there only. Its decoding
     state is keyed by this position (LayerKeyedCache)."""
-
     def __init__(self, owner: nn.Module, position: int) -> None:
         super().__init__()
         self._owner = (owner,)  # a tuple, so that the owner is not registered here a second time
@@ -202,7 +200,6 @@ class SharedLayer(nn.Module):
 
 class GPT2ModelSequential(nn.Module):
     """All layers on one pipeline stage, called in order; optional explicit KV cache."""
-
     def __init__(self, config: ModelConfig, parallel_state, rng_tracker=None) -> None:
         super().__init__()
         check_model_config(config, parallel_state)
@@ -369,7 +366,6 @@ def partition_method(config: ModelConfig) -> str:
 
 class GPT2ModelPipe(PipelineModule):
     """The GPT as a DeepSpeed PipelineModule (see module docstring)."""
-
     def __init__(self, config: ModelConfig, parallel_state, rng_tracker=None) -> None:
         check_model_config(config, parallel_state)
         if not deepspeed.comm.is_initialized():

@@ -34,6 +34,7 @@ from megatron.model.kv_cache import KVCache
 from megatron.model.mlp import ParallelMLP
 from megatron.model.norms import build_norm
 from megatron.model.config import ModelConfig
+from megatron.model.moe import build_moe_mlp
 
 
 def sequence_parallel_on(config: ModelConfig, parallel_state) -> bool:
@@ -43,7 +44,6 @@ def sequence_parallel_on(config: ModelConfig, parallel_state) -> bool:
 
 class ParallelTransformerLayer(nn.Module):
     """Norms, attention, MLP and residuals of one layer (see module docstring)."""
-
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker,
                  rpe=None) -> None:
         super().__init__()
@@ -57,7 +57,6 @@ class ParallelTransformerLayer(nn.Module):
         if not (self.gpt_j_residual and self.gpt_j_tied):
             self.post_attention_layernorm = build_norm(config, config.hidden_size, grad_reduce_group=group)
         if layer_number in config.moe_layers:
-            from megatron.model.moe import build_moe_mlp
 
             self.mlp = build_moe_mlp(config, parallel_state, initializer, layer_number)
         else:

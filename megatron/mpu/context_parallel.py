@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from megatron.mpu.deepspeed_comm import collectives
 
 
 def chunk_positions(seq_length: int, cp_rank: int, cp_size: int, device=None) -> torch.Tensor:
@@ -48,8 +49,6 @@ def ring_exchange(tensor: torch.Tensor, group) -> torch.Tensor:
 
 def all_reduce_sum(tensor: torch.Tensor, group) -> torch.Tensor:
     """A detached sum over ``group`` (token counts, loss values: nothing here needs a gradient)."""
-    from megatron.mpu.deepspeed_comm import collectives
-
     total = tensor.detach().clone()
     collectives().all_reduce(total, group=group)
     return total

@@ -41,13 +41,13 @@ from megatron.neox_arguments.validation import (derived_only_problems, fusion_fl
                                                 not_supported_setting_problems, parallelism_problems,
                                                 post_training_problems, rampup_problems, training_problems,
                                                 unknown_key_problems)
+from megatron.neox_arguments.autotuned import is_experiment, read_deepspeed_config, tuned_args
 
 
 class NeoXArgs(NeoXArgsSchema):
     """All arguments; construct with from_ymls / from_dict (which validate), not directly. Once validated
     (and, in a worker, given its rank) they are frozen: run state lives elsewhere (ModelConfig in the run
     context, megatron.training_schedule.TrainingSchedule)."""
-
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen", False):
             raise AttributeError(f"NeoXArgs are validated and frozen: '{name}' cannot be changed; derive run state "
@@ -187,7 +187,6 @@ class NeoXArgs(NeoXArgsSchema):
                                f"python deepy.py {script} {configs}"])
         args = cls.decode(encoded)
         if known.deepspeed_config is not None:
-            from megatron.neox_arguments.autotuned import is_experiment, read_deepspeed_config, tuned_args
 
             ds_config = read_deepspeed_config(known.deepspeed_config)
             args = tuned_args(args, ds_config, experiment=is_experiment(ds_config))

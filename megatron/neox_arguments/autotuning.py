@@ -26,6 +26,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from megatron.neox_arguments.groups import NeoXArgsSchema
+from megatron.neox_arguments.launcher import multi_node_launch
 
 AUTOTUNING_KEYS = {
     "enabled": bool, "fast": bool, "metric": str, "start_profile_step": int, "end_profile_step": int,
@@ -96,7 +97,6 @@ def autotuning_problems(args: NeoXArgsSchema) -> List[str]:
     if args.moe_num_experts > 1:
         problems.append("autotuning_run with a mixture of experts (moe_num_experts > 1): DeepSpeed's autotuner profiles "
                         "the model with ZeRO stage 3, which DeepSpeed's MoE refuses")
-    from megatron.neox_arguments.launcher import multi_node_launch
 
     if multi_node_launch(args):
         problems.append("autotuning_run on several nodes, or through pdsh / MPI / slurm (force_multi, deepspeed_slurm, "

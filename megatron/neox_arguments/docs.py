@@ -12,6 +12,8 @@ import textwrap
 from typing import Dict, List
 
 from megatron.neox_arguments.groups import ARGUMENT_GROUPS
+from megatron.neox_arguments.derivation import ACTIVATION_CHECKPOINTING_MIRRORS, FP16_MIRRORS, ZERO_MIRRORS
+from megatron.neox_arguments.no_ops import NO_OP_ARGUMENTS
 
 DOC_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "neox_arguments.md")
 
@@ -36,9 +38,6 @@ def _type_name(annotation) -> str:
 def notes() -> Dict[str, str]:
     """{field name: a sentence appended to its documentation}: the mirrors (one setting written in two places)
     and the arguments accepted without effect."""
-    from megatron.neox_arguments.derivation import (ACTIVATION_CHECKPOINTING_MIRRORS, FP16_MIRRORS, ZERO_MIRRORS)
-    from megatron.neox_arguments.no_ops import NO_OP_ARGUMENTS
-
     result: Dict[str, str] = {}
     for section, mirrors in (("fp16", FP16_MIRRORS), ("zero_optimization", ZERO_MIRRORS),
                              ("activation_checkpointing", ACTIVATION_CHECKPOINTING_MIRRORS)):
@@ -72,7 +71,6 @@ def render() -> str:
                       f"    {docs.get(field.name, '')}", ""]
             if field.name in extra:
                 lines += [f"    {extra[field.name]}", ""]
-    from megatron.neox_arguments.no_ops import NO_OP_ARGUMENTS
 
     lines += ["## Arguments accepted without effect", "",
               "Every other argument changes behaviour or is refused when set (\"not supported yet\"); these are "

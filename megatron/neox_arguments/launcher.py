@@ -16,6 +16,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import is_local_launch
+from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, active_resources
 
 ENCODED_CONFIG_ENV = "NEOX_ENCODED_CONFIG"
 """The environment variable that carries the whole validated config (NeoXArgs.encode()) to every worker."""
@@ -57,8 +58,6 @@ def forces_multi(args: NeoXArgsSchema) -> bool:
 
 def active_hosts(args: NeoXArgsSchema) -> List[str]:
     """The hosts DeepSpeed's runner will use: the filtered hostfile, or 'localhost' for a local launch."""
-    from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, active_resources
-
     if is_local_launch(args.hostfile):
         return ["localhost"]
     hostfile = args.hostfile or DEFAULT_HOSTFILE

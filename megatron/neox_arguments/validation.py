@@ -16,6 +16,8 @@ from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_s
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
 from megatron.optim.zero_offload import offload_problems
+from megatron.optim.weight_decay import base_weight_decay
+from megatron.training_schedule import decay_and_warmup_iters, schedule_length, training_iterations, wsd_decay_iters
 
 
 TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha")
@@ -301,8 +303,6 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
         problems.append(f"lr_wsd_decay_iters={args.lr_wsd_decay_iters} must be >= 1")
     elif not problems and args.train_batch_size and (
             args.train_iters is not None or (args.train_samples is not None and not rampup_problems(args))):
-        from megatron.training_schedule import (decay_and_warmup_iters, schedule_length, training_iterations,
-                                                wsd_decay_iters)
 
         decay, warmup = decay_and_warmup_iters(args, schedule_length(args, training_iterations(args)))
         if wsd_decay_iters(args) > decay - warmup:
@@ -323,7 +323,6 @@ def lr_schedule_problems(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
         value = getattr(args, name)
         if value is not None and value < 0:
             problems.append(f"{name}={value} must be >= 0")
-    from megatron.optim.param_groups import base_weight_decay
 
     try:
         base = base_weight_decay(args)

@@ -84,6 +84,7 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from megatron.model.config import GATED_ACTIVATIONS, GMLP_FF_MULT, MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
+from megatron.model.rwkv import TIME_DECAY_EXTRA_DIM, TIME_MIX_EXTRA_DIM
 
 PEAK_ENV_VAR = "NEOX_PEAK_TFLOPS"
 
@@ -180,8 +181,6 @@ def rwkv_wkv_flops(config: ModelConfig) -> int:
 
 def rwkv_layer_flops(config: ModelConfig) -> int:
     """Forward FLOPs per token of one RWKV layer (module docstring)."""
-    from megatron.model.rwkv import TIME_DECAY_EXTRA_DIM, TIME_MIX_EXTRA_DIM
-
     c, a, f = config.hidden_size, config.rwkv_dim_att, config.rwkv_ffn_dim
     shift = 2 * c * 5 * TIME_MIX_EXTRA_DIM + 5 * 2 * TIME_MIX_EXTRA_DIM * c
     projections = 4 * 2 * c * a + 2 * a * c

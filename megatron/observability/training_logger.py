@@ -35,6 +35,7 @@ from megatron.observability.flops import mfu, peak_tflops, tflops_per_device, tr
 from megatron.model.config import ModelConfig
 from megatron.mpu.host_collectives import all_gather_object, all_reduce
 from megatron.utils.optional_deps import require
+from megatron.model.moe.naming import global_expert_names, is_expert_name
 
 METRICS_FILE = "metrics.jsonl"
 PPL_LOSS_CAP = 20.0
@@ -73,7 +74,6 @@ def _default_rank() -> int:
 
 class JsonlSink:
     """Appends one JSON record per line to <log_dir>/metrics.jsonl (kept across resumed runs)."""
-
     def __init__(self, log_dir: str) -> None:
         os.makedirs(log_dir, exist_ok=True)
         self.path = os.path.join(log_dir, METRICS_FILE)
@@ -90,7 +90,6 @@ class JsonlSink:
 
 class TensorboardSink:
     """Scalars under '<prefix>/<name>' in tensorboard_dir, read back by TensorBoard's EventAccumulator."""
-
     def __init__(self, tensorboard_dir: str) -> None:
         require("tensorboard", "tensorboard_dir", "tensorboard")
         summary = require("torch.utils.tensorboard", "tensorboard_dir", "tensorboard")
@@ -107,7 +106,6 @@ class TensorboardSink:
 
 class WandbSink:
     """A W&B run; WANDB_MODE=offline (or `wandb offline`) writes it under <dir>/wandb without network."""
-
     def __init__(self, neox_args: Any, rank: int, config: Optional[Dict[str, Any]] = None) -> None:
         wandb = require("wandb", "use_wandb", "wandb")
         name = neox_args.wandb_run_name
@@ -137,7 +135,6 @@ def _comet_offline() -> bool:
 class CometSink:
     """A Comet experiment: online with COMET_API_KEY, else (or with COMET_OFFLINE=1) an OfflineExperiment
     archived under COMET_OFFLINE_DIRECTORY, or <log_dir>/comet, when the run ends."""
-
     def __init__(self, neox_args: Any, config: Optional[Dict[str, Any]] = None) -> None:
         comet_ml = require("comet_ml", "use_comet", "comet")
         common = dict(project_name=neox_args.comet_project, workspace=neox_args.comet_workspace,
@@ -171,7 +168,6 @@ class DeepSpeedMonitorSink:
     """DeepSpeed's monitors (config sections csv_monitor, tensorboard, wandb, comet). The engine feeds them only its
     own timers and learning rate (and, in a pipeline, its train_loss); the training and evaluation records go to
     them too, as events '<Split>/Samples/<key>' at the engine's count of samples, DeepSpeed's own naming."""
-
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
@@ -189,7 +185,6 @@ class MetricSinks:
     """Every destination the config asks for: metrics.jsonl (log_dir), tensorboard (tensorboard_dir) and
     comet (use_comet) on the logging rank, wandb (use_wandb) there or on every rank with
     wandb_init_all_ranks. One `write` sends a record to all of them (training and eval.py alike)."""
-
     def __init__(self, neox_args: Any, rank: int, is_logging_rank: bool) -> None:
         self.jsonl: Optional[JsonlSink] = None
         self.sinks: List[Any] = []
@@ -239,7 +234,6 @@ class TrainingLogger:
     Call `log_train` after every optimizer step (skipped steps too), `log_eval` after each evaluation, and
     `close` at the end. Training time per interval is the wall time between reports unless the loop passes
     each step's `step_time` (which leaves evaluation and checkpointing out of the throughput)."""
-
     def __init__(self, neox_args: Any, model_config: Optional[ModelConfig] = None,
                  is_logging_rank: Optional[bool] = None, rank: Optional[int] = None,
                  flops_per_token: Optional[float] = None, peak: Optional[float] = None,
@@ -571,8 +565,6 @@ def debug_sums(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim
     parallelism an expert's parameters are named by its global expert (megatron.model.moe.naming). Call where the
     gradients are reduced and not yet clipped or cleared, on every rank (ZeRO / bf16 gradients and optimizer
     states are gathered across data-parallel ranks)."""
-    from megatron.model.moe.naming import global_expert_names
-
     rename = names or (lambda name: name)
     experts = global_expert_names(model, parallel_state) if parallel_state is not None else {}
     params = [(rename(experts.get(name, name)), param) for name, param in model.named_parameters()
@@ -606,8 +598,6 @@ def gather_debug_sums(sums: Dict[str, List[float]], parallel_state: Any = None) 
     megatron.model.moe.naming), on every rank, in rank order. Data-parallel replicas hold the same values
     and send nothing. Without a torch.distributed world, or without `parallel_state`: [sums] (this rank's
     view)."""
-    from megatron.model.moe.naming import is_expert_name
-
     if parallel_state is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()) \
             or torch.distributed.get_world_size() == 1:
         return [sums]
@@ -661,7 +651,6 @@ class MemoryProfiler:
     """memory_profiling: on CUDA records allocator history and dumps a snapshot (open it at
     pytorch.org/memory_viz); on CPU writes memory_stats() as JSON. Files go to memory_profiling_path
     (default <log_dir>/memory)."""
-
     def __init__(self, neox_args: Any) -> None:
         directory = neox_args.memory_profiling_path or (
             os.path.join(neox_args.log_dir, "memory") if neox_args.log_dir else None)

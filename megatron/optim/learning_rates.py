@@ -64,7 +64,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from megatron.optim.param_groups import DECOUPLED_GROUP, base_weight_decay
+from megatron.optim.param_groups import DECOUPLED_GROUP
+from megatron.optim.weight_decay import base_weight_decay
 from megatron.training_schedule import TrainingSchedule
 
 DECAY_STYLES = ("constant", "linear", "cosine", "exponential", "inverse_sqrt", "wsd")

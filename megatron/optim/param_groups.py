@@ -59,12 +59,6 @@ def get_param_groups(model: nn.Module, weight_decay: float, moe_param_group: boo
     return groups
 
 
-def base_weight_decay(neox_args: Any) -> float:
-    """The optimizer's weight decay: optimizer.params.weight_decay, else weight_decay."""
-    params = (neox_args.optimizer or {}).get("params") or {}
-    return float(params.get("weight_decay", neox_args.weight_decay))
-
-
 def deepspeed_moe_param_groups(model: nn.Module, weight_decay: float,
                                decoupled_lr: bool = False) -> List[Dict[str, Any]]:
     """create_moe_param_group with DeepSpeed's MoE layer (moe_type deepspeed) or expert parallelism:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron.model.head import HeadOutput, token_cross_entropy
-from megatron.post_training.metrics import MetricSums, preference_metrics
+from megatron.model.preference_metrics import MetricSums, preference_metrics
 
 
 def sequence_logps(logits: HeadOutput, labels: torch.Tensor, loss_mask: torch.Tensor, group=None,
@@ -52,7 +52,7 @@ def dpo_loss(policy_logps: torch.Tensor, reference_logps: Optional[torch.Tensor]
 class DPOLoss(MetricSums):
     """The model's ``loss_fn(logits, (labels, loss_mask, reference_logps))`` under train_impl 'dpo'.
 
-    Keeps its metrics until ``take_metrics`` (megatron.post_training.metrics)."""
+    Keeps its metrics until ``take_metrics`` (megatron.model.preference_metrics)."""
 
     def __init__(self, beta: float, reference_free: bool, fp32: bool, group=None) -> None:
         super().__init__()

@@ -22,7 +22,7 @@ import torch
 
 from megatron.model.head import HeadOutput
 from megatron.post_training.dpo import sequence_logps
-from megatron.post_training.metrics import MetricSums
+from megatron.model.preference_metrics import MetricSums
 
 
 def kto_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, rewards: torch.Tensor, beta: float,

@@ -22,22 +22,11 @@ import torch
 
 from megatron.mpu import vocab_parallel_cross_entropy
 from megatron.mpu.host_collectives import barrier
-
-
-def precomputed_path(data_prefix: str, model_name: str) -> str:
-    return f"{data_prefix}_{model_name}"
-
-
-def reference_paths(neox_args: Any) -> List[str]:
-    """The data paths whose reference log-probabilities the run reads: every pos_* / neg_* path of pairwise data,
-    else every {train,valid,test}_data_path (KTO); train then valid then test."""
-    out: List[str] = []
-    kinds = ("pos_", "neg_") if neox_args.dataset_impl == "pairwise" else ("",)
-    for split in ("train", "valid", "test"):
-        for kind in kinds:
-            value = getattr(neox_args, f"{kind}{split}_data_paths") or []
-            out += [value] if isinstance(value, str) else list(value)
-    return out
+from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder, dataset_exists
+from megatron.inference.text_generation import build_runner
+from megatron.model.batch import masks_and_position_ids
+from megatron.model.gpt2_model import GPT2ModelPipe
+from megatron.post_training.data_paths import precomputed_path, reference_paths
 
 
 Logits = Callable[[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor]
@@ -47,9 +36,6 @@ def logits_function(engine: Any, ctx: Any) -> Tuple[Logits, Any]:
     """(inputs -> logits, the tensor-parallel group the logits' vocabulary is split over, or None) for the model
     as setup_for_inference returns it: a sequential model's own vocabulary shard, or under a pipeline of 2+
     stages the whole vocabulary's logits on every rank (PipelineRunner)."""
-    from megatron.model.gpt2_model import GPT2ModelPipe
-    from megatron.inference.text_generation import build_runner
-
     module = getattr(engine, "module", engine)
     if isinstance(module, GPT2ModelPipe) and module.num_stages > 1:
         runner = build_runner(engine, ctx.parallel_state, ctx.model_config)
@@ -63,8 +49,6 @@ def logits_function(engine: Any, ctx: Any) -> Tuple[Logits, Any]:
 def token_logps(model: Logits, samples: torch.Tensor, group=None) -> torch.Tensor:
     """[rows, n] float32 log p(token j | tokens before j) (0 at j = 0 and at -100 padding) of [rows, n] samples;
     `model` maps (tokens, position_ids, attention_mask) to logits split over `group`'s vocabulary shards."""
-    from megatron.model.batch import masks_and_position_ids
-
     inputs, targets = samples[:, :-1].clamp(min=0), samples[:, 1:]
     mask, _, positions = masks_and_position_ids(inputs, None, False)
     logits = model((inputs, positions, mask)).float()
@@ -79,7 +63,6 @@ def precompute_reference_logps(neox_args: Any, model: torch.nn.Module, ctx: Any)
     global rank 0 writes. `model`: the engine or module setup_for_inference returns."""
     import torch.distributed as dist
 
-    from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder, dataset_exists
 
     forward, group = logits_function(model, ctx)
     writes = not dist.is_initialized() or dist.get_rank() == 0

@@ -26,15 +26,15 @@ import torch
 
 from megatron.checkpoint.format import REFERENCE_FILE
 from megatron.mpu.host_collectives import broadcast_object, gather_object
+from megatron.model.gpt2_model import GPT2ModelPipe, GPT2ModelSequential, cast_model, model_dtype
+from megatron.post_training.dpo import sequence_logps
 
 
 class ReferenceModel:
     """Builds the reference (a GPT2ModelSequential whatever the policy's class) without touching the default
     RNG stream, so the policy trains on the random numbers it would draw without it. Off the last pipeline stage
     ``model`` is None (``holds`` False): those ranks only take part in ``copy_from`` and ``load``."""
-
     def __init__(self, config, parallel_state, fp32: bool = True) -> None:
-        from megatron.model.gpt2_model import GPT2ModelSequential, cast_model, model_dtype
 
         self.parallel_state, self.fp32 = parallel_state, fp32
         self.defer_logits = True  # start_reference sets what the policy's loss does
@@ -93,8 +93,6 @@ class ReferenceModel:
     def logps(self, inputs, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """[rows] summed log-probabilities of the labels (see megatron.post_training.dpo.sequence_logps); on the
         last pipeline stage only (``holds``)."""
-        from megatron.post_training.dpo import sequence_logps
-
         if self.model is None:
             raise RuntimeError("the reference model is held by the last pipeline stage only")
         logits = self.model(inputs, defer_logits=self.defer_logits)
@@ -118,8 +116,6 @@ def gather_pipeline_state(policy: torch.nn.Module, parallel_state) -> Optional[D
     """The state dict of a GPT2ModelPipe's whole model under GPT2ModelSequential's names, on the last stage of
     its pipeline group (None on the others; every stage must call it). The tied word embedding, present on the
     first and the last stage, is taken from the first stage (the one the pipeline trains)."""
-    from megatron.model.gpt2_model import GPT2ModelPipe
-
     mine = {GPT2ModelPipe.sequential_name(name): value.detach().cpu() for name, value in policy.state_dict().items()}
     ranks = parallel_state.group_ranks("pipe")
     stages = gather_object(mine, dst=ranks[-1], group=parallel_state.get_pipe_parallel_group())

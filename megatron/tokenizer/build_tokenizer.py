@@ -7,6 +7,10 @@ from typing import Any, List
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.errors import TokenizerError
+from megatron.tokenizer.char_level_tokenizer import CharLevelTokenizer
+from megatron.tokenizer.hf_tokenizer import GPT2BPETokenizer, HFGPT2Tokenizer, HFTokenizer
+from megatron.tokenizer.sentencepiece_tokenizer import SentencePieceTokenizer
+from megatron.tokenizer.tiktoken_tokenizer import TiktokenTokenizer
 
 TOKENIZER_TYPES = (
     "GPT2BPETokenizer",
@@ -50,27 +54,21 @@ def build_tokenizer_from(
     written in any case (`hftokenizer`), as GPT-NeoX's build_tokenizer accepts it."""
     tokenizer_type = {t.lower(): t for t in TOKENIZER_TYPES}.get(str(tokenizer_type).lower(), tokenizer_type)
     if tokenizer_type == "GPT2BPETokenizer":
-        from megatron.tokenizer.hf_tokenizer import GPT2BPETokenizer
 
         return GPT2BPETokenizer(vocab_file, merge_file)
     if tokenizer_type == "HFTokenizer":
-        from megatron.tokenizer.hf_tokenizer import HFTokenizer
 
         return HFTokenizer(vocab_file)
     if tokenizer_type == "HFGPT2Tokenizer":
-        from megatron.tokenizer.hf_tokenizer import HFGPT2Tokenizer
 
         return HFGPT2Tokenizer(vocab_file, merge_file)
     if tokenizer_type == "SPMTokenizer":
-        from megatron.tokenizer.sentencepiece_tokenizer import SentencePieceTokenizer
 
         return SentencePieceTokenizer(vocab_file)
     if tokenizer_type == "CharLevelTokenizer":
-        from megatron.tokenizer.char_level_tokenizer import CharLevelTokenizer
 
         return CharLevelTokenizer()
     if tokenizer_type == "TiktokenTokenizer":
-        from megatron.tokenizer.tiktoken_tokenizer import TiktokenTokenizer
 
         return TiktokenTokenizer(vocab_file)
     raise TokenizerError(f"tokenizer_type={tokenizer_type!r} is not known; use one of {', '.join(TOKENIZER_TYPES)}.")

@@ -118,7 +118,7 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     from megatron.model.gpt2_model import build_model
     from megatron.optim.optimizers import build_optimizer
 
-    from megatron.post_training import preference_loss
+    from megatron.post_training.objectives import preference_loss
 
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
     if neox_args.use_mup:  # base shapes on the parameters and muP's initialisation; then muP's optimizer groups
@@ -837,7 +837,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                     evaluate_split(valid_batches, "validation")
                     position["consumed_valid_samples"] += neox_args.eval_iters * neox_args.train_batch_size
                 if neox_args.eval_tasks:
-                    from megatron.evaluation import run_eval_tasks
+                    from megatron.evaluation.harness import run_eval_tasks
 
                     timers("eval").start()
                     results = run_eval_tasks(neox_args, engine, ctx, iteration)

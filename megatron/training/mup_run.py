@@ -23,6 +23,10 @@ from megatron.mpu.host_collectives import barrier
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, set_base_shapes
 from megatron.mup.rules import MODEL_KEYS
 from megatron.mup.shapes import BaseShapesError, base_hidden_size, read_base_shapes, write_base_shapes
+from megatron.errors import ConfigError
+from megatron.model.gpt2_model import build_model
+from megatron.mup.coord_check import coord_check, write_coord_check
+from megatron.optim.optimizers import build_optimizer
 
 COORD_CHECK_POWERS = range(2, 9)
 """GPT-NeoX's coordinate-check widths: num_attention_heads x 2^p for these p."""
@@ -39,8 +43,6 @@ def standalone(config: ModelConfig, **changes) -> ModelConfig:
 
 def _shapes_model(config: ModelConfig, parallel_state) -> nn.Module:
     """A model whose parameter shapes are config's: on the meta device (no memory) where its init allows."""
-    from megatron.model.gpt2_model import build_model
-
     try:
         with torch.device("meta"):
             return build_model(config, parallel_state)
@@ -79,10 +81,6 @@ def coord_check_widths(config: ModelConfig) -> List[int]:
 def run_coord_check(neox_args, config: ModelConfig, parallel_state, batch, rng_tracker=None) -> Dict[str, str]:
     """The coordinate check of the run's model (module docstring) at coord_check_widths; returns the files
     written, by kind (megatron.mup.coord_check.write_coord_check)."""
-    from megatron.model.gpt2_model import build_model
-    from megatron.mup.coord_check import coord_check, write_coord_check
-    from megatron.optim.optimizers import build_optimizer
-
     path = neox_args.base_shapes_file
     base = read_base_shapes(path)
     base_hidden = base_hidden_size(base, path)
@@ -134,8 +132,6 @@ def base_shapes_and_coord_check(neox_args, ctx, first_batch: Callable[[], object
 
 def _as_config_error(run: Callable[[], Any]) -> Any:
     """``run()``, a bad base shapes file reported as the ConfigError train.py prints (one line, no traceback)."""
-    from megatron.errors import ConfigError
-
     try:
         return run()
     except BaseShapesError as exc:

@@ -239,7 +239,8 @@ def _gpt_neox_checkpoint(tmp_path, args, iteration=6, yaml_extra="", tp=1, clien
 
 def test_a_gpt_neox_checkpoint_is_recognised_and_loaded(tmp_path):
     from megatron.checkpoint.engine import checkpoint_vocab_size
-    from megatron.checkpoint.format import GPT_NEOX, checkpoint_kind
+    from megatron.checkpoint.format import GPT_NEOX
+    from megatron.checkpoint.files import checkpoint_kind
 
     args = args_for(tmp_path)
     path = _gpt_neox_checkpoint(tmp_path, args)
@@ -288,7 +289,8 @@ def test_an_interrupted_save_without_neox_args_is_not_taken_for_gpt_neox(tmp_pat
 
 
 def test_an_old_layout_checkpoint_is_refused_for_training_with_the_upgrade_command(tmp_path):
-    from megatron.checkpoint.format import OURS_OLD, checkpoint_kind
+    from megatron.checkpoint.format import OURS_OLD
+    from megatron.checkpoint.files import checkpoint_kind
 
     args = args_for(tmp_path)
     path = save(args, 3, FakeEngine())

@@ -9,13 +9,8 @@ import pytest
 import torch
 
 from megatron.data.blendable_dataset import BlendableDataset, blending_indices, weights_by_num_documents
-from megatron.data.data_utils import (
-    build_data_loader,
-    build_train_valid_test_datasets,
-    make_data_loader,
-    repeating_iterator,
-    split_document_ranges,
-)
+from megatron.data.data_utils import build_data_loader, build_train_valid_test_datasets, make_data_loader, repeating_iterator
+from megatron.data.splits import split_document_ranges
 from megatron.errors import ConfigError, DataError
 from megatron.training_schedule import TrainingSchedule
 from tests.data.dataset_factory import make_docs, write_dataset

@@ -9,7 +9,8 @@ import pytest
 import torch
 import yaml
 
-from megatron.checkpoint.format import GPT_NEOX, LAYOUT_KEY, checkpoint_kind
+from megatron.checkpoint.format import GPT_NEOX, LAYOUT_KEY
+from megatron.checkpoint.files import checkpoint_kind
 from tests.checkpoint_conversion.engine_logits import engine_logits, runtime_config
 from tests.checkpoint_conversion.gpt_neox_files import (
     gpt_neox_yaml,

@@ -11,15 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.evaluation import (
-    EvalTaskError,
-    flat_metrics,
-    log_eval_results,
-    resolve_tasks,
-    results_path,
-    run_eval_tasks,
-    write_results,
-)
+from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
+from megatron.evaluation.harness import flat_metrics, log_eval_results, results_path, run_eval_tasks, write_results
 from megatron.initialize import RunContext
 from megatron.model.gpt2_model import build_model
 from megatron.mpu import RNGStatesTracker, SingleProcessState

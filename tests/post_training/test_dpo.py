@@ -8,7 +8,8 @@ import torch
 
 from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
-from megatron.post_training import DPOLoss, ReferenceModel, dpo_loss, sequence_logps
+from megatron.post_training.dpo import DPOLoss, dpo_loss, sequence_logps
+from megatron.post_training.reference import ReferenceModel
 from megatron.post_training.reference import start_reference
 from tests.model.helpers import random_batch, tiny_config
 

@@ -12,7 +12,8 @@ import torch
 from megatron.data.data_utils import build_train_valid_test_datasets
 from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
-from megatron.post_training import KTOLoss, ReferenceModel, kto_loss
+from megatron.post_training.kto import KTOLoss, kto_loss
+from megatron.post_training.reference import ReferenceModel
 from megatron.post_training.reference import start_reference
 from megatron.training_schedule import TrainingSchedule
 from tests.data.dataset_factory import write_dataset

@@ -9,7 +9,10 @@ import torch
 
 from megatron.model.gpt2_model import build_model
 from megatron.mpu import ParallelState, SingleProcessState
-from megatron.post_training import DPOLoss, KTOLoss, ReferenceModel, RewardLoss
+from megatron.post_training.dpo import DPOLoss
+from megatron.post_training.kto import KTOLoss
+from megatron.post_training.reference import ReferenceModel
+from megatron.model.reward_model import RewardLoss
 from megatron.post_training.reference import start_reference
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config

@@ -14,8 +14,9 @@ from megatron.model.batch import BatchOptions, get_batch
 from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
 from megatron.errors import ConfigError
-from megatron.neox_arguments.prelaunch import data_problems
-from megatron.post_training import DPOLoss, ReferenceModel
+from megatron.launch.prelaunch import data_problems
+from megatron.post_training.dpo import DPOLoss
+from megatron.post_training.reference import ReferenceModel
 from megatron.post_training.precompute import precompute_reference_logps
 from megatron.post_training.reference import start_reference
 from megatron.training_schedule import TrainingSchedule
@@ -68,7 +69,7 @@ def test_kto_reads_precomputed_logps_that_give_the_on_the_fly_losses(tmp_path: P
     reference model run on the fly."""
     from megatron.initialize import RunContext
     from megatron.model.config import ModelConfig
-    from megatron.post_training import KTOLoss
+    from megatron.post_training.kto import KTOLoss
     from megatron.post_training.reference import ReferenceModel
     from megatron.training.loop import _ModelBatches
 

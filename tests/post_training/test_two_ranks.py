@@ -17,7 +17,10 @@ import torch
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
-from megatron.post_training import DPOLoss, KTOLoss, ReferenceModel, RewardLoss
+from megatron.post_training.dpo import DPOLoss
+from megatron.post_training.kto import KTOLoss
+from megatron.post_training.reference import ReferenceModel
+from megatron.model.reward_model import RewardLoss
 from megatron.post_training.precompute import precompute_reference_logps
 from megatron.post_training.reference import start_reference
 from tests.data.dataset_factory import write_dataset

@@ -23,6 +23,8 @@ from __future__ import annotations
 from megatron.model.moe.layer import DroplessMoE
 from megatron.model.moe.stats import MoELayerBase, moe_layers, moe_metrics, set_aux_loss_scale
 from megatron.model.config import ModelConfig
+from megatron.model.moe.deepspeed_layer import DeepSpeedMoE
+from megatron.model.moe.expert_parallel import ExpertParallelDroplessMoE
 
 __all__ = ["DroplessMoE", "MoELayerBase", "build_moe_mlp", "moe_layers", "moe_metrics", "set_aux_loss_scale"]
 
@@ -36,11 +38,9 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
     if unbuilt:
         raise ValueError(f"mixture of experts with {', '.join(unbuilt)} is not supported yet")
     if config.moe_type == "deepspeed":
-        from megatron.model.moe.deepspeed_layer import DeepSpeedMoE
 
         return DeepSpeedMoE(config, parallel_state, initializer, layer_number)
     if config.moe_expert_parallel_size > 1:
-        from megatron.model.moe.expert_parallel import ExpertParallelDroplessMoE
 
         return ExpertParallelDroplessMoE(config, parallel_state, initializer, layer_number)
     return DroplessMoE(config, parallel_state, initializer, layer_number)

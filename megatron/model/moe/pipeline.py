@@ -24,6 +24,7 @@ pipeline, megatron.training.loop), summed over the stages. (ZeRO 1 computes a wh
 from __future__ import annotations
 
 import os
+from megatron.mpu.grad_norm import clip_grad_norm
 
 EXPERT_MARK = ".deepspeed_moe.experts."
 """What every expert parameter's name holds (DeepSpeed's layer and the expert-parallel dropless layer)."""
@@ -35,7 +36,6 @@ def adapt_pipeline_moe_engine(engine, parallel_state) -> bool:
     this stage has them."""
     from deepspeed.runtime.pipe.engine import PipelineEngine
 
-    from megatron.mpu.grad_norm import clip_grad_norm
 
     if not isinstance(engine, PipelineEngine):
         return False

@@ -14,7 +14,7 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from megatron.post_training.metrics import MetricSums, preference_metrics
+from megatron.model.preference_metrics import MetricSums, preference_metrics
 
 
 def sequence_rewards(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

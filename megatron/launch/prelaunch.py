@@ -25,6 +25,15 @@ from typing import List, Optional, Tuple
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
 from megatron.neox_arguments.launcher import active_hosts, multi_node_launch
+from megatron.checkpoint.format import resume_tag
+from megatron.checkpoint.run_lock import lock_problem
+from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists, dataset_path_problem
+from megatron.errors import DataError
+from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
+from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES
+from megatron.post_training.data_paths import precomputed_path, reference_paths
+from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
+from megatron.training_schedule import iterations_for_epochs, training_iterations
 
 TRAINING_SCRIPTS = ("train.py",)
 MODEL_SCRIPTS = ("train.py", "generate.py", "eval.py")
@@ -42,8 +51,6 @@ def script_name(args: NeoXArgsSchema) -> str:
 def data_problems(args: NeoXArgsSchema) -> List[str]:
     """Every data path (data_path, {train,valid,test}_data_paths, their pos_/neg_ pairwise forms,
     *_label_data_paths, *_reward_data_paths) whose .bin/.idx is missing."""
-    from megatron.data.indexed_dataset import dataset_path_problem
-
     paths: List[Tuple[str, str]] = []
     if args.data_path:
         paths.append(("data_path", args.data_path))
@@ -62,8 +69,6 @@ def precomputed_problems(args: NeoXArgsSchema) -> List[str]:
     (megatron.post_training.precompute); missing ones are named with the command that writes them."""
     if args.train_impl not in ("dpo", "kto") or not args.precompute_model_name or args.text_gen_type == "precompute":
         return []
-    from megatron.data.indexed_dataset import dataset_exists
-    from megatron.post_training.precompute import precomputed_path, reference_paths
 
     name = args.precompute_model_name
     missing = [path for path in (precomputed_path(p, name) for p in reference_paths(args)) if not dataset_exists(path)]
@@ -75,9 +80,6 @@ def precomputed_problems(args: NeoXArgsSchema) -> List[str]:
 def pairwise_length_problems(args: NeoXArgsSchema) -> List[str]:
     """dataset_impl 'pairwise': each chosen (pos_*) dataset must hold as many sequences as its rejected (neg_*)
     one, and labels as many as their data (read from the .idx headers, before any worker starts)."""
-    from megatron.errors import DataError
-    from megatron.data.indexed_dataset import MMapIndexedDataset
-
     if args.dataset_impl != "pairwise":
         return []
     problems = []
@@ -100,8 +102,6 @@ def pairwise_length_problems(args: NeoXArgsSchema) -> List[str]:
 
 
 def tokenizer_problems(args: NeoXArgsSchema) -> List[str]:
-    from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
-
     return tokenizer_file_problems(args.tokenizer_type, args.vocab_file, args.merge_file)
 
 
@@ -147,7 +147,6 @@ def save_problems(args: NeoXArgsSchema) -> List[str]:
     except OSError as exc:
         return [f"save='{save}' is not writable: creating a file in '{existing}' failed ({exc.strerror or exc}); "
                 f"choose a directory this user can write, on a writable filesystem"]
-    from megatron.checkpoint.run_lock import lock_problem
 
     in_use = lock_problem(save)
     return [in_use] if in_use else []
@@ -157,7 +156,6 @@ def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
     """The iteration of the checkpoint `load/latest` names, or None."""
     if not load:
         return None
-    from megatron.checkpoint.format import resume_tag
 
     tag = resume_tag(load)[0]
     match = re.fullmatch(r"global_step(\d+)", tag or "")
@@ -176,12 +174,10 @@ def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
         return None
     train_iters, limit = args.train_iters, f"train_iters={args.train_iters}"
     if train_iters is None and args.train_samples is not None and args.train_batch_size:
-        from megatron.training_schedule import training_iterations
 
         train_iters = training_iterations(args)
         limit = f"train_samples={args.train_samples} ({train_iters} iterations)"
     elif train_iters is None and args.train_epochs is not None:
-        from megatron.training_schedule import iterations_for_epochs
 
         try:
             train_iters = iterations_for_epochs(args)
@@ -208,8 +204,6 @@ def sample_input_problems(args: NeoXArgsSchema) -> List[str]:
 def eval_task_problems(args: NeoXArgsSchema) -> List[str]:
     """eval_tasks entries that name a local file or directory which is missing or holds no task (task names of
     lm-eval's registry are looked up by the workers, which load lm-eval)."""
-    from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
-
     if script_name(args) != "eval.py" and not args.eval_tasks:
         return []
     try:
@@ -293,7 +287,6 @@ def shell_problems(args: NeoXArgsSchema, master_addr: Optional[str], environ=Non
     if args.launcher == "pdsh" and multi_node_launch(args):
         from deepspeed.launcher.runner import EXPORT_ENVS
 
-        from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES
 
         words = {"the working directory": os.path.abspath("."), "the user script": args.user_script or ""}
         words.update({f"the variable {name}": value for name, value in environ.items()

@@ -11,7 +11,7 @@ from megatron.checkpoint_conversion import hf_gptneox, hf_llama
 from megatron.checkpoint.neox_checkpoint import flat_state_dict
 from megatron.model.gpt2_model import build_model
 from megatron.mpu import SingleProcessState
-from megatron.post_training import RewardLoss, sequence_rewards
+from megatron.model.reward_model import RewardLoss, sequence_rewards
 from tests.checkpoint_conversion.helpers import batch_inputs
 from tests.model.helpers import tiny_config
 
