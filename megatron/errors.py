@@ -9,7 +9,7 @@ catches them from one place. Each names the file, key or flag that is wrong and 
 * TokenizerError: a tokenizer that cannot be built from the given arguments.
 * ConversionError: a checkpoint or configuration that cannot be converted (the command-line tools print it and exit 2).
 
-Imports nothing of the project."""
+May import: nothing of megatron."""
 
 from typing import Iterable, List
 

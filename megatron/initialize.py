@@ -2,7 +2,9 @@
 layout, seed the RNG streams, build the tokenizer and the model's ModelConfig (padded vocabulary included).
 
 The result is a RunContext handed to the training / generation / evaluation code, so that nothing about
-the run lives in module globals and the validated NeoXArgs are never changed."""
+the run lives in module globals and the validated NeoXArgs are never changed.
+
+May import: megatron.errors, utils, tokenizer, mpu, model, optim, checkpoint, neox_arguments."""
 
 import dataclasses
 import datetime

@@ -21,7 +21,9 @@ Rules (as GPT-NeoX documents them):
 * checkpoints at every checkpoint_factor iterations (checkpoint_scale linear) or at its powers (log),
   plus extra_save_iters.
 * samples: train train_iters x B, valid (train_iters // eval_interval + 1) x eval_iters x B, test
-  eval_iters x B (B = train_batch_size)."""
+  eval_iters x B (B = train_batch_size).
+
+May import: megatron.data."""
 
 from __future__ import annotations
 

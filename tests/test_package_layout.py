@@ -173,7 +173,7 @@ def layer_of(unit: str) -> int:
     for index, layer in enumerate(LAYERS):
         if unit in layer:
             return index
-    raise AssertionError(f"{unit} is in no layer of tests/test_package_layout.LAYERS: add it there and to DESIGN.md")
+    raise AssertionError(f"{unit} is in no layer of tests/test_package_layout.LAYERS: add it there and to docs/architecture.md")
 
 
 def test_every_package_is_in_a_layer():
@@ -208,3 +208,63 @@ def test_the_layer_check_sees_a_package_init():
     graph = full_import_graph()
     assert {"megatron.model", "megatron.model.config"} <= graph["megatron.checkpoint.neox_checkpoint"]
     assert "megatron.model" not in graph["megatron.model.gpt2_model"]  # its own package is imported before it
+
+
+def declared_imports(unit: str) -> Set[str]:
+    """The units a package's ``__init__`` (or a top-level module's) docstring says it may import: its last line
+    ``May import: megatron.a, b, c.`` (or ``nothing of megatron`` / ``every package of megatron but x and y``)."""
+    path = REPO / unit.replace(".", "/")
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+    assert lines, f"{path.relative_to(REPO)}: its docstring does not say what it may import ('May import: ...')"
+    text = " ".join(lines[-1][len("May import:"):].split()).rstrip(".")
+    units = {u for layer in LAYERS for u in layer}
+    if text == "nothing of megatron":
+        return set()
+    if text.startswith("every package of megatron but "):
+        return {u for u in units if layer_of(u) < layer_of(unit)} - {
+            f"megatron.{name}" for name in text[len("every package of megatron but "):].split(" and ")}
+    return {name if name.startswith("megatron.") else f"megatron.{name}" for name in text.split(", ")}
+
+
+def test_each_package_says_what_it_may_import_and_keeps_to_it():
+    graph = full_import_graph()
+    problems = []
+    for layer in LAYERS:
+        for unit in layer:
+            declared = declared_imports(unit)
+            lower = {u for below in LAYERS[:layer_of(unit)] for u in below}
+            actual = {unit_of(t) for m, targets in graph.items() if unit_of(m) == unit for t in targets} - {unit}
+            if declared - lower:
+                problems.append(f"{unit} says it may import {sorted(declared - lower)}, which are not below it")
+            if actual - declared:
+                problems.append(f"{unit} imports {sorted(actual - declared)}, which its docstring does not allow")
+    assert not problems, "\n".join(problems)
+
+
+def megatron_entries() -> Set[str]:
+    """``name/`` for each package directly under megatron/, ``name.py`` for each module there but __init__."""
+    root = REPO / "megatron"
+    return ({f"{p.name}/" for p in root.iterdir() if (p / "__init__.py").is_file()}
+            | {p.name for p in root.glob("*.py") if p.name != "__init__.py"})
+
+
+def test_at_most_five_modules_directly_under_megatron():
+    modules = sorted(p.name for p in (REPO / "megatron").glob("*.py"))
+    assert len(modules) <= 5, modules
+
+
+def test_readme_map_and_architecture_page_match_the_tree():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("## Layout"):].split("```")[1]
+    in_readme = {line.split()[0] for line in block.splitlines() if line.startswith("  ") and line[2] != " "}
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = {cell.strip().strip("`")[len("megatron/"):] for line in page.splitlines() if line.startswith("| ")
+            for cell in line.split("|")[2:3] if cell.strip().startswith("`megatron/")}
+    assert in_readme == megatron_entries(), (in_readme ^ megatron_entries())
+    assert rows == megatron_entries(), (rows ^ megatron_entries())
+    cells = [line.split("|")[2].strip() for line in page.splitlines() if line.startswith("| ")]
+    order = [f"megatron.{cell.strip('`')[len('megatron/'):].rstrip('/').removesuffix('.py')}" for cell in cells
+             if cell.startswith("`megatron/")]
+    assert [layer_of(unit) for unit in order] == sorted(layer_of(unit) for unit in order), "docs order != LAYERS"

@@ -2,5 +2,5 @@
 light: the launcher checks task names with it before any process starts) and running / reporting (harness). Running
 tasks without lm-eval raises MissingOptionalDependency naming eval_tasks.
 
-May import: megatron.errors, utils, mpu, model, observability, inference. This file imports nothing.
+May import: megatron.errors, utils, mpu, model, observability, inference.
 """

@@ -24,6 +24,8 @@ bias_dropout_add               bias_dropout_fusion                    (x, bias|N
 swiglu                         use_flashattn_swiglu                   (gate, up) -> silu(gate) * up
 cross_entropy                  from_args(..., fused_cross_entropy=)   (logits [t, v], targets int64 [t], ignore_index)
 =============================  =====================================  =========================================
+
+May import: nothing of megatron.
 """
 from __future__ import annotations
 

@@ -5,7 +5,5 @@ Owns ``config.ModelConfig`` (the frozen description of the network, built once p
 pipe_parallel_size >= 1, GPT2ModelSequential otherwise), ``batch`` (inputs, masks, position ids) and the blocks
 (attention, MLP, MoE, Mamba, RWKV, gMLP).
 
-May import: megatron.errors, utils, fused_kernels, mpu, mup, data. Never neox_arguments: the model sees
-ModelConfig only. This file imports nothing, so that ``megatron.model.config`` stays cheap (no torch) for
-the launcher, which validates the model before any process starts.
+May import: megatron.errors, utils, fused_kernels, mpu, mup, data.
 """

@@ -2,7 +2,10 @@
 of tokens together with the output head's matmul), RNG streams and batch broadcast; and
 megatron.mpu.host_collectives, the one home for the values that cross ranks outside the model (flags, counts,
 metrics, norms, objects: on the group's device, NCCL's or gloo's). Nothing here keeps global state; pass a
-ParallelState around."""
+ParallelState around.
+
+May import: nothing of megatron.
+"""
 from megatron.mpu.collectives import (
     copy_to_model_parallel_region,
     gather_from_model_parallel_region,

@@ -1,5 +1,8 @@
 """GPT-NeoX arguments: the typed schema (groups/), YAML loading, validation, derived values, the DeepSpeed
-config and the launcher argv. See arguments.py for the life cycle."""
+config and the launcher argv. See arguments.py for the life cycle.
+
+May import: megatron.errors, utils, tokenizer, mpu, mup, data, training_schedule, model, optim, checkpoint, observability.
+"""
 
 from megatron.neox_arguments.arguments import NeoXArgs, argument_types
 from megatron.errors import ConfigError, NeoXConfigWarning

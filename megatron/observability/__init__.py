@@ -2,5 +2,5 @@
 DeepSpeed monitors), FLOPs per token / TFLOP/s / MFU with one formula (flops), DeepSpeed's communication
 summary (comms_logging) and the named timers (timers).
 
-May import: megatron.errors, utils, mpu, model (ModelConfig, expert names).
+May import: megatron.errors, utils, mpu, model.
 """

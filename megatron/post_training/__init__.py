@@ -3,5 +3,5 @@ reference model (reference), the reference log-probabilities computed ahead of t
 and the choice between them (objectives). A reward model ('rm': value head and Bradley-Terry loss) is a model
 variant: megatron.model.reward_model.
 
-May import: megatron.errors, utils, mpu, data, model, checkpoint, inference. This file imports nothing.
+May import: megatron.errors, utils, mpu, data, model, checkpoint, inference.
 """

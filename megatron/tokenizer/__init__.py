@@ -1,5 +1,8 @@
 """Tokenizers chosen by `tokenizer_type`, one interface (`AbstractTokenizer`). (The padded vocabulary is the
-model's: megatron.model.config.padded_vocab_size.)"""
+model's: megatron.model.config.padded_vocab_size.)
+
+May import: megatron.errors.
+"""
 
 from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.tokenizer.build_tokenizer import (

@@ -1,5 +1,5 @@
 """Small helpers every layer may use: optional third-party packages (optional_deps), torch.compile on demand
 (lazy_compile), per-rank log files (rank_logs), the DeepSpeed op-build environment (deepspeed_ops).
 
-May import: megatron.errors and third-party packages only.
+May import: megatron.errors.
 """
