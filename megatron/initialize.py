@@ -40,8 +40,6 @@ class RunContext:
 
     def destroy(self) -> None:
         """Tear down the process groups (barrier first: a worker leaving right after a collective can abort)."""
-        import torch.distributed as dist
-
         if dist.is_initialized():
             barrier()
             self.parallel_state.destroy()

@@ -111,6 +111,7 @@ class BatchRampup:
     """rampup_batch_size [start, increment, samples] toward the global batch (Megatron-LM's
     RampupBatchsizeNumMicroBatches): after c consumed samples the batch is
     min(start + increment x floor(c / (samples / n)), global) with n = (global - start) / increment."""
+
     start: int
     increment: int
     samples: int
@@ -170,6 +171,7 @@ def schedule_length(neox_args, train_iters: int) -> int:
 @dataclass(frozen=True)
 class TrainingSchedule:
     """The run's iteration counts and the steps at which things happen (see the module docstring)."""
+
     train_iters: int
     train_batch_size: int
     decay_iters: float
@@ -211,6 +213,7 @@ class TrainingSchedule:
 
 class OverflowGuard:
     """Counts skipped (overflowed) optimizer steps and stops a run that only overflows."""
+
     def __init__(self, limit: int = MAX_CONSECUTIVE_SKIPPED_STEPS) -> None:
         self.limit = limit
         self.in_a_row = 0

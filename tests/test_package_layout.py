@@ -3,6 +3,9 @@ import runs down the declared LAYERS, and megatron is imported at module level o
 tested and imported on its own, and the layers in DESIGN.md are the code's, not a wish."""
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
@@ -268,3 +271,64 @@ def test_readme_map_and_architecture_page_match_the_tree():
     order = [f"megatron.{cell.strip('`')[len('megatron/'):].rstrip('/').removesuffix('.py')}" for cell in cells
              if cell.startswith("`megatron/")]
     assert [layer_of(unit) for unit in order] == sorted(layer_of(unit) for unit in order), "docs order != LAYERS"
+
+
+def core_packages() -> Set[str]:
+    """The import names of requirements/requirements.txt (what every install has), and psutil (DeepSpeed's)."""
+    names = {"pyyaml": "yaml"}
+    found = {"psutil"}
+    for line in (REPO / "requirements" / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name = re.split(r"[<>=!~\[ ]", line)[0].lower()
+            found.add(names.get(name, name.replace("-", "_")))
+    return found
+
+
+def launcher_modules() -> Set[str]:
+    """The megatron modules deepy.py imports: they keep torch, DeepSpeed and numpy for inside the functions that
+    need them, so that the launcher starts in a fraction of a second (tests/launch/test_prelaunch.py)."""
+    code = ("import sys, importlib.util; sys.argv = ['deepy.py']; "
+            "spec = importlib.util.spec_from_file_location('deepy', 'deepy.py'); "
+            "spec.loader.exec_module(importlib.util.module_from_spec(spec)); "
+            "print(' '.join(m for m in sys.modules if m.startswith('megatron')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+PLATFORM_ONLY = {"fcntl"}
+"""Standard-library modules that exist only on some systems (fcntl: POSIX), imported where they are used."""
+LAUNCHER_DEFERRED = {"torch", "deepspeed", "numpy"}
+
+
+def guarded_imports(tree: ast.AST) -> Set[int]:
+    """ids of the import statements inside ``try: ... except ImportError`` (the code handles their absence)."""
+    guarded: Set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any("ImportError" in ast.dump(h.type) or "ModuleNotFoundError"
+                                             in ast.dump(h.type) for h in node.handlers if h.type is not None):
+            guarded |= {id(inner) for stmt in node.body for inner in ast.walk(stmt)}
+    return guarded
+
+
+def test_only_optional_packages_are_imported_inside_functions():
+    """Inside a function: an optional package (not in requirements.txt), one whose absence the code handles
+    (``except ImportError``), a platform-only module, or torch / DeepSpeed / numpy in a module the launcher imports.
+    Everything else at the top, where a reader sees what a module needs."""
+    core, launcher = core_packages(), launcher_modules()
+    inside = []
+    for path in sorted((REPO / "megatron").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(node) for node in tree.body}
+        top |= {id(node) for block in tree.body if isinstance(block, ast.If) for node in block.body}
+        guarded, module = guarded_imports(tree), module_name(path)
+        for node in ast.walk(tree):
+            if id(node) in top or id(node) in guarded or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            for root in {name.split(".")[0] for name in names} - {"megatron"}:  # megatron: the test above
+                optional = root not in core and root not in sys.stdlib_module_names and root != "megatron"
+                if optional or root in PLATFORM_ONLY or (module in launcher and root in LAUNCHER_DEFERRED):
+                    continue
+                inside.append(f"{path.relative_to(REPO)}:{node.lineno} imports {root}")
+    assert not inside, "imports inside functions that belong at the top:\n" + "\n".join(inside)

@@ -63,6 +63,7 @@ from megatron.checkpoint.non_persistent import keep_only, newer_checkpoint, non_
 from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
 from megatron.model.config import expand_attention_config
 from megatron.checkpoint.format import gpt_neox_gmlp_problem, gpt_neox_mamba_problem
+from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 
 def _rng_states() -> Dict[str, Any]:
@@ -181,7 +182,6 @@ def complete_checkpoint(path: str, iteration: int, keep_last: Optional[int], onl
     _write_atomically(os.path.join(save_dir, LATEST_FILE), os.path.basename(path))
     _remove_stray_temporaries(save_dir)
     if only:
-
         keep_only(save_dir, os.path.basename(path))
     else:
         _prune(save_dir, keep_last)
@@ -263,7 +263,6 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
             raise CheckpointError(f"iteration={neox_args.iteration}: no checkpoint {os.path.join(load_dir, tag)}; "
                                   f"complete ones: {complete_tags(load_dir) or 'none'}")
     else:
-
         tag, note = resume_tag(load_dir)
         load_dir, tag, newer = newer_checkpoint(neox_args, load_dir, tag)
         note = newer or note
@@ -401,7 +400,6 @@ def _checkpoint_path(neox_args) -> Optional[str]:
         return None
     load_dir, tag = neox_args.load, tag_for(neox_args.iteration) if neox_args.iteration is not None else None
     if tag is None:
-
         load_dir, tag, _ = newer_checkpoint(neox_args, load_dir, resume_tag(load_dir)[0])
     path = os.path.join(load_dir, tag) if tag else None
     return path if path and os.path.isdir(path) else None
@@ -414,7 +412,6 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     resolved = resolve_checkpoint(neox_args, model_config)
     if resolved is None:
         return 0, {}, None
-    from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
     load_dir, tag = resolved
     finetune = neox_args.finetune

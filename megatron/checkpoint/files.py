@@ -14,7 +14,12 @@ import os
 import pickle
 from typing import Any, Dict, List
 
+import numpy as np
 import torch
+from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+from deepspeed.runtime.zero.config import ZeroStageEnum
+from deepspeed.utils.tensor_fragment import fragment_address
 
 from megatron.checkpoint.format import (ARGS_FILE, GPT_NEOX, LAYOUT, LAYOUT_KEY, MP_FILE, OURS, OURS_OLD, model_files,
                                         read_saved_args)
@@ -23,19 +28,11 @@ from megatron.errors import CheckpointError
 
 def checkpoint_globals() -> List[Any]:
     """The classes and functions (besides torch's own) a checkpoint may name."""
-    import numpy as np
-
     allowed: List[Any] = [np.ndarray, np.dtype]
     core = getattr(np, "_core", None) or np.core  # numpy 2 / numpy 1
     allowed.append(core.multiarray._reconstruct)
     allowed += [type(np.dtype(name)) for name in ("uint32", "int64", "float64", "float32", "int32")]
     allowed.append(core.multiarray.scalar)
-    try:
-        from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-        from deepspeed.runtime.zero.config import ZeroStageEnum
-        from deepspeed.utils.tensor_fragment import fragment_address
-    except ImportError:  # conversion tools without DeepSpeed: its optimizer files are not read there
-        return allowed
     return allowed + [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
@@ -65,8 +62,6 @@ def load_checkpoint_file(path: str, mmap: bool = False, map_location: Any = "cpu
 def use_safe_loading(engine) -> None:
     """Make DeepSpeed's engine read its checkpoint files (model, optimizer, pipeline layers, experts) through
     load_checkpoint_file; its default reader unpickles anything."""
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-
     reader = getattr(engine, "checkpoint_engine", None)
     if type(reader) is TorchCheckpointEngine:  # other engines (e.g. asynchronous saving) are left as they are
         reader.load = lambda path, map_location=None: load_checkpoint_file(path, map_location=map_location)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.serialization as serialization
 import xxhash
+import io
 
 BLOCK = 4096
 """O_DIRECT's alignment (the largest logical block size of common disks; a page)."""
@@ -98,7 +99,6 @@ class DirectFile:
 
     def flush(self) -> None:
         """Nothing to do before close: the staged bytes are not a whole block yet."""
-
     def _drain(self) -> None:
         if self._staged:
             with memoryview(self._staging) as staged:
@@ -164,8 +164,6 @@ def _crc32_free_save(obj: Any, file) -> None:
 
 def _crc32_free_save_available() -> bool:
     """Whether torch's internals are the ones _crc32_free_save calls (checked once on a tiny object)."""
-    import io
-
     class Probe(io.BytesIO):
         pass
 

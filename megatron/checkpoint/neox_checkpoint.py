@@ -53,6 +53,8 @@ from megatron.checkpoint.files import load_checkpoint_file
 from megatron.model.gpt2_model import slot_prefixes
 from megatron.model.moe.layer import stack_expert_parallel_experts
 from megatron.model.moe.pipeline import expert_slot_states
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+import deepspeed
 
 FLAT, SLOTS = "flat", "slots"
 """This project's older layouts (see the module docstring)."""
@@ -62,6 +64,7 @@ FLAT, SLOTS = "flat", "slots"
 class NeoxCheckpoint:
     """A merged checkpoint: the model's full tensors under flat names, the run's arguments (a NeoXArgs dict, or
     a GPT-NeoX checkpoint's YAML values), the model they describe, and where the files came from."""
+
     state: Dict[str, torch.Tensor]
     args: Dict[str, Any]
     config: ModelConfig
@@ -78,7 +81,6 @@ def resolve_checkpoint_dir(path: str) -> str:
         raise ConversionError(f"--input_dir {path!r} does not exist; pass a checkpoint directory such as "
                               f"save/global_step1000")
     if not model_files(path):
-
         tag = resume_tag(path)[0]  # what `latest` names, or the newest complete checkpoint when it is damaged
         if tag:
             path = os.path.join(path, tag)
@@ -270,7 +272,6 @@ def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: i
             per_slot.setdefault(slot, {})[rank] = (f, _load(f))
         _add_pipeline_experts(files, tp, per_slot)
     else:
-
         experts: Dict[int, Dict[str, torch.Tensor]] = {}  # DeepSpeed's MoE experts, saved in files of their own
         for f in files:
             match = EXPERT_FILE.search(os.path.basename(f))
@@ -321,8 +322,6 @@ def _add_pipeline_experts(files: List[str], tp: int, per_slot: Dict[int, Dict[in
 def _read_zero3(path: str, config: ModelConfig, old: Optional[str]) -> Dict[int, Dict[str, torch.Tensor]]:
     """ZeRO-3 (P == 0, T == 1): the consolidated fp32 parameters (named_parameters' names: a shared rpe table
     appears under its first layer only)."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
     mp = {re.search(r"mp_rank_(\d+)", os.path.basename(f)).group(1) for f in model_files(path)}
     if len(mp) != 1:
         raise ConversionError(f"{path}: ZeRO-3 checkpoints with model_parallel_size > 1 are not supported by "
@@ -380,8 +379,6 @@ def sequential_state_dict(state: Mapping[str, torch.Tensor], num_layers: int) ->
 
 def _engine_metadata(mp_world: int, tp: int, pp: int, iteration: int) -> Dict[str, Any]:
     """The non-weight entries DeepSpeed's engine writes into (and reads back from) mp_rank_* files."""
-    import deepspeed
-
     return {"buffer_names": [], "optimizer": None, "param_shapes": None, "frozen_param_shapes": None,
             "shared_params": None, "frozen_param_fragments": None, "lr_scheduler": None, "data_sampler": None,
             "random_ltd": None, "skipped_steps": 0, "global_steps": iteration, "global_samples": 0,

@@ -51,6 +51,9 @@ from megatron.model.config import ModelConfig
 from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint.neox_checkpoint import read_checkpoint
 from megatron.errors import ConversionError
+from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
+from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
 
 def layout_of(values: Mapping[str, Any]) -> Dict[str, int]:
@@ -134,10 +137,6 @@ def _local(name: str, full: torch.Tensor, config: ModelConfig, tp_rank: int) -> 
 def _engine_kind(engine) -> str:
     """"zero0", "zero12" or "zero3": where the engine keeps weights and optimizer state; CheckpointError for an
     optimizer this module cannot fill."""
-    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
-    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
-    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
-
     optimizer = engine.optimizer
     if getattr(optimizer, "swap_optimizer", False) or getattr(optimizer, "params_in_nvme_and_cpu", False):
         raise CheckpointError("resuming a checkpoint saved in another parallel layout with ZeRO offloading to NVMe "

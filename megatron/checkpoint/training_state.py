@@ -45,6 +45,7 @@ _MODEL_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.
 @dataclasses.dataclass
 class TrainingState:
     """A checkpoint's training state, independent of its layout."""
+
     params: Dict[str, Dict[str, Any]]
     """{flat name: {FP32: full value, state key: full tensor, or a scalar such as Adam's step}}."""
     zero_stage: int

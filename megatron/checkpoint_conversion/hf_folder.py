@@ -9,6 +9,7 @@ import torch
 
 from megatron.checkpoint_conversion.common import transformers_module
 from megatron.errors import ConversionError
+from safetensors.torch import load_file, save_file
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHTS_FILE = "model.safetensors"
@@ -28,8 +29,6 @@ def load_hf_config(hf_dir: str) -> Any:
 
 def load_hf_weights(hf_dir: str) -> Dict[str, torch.Tensor]:
     """Every tensor of ``hf_dir``: model.safetensors, a sharded safetensors index, or pytorch_model.bin."""
-    from safetensors.torch import load_file
-
     single = os.path.join(hf_dir, WEIGHTS_FILE)
     if os.path.isfile(single):
         return load_file(single)
@@ -61,8 +60,6 @@ def load_hf_folder(hf_dir: str) -> Tuple[Any, Dict[str, torch.Tensor]]:
 
 def save_hf_folder(out_dir: str, config: Any, state: Mapping[str, torch.Tensor], precision: str = "fp32") -> None:
     """config.json and model.safetensors with every floating tensor cast to ``precision``."""
-    from safetensors.torch import save_file
-
     if precision not in DTYPES:
         raise ConversionError(f"--precision {precision!r}: choose one of {', '.join(DTYPES)}")
     dtype = DTYPES[precision]

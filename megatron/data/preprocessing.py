@@ -23,6 +23,7 @@ import numpy as np
 from megatron.errors import DataError
 from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer_from
+from tqdm import tqdm
 
 Document = dict[str, str]
 Encoded = dict[str, np.ndarray]  # output name (e.g. "text_document") -> token ids
@@ -30,6 +31,7 @@ Encoded = dict[str, np.ndarray]  # output name (e.g. "text_document") -> token i
 
 class EncoderSpec(Protocol):
     """Picklable recipe; `build()` runs once per worker and returns the batch encoding function."""
+
     def build(self) -> Callable[[list[Document]], list[Encoded]]: ...
 
     def output_dtypes(self) -> dict[str, type]: ...
@@ -46,6 +48,7 @@ def _fix_text(text: str) -> str:
 @dataclass(frozen=True)
 class TextEncoderSpec:
     """Plain pretraining data: each key's text becomes one sequence in `{key}_document`."""
+
     tokenizer_type: str
     vocab_file: str | None = None
     merge_file: str | None = None
@@ -166,6 +169,7 @@ def encode_documents(
 @dataclass
 class Throughput:
     """Counts for the progress bar and the final report."""
+
     documents: int = 0
     tokens: int = 0
     start: float = field(default_factory=time.perf_counter)
@@ -210,7 +214,6 @@ def write_indexed_datasets(
     stats = Throughput()
     bar = None
     if progress:
-        from tqdm import tqdm
 
         bar = tqdm(unit="docs", file=sys.stderr, mininterval=0.5, miniters=log_interval, dynamic_ncols=True)
     try:

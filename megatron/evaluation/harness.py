@@ -26,6 +26,7 @@ from megatron.evaluation.tasks import resolve_tasks, task_manager
 from megatron.inference.text_generation import build_runner, max_sequence_length
 from megatron.observability.training_logger import MetricSinks
 from megatron.utils.optional_deps import MissingOptionalDependency
+from importlib.metadata import version
 
 BOOTSTRAP_ITERS = 1000
 """Bootstrap resamples for the standard errors of non-mean metrics (lm-eval's default, 100000, takes
@@ -91,7 +92,6 @@ MIN_LM_EVAL_FOR_DATA_PARALLEL = (0, 4, 12)
 
 
 def _check_lm_eval_version(parallel_state) -> None:
-    from importlib.metadata import version
 
 
     installed = version("lm-eval")

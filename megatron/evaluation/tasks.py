@@ -16,6 +16,7 @@ import os
 from typing import List, Sequence
 
 import yaml
+import difflib
 
 
 class EvalTaskError(ValueError):
@@ -85,8 +86,6 @@ def resolve_tasks(entries: Sequence[str]) -> TaskSelection:
 
 def task_manager(selection: TaskSelection):
     """lm-eval's TaskManager for the selection; unknown names raise EvalTaskError listing close ones."""
-    import difflib
-
     from lm_eval.tasks import TaskManager
 
     manager = TaskManager(include_path=selection.include_paths or None,

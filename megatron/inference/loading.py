@@ -29,6 +29,7 @@ from megatron.errors import ConfigError, ConversionError
 from megatron.model.checkpoint_layout import from_neox, slot_kind, to_neox
 from megatron.model.embedding import Embedding
 from megatron.model.gpt2_model import GPT2ModelPipe, build_model, slot_prefixes
+import deepspeed
 
 PIPELINE_SCHEDULE_CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
 """The DeepSpeed config of the inference PipelineEngine: one micro-batch per eval_batch call."""
@@ -83,12 +84,10 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
     """(the model, or its PipelineEngine with pipe_parallel_size > 1, in eval mode; run context; the
     checkpoint's iteration)."""
     if neox_args.train_impl == "rm":
-
         raise ConfigError(["train_impl 'rm': a reward model scores sequences and has no vocabulary head, so "
                            "generate.py / eval.py cannot use it; score with the model converted to transformers' "
                            "*ForSequenceClassification (tools/ckpts/convert_neox_to_hf.py)"])
     if neox_args.context_parallel_size > 1:
-
         raise ConfigError([f"context_parallel_size={neox_args.context_parallel_size}: generate.py / eval.py with "
                            f"context parallelism is not supported yet (decoding keeps whole sequences); set "
                            f"context_parallel_size: 1, the checkpoint loads unchanged"])
@@ -109,8 +108,6 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
         iteration = int(tag[len("global_step"):]) if tag[len("global_step"):].isdigit() else 0
     model.eval()
     if ctx.model_config.is_pipe_parallel and ctx.parallel_state.get_pipe_parallel_world_size() > 1:
-        import deepspeed
-
         engine, _, _, _ = deepspeed.initialize(model=model, config=dict(PIPELINE_SCHEDULE_CONFIG),
                                                dist_init_required=False)
         engine.eval()

@@ -47,6 +47,7 @@ class GenerationError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """temperature / top_k / top_p as in GPT-NeoX: greedy (argmax) when all three are zero."""
+
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 0.0
@@ -107,6 +108,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: Optiona
 class ModelRunner:
     """Full-vocabulary logits [batch, seq, padded_vocab] on every rank of the model's tensor- and
     pipeline-parallel groups (forward only, no gradients)."""
+
     supports_cache: bool = True
     recurrent: bool = False
     """True when the model has Mamba / RWKV layers, which see left padding only through a KV cache, or gMLP /
@@ -120,6 +122,7 @@ class ModelRunner:
 
 class SequentialRunner(ModelRunner):
     """A GPT2ModelSequential (all layers on this rank); the vocabulary shards are gathered over TP."""
+
     def __init__(self, model: torch.nn.Module, parallel_state) -> None:
 
         self.model = model
@@ -139,6 +142,7 @@ class PipelineRunner(ModelRunner):
     """pipe_parallel_size > 1: one PipelineEngine.eval_batch per forward; the last stage gathers the
     vocabulary shards and broadcasts the logits to the other stages. No KV cache (the engine's schedule
     only passes activations between stages)."""
+
     supports_cache = False
 
     def __init__(self, engine, parallel_state, padded_vocab_size: int, dtype: torch.dtype,
@@ -234,6 +238,7 @@ class Generation:
     """One prompt's result: the (possibly left-truncated) prompt ids, the new ids (without the EOD that
     stopped it), whether EOD stopped it, and, with return_logits, the logits [len(tokens) (+1 with the
     EOD), vocab] from which each new token was drawn."""
+
     prompt: List[int]
     tokens: List[int]
     finished: bool

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from megatron.launch.signals import ForwardSignals, signal_targets
 from megatron.neox_arguments.groups import NeoXArgsSchema
+import psutil
 
 POLL_SECONDS = 1
 
@@ -77,8 +78,8 @@ def _skip_local_cleanup(exp: Dict[str, Any], reservations: Any) -> None:
 class AutotuningSignals(ForwardSignals):
     """ForwardSignals for a tuning: the ranks are two levels down (deepy.py -> each experiment's `deepspeed`
     runner -> DeepSpeed's launcher -> ranks). With no experiment running, the signal ends deepy.py."""
+
     def targets(self) -> List[Any]:
-        import psutil
 
         return [rank for runner in psutil.Process().children() for rank in signal_targets(runner.pid)]
 

@@ -174,11 +174,9 @@ def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
         return None
     train_iters, limit = args.train_iters, f"train_iters={args.train_iters}"
     if train_iters is None and args.train_samples is not None and args.train_batch_size:
-
         train_iters = training_iterations(args)
         limit = f"train_samples={args.train_samples} ({train_iters} iterations)"
     elif train_iters is None and args.train_epochs is not None:
-
         try:
             train_iters = iterations_for_epochs(args)
         except (OSError, ValueError):  # an unreadable index: the worker reports it with its own message

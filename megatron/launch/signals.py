@@ -23,6 +23,7 @@ save never leaves a loadable partial checkpoint): to stop a large model, send SI
 import signal
 import sys
 from typing import Any, Dict, List, Optional
+import psutil
 
 LAUNCHER_MODULE = "deepspeed.launcher.launch"
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
@@ -44,8 +45,6 @@ def _is_deepspeed_launcher(process) -> bool:
 def signal_targets(pid: Optional[int] = None) -> List[Any]:
     """The processes a signal to ``pid`` (default: this one) is forwarded to: the ranks under DeepSpeed's
     launcher for a local launch, every other child (pdsh, mpirun, srun) as it is."""
-    import psutil
-
     targets = []
     for child in psutil.Process(pid).children():
         if _is_deepspeed_launcher(child):

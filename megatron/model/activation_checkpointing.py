@@ -21,6 +21,7 @@ import torch
 from megatron.mpu.deepspeed_comm import init_deepspeed_comm
 from megatron.model.config import ModelConfig
 from megatron.mpu.random import model_parallel_seed
+from deepspeed.accelerator import get_accelerator
 
 
 def configure_activation_checkpointing(config: ModelConfig, parallel_state) -> None:
@@ -47,8 +48,6 @@ def _on_cpu_accelerator() -> bool:
     cpu_checkpointing without partition_activations empties the very tensor it means to keep there (its "copy" to
     the CPU is the tensor itself), so the backward fails: there checkpoint_in_cpu is satisfied as it is and is not
     passed on (with partition_activations DeepSpeed copies the partition, and it is)."""
-    from deepspeed.accelerator import get_accelerator
-
     return get_accelerator().device_name() == "cpu"
 
 

@@ -113,7 +113,6 @@ def loss_function(config: ModelConfig, parallel_state, averaged_over_context: bo
     on pairs (megatron.model.reward_model). ``averaged_over_context``: the engine averages gradients over
     data x context ranks (as DeepSpeed's pipeline engine always does: cross_entropy_loss's context_grad_scale)."""
     if config.value_head:
-
         return RewardLoss()
     cp = parallel_state.get_context_parallel_world_size()
     context_group = parallel_state.get_context_parallel_group() if cp > 1 else None
@@ -176,6 +175,7 @@ def pass_through(args):
 
 class LayerSlot(nn.Module):
     """``pass_through`` as a module, so that GPT2ModelSequential's slots keep GPT-NeoX's indices."""
+
     def forward(self, args):
         return args
 
@@ -184,6 +184,7 @@ class SharedLayer(nn.Module):
     """Layer position ``position`` of a parameter-shared stack (num_unique_layers): it runs the layer built at
     its owner position, whose parameters are registered (and saved, and counted) there only. Its decoding
     state is keyed by this position (LayerKeyedCache)."""
+
     def __init__(self, owner: nn.Module, position: int) -> None:
         super().__init__()
         self._owner = (owner,)  # a tuple, so that the owner is not registered here a second time
@@ -200,6 +201,7 @@ class SharedLayer(nn.Module):
 
 class GPT2ModelSequential(nn.Module):
     """All layers on one pipeline stage, called in order; optional explicit KV cache."""
+
     def __init__(self, config: ModelConfig, parallel_state, rng_tracker=None) -> None:
         super().__init__()
         check_model_config(config, parallel_state)
@@ -366,6 +368,7 @@ def partition_method(config: ModelConfig) -> str:
 
 class GPT2ModelPipe(PipelineModule):
     """The GPT as a DeepSpeed PipelineModule (see module docstring)."""
+
     def __init__(self, config: ModelConfig, parallel_state, rng_tracker=None) -> None:
         check_model_config(config, parallel_state)
         if not deepspeed.comm.is_initialized():

@@ -64,6 +64,7 @@ from megatron.model.recurrent_common import hidden_dropout, pad_mask
 from megatron.model.config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, copy_to_model_parallel_region
 from megatron.mpu.layers import _fill_shard
+import importlib
 
 SCAN_CHUNK = 32
 """Time steps per chunk of the selective scan (log2 of it is the depth of the scan inside a chunk)."""
@@ -173,8 +174,6 @@ MAMBA_KERNELS = {"mamba_selective_scan_fusion": ("mamba_ssm.ops.selective_scan_i
 
 def mamba_kernel_problems(config: ModelConfig, cuda_available: bool) -> list:
     """Each Mamba fusion flag that is on but cannot run here (no CUDA, or its package does not import)."""
-    import importlib
-
     problems = []
     for flag, (module, name) in MAMBA_KERNELS.items():
         if not getattr(config, flag):
@@ -192,8 +191,6 @@ def mamba_kernel_problems(config: ModelConfig, cuda_available: bool) -> list:
 
 
 def _kernel(flag: str):
-    import importlib
-
     module, name = MAMBA_KERNELS[flag]
     return getattr(importlib.import_module(module), name)
 

@@ -22,6 +22,7 @@ class RotaryEmbedding(nn.Module):
     frequency is off by whole radians), and slicing a table costs nothing per layer and decoded token.
     ``inv_freq`` is a non-persistent buffer; with rotary_save_freqs_buffer the attention layer writes it
     into checkpoints as GPT-NeoX does (``attention.rotary_emb.inv_freq``)."""
+
     def __init__(self, rot_dim: int, base: float, max_positions: int = 0) -> None:
         super().__init__()
         if rot_dim % 2 != 0 or rot_dim <= 0:
@@ -130,6 +131,7 @@ class RelativePositionBias(nn.Module):
     [num_buckets, this rank's heads] (the heads split over tensor-parallel ranks), looked up by the causal
     bucket of each query-key distance and scaled by sqrt(head_dim). The model builds one and shares it
     between all its layers, as GPT-NeoX does."""
+
     def __init__(self, num_buckets: int, max_distance: int, heads: int, head_dim: int, tp_rank: int, tp: int,
                  init_fn) -> None:
         super().__init__()

@@ -52,6 +52,7 @@ _aten = torch.ops.aten
 class Ring(Protocol):
     """Where a rank's keys and values go next: ``rank`` of ``size``; each pass sends to rank + 1 and returns what
     rank - 1 sent. ``source`` names the rank whose keys and values (or their gradient accumulator) are sent."""
+
     rank: int
     size: int
 
@@ -63,6 +64,7 @@ class Ring(Protocol):
 @dataclass(frozen=True)
 class ProcessGroupRing:
     """The ring of a context-parallel process group (megatron.mpu.context_parallel.ring_exchange)."""
+
     group: object
     rank: int
     size: int

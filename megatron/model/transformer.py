@@ -44,6 +44,7 @@ def sequence_parallel_on(config: ModelConfig, parallel_state) -> bool:
 
 class ParallelTransformerLayer(nn.Module):
     """Norms, attention, MLP and residuals of one layer (see module docstring)."""
+
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int, rng_tracker,
                  rpe=None) -> None:
         super().__init__()
@@ -57,7 +58,6 @@ class ParallelTransformerLayer(nn.Module):
         if not (self.gpt_j_residual and self.gpt_j_tied):
             self.post_attention_layernorm = build_norm(config, config.hidden_size, grad_reduce_group=group)
         if layer_number in config.moe_layers:
-
             self.mlp = build_moe_mlp(config, parallel_state, initializer, layer_number)
         else:
             self.mlp = ParallelMLP(config, parallel_state, initializer, layer_number)

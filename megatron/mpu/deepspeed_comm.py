@@ -5,13 +5,13 @@ rank behind after every run (a machine that runs the tests fills /dev/shm within
 for about a minute on first use; it is switched off so that gloo's all-reduce is used instead."""
 
 import torch
+import deepspeed
+import deepspeed.comm as ds_comm
+import deepspeed.ops
 
 
 def init_deepspeed_comm(dist_backend: str, **kwargs) -> None:
     """deepspeed.init_distributed, without the CPU shared-memory op (see module docstring)."""
-    import deepspeed
-    import deepspeed.ops
-
     if not torch.cuda.is_available():
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend=dist_backend, **kwargs)
@@ -21,6 +21,4 @@ def collectives():
     """The module the project's own collectives go through: ``deepspeed.comm`` once it is started, so that its
     comms_logger (config section ``comms_logger``) times and counts them beside ZeRO's and the pipeline engine's;
     ``torch.distributed`` in a world started without DeepSpeed (unit tests), whose calls have the same form."""
-    import deepspeed.comm as ds_comm
-
     return ds_comm if ds_comm.is_initialized() else torch.distributed

@@ -33,13 +33,13 @@ import datetime
 from typing import Dict, List, Optional, Tuple
 
 import torch.distributed as dist
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, ProcessTopology
+from deepspeed.utils import groups
 
 
 def _topology(pipe: int, data: int, context: int, model: int):
     """DeepSpeed's topology object (imported lazily: DeepSpeed's import is slow). Without context parallelism it
     is the PipeModelDataParallelTopology the pipeline engine expects."""
-    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, ProcessTopology
-
     if context == 1:
         return PipeModelDataParallelTopology(num_pp=pipe, num_mp=model, num_dp=data)
     return ProcessTopology(axes=["pipe", "data", "context", "model"], dims=[pipe, data, context, model])
@@ -170,7 +170,6 @@ class ParallelState:
         division by that size)."""
         if self.context_parallel_size == 1:
             return self.topology
-        from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
         return PipeModelDataParallelTopology(num_pp=self.pipe_parallel_size, num_mp=self.model_parallel_size,
                                              num_dp=self.data_parallel_size * self.context_parallel_size)
@@ -241,7 +240,6 @@ class ParallelState:
         DeepSpeed's MoE layer and engine use them rather than building their own."""
         if "expert" not in self._groups or self._registered_with_deepspeed:
             return
-        from deepspeed.utils import groups
 
         name = self.expert_group_name
         groups._EXPERT_PARALLEL_GROUP[name] = self.group("expert")
@@ -253,7 +251,6 @@ class ParallelState:
     def _unregister_expert_groups(self) -> None:
         if not self._registered_with_deepspeed:
             return
-        from deepspeed.utils import groups
 
         for table in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
                       groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
@@ -391,7 +388,6 @@ class SingleProcessState:
 
     def register_expert_groups_with_deepspeed(self) -> None:
         """Nothing to register: one expert-parallel rank."""
-
     def is_first_pipe_stage(self) -> bool:
         return True
 

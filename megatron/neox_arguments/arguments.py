@@ -48,6 +48,7 @@ class NeoXArgs(NeoXArgsSchema):
     """All arguments; construct with from_ymls / from_dict (which validate), not directly. Once validated
     (and, in a worker, given its rank) they are frozen: run state lives elsewhere (ModelConfig in the run
     context, megatron.training_schedule.TrainingSchedule)."""
+
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen", False):
             raise AttributeError(f"NeoXArgs are validated and frozen: '{name}' cannot be changed; derive run state "
@@ -187,7 +188,6 @@ class NeoXArgs(NeoXArgsSchema):
                                f"python deepy.py {script} {configs}"])
         args = cls.decode(encoded)
         if known.deepspeed_config is not None:
-
             ds_config = read_deepspeed_config(known.deepspeed_config)
             args = tuned_args(args, ds_config, experiment=is_experiment(ds_config))
         elif args.autotuning_run is not None:

@@ -15,7 +15,6 @@ from megatron.neox_arguments.validation import parallelism_problems
 
 def read_deepspeed_config(value: str) -> Dict[str, Any]:
     """A `--deepspeed_config` argument: a JSON file, or the base64 JSON that the autotuner's experiments pass."""
-
     try:
         if value.endswith(".json") and os.path.isfile(value):
             with open(value, encoding="utf-8") as handle:
@@ -42,7 +41,6 @@ def tuned_args(args: NeoXArgsSchema, ds_config: Mapping[str, Any], experiment: b
     without checkpoint loading or saving, wandb or comet, and with its logs in the experiment's result folder)
     or the optimal one (then a normal run: autotuning_run and the autotuning dict are cleared). The engine gets
     that config as it is (our optimizer is built separately, as always). Raises ConfigError."""
-
     micro = ds_config.get("train_micro_batch_size_per_gpu")
     accumulation = ds_config.get("gradient_accumulation_steps", 1)
     if not isinstance(micro, int) or not isinstance(accumulation, int) or micro < 1 or accumulation < 1:

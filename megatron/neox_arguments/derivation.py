@@ -12,6 +12,7 @@ from megatron.model.config import expand_attention_config
 from megatron.errors import ConfigError
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import count_global_ranks
+import inspect
 
 
 
@@ -344,7 +345,6 @@ def derive_scheduler(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
     params = scheduler.get("params") or {}
     if not isinstance(params, dict):
         return problems + [f"scheduler.params must be a dict, got {params!r}"]
-    import inspect
 
     from deepspeed.runtime import lr_schedules
 

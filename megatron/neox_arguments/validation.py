@@ -145,7 +145,6 @@ def not_supported_problems(args: NeoXArgsSchema) -> List[str]:
 
 
 def not_supported_setting_problems(args: NeoXArgsSchema) -> List[str]:
-    import dataclasses
 
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
     problems = []
@@ -377,8 +376,6 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
     """train_impl 'dpo' / 'rm' and dataset_impl 'pairwise' (megatron/post_training): which keys go together, and
     the layouts they run on (DPO's frozen reference model is a sequential copy of the policy, on the last pipeline
     stage under pipeline parallelism; a reward model's value head is replicated over whole sequences)."""
-    import dataclasses
-
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
     problems = []
     for impl, settings in (("dpo", DPO_SETTINGS), ("kto", KTO_SETTINGS)):

@@ -85,6 +85,7 @@ from typing import Dict, List, Optional, Tuple
 
 from megatron.model.config import GATED_ACTIVATIONS, GMLP_FF_MULT, MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 from megatron.model.rwkv import TIME_DECAY_EXTRA_DIM, TIME_MIX_EXTRA_DIM
+import torch
 
 PEAK_ENV_VAR = "NEOX_PEAK_TFLOPS"
 
@@ -231,8 +232,6 @@ def lookup_peak_tflops(device_name: str, dtype: str) -> Optional[float]:
 
 
 def _cuda_tf32_enabled() -> bool:
-    import torch
-
     return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
@@ -254,8 +253,6 @@ def peak_tflops(precision: str, override: Optional[float] = None, device_name: O
         return value
     allow_tf32 = False
     if device_name is None:
-        import torch
-
         if not torch.cuda.is_available():
             return None  # CPU: MFU is not applicable
         device_name = torch.cuda.get_device_name()

@@ -36,6 +36,7 @@ from megatron.model.config import ModelConfig
 from megatron.mpu.host_collectives import all_gather_object, all_reduce
 from megatron.utils.optional_deps import require
 from megatron.model.moe.naming import global_expert_names, is_expert_name
+from deepspeed.utils import safe_get_full_grad, safe_get_full_optimizer_state
 
 METRICS_FILE = "metrics.jsonl"
 PPL_LOSS_CAP = 20.0
@@ -74,6 +75,7 @@ def _default_rank() -> int:
 
 class JsonlSink:
     """Appends one JSON record per line to <log_dir>/metrics.jsonl (kept across resumed runs)."""
+
     def __init__(self, log_dir: str) -> None:
         os.makedirs(log_dir, exist_ok=True)
         self.path = os.path.join(log_dir, METRICS_FILE)
@@ -90,6 +92,7 @@ class JsonlSink:
 
 class TensorboardSink:
     """Scalars under '<prefix>/<name>' in tensorboard_dir, read back by TensorBoard's EventAccumulator."""
+
     def __init__(self, tensorboard_dir: str) -> None:
         require("tensorboard", "tensorboard_dir", "tensorboard")
         summary = require("torch.utils.tensorboard", "tensorboard_dir", "tensorboard")
@@ -106,6 +109,7 @@ class TensorboardSink:
 
 class WandbSink:
     """A W&B run; WANDB_MODE=offline (or `wandb offline`) writes it under <dir>/wandb without network."""
+
     def __init__(self, neox_args: Any, rank: int, config: Optional[Dict[str, Any]] = None) -> None:
         wandb = require("wandb", "use_wandb", "wandb")
         name = neox_args.wandb_run_name
@@ -135,6 +139,7 @@ def _comet_offline() -> bool:
 class CometSink:
     """A Comet experiment: online with COMET_API_KEY, else (or with COMET_OFFLINE=1) an OfflineExperiment
     archived under COMET_OFFLINE_DIRECTORY, or <log_dir>/comet, when the run ends."""
+
     def __init__(self, neox_args: Any, config: Optional[Dict[str, Any]] = None) -> None:
         comet_ml = require("comet_ml", "use_comet", "comet")
         common = dict(project_name=neox_args.comet_project, workspace=neox_args.comet_workspace,
@@ -168,6 +173,7 @@ class DeepSpeedMonitorSink:
     """DeepSpeed's monitors (config sections csv_monitor, tensorboard, wandb, comet). The engine feeds them only its
     own timers and learning rate (and, in a pipeline, its train_loss); the training and evaluation records go to
     them too, as events '<Split>/Samples/<key>' at the engine's count of samples, DeepSpeed's own naming."""
+
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
@@ -185,6 +191,7 @@ class MetricSinks:
     """Every destination the config asks for: metrics.jsonl (log_dir), tensorboard (tensorboard_dir) and
     comet (use_comet) on the logging rank, wandb (use_wandb) there or on every rank with
     wandb_init_all_ranks. One `write` sends a record to all of them (training and eval.py alike)."""
+
     def __init__(self, neox_args: Any, rank: int, is_logging_rank: bool) -> None:
         self.jsonl: Optional[JsonlSink] = None
         self.sinks: List[Any] = []
@@ -234,6 +241,7 @@ class TrainingLogger:
     Call `log_train` after every optimizer step (skipped steps too), `log_eval` after each evaluation, and
     `close` at the end. Training time per interval is the wall time between reports unless the loop passes
     each step's `step_time` (which leaves evaluation and checkpointing out of the throughput)."""
+
     def __init__(self, neox_args: Any, model_config: Optional[ModelConfig] = None,
                  is_logging_rank: Optional[bool] = None, rank: Optional[int] = None,
                  flops_per_token: Optional[float] = None, peak: Optional[float] = None,
@@ -408,8 +416,6 @@ def _full_grad(param: nn.Parameter) -> Optional[torch.Tensor]:
     if param.grad is not None and getattr(param, "_hp_grad", None) is None:
         return param.grad
     if any(hasattr(param, attr) for attr in ("_hp_grad", "_hp_mapping", "ds_id")):
-        from deepspeed.utils import safe_get_full_grad
-
         return safe_get_full_grad(param)
     return param.grad
 
@@ -465,7 +471,6 @@ def _optimizer_state_norms(params: List[Tuple[str, nn.Parameter]], model: nn.Mod
     if not basic.state:  # no step taken yet: no states
         return {}
     if any(hasattr(p, "ds_id") for p in model.parameters()):  # ZeRO-3 assembles each parameter's state
-        from deepspeed.utils import safe_get_full_optimizer_state
 
         out = {}
         for name, param in params:
@@ -651,6 +656,7 @@ class MemoryProfiler:
     """memory_profiling: on CUDA records allocator history and dumps a snapshot (open it at
     pytorch.org/memory_viz); on CPU writes memory_stats() as JSON. Files go to memory_profiling_path
     (default <log_dir>/memory)."""
+
     def __init__(self, neox_args: Any) -> None:
         directory = neox_args.memory_profiling_path or (
             os.path.join(neox_args.log_dir, "memory") if neox_args.log_dir else None)

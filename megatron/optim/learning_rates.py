@@ -328,7 +328,6 @@ def build_lr_scheduler(neox_args: Any, schedule: TrainingSchedule, optimizer: to
 
     Call it after build_optimizer and before deepspeed.initialize; it starts at iteration 0 (lr / W with
     warmup, lr_warmup_init when that is set, lr without warmup)."""
-
     if neox_args.lr is None:
         raise ValueError("no learning rate: set optimizer.params.lr (or lr)")
     return AnnealingLR(optimizer, start_lr=neox_args.lr, warmup_iter=schedule.warmup_iters,

@@ -57,6 +57,8 @@ from megatron.optim.param_groups import deepspeed_moe_param_groups, get_param_gr
 from megatron.optim.weight_decay import base_weight_decay
 from megatron.mup.parametrization import mup_param_groups
 from megatron.utils.deepspeed_ops import arch_list_deepspeed_can_parse
+from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+from deepspeed.ops.op_builder import FusedAdamBuilder
 
 _log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class SM3(torch.optim.Optimizer):
     beta * min + (1 - beta) * g^2); each dimension accumulator becomes the max of nu over the other dims;
     update u = g / sqrt(nu + eps); with momentum m: buf = m * buf + (1 - m) * u; p -= lr * buf.
     Rank 0/1 tensors keep a full accumulator (plain Adagrad). weight_decay is decoupled: p -= lr * wd * p."""
+
     def __init__(self, params: Iterable, lr: float = 0.1, momentum: float = 0.0, beta: float = 0.0,
                  eps: float = 1e-30, weight_decay: float = 0.0) -> None:
         if lr < 0 or not 0.0 <= momentum < 1.0 or not 0.0 <= beta < 1.0 or eps < 0 or weight_decay < 0:
@@ -148,6 +151,7 @@ class MADGRAD(torch.optim.Optimizer):
     Step k = 0, 1, ...: lam = lr * sqrt(k + 1); s += lam * g; nu += lam * g^2;
     z = x0 - s / (cbrt(nu) + eps); x = (1 - c) x + c z with c = 1 - momentum; then, decoupled,
     x -= lr * weight_decay * x_k (x_k the value before this step). x0 is the parameter at its first step."""
+
     def __init__(self, params: Iterable, lr: float = 1e-2, momentum: float = 0.9, weight_decay: float = 0.0,
                  eps: float = 1e-6) -> None:
         if lr <= 0 or not 0.0 <= momentum < 1.0 or weight_decay < 0 or eps < 0:
@@ -193,6 +197,7 @@ class Lion(torch.optim.Optimizer):
     """Lion (Chen et al., 2023, "Symbolic Discovery of Optimization Algorithms").
 
     u = sign(beta1 * m + (1 - beta1) * g); p = p * (1 - lr * wd) - lr * u; m = beta2 * m + (1 - beta2) * g."""
+
     def __init__(self, params: Iterable, lr: float = 1e-4, betas: Tuple[float, float] = (0.9, 0.99),
                  weight_decay: float = 0.0) -> None:
         if lr <= 0 or not all(0.0 <= b < 1.0 for b in betas) or weight_decay < 0:
@@ -282,9 +287,6 @@ def adam_implementation(neox_args: Any, device_type: str) -> str:
 
 def _load_fused_adam_op() -> None:
     """Build (or load the cached build of) DeepSpeed's FusedAdam CUDA op, with an arch list it can parse."""
-    from deepspeed.ops.op_builder import FusedAdamBuilder
-
-
     with arch_list_deepspeed_can_parse():
         FusedAdamBuilder().load()
 
@@ -298,7 +300,6 @@ def _deepspeed_fused_adam(groups: List[Dict[str, Any]], params: Dict[str, Any]) 
         _log.warning("DeepSpeed's FusedAdam could not be built (%s); using %s instead (without ZeRO, 16-bit "
                      "training then gets DeepSpeed's slower FP16_UnfusedOptimizer)", reason, TORCH_FUSED_ADAM)
         return _torch_adam(groups, params, fused=True)
-    from deepspeed.ops.adam import FusedAdam
 
     return FusedAdam(groups, **params)
 
@@ -357,8 +358,6 @@ def build_optimizer(neox_args: Any, model: nn.Module) -> torch.optim.Optimizer:
     if kind == "cpu_torch_adam":
         return _torch_adam(groups, params, fused=False)
     if kind == "cpu_adam":
-        from deepspeed.ops.adam import DeepSpeedCPUAdam
-
         if "adam_w_mode" in params:
             params["adamw_mode"] = params.pop("adam_w_mode")
         return DeepSpeedCPUAdam(groups, **params)

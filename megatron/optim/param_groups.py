@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Tuple
 from torch import nn
 
 from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG, MOE_EXPERT_FLAG, NO_DECAY_FLAG
+from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
 DECOUPLED_GROUP = "decoupled_lr"
 """Parameter-group flag (set by get_param_groups): the group holds input-embedding or output-layer weights and
@@ -65,8 +66,6 @@ def deepspeed_moe_param_groups(model: nn.Module, weight_decay: float,
     ``get_param_groups``' decay and no-decay groups, each with its experts moved to a group of their own marked ``moe`` (DeepSpeed's
     split_params_into_different_moe_groups_for_optimizer, which its engine and ZeRO expect: expert gradients
     are reduced over the expert-data-parallel group)."""
-    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
     groups = get_param_groups(model, weight_decay, decoupled_lr=decoupled_lr)
     plain = [group for group in groups if not group.get(DECOUPLED_GROUP)]
     for group in groups:

@@ -27,6 +27,7 @@ from megatron.inference.text_generation import build_runner
 from megatron.model.batch import masks_and_position_ids
 from megatron.model.gpt2_model import GPT2ModelPipe
 from megatron.post_training.data_paths import precomputed_path, reference_paths
+import torch.distributed as dist
 
 
 Logits = Callable[[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor]
@@ -61,9 +62,6 @@ def precompute_reference_logps(neox_args: Any, model: torch.nn.Module, ctx: Any)
     """Write `P_{precompute_model_name}` for every data path P of `reference_paths` (existing files are kept);
     returns the files written. Every rank computes (tensor- and pipeline-parallel ranks need the same batches);
     global rank 0 writes. `model`: the engine or module setup_for_inference returns."""
-    import torch.distributed as dist
-
-
     forward, group = logits_function(model, ctx)
     writes = not dist.is_initialized() or dist.get_rank() == 0
     limit, batch = int(neox_args.seq_length) + 1, int(neox_args.train_micro_batch_size_per_gpu or 1)

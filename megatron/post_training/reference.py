@@ -28,14 +28,16 @@ from megatron.checkpoint.format import REFERENCE_FILE
 from megatron.mpu.host_collectives import broadcast_object, gather_object
 from megatron.model.gpt2_model import GPT2ModelPipe, GPT2ModelSequential, cast_model, model_dtype
 from megatron.post_training.dpo import sequence_logps
+import deepspeed
+import contextlib
 
 
 class ReferenceModel:
     """Builds the reference (a GPT2ModelSequential whatever the policy's class) without touching the default
     RNG stream, so the policy trains on the random numbers it would draw without it. Off the last pipeline stage
     ``model`` is None (``holds`` False): those ranks only take part in ``copy_from`` and ``load``."""
-    def __init__(self, config, parallel_state, fp32: bool = True) -> None:
 
+    def __init__(self, config, parallel_state, fp32: bool = True) -> None:
         self.parallel_state, self.fp32 = parallel_state, fp32
         self.defer_logits = True  # start_reference sets what the policy's loss does
         self.model = None
@@ -102,12 +104,9 @@ class ReferenceModel:
 def gathered_zero3_parameters(model: torch.nn.Module):
     """A context in which a model whose parameters ZeRO stage 3 partitions holds them whole (every data-parallel
     rank must enter it: it all-gathers them); a no-op context for any other model."""
-    import contextlib
-
     partitioned = [p for p in model.parameters() if hasattr(p, "ds_id")]
     if not partitioned:
         return contextlib.nullcontext()
-    import deepspeed
 
     return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
 

@@ -54,21 +54,15 @@ def build_tokenizer_from(
     written in any case (`hftokenizer`), as GPT-NeoX's build_tokenizer accepts it."""
     tokenizer_type = {t.lower(): t for t in TOKENIZER_TYPES}.get(str(tokenizer_type).lower(), tokenizer_type)
     if tokenizer_type == "GPT2BPETokenizer":
-
         return GPT2BPETokenizer(vocab_file, merge_file)
     if tokenizer_type == "HFTokenizer":
-
         return HFTokenizer(vocab_file)
     if tokenizer_type == "HFGPT2Tokenizer":
-
         return HFGPT2Tokenizer(vocab_file, merge_file)
     if tokenizer_type == "SPMTokenizer":
-
         return SentencePieceTokenizer(vocab_file)
     if tokenizer_type == "CharLevelTokenizer":
-
         return CharLevelTokenizer()
     if tokenizer_type == "TiktokenTokenizer":
-
         return TiktokenTokenizer(vocab_file)
     raise TokenizerError(f"tokenizer_type={tokenizer_type!r} is not known; use one of {', '.join(TOKENIZER_TYPES)}.")

@@ -20,7 +20,6 @@ DEEPSPEED_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 def lazy(compile_fn: Callable[..., Any]) -> Callable[..., Any]:
     """A stand-in for ``compile_fn`` (torch.compile) that defers compiling each function to its first call."""
-
     def deferred(model: Any = None, **options: Any) -> Any:
         if model is None:  # used as @torch.compile(**options)
             return lambda function: deferred(function, **options)

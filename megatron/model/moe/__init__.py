@@ -38,9 +38,7 @@ def build_moe_mlp(config: ModelConfig, parallel_state, initializer, layer_number
     if unbuilt:
         raise ValueError(f"mixture of experts with {', '.join(unbuilt)} is not supported yet")
     if config.moe_type == "deepspeed":
-
         return DeepSpeedMoE(config, parallel_state, initializer, layer_number)
     if config.moe_expert_parallel_size > 1:
-
         return ExpertParallelDroplessMoE(config, parallel_state, initializer, layer_number)
     return DroplessMoE(config, parallel_state, initializer, layer_number)

@@ -70,6 +70,7 @@ from megatron.model.moe.stats import MoELayerBase
 from megatron.model.config import ModelConfig
 from megatron.mpu import SingleProcessState, gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
 from megatron.model.parameter_marks import MOE_EXPERT_FLAG
+from deepspeed.utils import groups
 
 JITTER_POLICY = "Jitter"
 
@@ -97,8 +98,6 @@ class _OneTensorParallelRank:
 def _one_tensor_parallel_rank() -> Iterator[None]:
     """DeepSpeed's MoE layer reads the tensor-parallel size from the engine's mpu (deepspeed.utils.groups.mpu) to split
     its capacity over the tensor-parallel ranks; for the replicated layer (module docstring) it sees one rank."""
-    from deepspeed.utils import groups
-
     mpu = groups.mpu
     if mpu is None or mpu.get_model_parallel_world_size() == 1:
         yield

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from megatron.mpu.grad_norm import clip_grad_norm
+from deepspeed.runtime.pipe.engine import PipelineEngine
 
 EXPERT_MARK = ".deepspeed_moe.experts."
 """What every expert parameter's name holds (DeepSpeed's layer and the expert-parallel dropless layer)."""
@@ -34,9 +35,6 @@ def adapt_pipeline_moe_engine(engine, parallel_state) -> bool:
     """Close the gaps (module docstring) on ``engine``, a pipeline engine of a model with DeepSpeed MoE layers (on
     some stage): the clipping norm on every stage, loading and saving on the stages with MoE layers; returns whether
     this stage has them."""
-    from deepspeed.runtime.pipe.engine import PipelineEngine
-
-
     if not isinstance(engine, PipelineEngine):
         return False
     if parallel_state.get_expert_parallel_world_size() > 1:  # every stage: the norm sums over all of them
