@@ -26,6 +26,7 @@ from megatron.utils.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
 from megatron.mpu.host_collectives import all_gather_object, all_reduce, broadcast_object, world_size
 from megatron.checkpoint.non_persistent import non_persistent_due
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
+from megatron.training.state import TrainState, run_state
 
 
 class StopRequested:
@@ -384,13 +385,6 @@ def start_curriculum(neox_args, engine, iteration: int, client_state: Dict[str, 
     return schedule
 
 
-def run_state(position: Dict[str, int], schedule=None) -> Dict[str, Any]:
-    """What a checkpoint keeps of the run besides the engine: the data position and the curriculum's state."""
-    from megatron.data.curriculum import STATE_KEY
-
-    return {**position, **({STATE_KEY: schedule.state_dict()} if schedule is not None else {})}
-
-
 def curriculum_step(schedule, batches: _ModelBatches, iteration: int) -> int:
     """Cut the training batches of step `iteration + 1` to the curriculum's length for it; returns that length."""
     batches.seqlen = schedule.seqlen_for_step(iteration + 1)
@@ -650,16 +644,6 @@ def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
         raise CheckpointError(problem)
 
 
-def data_position(neox_args, client_state: Dict[str, Any], iteration: int) -> Dict[str, int]:
-    """Where the data streams start: a resumed run where its checkpoint stopped (GPT-NeoX's checkpoints record no
-    samples: iterations x batch); a fine-tuning run (finetune: true) at the start of its own data, whatever the
-    checkpoint it starts from consumed of another dataset."""
-    if neox_args.finetune:
-        return {"consumed_train_samples": 0, "consumed_valid_samples": 0}
-    samples = client_state.get("consumed_train_samples", iteration * neox_args.train_batch_size)
-    return {"consumed_train_samples": samples, "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
-
-
 def _async_checkpoints(neox_args, engine, ctx: RunContext):
     """async_save's background writer (megatron.checkpoint.async_save), None for synchronous saves."""
     if not (neox_args.async_save and neox_args.save):
@@ -744,9 +728,9 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine)
     loaded_rng = rng_states() if iteration else None
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
-    position = data_position(neox_args, client_state, iteration)
+    state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
     train_batches, valid_batches, test_batches = _batch_streams(
-        neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"], reference)
+        neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples, reference)
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
     if loaded_rng is not None:
         # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
@@ -779,7 +763,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
             timers("save").start()
             if background is not None:
                 background.wait()  # the previous checkpoint is complete before the next one starts
-            path = save_checkpoint(neox_args, ctx.model_config, at, engine, run_state(position, schedule_of_lengths),
+            path = save_checkpoint(neox_args, ctx.model_config, at, engine, run_state(state, schedule_of_lengths),
                                    write_extra=reference.save if reference is not None else None,
                                    complete=background is None, non_persistent=non_persistent)
             if background is not None:
@@ -798,17 +782,18 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
             summary["eval"].append((iteration, split, value))
 
     try:
-        while do_train and iteration < schedule.train_iters:
+        while do_train and state.iteration < schedule.train_iters:
             started = time.perf_counter()
             debug = wants_debug and (iteration + 1) % neox_args.log_interval == 0
-            batch_size = schedule.batch_size_at(position["consumed_train_samples"])
+            batch_size = schedule.batch_size_at(state.consumed_train_samples)
             if schedule.rampup is not None:
                 set_batch_size(engine, lr_scheduler, batch_size)
             seqlen = curriculum_step(schedule_of_lengths, train_batches, iteration) if schedule_of_lengths else None
             timers("train_step").start()
             loss, skipped, grad_norm, extras = train_step(neox_args, engine, train_batches, ctx, optimizer, debug)
             timers("train_step").stop()
-            iteration += 1
+            state.iteration += 1
+            iteration = state.iteration
             overflow.record(skipped, iteration)
             if background is not None:
                 background.poll()
@@ -816,7 +801,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
                 raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
             if memory_profiler is not None and debug:
                 memory_profiler.dump(iteration)
-            position["consumed_train_samples"] += batch_size
+            state.consumed_train_samples += batch_size
             summary["losses"].append(loss)
             if iteration % neox_args.log_interval == 0:
                 extras.update({f"time_ms/{k}": v for k, v in
@@ -835,7 +820,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
             if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
                 if valid_batches is not None:
                     evaluate_split(valid_batches, "validation")
-                    position["consumed_valid_samples"] += neox_args.eval_iters * neox_args.train_batch_size
+                    state.consumed_valid_samples += neox_args.eval_iters * neox_args.train_batch_size
                 if neox_args.eval_tasks:
                     from megatron.evaluation import run_eval_tasks
 
