@@ -5,7 +5,10 @@ One train step is one optimizer step over gradient_accumulation_steps micro-batc
 rampup_batch_size, over those of the step's batch: set_batch_size). Without a pipeline
 the DeepSpeed engine is driven micro-batch by micro-batch (forward, backward, step — DeepSpeed steps the
 optimizer and the LR schedule at the accumulation boundary); with a pipeline, DeepSpeed's
-PipelineEngine.train_batch runs the whole schedule."""
+PipelineEngine.train_batch runs the whole schedule.
+
+The loop is a _TrainingRun over the run's TrainState (megatron.training.state: the step and the samples consumed),
+which each checkpoint saves and a resumed run restores."""
 
 import math
 import os
@@ -707,9 +710,6 @@ def pretrain(neox_args) -> Dict[str, Any]:
 def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space: bool,
                         deadline: Optional[float]) -> Dict[str, Any]:
     """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end."""
-    from megatron.observability.training_logger import TrainingLogger
-    from megatron.observability.timers import Timers
-
     schedule = TrainingSchedule.from_neox_args(neox_args)
     if neox_args.use_mup and (neox_args.save_base_shapes or neox_args.coord_check):
         from megatron.training.mup_run import base_shapes_and_coord_check  # these runs stop instead of training
@@ -729,14 +729,31 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     loaded_rng = rng_states() if iteration else None
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
-    train_batches, valid_batches, test_batches = _batch_streams(
-        neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples, reference)
+    streams = _batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,
+                             reference)
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
     if loaded_rng is not None:
         # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
         # router jitter and dropout draw the same noise), whatever building the batch streams drew
         set_rng_states(loaded_rng)
-    timers = Timers(enabled=neox_args.wall_clock_breakdown)
+    run = _TrainingRun(neox_args, ctx, (engine, optimizer, lr_scheduler), schedule, state, schedule_of_lengths,
+                       streams, reference, stop, deadline, do_train)
+    try:
+        run.train()
+        run.finish()
+    finally:
+        run.logger.close()
+        stop.restore()
+    run.summary["iteration"] = state.iteration
+    run.summary["skipped_steps"] = run.overflow.total
+    ctx.destroy()
+    return run.summary
+
+
+def _training_logger(neox_args, ctx: RunContext, engine, schedule: TrainingSchedule, iteration: int):
+    """The run's TrainingLogger, its clock started at ``iteration`` (and feeding DeepSpeed's monitors when on)."""
+    from megatron.observability.training_logger import TrainingLogger
+
     logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0,
                             train_iters=schedule.train_iters)
     logger.restart_clock(iteration)
@@ -744,130 +761,196 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         from megatron.observability.training_logger import DeepSpeedMonitorSink
 
         logger.out.add(DeepSpeedMonitorSink(engine))
-    summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
-    overflow = OverflowGuard()
-    wants_debug = any((neox_args.log_grad_norm, neox_args.log_param_norm, neox_args.log_grad_pct_zeros,
-                       neox_args.log_optimizer_states, neox_args.memory_profiling))
-    memory_profiler = None
-    if neox_args.memory_profiling:
-        from megatron.observability.training_logger import MemoryProfiler
+    return logger
 
-        memory_profiler = MemoryProfiler(neox_args)
-    last_saved = last_moe_report = iteration
-    comms = CommsReporter(neox_args.comms_logger)
-    background = _async_checkpoints(neox_args, engine, ctx)
 
-    def save(at: int, non_persistent: bool = False) -> None:
-        nonlocal last_saved
-        if neox_args.save and last_saved != at:
-            timers("save").start()
-            if background is not None:
-                background.wait()  # the previous checkpoint is complete before the next one starts
-            path = save_checkpoint(neox_args, ctx.model_config, at, engine, run_state(state, schedule_of_lengths),
-                                   write_extra=reference.save if reference is not None else None,
-                                   complete=background is None, non_persistent=non_persistent)
-            if background is not None:
-                background.started(path, at, steps_to_next_save(neox_args, schedule, at))
-            timers("save").stop()
-            if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
-                last_saved = at
+class _TrainingRun:
+    """The loop over a TrainState and its bookkeeping, one method per job: a step, the evaluation and the saves it
+    calls for, the stop checks, the end of training. Holds the run's collaborators (the engine, its optimizer and
+    LR schedule, the batch streams, the logger and timers, async_save's background writer) and the summary that
+    pretrain returns; the TrainState is what the checkpoints save of the run (with the curriculum's state)."""
 
-    def evaluate_split(batches: Optional[_ModelBatches], split: str) -> None:
-        timers("eval").start()
-        result = evaluate(neox_args, engine, batches, neox_args.eval_iters)
-        timers("eval").stop()
-        if result is not None:
-            value = result.pop("lm_loss")
-            logger.log_eval(iteration=iteration, lm_loss=value, split=split, extras=result)
-            summary["eval"].append((iteration, split, value))
+    def __init__(self, neox_args, ctx: RunContext, engine_parts: Tuple[Any, Any, Any], schedule: TrainingSchedule,
+                 state: TrainState, curriculum, streams: List[Optional[_ModelBatches]], reference,
+                 stop: StopRequested, deadline: Optional[float], do_train: bool) -> None:
+        from megatron.observability.timers import Timers
 
-    try:
-        while do_train and state.iteration < schedule.train_iters:
-            started = time.perf_counter()
-            debug = wants_debug and (iteration + 1) % neox_args.log_interval == 0
-            batch_size = schedule.batch_size_at(state.consumed_train_samples)
-            if schedule.rampup is not None:
-                set_batch_size(engine, lr_scheduler, batch_size)
-            seqlen = curriculum_step(schedule_of_lengths, train_batches, iteration) if schedule_of_lengths else None
-            timers("train_step").start()
-            loss, skipped, grad_norm, extras = train_step(neox_args, engine, train_batches, ctx, optimizer, debug)
-            timers("train_step").stop()
-            state.iteration += 1
-            iteration = state.iteration
-            overflow.record(skipped, iteration)
-            if background is not None:
-                background.poll()
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
-            if memory_profiler is not None and debug:
-                memory_profiler.dump(iteration)
-            state.consumed_train_samples += batch_size
-            summary["losses"].append(loss)
-            if iteration % neox_args.log_interval == 0:
-                extras.update({f"time_ms/{k}": v for k, v in
-                               timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
-            if neox_args.moe_num_experts > 1 and (iteration % neox_args.log_interval == 0
-                                                  or iteration == schedule.train_iters):
-                extras.update(_moe_metrics(neox_args, ctx, engine, iteration - last_moe_report))
-                last_moe_report = iteration
-            if seqlen is not None:
-                extras["curriculum_seqlen"] = seqlen
-            logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
-                             step_time=time.perf_counter() - started, skipped=skipped, extras=extras,
-                             batch_size=batch_size, seq_length=seqlen)
-            if comms.due(iteration):
-                logger.log_comms(iteration, comms.report())
-            if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
-                if valid_batches is not None:
-                    evaluate_split(valid_batches, "validation")
-                    state.consumed_valid_samples += neox_args.eval_iters * neox_args.train_batch_size
-                if neox_args.eval_tasks:
-                    from megatron.evaluation import run_eval_tasks
+        self.neox_args, self.ctx, self.schedule = neox_args, ctx, schedule
+        self.state, self.curriculum = state, curriculum
+        self.engine, self.optimizer, self.lr_scheduler = engine_parts
+        self.train_batches, self.valid_batches, self.test_batches = streams
+        self.reference, self.stop, self.deadline, self.do_train = reference, stop, deadline, do_train
+        self.timers = Timers(enabled=neox_args.wall_clock_breakdown)
+        self.logger = _training_logger(neox_args, ctx, self.engine, schedule, state.iteration)
+        self.summary: Dict[str, Any] = {"start_iteration": state.iteration, "losses": [], "eval": []}
+        self.overflow = OverflowGuard()
+        self.wants_debug = any((neox_args.log_grad_norm, neox_args.log_param_norm, neox_args.log_grad_pct_zeros,
+                                neox_args.log_optimizer_states, neox_args.memory_profiling))
+        self.memory_profiler = None
+        if neox_args.memory_profiling:
+            from megatron.observability.training_logger import MemoryProfiler
 
-                    timers("eval").start()
-                    results = run_eval_tasks(neox_args, engine, ctx, iteration)
-                    timers("eval").stop()
-                    logger.log_eval_tasks(iteration, results["metrics"])
-                    summary["eval"].append((iteration, "eval_tasks", results["metrics"]))
+            self.memory_profiler = MemoryProfiler(neox_args)
+        self.last_saved = self.last_moe_report = state.iteration
+        self.comms = CommsReporter(neox_args.comms_logger)
+        self.background = _async_checkpoints(neox_args, self.engine, ctx)
+
+    def train(self) -> None:
+        """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
+        while self.do_train and self.state.iteration < self.schedule.train_iters:
+            self.step()
+            self.evaluate_at_interval()
             # saved after this step's evaluation, so that the checkpoint's consumed_valid_samples (and RNG state)
             # are those the uninterrupted run continues with: a resumed run replays the same validation batches
-            if iteration in schedule.save_iters:
-                save(iteration)
-            elif non_persistent_due(neox_args, iteration, schedule.save_iters):
-                save(iteration, non_persistent=True)
-            signalled, out_of_time = stop.any_rank(deadline)
-            if signalled or out_of_time:
-                save(iteration)
-                summary["stopped_by"] = ((stop.signal_name or "another rank's signal") if signalled
-                                         else "exit_duration_in_mins")
-                if signalled:  # train.py exits 128 + the signal (megatron.launch.signals); out of time: 0
-                    summary["signal"] = stop.signal_name
-                if logger.is_logging_rank:
-                    reason = (f"received {summary['stopped_by']}" if signalled else
-                              f"exit_duration_in_mins={neox_args.exit_duration_in_mins} passed")
-                    saved = (f"saved a checkpoint at iteration {iteration} in {neox_args.save}" if neox_args.save
-                             else f"no checkpoint saved (save is not set) at iteration {iteration}")
-                    print(f"{reason}: {saved}, exiting", flush=True)
+            self.save_if_due()
+            if self.stopped() or self.exit_interval_reached():
                 break
-            if (neox_args.exit_interval and iteration % neox_args.exit_interval == 0
-                    and iteration < schedule.train_iters):
-                summary["exited_at_interval"] = True  # not the end of training: no final evaluation
-                break
-        if do_train:
-            save(iteration)
-            if comms.enabled and not comms.due(iteration):
-                logger.log_comms(iteration, comms.report())
-        if "stopped_by" not in summary and "exited_at_interval" not in summary:
-            if neox_args.do_valid and valid_batches is not None:
-                evaluate_split(valid_batches, "validation")
-            if (neox_args.do_test if neox_args.do_test is not None else True) and test_batches is not None:
-                evaluate_split(test_batches, "test")
-        if background is not None:
-            background.wait()
-    finally:
-        logger.close()
-        stop.restore()
-    summary["iteration"] = iteration
-    summary["skipped_steps"] = overflow.total
-    ctx.destroy()
-    return summary
+
+    def step(self) -> None:
+        """One optimizer step (at the batch size and curriculum length of the step), counted and logged."""
+        started = time.perf_counter()
+        iteration, neox_args = self.state.iteration, self.neox_args
+        debug = self.wants_debug and (iteration + 1) % neox_args.log_interval == 0
+        batch_size = self.schedule.batch_size_at(self.state.consumed_train_samples)
+        if self.schedule.rampup is not None:
+            set_batch_size(self.engine, self.lr_scheduler, batch_size)
+        seqlen = curriculum_step(self.curriculum, self.train_batches, iteration) if self.curriculum else None
+        self.timers("train_step").start()
+        result = train_step(neox_args, self.engine, self.train_batches, self.ctx, self.optimizer, debug)
+        self.timers("train_step").stop()
+        self.count_step(result[0], result[1], batch_size, debug)
+        self.log_step(result, batch_size, seqlen, started)
+
+    def count_step(self, loss: float, skipped: bool, batch_size: int, debug: bool) -> None:
+        """The TrainState moves past the step; a non-finite loss stops the run."""
+        self.state.iteration += 1
+        iteration = self.state.iteration
+        self.overflow.record(skipped, iteration)
+        if self.background is not None:
+            self.background.poll()
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
+        if self.memory_profiler is not None and debug:
+            self.memory_profiler.dump(iteration)
+        self.state.consumed_train_samples += batch_size
+        self.summary["losses"].append(loss)
+
+    def log_step(self, result: Tuple[float, bool, Any, Dict[str, float]], batch_size: int, seqlen: Optional[int],
+                 started: float) -> None:
+        """The step's record (train_step's ``result``, the timers and MoE values when due) and the comms report."""
+        loss, skipped, grad_norm, extras = result
+        iteration, neox_args = self.state.iteration, self.neox_args
+        if iteration % neox_args.log_interval == 0:
+            extras.update({f"time_ms/{k}": v for k, v in
+                           self.timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
+        if neox_args.moe_num_experts > 1 and (iteration % neox_args.log_interval == 0
+                                              or iteration == self.schedule.train_iters):
+            extras.update(_moe_metrics(neox_args, self.ctx, self.engine, iteration - self.last_moe_report))
+            self.last_moe_report = iteration
+        if seqlen is not None:
+            extras["curriculum_seqlen"] = seqlen
+        self.logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(self.lr_scheduler),
+                              grad_norm=grad_norm, step_time=time.perf_counter() - started, skipped=skipped,
+                              extras=extras, batch_size=batch_size, seq_length=seqlen)
+        if self.comms.due(iteration):
+            self.logger.log_comms(iteration, self.comms.report())
+
+    def evaluate_at_interval(self) -> None:
+        """eval_interval: the validation split (its stream moves on in the TrainState) and eval_tasks."""
+        neox_args, iteration = self.neox_args, self.state.iteration
+        if not (neox_args.eval_interval and iteration % neox_args.eval_interval == 0):
+            return
+        if self.valid_batches is not None:
+            self.evaluate_split(self.valid_batches, "validation")
+            self.state.consumed_valid_samples += neox_args.eval_iters * neox_args.train_batch_size
+        if neox_args.eval_tasks:
+            from megatron.evaluation import run_eval_tasks
+
+            self.timers("eval").start()
+            results = run_eval_tasks(neox_args, self.engine, self.ctx, iteration)
+            self.timers("eval").stop()
+            self.logger.log_eval_tasks(iteration, results["metrics"])
+            self.summary["eval"].append((iteration, "eval_tasks", results["metrics"]))
+
+    def evaluate_split(self, batches: Optional[_ModelBatches], split: str) -> None:
+        """eval_iters batches of one split, logged and added to the summary."""
+        self.timers("eval").start()
+        result = evaluate(self.neox_args, self.engine, batches, self.neox_args.eval_iters)
+        self.timers("eval").stop()
+        if result is not None:
+            value = result.pop("lm_loss")
+            self.logger.log_eval(iteration=self.state.iteration, lm_loss=value, split=split, extras=result)
+            self.summary["eval"].append((self.state.iteration, split, value))
+
+    def save_if_due(self) -> None:
+        """A checkpoint at save_iters, else a non-persistent one at its interval."""
+        iteration = self.state.iteration
+        if iteration in self.schedule.save_iters:
+            self.save()
+        elif non_persistent_due(self.neox_args, iteration, self.schedule.save_iters):
+            self.save(non_persistent=True)
+
+    def save(self, non_persistent: bool = False) -> None:
+        """A checkpoint of the TrainState's iteration, unless one was saved there already (with async_save, after the
+        previous checkpoint is complete)."""
+        at, neox_args, background = self.state.iteration, self.neox_args, self.background
+        if neox_args.save and self.last_saved != at:
+            self.timers("save").start()
+            if background is not None:
+                background.wait()  # the previous checkpoint is complete before the next one starts
+            path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
+                                   run_state(self.state, self.curriculum),
+                                   write_extra=self.reference.save if self.reference is not None else None,
+                                   complete=background is None, non_persistent=non_persistent)
+            if background is not None:
+                background.started(path, at, steps_to_next_save(neox_args, self.schedule, at))
+            self.timers("save").stop()
+            if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
+                self.last_saved = at
+
+    def stopped(self) -> bool:
+        """A signal on any rank, or exit_duration_in_mins passed: saved, recorded in the summary and said."""
+        signalled, out_of_time = self.stop.any_rank(self.deadline)
+        if not (signalled or out_of_time):
+            return False
+        self.save()
+        stop_name = self.stop.signal_name
+        self.summary["stopped_by"] = (stop_name or "another rank's signal") if signalled else "exit_duration_in_mins"
+        if signalled:  # train.py exits 128 + the signal (megatron.launch.signals); out of time: 0
+            self.summary["signal"] = stop_name
+        if self.logger.is_logging_rank:
+            self._say_why_stopped(signalled)
+        return True
+
+    def _say_why_stopped(self, signalled: bool) -> None:
+        """One line on the logging rank: why the run stops and where its checkpoint is."""
+        neox_args, iteration = self.neox_args, self.state.iteration
+        reason = (f"received {self.summary['stopped_by']}" if signalled else
+                  f"exit_duration_in_mins={neox_args.exit_duration_in_mins} passed")
+        saved = (f"saved a checkpoint at iteration {iteration} in {neox_args.save}" if neox_args.save
+                 else f"no checkpoint saved (save is not set) at iteration {iteration}")
+        print(f"{reason}: {saved}, exiting", flush=True)
+
+    def exit_interval_reached(self) -> bool:
+        """exit_interval: the run leaves before train_iters (the next launch continues from its checkpoint)."""
+        iteration, interval = self.state.iteration, self.neox_args.exit_interval
+        if interval and iteration % interval == 0 and iteration < self.schedule.train_iters:
+            self.summary["exited_at_interval"] = True  # not the end of training: no final evaluation
+            return True
+        return False
+
+    def finish(self) -> None:
+        """The last checkpoint and comms report, the final validation and test evaluations (not after a stop or
+        exit_interval), and the background writer's last checkpoint complete."""
+        neox_args, iteration = self.neox_args, self.state.iteration
+        if self.do_train:
+            self.save()
+            if self.comms.enabled and not self.comms.due(iteration):
+                self.logger.log_comms(iteration, self.comms.report())
+        if "stopped_by" not in self.summary and "exited_at_interval" not in self.summary:
+            if neox_args.do_valid and self.valid_batches is not None:
+                self.evaluate_split(self.valid_batches, "validation")
+            if (neox_args.do_test if neox_args.do_test is not None else True) and self.test_batches is not None:
+                self.evaluate_split(self.test_batches, "test")
+        if self.background is not None:
+            self.background.wait()
