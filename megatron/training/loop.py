@@ -5,7 +5,10 @@ One train step is one optimizer step over gradient_accumulation_steps micro-batc
 rampup_batch_size, over those of the step's batch: set_batch_size). Without a pipeline
 the DeepSpeed engine is driven micro-batch by micro-batch (forward, backward, step — DeepSpeed steps the
 optimizer and the LR schedule at the accumulation boundary); with a pipeline, DeepSpeed's
-PipelineEngine.train_batch runs the whole schedule."""
+PipelineEngine.train_batch runs the whole schedule.
+
+The loop is a _TrainingRun over the run's TrainState (megatron.training.state: the step and the samples consumed),
+which each checkpoint saves and a resumed run restores."""
 
 import math
 import os
@@ -26,6 +29,32 @@ from megatron.utils.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
 from megatron.mpu.host_collectives import all_gather_object, all_reduce, broadcast_object, world_size
 from megatron.checkpoint.non_persistent import non_persistent_due
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
+from megatron.training.state import TrainState, run_state
+from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.utils import clip_grad_norm_
+from megatron.checkpoint.async_save import AsyncCheckpoints
+from megatron.checkpoint.engine import complete_checkpoint, failed_save
+from megatron.checkpoint.non_persistent import in_non_persistent_dir
+from megatron.checkpoint.run_lock import RunLock
+from megatron.data import curriculum
+from megatron.data.data_utils import build_train_valid_test_datasets, make_data_loader, repeating_iterator
+from megatron.data.pairwise_dataset import as_text_and_labels
+from megatron.errors import ConfigError, DataError
+from megatron.evaluation.harness import run_eval_tasks
+from megatron.model.batch import BatchOptions, causal_only_mask, get_batch, to_device, truncate_batch
+from megatron.model.gpt2_model import GPT2ModelSequential, build_model, loss_function
+from megatron.model.moe import moe_metrics, set_aux_loss_scale
+from megatron.model.moe.pipeline import adapt_pipeline_moe_engine
+from megatron.mpu import broadcast_data
+from megatron.mpu.grad_norm import clip_grad_norm, global_grad_norm
+from megatron.observability.timers import Timers
+from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, PPL_LOSS_CAP, TrainingLogger, debug_metrics, debug_sums, debug_values, gather_debug_sums, memory_stats
+from megatron.optim.learning_rates import AnnealingLR, build_lr_scheduler
+from megatron.optim.optimizers import build_optimizer, describe_param_groups, pipeline_group_mismatch
+from megatron.post_training.objectives import preference_loss
+from megatron.post_training.reference import ReferenceModel, start_reference
+from megatron.training.mup_run import base_shapes_and_coord_check, prepare_model
+import deepspeed
 
 
 class StopRequested:
@@ -89,10 +118,6 @@ def _record_clipping_grad_norm(engine) -> None:
     """Without ZeRO, DeepSpeed computes the global norm to clip but throws it away; keep it so that it can be
     logged without computing it a second time. With expert parallelism DeepSpeed's norm is not the whole
     gradient's (megatron.mpu.grad_norm): clip by that one instead."""
-    from deepspeed.runtime.utils import clip_grad_norm_
-
-    from megatron.mpu.grad_norm import clip_grad_norm
-
     experts_split = getattr(engine.mpu, "expert_parallel_size", 1) > 1
 
     def clip_and_record() -> None:
@@ -112,17 +137,8 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
     The schedule is the built-in AnnealingLR, or, when the config has a DeepSpeed `scheduler` dict, the
     scheduler DeepSpeed builds from it (the engine steps either after each optimizer step and saves and loads
     its state in checkpoints)."""
-    import deepspeed
-
-    from megatron.optim.learning_rates import build_lr_scheduler
-    from megatron.model.gpt2_model import build_model
-    from megatron.optim.optimizers import build_optimizer
-
-    from megatron.post_training.objectives import preference_loss
-
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
     if neox_args.use_mup:  # base shapes on the parameters and muP's initialisation; then muP's optimizer groups
-        from megatron.training.mup_run import prepare_model
 
         prepare_model(neox_args, model, ctx.parallel_state)
     loss_fn = preference_loss(neox_args, ctx.parallel_state.get_model_parallel_group())
@@ -157,7 +173,6 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
         engine._config.train_batch_size = neox_args.train_batch_size
     _record_clipping_grad_norm(engine)
     if neox_args.is_pipe_parallel and neox_args.moe_num_experts > 1:
-        from megatron.model.moe.pipeline import adapt_pipeline_moe_engine
 
         adapt_pipeline_moe_engine(engine, ctx.parallel_state)
     use_safe_loading(engine)
@@ -184,8 +199,6 @@ def _place_as_deepspeed_will(model: torch.nn.Module, neox_args, ctx: RunContext)
     (_partition_over_data_and_context) moves it to the device one parameter's partition at a time, so the whole
     model never has to fit on one device. DeepSpeed's accelerator must be the device the project trains on, or
     the engine would move the model to the other one: a RuntimeError says so before anything is built."""
-    from deepspeed.accelerator import get_accelerator
-
     accelerator = get_accelerator().device_name()
     if accelerator != ctx.device.type:
         raise RuntimeError(
@@ -204,9 +217,6 @@ def _place_as_deepspeed_will(model: torch.nn.Module, neox_args, ctx: RunContext)
 def _check_stage_param_groups(optimizer: torch.optim.Optimizer, ps) -> None:
     """Every pipeline stage must have the same optimizer groups under ZeRO 1 / 2 (megatron.optim.optimizers.
     pipeline_group_mismatch): a ConfigError on every rank instead of a hang at the first step."""
-    from megatron.errors import ConfigError
-    from megatron.optim.optimizers import describe_param_groups, pipeline_group_mismatch
-
     stages = all_gather_object(describe_param_groups(optimizer.param_groups), group=ps.get_pipe_parallel_group())
     problem = pipeline_group_mismatch(stages)
     if problem:
@@ -219,10 +229,6 @@ def _partition_over_data_and_context(model: torch.nn.Module, ctx: RunContext, co
     data x context here (deepspeed.zero.Init on the built module; the engine then keeps that partitioning). Stage
     3's reduce-scatter averages over that whole group, so the loss's gradient share is scaled by
     context_parallel_size, as under the pipeline engine (megatron.model.gpt2_model.cross_entropy_loss)."""
-    import deepspeed
-
-    from megatron.model.gpt2_model import loss_function
-
     ps = ctx.parallel_state
     deepspeed.zero.Init(module=model, data_parallel_group=ps.get_sequence_data_parallel_group(),
                         config_dict_or_path=config, mpu=ps)
@@ -231,8 +237,6 @@ def _partition_over_data_and_context(model: torch.nn.Module, ctx: RunContext, co
 
 def current_lr(lr_scheduler) -> float:
     """The learning rate to log: AnnealingLR's base rate, or the rate a DeepSpeed scheduler last set."""
-    from megatron.optim.learning_rates import AnnealingLR
-
     if isinstance(lr_scheduler, AnnealingLR):
         return lr_scheduler.get_lr()
     return float(lr_scheduler.get_last_lr()[0])
@@ -265,8 +269,6 @@ def _batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consu
     """(train, valid, test) streams of model batches, None for a split without data. Every rank builds the
     datasets (rank 0 builds the index maps, the others wait); only model-parallel rank 0 reads samples and
     broadcasts them to its tensor-parallel group."""
-    from megatron.data.data_utils import build_train_valid_test_datasets, make_data_loader, repeating_iterator
-
     ps = ctx.parallel_state
     reads_data = ps.get_model_parallel_rank() == 0
     datasets = build_train_valid_test_datasets(neox_args, schedule.split_samples())
@@ -294,8 +296,6 @@ def _data_source(neox_args, split: str) -> str:
 
 def batch_options(neox_args):
     """The batch-building settings of the config (megatron.model.batch.BatchOptions)."""
-    from megatron.model.batch import BatchOptions
-
     return BatchOptions(labels=bool(neox_args.train_label_data_paths) or neox_args.dataset_impl == "pairwise",
                         rewards=neox_args.train_impl == "kto", eod_mask_loss=neox_args.eod_mask_loss,
                         reset_position_ids=neox_args.reset_position_ids,
@@ -327,7 +327,6 @@ class _ModelBatches:
         vocab = self.ctx.model_config.padded_vocab_size
         largest = int(tokens.max()) if tokens.numel() else 0
         if largest >= vocab:
-            from megatron.errors import DataError
 
             raise DataError(f"token id {largest} in {self.source} is beyond the model's vocabulary of {vocab} "
                             f"ids (the tokenizer {self.tokenizer_file or ''} padded to "
@@ -336,12 +335,9 @@ class _ModelBatches:
                             f"tokenizer it was made with")
 
     def __next__(self):
-        from megatron.model.batch import get_batch
-        from megatron.model.batch import causal_only_mask, to_device
 
         data = next(self.samples) if self.samples is not None else None
         if data is not None and self.pairwise:
-            from megatron.data.pairwise_dataset import as_text_and_labels
 
             data = as_text_and_labels(data)
         if data is not None:
@@ -358,12 +354,10 @@ class _ModelBatches:
             if self.reference.holds:  # the last pipeline stage (the others do not read the labels)
                 labels = labels + (self.reference.logps(inputs, labels[0], labels[1]),)
         elif self.precomputed:
-            from megatron.mpu import broadcast_data
 
             ref = broadcast_data(["ref"], data, torch.float32, self.ctx.parallel_state)["ref"].to(self.ctx.device)
             labels = labels + ((ref[:, 1:] * labels[1]).sum(dim=-1),)
         if self.seqlen is not None:
-            from megatron.model.batch import truncate_batch
 
             inputs, labels = truncate_batch((inputs, labels), self.seqlen)
         return inputs, labels
@@ -373,8 +367,6 @@ def start_curriculum(neox_args, engine, iteration: int, client_state: Dict[str, 
     """The sequence-length curriculum (megatron.data.curriculum) continued after `iteration` steps, None when off.
     DeepSpeed's pipeline engine caches the activation shapes it sends between stages after the first batch;
     with a curriculum the shapes change, so it exchanges them with every batch (its dynamic_shape mode)."""
-    from megatron.data import curriculum
-
     if not curriculum.enabled(neox_args.curriculum_learning):
         return None
     schedule = curriculum.SeqlenCurriculum(neox_args.curriculum_learning)
@@ -382,13 +374,6 @@ def start_curriculum(neox_args, engine, iteration: int, client_state: Dict[str, 
     if neox_args.is_pipe_parallel:
         engine.dynamic_shape = True
     return schedule
-
-
-def run_state(position: Dict[str, int], schedule=None) -> Dict[str, Any]:
-    """What a checkpoint keeps of the run besides the engine: the data position and the curriculum's state."""
-    from megatron.data.curriculum import STATE_KEY
-
-    return {**position, **({STATE_KEY: schedule.state_dict()} if schedule is not None else {})}
 
 
 def curriculum_step(schedule, batches: _ModelBatches, iteration: int) -> int:
@@ -400,8 +385,6 @@ def curriculum_step(schedule, batches: _ModelBatches, iteration: int) -> int:
 def _loss_of(engine, batch) -> torch.Tensor:
     """Forward one micro-batch of the sequential model and apply its loss (honours fp16_lm_cross_entropy). The GPT's
     head output is deferred: the loss computes the logits in chunks of tokens, never whole (megatron.model.head)."""
-    from megatron.model.gpt2_model import GPT2ModelSequential
-
     inputs, labels = batch
     defer = {"defer_logits": True} if isinstance(engine.module, GPT2ModelSequential) else {}
     return engine.module.loss_fn(engine(inputs, **defer), labels)
@@ -424,12 +407,9 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
     global gradient norm before clipping, the log_* / memory_profiling values when `debug`). The norm is left as
     the engine keeps it (a device tensor: reading it waits for the device, so the logger reads it only when it
     writes a record)."""
-    from megatron.observability.training_logger import debug_metrics
-
     grad_norm = None
     extras: Dict[str, float] = {}
     if neox_args.moe_num_experts > 1:
-        from megatron.model.moe import set_aux_loss_scale
 
         set_aux_loss_scale(engine.module, aux_loss_scale(engine, neox_args))
     if neox_args.is_pipe_parallel:
@@ -486,8 +466,6 @@ def objective_metrics(engine) -> Dict[str, float]:
 
 def _moe_metrics(neox_args, ctx: RunContext, engine, iterations: int) -> Dict[str, float]:
     """moe_aux_loss and the per-layer expert load since the last report (every rank calls it: one all-reduce)."""
-    from megatron.model.moe import moe_metrics
-
     return moe_metrics(engine.module, neox_args.num_layers, neox_args.moe_num_experts, neox_args.moe_loss_coeff,
                        iterations, tensor_parallel_size=ctx.parallel_state.get_model_parallel_world_size())
 
@@ -502,8 +480,6 @@ def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
     optimizer.step), steps the optimizer and frees the gradients. For this call only, the engine's
     _take_model_step first records this stage's values (debug_sums, under the sequential model's names); after
     train_batch the stages' values are combined on every rank (gather_debug_sums)."""
-    from megatron.observability.training_logger import debug_sums, debug_values, gather_debug_sums, memory_stats
-
     captured: List[Dict[str, List[float]]] = []
     take_model_step = engine._take_model_step
     overridden = "_take_model_step" in vars(engine)  # already replaced on this engine (by a caller)
@@ -534,8 +510,6 @@ def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> torch.Tens
     """L2 norm of the full gradient without ZeRO (DeepSpeed reports none there): gradients are already
     averaged over data-parallel ranks; megatron.mpu.grad_norm counts tensor-parallel shards and experts split
     over expert-parallel ranks. A one-element tensor on the gradients' device (read when it is logged)."""
-    from megatron.mpu.grad_norm import global_grad_norm
-
     return global_grad_norm(module.parameters(), parallel_state)
 
 
@@ -600,7 +574,6 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
                          for _ in range(neox_args.gradient_accumulation_steps)]
                 losses.append(_data_parallel_mean(torch.stack(micro).mean(), engine))
             if neox_args.checkpoint_activations and neox_args.contiguous_checkpointing:
-                import deepspeed  # forwards without a backward leave DeepSpeed's contiguous buffers filled
 
                 deepspeed.checkpointing.reset()
     finally:
@@ -609,7 +582,6 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
     engine.train()
     result = {"lm_loss": sum(losses) / len(losses), **objective_metrics(engine)}
     if neox_args.char_level_ppl:
-        from megatron.observability.training_logger import PPL_LOSS_CAP
 
         ratio = tokens_per_char(counter.tokens if counter else 0, counter.chars if counter else 0)
         if ratio is not None:
@@ -624,8 +596,6 @@ def _agreed_problem(problem: Optional[str]) -> Optional[str]:
 
 def _claim_save_directory(neox_args):
     """Rank 0 takes `save`'s run lock (megatron.checkpoint.run_lock); CheckpointError on every rank when another run holds it."""
-    from megatron.checkpoint.run_lock import RunLock
-
     lock = RunLock(neox_args.save)
     problem = lock.acquire() if not dist.is_initialized() or dist.get_rank() == 0 else None
     problem = _agreed_problem(problem)
@@ -650,23 +620,10 @@ def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
         raise CheckpointError(problem)
 
 
-def data_position(neox_args, client_state: Dict[str, Any], iteration: int) -> Dict[str, int]:
-    """Where the data streams start: a resumed run where its checkpoint stopped (GPT-NeoX's checkpoints record no
-    samples: iterations x batch); a fine-tuning run (finetune: true) at the start of its own data, whatever the
-    checkpoint it starts from consumed of another dataset."""
-    if neox_args.finetune:
-        return {"consumed_train_samples": 0, "consumed_valid_samples": 0}
-    samples = client_state.get("consumed_train_samples", iteration * neox_args.train_batch_size)
-    return {"consumed_train_samples": samples, "consumed_valid_samples": client_state.get("consumed_valid_samples", 0)}
-
-
 def _async_checkpoints(neox_args, engine, ctx: RunContext):
     """async_save's background writer (megatron.checkpoint.async_save), None for synchronous saves."""
     if not (neox_args.async_save and neox_args.save):
         return None
-    from megatron.checkpoint.async_save import AsyncCheckpoints
-    from megatron.checkpoint.engine import complete_checkpoint, failed_save
-    from megatron.checkpoint.non_persistent import in_non_persistent_dir
 
     return AsyncCheckpoints(engine, failure=failed_save,
                             complete=lambda path, it, digests: complete_checkpoint(
@@ -691,7 +648,6 @@ def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str])
     if neox_args.train_impl not in ("dpo", "kto") or neox_args.precompute_model_name or (
             neox_args.train_impl == "dpo" and neox_args.dpo_reference_free):
         return None  # none needed, or read from precomputed files (megatron.post_training.precompute)
-    from megatron.post_training.reference import ReferenceModel, start_reference
 
     fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
     reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
@@ -705,7 +661,6 @@ def pretrain(neox_args) -> Dict[str, Any]:
     """Train (and evaluate) as the config says; returns a summary (iterations, losses, evaluations)."""
     problems = neox_args.training_problems()
     if problems:
-        from megatron.errors import ConfigError
 
         raise ConfigError(problems)
     started_at = time.time()
@@ -723,12 +678,8 @@ def pretrain(neox_args) -> Dict[str, Any]:
 def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space: bool,
                         deadline: Optional[float]) -> Dict[str, Any]:
     """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end."""
-    from megatron.observability.training_logger import TrainingLogger
-    from megatron.observability.timers import Timers
-
     schedule = TrainingSchedule.from_neox_args(neox_args)
     if neox_args.use_mup and (neox_args.save_base_shapes or neox_args.coord_check):
-        from megatron.training.mup_run import base_shapes_and_coord_check  # these runs stop instead of training
 
         return base_shapes_and_coord_check(neox_args, ctx, lambda: next(_batch_streams(neox_args, ctx, schedule, 0,
                                                                                           0)[0]))
@@ -744,145 +695,223 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine)
     loaded_rng = rng_states() if iteration else None
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
-    position = data_position(neox_args, client_state, iteration)
-    train_batches, valid_batches, test_batches = _batch_streams(
-        neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"], reference)
+    state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
+    streams = _batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,
+                             reference)
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
     if loaded_rng is not None:
         # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
         # router jitter and dropout draw the same noise), whatever building the batch streams drew
         set_rng_states(loaded_rng)
-    timers = Timers(enabled=neox_args.wall_clock_breakdown)
+    run = _TrainingRun(neox_args, ctx, (engine, optimizer, lr_scheduler), schedule, state, schedule_of_lengths,
+                       streams, reference, stop, deadline, do_train)
+    try:
+        run.train()
+        run.finish()
+    finally:
+        run.logger.close()
+        stop.restore()
+    run.summary["iteration"] = state.iteration
+    run.summary["skipped_steps"] = run.overflow.total
+    ctx.destroy()
+    return run.summary
+
+
+def _training_logger(neox_args, ctx: RunContext, engine, schedule: TrainingSchedule, iteration: int):
+    """The run's TrainingLogger, its clock started at ``iteration`` (and feeding DeepSpeed's monitors when on)."""
     logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0,
                             train_iters=schedule.train_iters)
     logger.restart_clock(iteration)
     if logger.is_logging_rank and engine.monitor.enabled:
-        from megatron.observability.training_logger import DeepSpeedMonitorSink
 
         logger.out.add(DeepSpeedMonitorSink(engine))
-    summary: Dict[str, Any] = {"start_iteration": iteration, "losses": [], "eval": []}
-    overflow = OverflowGuard()
-    wants_debug = any((neox_args.log_grad_norm, neox_args.log_param_norm, neox_args.log_grad_pct_zeros,
-                       neox_args.log_optimizer_states, neox_args.memory_profiling))
-    memory_profiler = None
-    if neox_args.memory_profiling:
-        from megatron.observability.training_logger import MemoryProfiler
+    return logger
 
-        memory_profiler = MemoryProfiler(neox_args)
-    last_saved = last_moe_report = iteration
-    comms = CommsReporter(neox_args.comms_logger)
-    background = _async_checkpoints(neox_args, engine, ctx)
 
-    def save(at: int, non_persistent: bool = False) -> None:
-        nonlocal last_saved
-        if neox_args.save and last_saved != at:
-            timers("save").start()
-            if background is not None:
-                background.wait()  # the previous checkpoint is complete before the next one starts
-            path = save_checkpoint(neox_args, ctx.model_config, at, engine, run_state(position, schedule_of_lengths),
-                                   write_extra=reference.save if reference is not None else None,
-                                   complete=background is None, non_persistent=non_persistent)
-            if background is not None:
-                background.started(path, at, steps_to_next_save(neox_args, schedule, at))
-            timers("save").stop()
-            if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
-                last_saved = at
+class _TrainingRun:
+    """The loop over a TrainState and its bookkeeping, one method per job: a step, the evaluation and the saves it
+    calls for, the stop checks, the end of training. Holds the run's collaborators (the engine, its optimizer and
+    LR schedule, the batch streams, the logger and timers, async_save's background writer) and the summary that
+    pretrain returns; the TrainState is what the checkpoints save of the run (with the curriculum's state)."""
 
-    def evaluate_split(batches: Optional[_ModelBatches], split: str) -> None:
-        timers("eval").start()
-        result = evaluate(neox_args, engine, batches, neox_args.eval_iters)
-        timers("eval").stop()
-        if result is not None:
-            value = result.pop("lm_loss")
-            logger.log_eval(iteration=iteration, lm_loss=value, split=split, extras=result)
-            summary["eval"].append((iteration, split, value))
+    def __init__(self, neox_args, ctx: RunContext, engine_parts: Tuple[Any, Any, Any], schedule: TrainingSchedule,
+                 state: TrainState, curriculum, streams: List[Optional[_ModelBatches]], reference,
+                 stop: StopRequested, deadline: Optional[float], do_train: bool) -> None:
 
-    try:
-        while do_train and iteration < schedule.train_iters:
-            started = time.perf_counter()
-            debug = wants_debug and (iteration + 1) % neox_args.log_interval == 0
-            batch_size = schedule.batch_size_at(position["consumed_train_samples"])
-            if schedule.rampup is not None:
-                set_batch_size(engine, lr_scheduler, batch_size)
-            seqlen = curriculum_step(schedule_of_lengths, train_batches, iteration) if schedule_of_lengths else None
-            timers("train_step").start()
-            loss, skipped, grad_norm, extras = train_step(neox_args, engine, train_batches, ctx, optimizer, debug)
-            timers("train_step").stop()
-            iteration += 1
-            overflow.record(skipped, iteration)
-            if background is not None:
-                background.poll()
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
-            if memory_profiler is not None and debug:
-                memory_profiler.dump(iteration)
-            position["consumed_train_samples"] += batch_size
-            summary["losses"].append(loss)
-            if iteration % neox_args.log_interval == 0:
-                extras.update({f"time_ms/{k}": v for k, v in
-                               timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
-            if neox_args.moe_num_experts > 1 and (iteration % neox_args.log_interval == 0
-                                                  or iteration == schedule.train_iters):
-                extras.update(_moe_metrics(neox_args, ctx, engine, iteration - last_moe_report))
-                last_moe_report = iteration
-            if seqlen is not None:
-                extras["curriculum_seqlen"] = seqlen
-            logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(lr_scheduler), grad_norm=grad_norm,
-                             step_time=time.perf_counter() - started, skipped=skipped, extras=extras,
-                             batch_size=batch_size, seq_length=seqlen)
-            if comms.due(iteration):
-                logger.log_comms(iteration, comms.report())
-            if neox_args.eval_interval and iteration % neox_args.eval_interval == 0:
-                if valid_batches is not None:
-                    evaluate_split(valid_batches, "validation")
-                    position["consumed_valid_samples"] += neox_args.eval_iters * neox_args.train_batch_size
-                if neox_args.eval_tasks:
-                    from megatron.evaluation.harness import run_eval_tasks
+        self.neox_args, self.ctx, self.schedule = neox_args, ctx, schedule
+        self.state, self.curriculum = state, curriculum
+        self.engine, self.optimizer, self.lr_scheduler = engine_parts
+        self.train_batches, self.valid_batches, self.test_batches = streams
+        self.reference, self.stop, self.deadline, self.do_train = reference, stop, deadline, do_train
+        self.timers = Timers(enabled=neox_args.wall_clock_breakdown)
+        self.logger = _training_logger(neox_args, ctx, self.engine, schedule, state.iteration)
+        self.summary: Dict[str, Any] = {"start_iteration": state.iteration, "losses": [], "eval": []}
+        self.overflow = OverflowGuard()
+        self.wants_debug = any((neox_args.log_grad_norm, neox_args.log_param_norm, neox_args.log_grad_pct_zeros,
+                                neox_args.log_optimizer_states, neox_args.memory_profiling))
+        self.memory_profiler = None
+        if neox_args.memory_profiling:
 
-                    timers("eval").start()
-                    results = run_eval_tasks(neox_args, engine, ctx, iteration)
-                    timers("eval").stop()
-                    logger.log_eval_tasks(iteration, results["metrics"])
-                    summary["eval"].append((iteration, "eval_tasks", results["metrics"]))
+            self.memory_profiler = MemoryProfiler(neox_args)
+        self.last_saved = self.last_moe_report = state.iteration
+        self.comms = CommsReporter(neox_args.comms_logger)
+        self.background = _async_checkpoints(neox_args, self.engine, ctx)
+
+    def train(self) -> None:
+        """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
+        while self.do_train and self.state.iteration < self.schedule.train_iters:
+            self.step()
+            self.evaluate_at_interval()
             # saved after this step's evaluation, so that the checkpoint's consumed_valid_samples (and RNG state)
             # are those the uninterrupted run continues with: a resumed run replays the same validation batches
-            if iteration in schedule.save_iters:
-                save(iteration)
-            elif non_persistent_due(neox_args, iteration, schedule.save_iters):
-                save(iteration, non_persistent=True)
-            signalled, out_of_time = stop.any_rank(deadline)
-            if signalled or out_of_time:
-                save(iteration)
-                summary["stopped_by"] = ((stop.signal_name or "another rank's signal") if signalled
-                                         else "exit_duration_in_mins")
-                if signalled:  # train.py exits 128 + the signal (megatron.launch.signals); out of time: 0
-                    summary["signal"] = stop.signal_name
-                if logger.is_logging_rank:
-                    reason = (f"received {summary['stopped_by']}" if signalled else
-                              f"exit_duration_in_mins={neox_args.exit_duration_in_mins} passed")
-                    saved = (f"saved a checkpoint at iteration {iteration} in {neox_args.save}" if neox_args.save
-                             else f"no checkpoint saved (save is not set) at iteration {iteration}")
-                    print(f"{reason}: {saved}, exiting", flush=True)
+            self.save_if_due()
+            if self.stopped() or self.exit_interval_reached():
                 break
-            if (neox_args.exit_interval and iteration % neox_args.exit_interval == 0
-                    and iteration < schedule.train_iters):
-                summary["exited_at_interval"] = True  # not the end of training: no final evaluation
-                break
-        if do_train:
-            save(iteration)
-            if comms.enabled and not comms.due(iteration):
-                logger.log_comms(iteration, comms.report())
-        if "stopped_by" not in summary and "exited_at_interval" not in summary:
-            if neox_args.do_valid and valid_batches is not None:
-                evaluate_split(valid_batches, "validation")
-            if (neox_args.do_test if neox_args.do_test is not None else True) and test_batches is not None:
-                evaluate_split(test_batches, "test")
-        if background is not None:
-            background.wait()
-    finally:
-        logger.close()
-        stop.restore()
-    summary["iteration"] = iteration
-    summary["skipped_steps"] = overflow.total
-    ctx.destroy()
-    return summary
+
+    def step(self) -> None:
+        """One optimizer step (at the batch size and curriculum length of the step), counted and logged."""
+        started = time.perf_counter()
+        iteration, neox_args = self.state.iteration, self.neox_args
+        debug = self.wants_debug and (iteration + 1) % neox_args.log_interval == 0
+        batch_size = self.schedule.batch_size_at(self.state.consumed_train_samples)
+        if self.schedule.rampup is not None:
+            set_batch_size(self.engine, self.lr_scheduler, batch_size)
+        seqlen = curriculum_step(self.curriculum, self.train_batches, iteration) if self.curriculum else None
+        self.timers("train_step").start()
+        result = train_step(neox_args, self.engine, self.train_batches, self.ctx, self.optimizer, debug)
+        self.timers("train_step").stop()
+        self.count_step(result[0], result[1], batch_size, debug)
+        self.log_step(result, batch_size, seqlen, started)
+
+    def count_step(self, loss: float, skipped: bool, batch_size: int, debug: bool) -> None:
+        """The TrainState moves past the step; a non-finite loss stops the run."""
+        self.state.iteration += 1
+        iteration = self.state.iteration
+        self.overflow.record(skipped, iteration)
+        if self.background is not None:
+            self.background.poll()
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
+        if self.memory_profiler is not None and debug:
+            self.memory_profiler.dump(iteration)
+        self.state.consumed_train_samples += batch_size
+        self.summary["losses"].append(loss)
+
+    def log_step(self, result: Tuple[float, bool, Any, Dict[str, float]], batch_size: int, seqlen: Optional[int],
+                 started: float) -> None:
+        """The step's record (train_step's ``result``, the timers and MoE values when due) and the comms report."""
+        loss, skipped, grad_norm, extras = result
+        iteration, neox_args = self.state.iteration, self.neox_args
+        if iteration % neox_args.log_interval == 0:
+            extras.update({f"time_ms/{k}": v for k, v in
+                           self.timers.elapsed_ms(normalizer=neox_args.log_interval).items()})
+        if neox_args.moe_num_experts > 1 and (iteration % neox_args.log_interval == 0
+                                              or iteration == self.schedule.train_iters):
+            extras.update(_moe_metrics(neox_args, self.ctx, self.engine, iteration - self.last_moe_report))
+            self.last_moe_report = iteration
+        if seqlen is not None:
+            extras["curriculum_seqlen"] = seqlen
+        self.logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(self.lr_scheduler),
+                              grad_norm=grad_norm, step_time=time.perf_counter() - started, skipped=skipped,
+                              extras=extras, batch_size=batch_size, seq_length=seqlen)
+        if self.comms.due(iteration):
+            self.logger.log_comms(iteration, self.comms.report())
+
+    def evaluate_at_interval(self) -> None:
+        """eval_interval: the validation split (its stream moves on in the TrainState) and eval_tasks."""
+        neox_args, iteration = self.neox_args, self.state.iteration
+        if not (neox_args.eval_interval and iteration % neox_args.eval_interval == 0):
+            return
+        if self.valid_batches is not None:
+            self.evaluate_split(self.valid_batches, "validation")
+            self.state.consumed_valid_samples += neox_args.eval_iters * neox_args.train_batch_size
+        if neox_args.eval_tasks:
+
+            self.timers("eval").start()
+            results = run_eval_tasks(neox_args, self.engine, self.ctx, iteration)
+            self.timers("eval").stop()
+            self.logger.log_eval_tasks(iteration, results["metrics"])
+            self.summary["eval"].append((iteration, "eval_tasks", results["metrics"]))
+
+    def evaluate_split(self, batches: Optional[_ModelBatches], split: str) -> None:
+        """eval_iters batches of one split, logged and added to the summary."""
+        self.timers("eval").start()
+        result = evaluate(self.neox_args, self.engine, batches, self.neox_args.eval_iters)
+        self.timers("eval").stop()
+        if result is not None:
+            value = result.pop("lm_loss")
+            self.logger.log_eval(iteration=self.state.iteration, lm_loss=value, split=split, extras=result)
+            self.summary["eval"].append((self.state.iteration, split, value))
+
+    def save_if_due(self) -> None:
+        """A checkpoint at save_iters, else a non-persistent one at its interval."""
+        iteration = self.state.iteration
+        if iteration in self.schedule.save_iters:
+            self.save()
+        elif non_persistent_due(self.neox_args, iteration, self.schedule.save_iters):
+            self.save(non_persistent=True)
+
+    def save(self, non_persistent: bool = False) -> None:
+        """A checkpoint of the TrainState's iteration, unless one was saved there already (with async_save, after the
+        previous checkpoint is complete)."""
+        at, neox_args, background = self.state.iteration, self.neox_args, self.background
+        if neox_args.save and self.last_saved != at:
+            self.timers("save").start()
+            if background is not None:
+                background.wait()  # the previous checkpoint is complete before the next one starts
+            path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
+                                   run_state(self.state, self.curriculum),
+                                   write_extra=self.reference.save if self.reference is not None else None,
+                                   complete=background is None, non_persistent=non_persistent)
+            if background is not None:
+                background.started(path, at, steps_to_next_save(neox_args, self.schedule, at))
+            self.timers("save").stop()
+            if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
+                self.last_saved = at
+
+    def stopped(self) -> bool:
+        """A signal on any rank, or exit_duration_in_mins passed: saved, recorded in the summary and said."""
+        signalled, out_of_time = self.stop.any_rank(self.deadline)
+        if not (signalled or out_of_time):
+            return False
+        self.save()
+        stop_name = self.stop.signal_name
+        self.summary["stopped_by"] = (stop_name or "another rank's signal") if signalled else "exit_duration_in_mins"
+        if signalled:  # train.py exits 128 + the signal (megatron.launch.signals); out of time: 0
+            self.summary["signal"] = stop_name
+        if self.logger.is_logging_rank:
+            self._say_why_stopped(signalled)
+        return True
+
+    def _say_why_stopped(self, signalled: bool) -> None:
+        """One line on the logging rank: why the run stops and where its checkpoint is."""
+        neox_args, iteration = self.neox_args, self.state.iteration
+        reason = (f"received {self.summary['stopped_by']}" if signalled else
+                  f"exit_duration_in_mins={neox_args.exit_duration_in_mins} passed")
+        saved = (f"saved a checkpoint at iteration {iteration} in {neox_args.save}" if neox_args.save
+                 else f"no checkpoint saved (save is not set) at iteration {iteration}")
+        print(f"{reason}: {saved}, exiting", flush=True)
+
+    def exit_interval_reached(self) -> bool:
+        """exit_interval: the run leaves before train_iters (the next launch continues from its checkpoint)."""
+        iteration, interval = self.state.iteration, self.neox_args.exit_interval
+        if interval and iteration % interval == 0 and iteration < self.schedule.train_iters:
+            self.summary["exited_at_interval"] = True  # not the end of training: no final evaluation
+            return True
+        return False
+
+    def finish(self) -> None:
+        """The last checkpoint and comms report, the final validation and test evaluations (not after a stop or
+        exit_interval), and the background writer's last checkpoint complete."""
+        neox_args, iteration = self.neox_args, self.state.iteration
+        if self.do_train:
+            self.save()
+            if self.comms.enabled and not self.comms.due(iteration):
+                self.logger.log_comms(iteration, self.comms.report())
+        if "stopped_by" not in self.summary and "exited_at_interval" not in self.summary:
+            if neox_args.do_valid and self.valid_batches is not None:
+                self.evaluate_split(self.valid_batches, "validation")
+            if (neox_args.do_test if neox_args.do_test is not None else True) and self.test_batches is not None:
+                self.evaluate_split(self.test_batches, "test")
+        if self.background is not None:
+            self.background.wait()

@@ -164,7 +164,7 @@ def _train(args, samples, steps=None, before_first=None):
 
 def _curriculum_runs(rank: int, world_size: int, directory: str):
     from megatron.checkpoint.engine import save_checkpoint
-    from megatron.training.loop import run_state
+    from megatron.training.state import TrainState, run_state
 
     samples = [{"text": torch.randint(0, VOCAB, (MICRO, 17), generator=torch.Generator().manual_seed(50 + i))}
                for i in range(4)]
@@ -188,8 +188,8 @@ def _curriculum_runs(rank: int, world_size: int, directory: str):
     # stop after step 2 with a checkpoint, then resume from it in a new engine
     args = _args(world_size, LAYOUTS["dp2"], save=directory)
     losses, _, _, engine, ctx, schedule, _ = _train(args, samples[:2], steps=2)
-    save_checkpoint(args, ctx.model_config, 2, engine, run_state({"consumed_train_samples": 2 * MICRO * world_size},
-                                                                 schedule))
+    save_checkpoint(args, ctx.model_config, 2, engine,
+                    run_state(TrainState(iteration=2, consumed_train_samples=2 * MICRO * world_size), schedule))
     ctx.parallel_state.destroy()
     resumed_args = _args(world_size, LAYOUTS["dp2"], load=directory)
     losses, lengths, pulled, _, ctx, _, start = _train(resumed_args, samples[2:])

@@ -81,19 +81,6 @@ def test_single_rank_allreduce_is_skipped_without_changing_training():
     assert not any(s for s, _ in run_distributed(_engine_losses, world_size=2, args=(0, True)))  # dp = 2
 
 
-def test_a_fine_tuning_run_starts_its_data_at_the_beginning_and_a_resume_where_it_stopped():
-    """DPO from an SFT checkpoint that consumed 4800 samples of another dataset starts at sample 0 (it used to
-    start at 4800 and, with a smaller preference set, found no batches)."""
-    from megatron.training.loop import data_position
-
-    state = {"consumed_train_samples": 4800, "consumed_valid_samples": 64}
-    assert data_position(tiny(finetune=True), state, 0) == {"consumed_train_samples": 0, "consumed_valid_samples": 0}
-    assert data_position(tiny(), state, 300) == state
-    args = tiny()
-    assert data_position(args, {}, 3) == {"consumed_train_samples": 3 * args.train_batch_size,
-                                          "consumed_valid_samples": 0}  # GPT-NeoX's checkpoints: iterations
-
-
 def test_char_counter_counts_the_predicted_tokens_and_their_characters():
     import numpy as np
 
