@@ -17,8 +17,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint.files import use_safe_loading
-from megatron.checkpoint.engine import estimated_checkpoint_bytes, load_checkpoint, save_checkpoint, space_problem
-from megatron.checkpoint.rng_state import rng_states, set_rng_states
+from megatron.checkpoint.engine import estimated_checkpoint_bytes, load_checkpoint, restore_rng, save_checkpoint, space_problem
 from megatron.errors import CheckpointError
 from megatron.observability.comms_logging import CommsReporter
 from megatron.initialize import RunContext, initialize_megatron
@@ -742,16 +741,14 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         stop.restore()
         raise
     iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine)
-    loaded_rng = rng_states() if iteration else None
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     position = data_position(neox_args, client_state, iteration)
     train_batches, valid_batches, test_batches = _batch_streams(
         neox_args, ctx, schedule, position["consumed_train_samples"], position["consumed_valid_samples"], reference)
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
-    if loaded_rng is not None:
-        # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
-        # router jitter and dropout draw the same noise), whatever building the batch streams drew
-        set_rng_states(loaded_rng)
+    # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE router
+    # jitter and dropout draw the same noise), whatever building the batch streams drew: set here, and only here
+    restore_rng(neox_args, loaded_from, client_state)
     timers = Timers(enabled=neox_args.wall_clock_breakdown)
     logger = TrainingLogger(neox_args, ctx.model_config, rank=dist.get_rank() if dist.is_initialized() else 0,
                             train_iters=schedule.train_iters)
