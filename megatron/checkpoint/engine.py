@@ -14,7 +14,8 @@ Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety 
     global_step{N}/neox_args.json   the NeoXArgs of the run (architecture check on load), with
                                checkpoint_layout: gpt-neox
     global_step{N}/configs/*.yml    the user's YAML files, verbatim (as GPT-NeoX)
-    global_step{N}/rng_state_rank{R}.pt   each rank's RNG states (unless no_save_rng)
+    global_step{N}/rng_state_rank{R}.pt   each rank's RNG states (unless no_save_rng), the ones a resume sets
+                               (megatron.checkpoint.rng_state: why there, and not only in the client state)
     global_step{N}/checksums.xxh128   XXH3-128 of every file above, written after they are all flushed to disk;
                                verified before a load (megatron.checkpoint.integrity; checksums.sha256 in
                                checkpoints saved before)
@@ -40,7 +41,7 @@ Which checkpoint a directory holds (``checkpoint_kind``):
     architecture checked against the client state's `args`, the checkpoint's configs/*.yml and the files'
     tensor/pipeline split (another split loads the weights only: finetune or no_load_optim); its padded
     vocabulary is taken from the embedding (megatron.initialize); its RNG
-    states come from the client state. Files of this project without COMPLETE are an interrupted save and
+    states come from the client state (restore_rng). Files of this project without COMPLETE are an interrupted save and
     are refused.
 """
 
@@ -51,14 +52,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
-from megatron.checkpoint.files import load_checkpoint_file
 from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
 from megatron.checkpoint.integrity import verification_problems, write_manifest
 from megatron.checkpoint.integrity import write_atomically as _write_atomically  # a seam tests replace
 from megatron.mpu.host_collectives import barrier, broadcast_object
 from megatron.checkpoint.format import ARCHITECTURE_KEYS, ARGS_FILE, COMPLETE_MARKER, GPT_NEOX, LATEST_FILE, LAYOUT, LAYOUT_KEY, LAYOUT_KEYS, MERGED_ON_READ, OURS, OURS_OLD, RESHARD_KEY, UPGRADE_TOOL, yaml_values, complete_tags, file_layout, gpt_neox_client_args, optimizer_layout, read_latest, read_saved_args, resume_tag, saved_args, tag_for
 from megatron.checkpoint.files import checkpoint_kind, load_lazily, read_client_state
-from megatron.checkpoint.rng_state import gpt_neox_rng_state, process_rank, rng_states, set_rng_states
+from megatron.checkpoint.rng_state import gpt_neox_rng_state, process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
 from megatron.checkpoint.non_persistent import keep_only, newer_checkpoint, non_persistent_dir
 from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
 from megatron.model.config import expand_attention_config
@@ -141,7 +141,7 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
         os.makedirs(path, exist_ok=True)
         if not neox_args.no_save_rng:
-            torch.save(_rng_states(), os.path.join(path, f"rng_state_rank{rank}.pt"))
+            torch.save(_rng_states(), rng_file(path, rank))
         if rank == 0:
             with open(os.path.join(path, ARGS_FILE), "w", encoding="utf-8") as handle:
                 json.dump(saved_args(neox_args, model_config), handle, indent=1, sort_keys=True, default=str)
@@ -405,10 +405,23 @@ def _checkpoint_path(neox_args) -> Optional[str]:
     return path if path and os.path.isdir(path) else None
 
 
+def restore_rng(neox_args, path: Optional[str], client_state: Mapping[str, Any]) -> None:
+    """Set this process's RNG to what checkpoint ``path`` saved of it (``client_state``: as load_checkpoint
+    returned it), unless fine-tuning, no_load_rng or nothing to load. The one place a resume sets the RNG: call it
+    where the uninterrupted run stood when it saved, i.e. after whatever setup draws (building the data streams),
+    so that the first step draws the noise it drew (megatron.checkpoint.rng_state says which file holds it)."""
+    if path is None or neox_args.finetune or neox_args.no_load_rng:
+        return
+    states = saved_rng_states(path, client_state, process_rank())
+    if states is not None:
+        set_rng_states(states)
+
+
 def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any], Optional[str]]:
     """Load into `engine`; returns (iteration to continue from, client state, the checkpoint directory loaded).
     (0, {}, None) when nothing to load. The directory is returned so that callers needing it again (DPO / KTO's
-    reference model) do not resolve, and so checksum, the checkpoint a second time."""
+    reference model, restore_rng) do not resolve, and so checksum, the checkpoint a second time. The RNG is not
+    set here: restore_rng sets it once, where the uninterrupted run stood."""
     resolved = resolve_checkpoint(neox_args, model_config)
     if resolved is None:
         return 0, {}, None
@@ -432,14 +445,6 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     if loaded_path is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint files in {os.path.join(load_dir, tag)}")
     client_state = client_state or {}
-    rng_file = os.path.join(load_dir, tag, f"rng_state_rank{process_rank()}.pt")
-    if not (finetune or neox_args.no_load_rng):
-        if os.path.isfile(rng_file):
-            set_rng_states(load_checkpoint_file(rng_file))
-        elif "random_rng_state" in client_state:  # GPT-NeoX's: one state per tensor rank, in the client state
-            set_rng_states({"python": client_state["random_rng_state"], "numpy": client_state["np_rng_state"],
-                             "torch": client_state["torch_rng_state"],
-                             **({"cuda": client_state["cuda_rng_state"]} if "cuda_rng_state" in client_state else {})})
     iteration = 0 if finetune else int(client_state.get("iteration", 0))
     return iteration, client_state, os.path.join(load_dir, tag)
 
@@ -468,6 +473,5 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
               f"{' and optimizer state' if load_optim else ''} for this run's {describe(now)}", flush=True)
     iteration, client_state = load_resharded(
         path, saved, model_config, engine, load_optim=load_optim,
-        load_rng=not (neox_args.finetune or neox_args.no_load_rng),
         strict=not (neox_args.finetune and model_config.value_head), restore_counters=not neox_args.finetune)
     return (0 if neox_args.finetune else iteration), client_state

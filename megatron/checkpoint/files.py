@@ -3,8 +3,9 @@
 `torch.load(weights_only=False)` unpickles anything: a checkpoint holding `os.system(...)` runs it on resume
 or conversion. Every checkpoint file of this project, GPT-NeoX's and DeepSpeed's is read here with
 `weights_only=True`, which rebuilds tensors, numbers, strings and containers and, besides those, only the
-classes listed in `checkpoint_globals()`: numpy's arrays (the numpy RNG state), DeepSpeed's loss scaler, ZeRO
-stage enum and fragment addresses (its optimizer files). A file that needs anything else is refused with a
+classes listed in `checkpoint_globals()`: numpy's arrays (the numpy RNG state of GPT-NeoX's checkpoints and of
+this project's saved before its RNG states became plain data, megatron.checkpoint.rng_state), DeepSpeed's loss
+scaler, ZeRO stage enum and fragment addresses (its optimizer files). A file that needs anything else is refused with a
 CheckpointError naming the file and the object, and nothing of it runs.
 
 DeepSpeed reads its own files through the engine's checkpoint engine: `use_safe_loading(engine)` swaps in

@@ -17,8 +17,9 @@ where its engine keeps it:
   * ZeRO 3: this rank's partition of each parameter in the flat fp32 groups and optimizer state, then the
     module's partitions from them (as DeepSpeed's own ZeRO-3 load does).
 The LR scheduler, DeepSpeed's step / sample counters and the client state (iteration, data position) are the
-checkpoint's. Each rank restores the RNG state of the saved rank with its number (rank 0's where the checkpoint
-had fewer ranks): with another layout the ranks draw other streams anyway, so dropout noise is not the
+checkpoint's. The RNG is set afterwards, as on any resume (megatron.checkpoint.engine.restore_rng): each rank
+takes the saved state of the rank with its number (the client state's, as GPT-NeoX does, where the checkpoint had
+fewer ranks): with another layout the ranks draw other streams anyway, so dropout noise is not the
 uninterrupted run's. Every rank reads the optimizer state of its own parameters only (memory-mapped files), but
 without ZeRO the weights of the whole model (megatron.checkpoint.neox_checkpoint.read_checkpoint).
 
@@ -41,14 +42,12 @@ from typing import Any, Dict, Mapping, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint.rng_state import set_rng_states
 from megatron.checkpoint.format import REFERENCE_FILE, optimizer_layout
 from megatron.errors import CheckpointError
 from megatron.checkpoint.tensor_parallel import split_full
 from megatron.checkpoint.training_state import (FP32, TrainingState, client_state, flat_name,
                                                            read_training_state)
 from megatron.model.config import ModelConfig
-from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint.neox_checkpoint import read_checkpoint
 from megatron.errors import ConversionError
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
@@ -234,16 +233,8 @@ def _fill_zero3(engine, locals_: Dict[str, Dict[str, Any]], names: Dict[int, str
                 partitioned.data = value.data
 
 
-def _restore_rng(path: str, rank: int) -> None:
-    for candidate in (rank, 0):
-        name = os.path.join(path, f"rng_state_rank{candidate}.pt")
-        if os.path.isfile(name):
-            set_rng_states(load_checkpoint_file(name))
-            return
-
-
 def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: ModelConfig, engine, load_optim: bool,
-                   load_rng: bool, strict: bool = True, restore_counters: bool = True) -> Tuple[int, Dict[str, Any]]:
+                   strict: bool = True, restore_counters: bool = True) -> Tuple[int, Dict[str, Any]]:
     """Load checkpoint ``path`` (saved with ``saved_args``' layout) into ``engine`` of another layout; returns
     (iteration, client state) as megatron.checkpoint.engine.load_checkpoint does. Without ``load_optim`` only the
     weights (and the client state) are loaded; without ``strict`` parameters the checkpoint lacks keep their values
@@ -280,6 +271,4 @@ def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: Model
         engine.global_steps = int(client.get("global_steps") or 0)
         engine.global_samples = int(client.get("global_samples") or 0)
         engine.skipped_steps = int(client.get("skipped_steps") or 0)
-    if load_rng:
-        _restore_rng(path, dist.get_rank() if dist.is_initialized() else 0)
     return int(client.get("iteration", 0)), client

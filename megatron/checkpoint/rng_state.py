@@ -1,28 +1,59 @@
 """Each process's random-number generators (python, numpy, torch, CUDA): what a checkpoint saves of them and how a
-resume sets them back, and the RNG entries of GPT-NeoX's client state."""
+resume sets them back, and the RNG entries of GPT-NeoX's client state.
+
+Saved as plain data, so that every file holding them loads with ``torch.load(weights_only=True)`` (and so with a
+plain ``torch.load`` on torch >= 2.6, as GPT-NeoX's tools read checkpoints): python's state is already a tuple of
+ints; numpy's ``get_state()`` tuple holds a uint32 ndarray, saved as a list of ints, which ``np.random.set_state``
+takes as it is (GPT-NeoX's loader included); torch's and CUDA's are byte tensors. Checkpoints saved before hold
+numpy's ndarray; the safe loader still reads them (megatron.checkpoint.files.checkpoint_globals).
+
+Where a checkpoint keeps them, and why there: every rank writes its own state once, to
+``rng_state_rank{R}.pt``, and a resume reads it from there. The mp_rank files also carry GPT-NeoX's client-state
+entries (``random_rng_state``, ``np_rng_state``, ``torch_rng_state``, ``cuda_rng_state``) because GPT-NeoX's
+format has them; they hold the state of whichever rank DeepSpeed has write that file (data-parallel rank 0, one
+per tensor rank; other ranks under ZeRO-3, MoE or a pipeline), so they cannot stand for every rank. A resume reads
+them only where the rank has no file of its own: GPT-NeoX's checkpoints, and a reshard onto more ranks than saved
+(each extra rank takes the state GPT-NeoX would give it)."""
+import os
 import random
-from typing import Any, Dict
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from megatron.checkpoint.files import load_checkpoint_file
+
+GPT_NEOX_KEYS = {"python": "random_rng_state", "numpy": "np_rng_state", "torch": "torch_rng_state",
+                 "cuda": "cuda_rng_state"}
+"""Our name of each generator -> the key GPT-NeoX's client state keeps it under."""
 
 
 def process_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def rng_file(path: str, rank: int) -> str:
+    """The file of checkpoint ``path`` holding rank ``rank``'s RNG states."""
+    return os.path.join(path, f"rng_state_rank{rank}.pt")
+
+
+def _numpy_state() -> tuple:
+    """``np.random.get_state()`` with its key array as a list of ints: plain data, which set_state accepts."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    return name, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)
+
+
 def rng_states() -> Dict[str, Any]:
-    """This process's RNG states (python, numpy, torch [, cuda]), as the checkpoint saves them."""
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states (python, numpy, torch [, cuda]), as the checkpoint saves them: plain data."""
+    states = {"python": random.getstate(), "numpy": _numpy_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state()
     return states
 
 
-
-def set_rng_states(states: Dict[str, Any]) -> None:
-    """Restore the states ``rng_states`` returned."""
+def set_rng_states(states: Mapping[str, Any]) -> None:
+    """Restore the states ``rng_states`` returned (or, from checkpoints saved before, numpy's as an ndarray)."""
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
@@ -32,8 +63,16 @@ def set_rng_states(states: Dict[str, Any]) -> None:
 
 def gpt_neox_rng_state() -> Dict[str, Any]:
     """The RNG entries of GPT-NeoX's client state (``cuda_rng_state`` only where CUDA is)."""
-    states = {"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-              "torch_rng_state": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda_rng_state"] = torch.cuda.get_rng_state()
-    return states
+    return {GPT_NEOX_KEYS[name]: state for name, state in rng_states().items()}
+
+
+def saved_rng_states(path: str, client_state: Mapping[str, Any], rank: int) -> Optional[Dict[str, Any]]:
+    """Rank ``rank``'s RNG states in checkpoint ``path``: its ``rng_state_rank{R}.pt``, else GPT-NeoX's entries
+    of the client state (``client_state``: the one loaded with the checkpoint); None when it saved none
+    (no_save_rng)."""
+    own = rng_file(path, rank)
+    if os.path.isfile(own):
+        return load_checkpoint_file(own)
+    if GPT_NEOX_KEYS["python"] in client_state:
+        return {name: client_state[key] for name, key in GPT_NEOX_KEYS.items() if key in client_state}
+    return None

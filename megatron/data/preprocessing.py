@@ -214,7 +214,6 @@ def write_indexed_datasets(
     stats = Throughput()
     bar = None
     if progress:
-
         bar = tqdm(unit="docs", file=sys.stderr, mininterval=0.5, miniters=log_interval, dynamic_ncols=True)
     try:
         for enc in encode_documents(docs, spec, workers, batch_size):

@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 
 from megatron.checkpoint.files import use_safe_loading
-from megatron.checkpoint.engine import estimated_checkpoint_bytes, load_checkpoint, save_checkpoint, space_problem
-from megatron.checkpoint.rng_state import rng_states, set_rng_states
+from megatron.checkpoint.engine import estimated_checkpoint_bytes, load_checkpoint, restore_rng, save_checkpoint, space_problem
 from megatron.errors import CheckpointError
 from megatron.observability.comms_logging import CommsReporter
 from megatron.initialize import RunContext, initialize_megatron
@@ -173,7 +172,6 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
         engine._config.train_batch_size = neox_args.train_batch_size
     _record_clipping_grad_norm(engine)
     if neox_args.is_pipe_parallel and neox_args.moe_num_experts > 1:
-
         adapt_pipeline_moe_engine(engine, ctx.parallel_state)
     use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
@@ -327,7 +325,6 @@ class _ModelBatches:
         vocab = self.ctx.model_config.padded_vocab_size
         largest = int(tokens.max()) if tokens.numel() else 0
         if largest >= vocab:
-
             raise DataError(f"token id {largest} in {self.source} is beyond the model's vocabulary of {vocab} "
                             f"ids (the tokenizer {self.tokenizer_file or ''} padded to "
                             f"make_vocab_size_divisible_by): the data was tokenized with another tokenizer; "
@@ -338,7 +335,6 @@ class _ModelBatches:
 
         data = next(self.samples) if self.samples is not None else None
         if data is not None and self.pairwise:
-
             data = as_text_and_labels(data)
         if data is not None:
             self._check_token_ids(data["text"])
@@ -354,11 +350,9 @@ class _ModelBatches:
             if self.reference.holds:  # the last pipeline stage (the others do not read the labels)
                 labels = labels + (self.reference.logps(inputs, labels[0], labels[1]),)
         elif self.precomputed:
-
             ref = broadcast_data(["ref"], data, torch.float32, self.ctx.parallel_state)["ref"].to(self.ctx.device)
             labels = labels + ((ref[:, 1:] * labels[1]).sum(dim=-1),)
         if self.seqlen is not None:
-
             inputs, labels = truncate_batch((inputs, labels), self.seqlen)
         return inputs, labels
 
@@ -410,7 +404,6 @@ def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optim
     grad_norm = None
     extras: Dict[str, float] = {}
     if neox_args.moe_num_experts > 1:
-
         set_aux_loss_scale(engine.module, aux_loss_scale(engine, neox_args))
     if neox_args.is_pipe_parallel:
         if debug:
@@ -574,7 +567,6 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
                          for _ in range(neox_args.gradient_accumulation_steps)]
                 losses.append(_data_parallel_mean(torch.stack(micro).mean(), engine))
             if neox_args.checkpoint_activations and neox_args.contiguous_checkpointing:
-
                 deepspeed.checkpointing.reset()
     finally:
         if counter is not None:
@@ -582,7 +574,6 @@ def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: in
     engine.train()
     result = {"lm_loss": sum(losses) / len(losses), **objective_metrics(engine)}
     if neox_args.char_level_ppl:
-
         ratio = tokens_per_char(counter.tokens if counter else 0, counter.chars if counter else 0)
         if ratio is not None:
             result["lm_loss_char_lvl_ppl"] = math.exp(min(result["lm_loss"] * ratio, PPL_LOSS_CAP))
@@ -661,7 +652,6 @@ def pretrain(neox_args) -> Dict[str, Any]:
     """Train (and evaluate) as the config says; returns a summary (iterations, losses, evaluations)."""
     problems = neox_args.training_problems()
     if problems:
-
         raise ConfigError(problems)
     started_at = time.time()
     deadline = None if neox_args.exit_duration_in_mins is None else started_at + 60.0 * neox_args.exit_duration_in_mins
@@ -680,7 +670,6 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end."""
     schedule = TrainingSchedule.from_neox_args(neox_args)
     if neox_args.use_mup and (neox_args.save_base_shapes or neox_args.coord_check):
-
         return base_shapes_and_coord_check(neox_args, ctx, lambda: next(_batch_streams(neox_args, ctx, schedule, 0,
                                                                                           0)[0]))
     stop = StopRequested()
@@ -693,16 +682,14 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         stop.restore()
         raise
     iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine)
-    loaded_rng = rng_states() if iteration else None
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
     streams = _batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,
                              reference)
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
-    if loaded_rng is not None:
-        # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE
-        # router jitter and dropout draw the same noise), whatever building the batch streams drew
-        set_rng_states(loaded_rng)
+    # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE router
+    # jitter and dropout draw the same noise), whatever building the batch streams drew: set here, and only here
+    restore_rng(neox_args, loaded_from, client_state)
     run = _TrainingRun(neox_args, ctx, (engine, optimizer, lr_scheduler), schedule, state, schedule_of_lengths,
                        streams, reference, stop, deadline, do_train)
     try:
@@ -723,7 +710,6 @@ def _training_logger(neox_args, ctx: RunContext, engine, schedule: TrainingSched
                             train_iters=schedule.train_iters)
     logger.restart_clock(iteration)
     if logger.is_logging_rank and engine.monitor.enabled:
-
         logger.out.add(DeepSpeedMonitorSink(engine))
     return logger
 
@@ -751,7 +737,6 @@ class _TrainingRun:
                                 neox_args.log_optimizer_states, neox_args.memory_profiling))
         self.memory_profiler = None
         if neox_args.memory_profiling:
-
             self.memory_profiler = MemoryProfiler(neox_args)
         self.last_saved = self.last_moe_report = state.iteration
         self.comms = CommsReporter(neox_args.comms_logger)
@@ -826,7 +811,6 @@ class _TrainingRun:
             self.evaluate_split(self.valid_batches, "validation")
             self.state.consumed_valid_samples += neox_args.eval_iters * neox_args.train_batch_size
         if neox_args.eval_tasks:
-
             self.timers("eval").start()
             results = run_eval_tasks(neox_args, self.engine, self.ctx, iteration)
             self.timers("eval").stop()

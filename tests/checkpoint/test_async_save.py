@@ -245,3 +245,32 @@ def test_the_writes_are_spread_over_the_steps_to_the_next_save_of_any_kind_or_th
     assert steps_to_next_save(often, schedule, 4) == 2  # the non-persistent save at 6
     leaving = SimpleNamespace(non_persistent_save_interval=None, exit_interval=5)
     assert steps_to_next_save(leaving, schedule, 4) == 1  # the run exits at 5 (and waits for the write)
+
+
+class DeepSpeedLike(Engine):
+    """Writes its model file as DeepSpeed's engine does: the state with the client state, through its checkpoint
+    engine (async_save's writer, once AsyncCheckpoints has taken it)."""
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        self.checkpoint_engine.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+        self.checkpoint_engine.save({"module": {"w": torch.ones(4)}, **client_state},
+                                    os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
+
+
+def test_an_async_checkpoint_loads_with_weights_only(tmp_path):
+    """save_checkpoint with async_save's writer: its model-state and RNG files load with weights_only=True (and the
+    model file with a plain torch.load, as GPT-NeoX's converter reads it)."""
+    from megatron.checkpoint.engine import save_checkpoint
+    from megatron.model.config import ModelConfig
+    from tests.checkpoint.weights_only import assert_loads_weights_only
+    from tests.neox_arguments.helpers import tiny
+
+    args = tiny(save=str(tmp_path), load=str(tmp_path))
+    engine = DeepSpeedLike()
+    saves = AsyncCheckpoints(engine, failure=failed_save,
+                             complete=lambda path, it, digests: complete_checkpoint(path, it, None, digests=digests))
+    path = save_checkpoint(args, ModelConfig.from_neox_args(args, padded_vocab_size=128), 3, engine, complete=False)
+    saves.started(path, 3)
+    saves.wait()
+    assert read_latest(str(tmp_path)) == "global_step3" and verification_problems(path) == []
+    assert assert_loads_weights_only(path) == ["mp_rank_00_model_states.pt", "rng_state_rank0.pt"]

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import megatron.checkpoint.engine
-from megatron.checkpoint.engine import load_checkpoint, resolve_checkpoint, save_checkpoint
+from megatron.checkpoint.engine import load_checkpoint, resolve_checkpoint, restore_rng, save_checkpoint
+from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint.format import complete_tags, read_latest
 from megatron.errors import CheckpointError
 from megatron.model.config import ModelConfig
+from tests.checkpoint.weights_only import assert_loads_weights_only
 from tests.neox_arguments.helpers import tiny
 
 
@@ -29,7 +31,7 @@ class FakeEngine:
 
     def load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, load_module_only):
         self.loaded.append((tag, load_optimizer_states, load_module_only))
-        state = torch.load(os.path.join(load_dir, tag, "mp_rank_00_model_states.pt"), weights_only=False)
+        state = load_checkpoint_file(os.path.join(load_dir, tag, "mp_rank_00_model_states.pt"))  # use_safe_loading
         return os.path.join(load_dir, tag), {k: v for k, v in state.items() if k != "module"}
 
 
@@ -42,7 +44,10 @@ def save(args, iteration, engine, extra=None):
 
 
 def load(args, engine):
-    return load_checkpoint(args, _model(args), engine)
+    """load_checkpoint, then the RNG set as the training loop sets it."""
+    iteration, client_state, path = load_checkpoint(args, _model(args), engine)
+    restore_rng(args, path, client_state)
+    return iteration, client_state, path
 
 
 def resolve(args):
@@ -88,6 +93,53 @@ def test_load_resumes_iteration_state_and_rng(tmp_path):
     assert path == os.path.join(args.load, "global_step4")  # DPO's reference model starts from it
     assert random.random() == expected
     assert engine.loaded == [("global_step4", True, False)]
+
+
+def _draws() -> tuple:
+    import numpy as np
+
+    return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+
+def _seed(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def test_the_resume_sets_every_rng_once_where_restore_rng_is_called(tmp_path):
+    """load_checkpoint leaves the RNG alone (what setup draws after it does not matter); restore_rng sets python's,
+    numpy's and torch's to the saved states, read from the rank's file of plain data."""
+    args = args_for(tmp_path)
+    _seed(7)
+    path = save(args, 4, FakeEngine())
+    expected = _draws()
+    _seed(99)
+    iteration, client_state, loaded = load_checkpoint(args, _model(args), FakeEngine())
+    assert loaded == path and _draws() != expected  # nothing set by the load
+    restore_rng(args, loaded, client_state)
+    assert _draws() == expected
+    saved = torch.load(os.path.join(path, "rng_state_rank0.pt"), weights_only=True)
+    assert isinstance(saved["numpy"][1], list) and saved["numpy"][0] == "MT19937"
+
+
+def test_a_checkpoint_whose_rng_file_holds_numpy_arrays_still_resumes(tmp_path):
+    """Checkpoints saved before the RNG states were plain data: numpy's key array is an ndarray (the safe loader
+    reads it, megatron.checkpoint.files.checkpoint_globals)."""
+    import numpy as np
+
+    args = args_for(tmp_path)
+    path = save(args, 4, FakeEngine())
+    _seed(5)
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
+               os.path.join(path, "rng_state_rank0.pt"))
+    expected = _draws()
+    os.remove(os.path.join(path, "checksums.xxh128"))  # the file changed after the save; its manifest would say so
+    _seed(1)
+    load(args, FakeEngine())
+    assert _draws() == expected
 
 
 def test_no_load_optim_finetune_and_no_load_rng(tmp_path):
@@ -326,6 +378,7 @@ def test_save_writes_gpt_neox_client_state(tmp_path):
                              "max_position_embeddings": 32, "make_vocab_size_divisible_by": 128,
                              "padded_vocab_size": 128, "tokenizer_type": "GPT2BPETokenizer", "model_parallel_size": 1}
     assert {"random_rng_state", "np_rng_state", "torch_rng_state"} <= set(state)
+    assert assert_loads_weights_only(path) == ["mp_rank_00_model_states.pt", "rng_state_rank0.pt"]
     assert json.load(open(os.path.join(path, "neox_args.json")))["checkpoint_layout"] == "gpt-neox"
 
 

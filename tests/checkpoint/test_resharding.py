@@ -9,10 +9,13 @@ layout loads that checkpoint and trains steps 3 to 5 on the same global batches.
 its update, so it checks the weights; steps 4 and 5 check the optimizer state too (without it, step 4 differs).
 The same group does it for mixtures of experts (GPT-NeoX's dMoE and DeepSpeed's layer, at micro-batches of one
 sample in every layout: the load-balancing loss is per micro-batch)."""
+import fnmatch
+import glob
 from types import SimpleNamespace
 
 import pytest
 
+from tests.checkpoint.weights_only import assert_loads_weights_only
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 
@@ -105,7 +108,7 @@ def _micro_batches(args, dp_rank: int, dp: int, first_step: int):
 
 def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=None):
     """Losses of steps first_step..STEPS (and the iteration the run starts from)."""
-    from megatron.checkpoint.engine import load_checkpoint, save_checkpoint
+    from megatron.checkpoint.engine import load_checkpoint, restore_rng, save_checkpoint
     from megatron.initialize import initialize_megatron
     from megatron.training.loop import setup_model_and_optimizer, train_step
     from megatron.training_schedule import TrainingSchedule
@@ -113,7 +116,8 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
     args = _args(world, layout, save, load)
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
-    iteration, client, _ = load_checkpoint(args, ctx.model_config, engine)
+    iteration, client, loaded = load_checkpoint(args, ctx.model_config, engine)
+    restore_rng(args, loaded, client)
     engine_steps = engine.global_steps
     ps = ctx.parallel_state
     batches = _micro_batches(args, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), first_step)
@@ -191,9 +195,27 @@ def _moe_layouts(world_size: int, save: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    save = str(tmp_path_factory.mktemp("reshard") / "save")
-    return run_distributed(_all_layouts, world_size=4, args=(save,), timeout_s=600)
+def save_root(tmp_path_factory) -> str:
+    """The prefix of every save directory of ``runs`` (save, save-tp1_pp1_dp4_zero0, save-moe, ...)."""
+    return str(tmp_path_factory.mktemp("reshard") / "save")
+
+
+@pytest.fixture(scope="module")
+def runs(save_root):
+    return run_distributed(_all_layouts, world_size=4, args=(save_root,), timeout_s=600)
+
+
+def test_every_file_of_every_layout_saved_loads_with_weights_only(runs, save_root):
+    """The model-state, pipeline layer, expert and RNG files of every checkpoint the runs saved (TP=2 x PP=2, ZeRO
+    0-3, bf16, GPT-NeoX's dMoE and DeepSpeed's MoE layer) load with torch.load(weights_only=True) and no allowed
+    globals, the non-pipeline mp_rank files also with a plain torch.load as GPT-NeoX's converter reads them."""
+    checked = [name for path in sorted(glob.glob(save_root + "*/global_step*"))
+               for name in assert_loads_weights_only(path)]
+    kinds = {"pipeline layer": "layer_*-model_*-model_states.pt", "ZeRO-3 model": "zero_pp_rank_*_model_states.pt",
+             "expert": "layer_*_expert_*_model_states.pt", "mp_rank": "mp_rank_*_model_states.pt",
+             "rng": "rng_state_rank*.pt"}
+    missing = [kind for kind, pattern in kinds.items() if not fnmatch.filter(checked, pattern)]
+    assert not missing, f"no {missing} file among the checkpoints saved: {sorted(set(checked))}"
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -312,7 +334,7 @@ def test_expert_parallelism_and_deepspeeds_layer_in_a_pipeline_are_refused_namin
                                                   rf"of the checkpoint's \({what}\) is not supported yet.*"
                                                   rf"dropless layer \(moe_type megablocks\) at "
                                                   rf"moe_expert_parallel_size 1 in any layout"):
-            load_resharded(str(tmp_path), {**saved, **change}, run, engine=None, load_optim=True, load_rng=True)
+            load_resharded(str(tmp_path), {**saved, **change}, run, engine=None, load_optim=True)
     in_pipeline = run.replace(moe_type="deepspeed", pipe_parallel_size=1)
     assert "this run's (moe_type deepspeed, pipe_parallel_size 1)" in moe_problem(str(tmp_path), saved, in_pipeline)
 

@@ -11,6 +11,7 @@ import yaml
 
 from megatron.checkpoint.format import GPT_NEOX, LAYOUT_KEY
 from megatron.checkpoint.files import checkpoint_kind
+from tests.checkpoint.weights_only import assert_loads_weights_only
 from tests.checkpoint_conversion.engine_logits import engine_logits, runtime_config
 from tests.checkpoint_conversion.gpt_neox_files import (
     gpt_neox_yaml,
@@ -129,6 +130,7 @@ def test_resume_with_optimizer_state_from_a_gpt_neox_checkpoint_and_our_files(da
         "make_vocab_size_divisible_by": 8, "padded_vocab_size": 384, "tokenizer_type": "HFTokenizer",
         "model_parallel_size": 1}
     assert {"random_rng_state", "np_rng_state", "torch_rng_state", "lr_scheduler", "param_shapes"} <= set(state)
+    assert_loads_weights_only(str(saved))  # and GPT-NeoX's converter's plain torch.load reads the weights
 
     gpt_neox = _as_gpt_neox_writes_it(saved, tmp_path / "gpt-neox")
     assert checkpoint_kind(str(gpt_neox)) == GPT_NEOX
