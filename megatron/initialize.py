@@ -2,13 +2,14 @@
 layout, seed the RNG streams, build the tokenizer and the model's ModelConfig (padded vocabulary included).
 
 The result is a RunContext handed to the training / generation / evaluation code, so that nothing about
-the run lives in module globals and the validated NeoXArgs are never changed."""
+the run lives in module globals and the validated NeoXArgs are never changed. The ModelConfig is built once
+per worker, once its vocabulary is known (the device check before it needs only the precision)."""
 
 import dataclasses
 import datetime
 import os
 import random
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from megatron.checkpoint.engine import checkpoint_vocab_size
 from megatron.errors import ConfigError
-from megatron.model.config import ModelConfig, padded_vocab_size
+from megatron.model.config import ModelConfig, padded_vocab_size, precision_device_problems
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
 from megatron.mpu.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu.host_collectives import barrier
@@ -94,10 +95,12 @@ def start_distributed(neox_args) -> None:
                            f"{str(err).splitlines()[0]}"]) from None
 
 
-def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
-    """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config."""
+def initialize_megatron(neox_args, build_tokenizer_fn=None, model_changes: Optional[Mapping[str, Any]] = None
+                        ) -> RunContext:
+    """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config
+    (``model_changes``: its fields that differ from the arguments', ModelConfig.from_neox_args)."""
     tee_rank_output(neox_args.log_dir, neox_args.rank)
-    problems = ModelConfig.from_neox_args(neox_args).device_problems(torch.cuda.is_available())
+    problems = precision_device_problems(neox_args.precision, torch.cuda.is_available())
     problems += offload_device_problems(neox_args.zero_optimization)
     if problems:
         raise ConfigError(problems)
@@ -116,7 +119,8 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
     vocab = _checkpoint_vocabulary(neox_args, tokenizer.vocab_size, vocab)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return RunContext(parallel_state=parallel_state, rng_tracker=tracker, tokenizer=tokenizer, device=device,
-                      model_config=ModelConfig.from_neox_args(neox_args, padded_vocab_size=vocab))
+                      model_config=ModelConfig.from_neox_args(neox_args, padded_vocab_size=vocab,
+                                                              **(model_changes or {})))
 
 
 def _checkpoint_vocabulary(neox_args, tokenizer_vocab: int, vocab: int) -> int:

@@ -15,7 +15,6 @@ Checkpoints load whatever their layout: this project's (GPT-NeoX's layout, or an
 megatron.checkpoint_conversion) and GPT-NeoX's own; a GPT-NeoX checkpoint's padded vocabulary comes from its
 embedding (megatron.initialize) and its architecture is checked by megatron.checkpoint.engine.resolve_checkpoint."""
 
-import dataclasses
 from typing import Dict, Tuple
 
 from torch import nn
@@ -92,11 +91,9 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
         raise ConfigError([f"context_parallel_size={neox_args.context_parallel_size}: generate.py / eval.py with "
                            f"context parallelism is not supported yet (decoding keeps whole sequences); set "
                            f"context_parallel_size: 1, the checkpoint loads unchanged"])
-    ctx = initialize_megatron(neox_args)
     # every rank holds every expert: expert parallelism would make each forward a collective of the whole
     # expert-parallel group, which eval.py's requests (sharded over data-parallel ranks) do not keep in step
-    ctx = dataclasses.replace(ctx, model_config=ctx.model_config.replace(sequence_parallel=False,
-                                                                         moe_expert_parallel_size=1))
+    ctx = initialize_megatron(neox_args, model_changes={"sequence_parallel": False, "moe_expert_parallel_size": 1})
     resolved = resolve_checkpoint(neox_args, ctx.model_config, layout_must_match=False)
     if resolved is None and require_checkpoint:
         raise CheckpointError(f"no checkpoint to load: set load to a directory written by train.py "
