@@ -741,7 +741,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     except BaseException:
         stop.restore()
         raise
-    iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine)
+    iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine, ctx.checkpoint)
     loaded_rng = rng_states() if iteration else None
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     position = data_position(neox_args, client_state, iteration)
