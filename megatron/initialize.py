@@ -1,8 +1,12 @@
 """Starting a worker: check the device, start torch.distributed through DeepSpeed, build the parallel
-layout, seed the RNG streams, build the tokenizer and the model's ModelConfig (padded vocabulary included).
+layout, seed the RNG streams, build the tokenizer, find (and verify) the checkpoint to load, and build the
+model's ModelConfig (padded vocabulary included).
 
 The result is a RunContext handed to the training / generation / evaluation code, so that nothing about
-the run lives in module globals and the validated NeoXArgs are never changed.
+the run lives in module globals and the validated NeoXArgs are never changed. Each is made once per worker:
+the ModelConfig once its vocabulary is known (the device check before it needs only the precision), the
+checkpoint found and its checksums verified once, by rank 0 for every rank (megatron.checkpoint.engine
+.find_checkpoint), and handed to every reader.
 
 May import: megatron.errors, utils, tokenizer, mpu, model, optim, checkpoint, neox_arguments."""
 
@@ -10,15 +14,15 @@ import dataclasses
 import datetime
 import os
 import random
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from megatron.checkpoint.engine import checkpoint_vocab_size
+from megatron.checkpoint.engine import FoundCheckpoint, checkpoint_vocab_size, find_checkpoint
 from megatron.errors import ConfigError
-from megatron.model.config import ModelConfig, padded_vocab_size
+from megatron.model.config import ModelConfig, padded_vocab_size, precision_device_problems
 from megatron.mpu import RNGStatesTracker, build_parallel_state, model_parallel_seed
 from megatron.mpu.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu.host_collectives import barrier
@@ -37,6 +41,9 @@ class RunContext:
     tokenizer: object
     device: torch.device
     model_config: ModelConfig
+    checkpoint: Optional[FoundCheckpoint] = None
+    """The checkpoint ``load`` names, found and verified (None: nothing to load): load_checkpoint and
+    setup_for_inference read it."""
 
     def destroy(self) -> None:
         """Tear down the process groups (barrier first: a worker leaving right after a collective can abort)."""
@@ -94,10 +101,12 @@ def start_distributed(neox_args) -> None:
                            f"{str(err).splitlines()[0]}"]) from None
 
 
-def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
-    """Everything before the model: distributed world, layout, seeds, tokenizer, the model's config."""
+def initialize_megatron(neox_args, build_tokenizer_fn=None, model_changes: Optional[Mapping[str, Any]] = None
+                        ) -> RunContext:
+    """Everything before the model: distributed world, layout, seeds, tokenizer, the checkpoint to load, the
+    model's config (``model_changes``: its fields that differ from the arguments', ModelConfig.from_neox_args)."""
     tee_rank_output(neox_args.log_dir, neox_args.rank)
-    problems = ModelConfig.from_neox_args(neox_args).device_problems(torch.cuda.is_available())
+    problems = precision_device_problems(neox_args.precision, torch.cuda.is_available())
     problems += offload_device_problems(neox_args.zero_optimization)
     if problems:
         raise ConfigError(problems)
@@ -113,16 +122,19 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None) -> RunContext:
                                   neox_args.model_parallel_size, neox_args.padded_vocab_size)
     except ValueError as err:
         raise ConfigError([str(err)]) from None
-    vocab = _checkpoint_vocabulary(neox_args, tokenizer.vocab_size, vocab)
+    checkpoint = find_checkpoint(neox_args)
+    vocab = _checkpoint_vocabulary(neox_args, checkpoint, tokenizer.vocab_size, vocab)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     return RunContext(parallel_state=parallel_state, rng_tracker=tracker, tokenizer=tokenizer, device=device,
-                      model_config=ModelConfig.from_neox_args(neox_args, padded_vocab_size=vocab))
+                      model_config=ModelConfig.from_neox_args(neox_args, padded_vocab_size=vocab,
+                                                              **(model_changes or {})),
+                      checkpoint=checkpoint)
 
 
-def _checkpoint_vocabulary(neox_args, tokenizer_vocab: int, vocab: int) -> int:
+def _checkpoint_vocabulary(neox_args, checkpoint: Optional[FoundCheckpoint], tokenizer_vocab: int, vocab: int) -> int:
     """A GPT-NeoX checkpoint to load fixes the padded vocabulary (its embedding's rows; GPT-NeoX pads with its
     own make_vocab_size_divisible_by), unless padded_vocab_size is set (then resolve_checkpoint compares)."""
-    rows = checkpoint_vocab_size(neox_args)
+    rows = checkpoint_vocab_size(checkpoint)
     if rows is None or rows == vocab or neox_args.padded_vocab_size is not None:
         return vocab
     if rows < tokenizer_vocab or rows % neox_args.model_parallel_size:

@@ -45,6 +45,7 @@ Which checkpoint a directory holds (``checkpoint_kind``):
     are refused.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -250,10 +251,26 @@ def _verified_by_rank0(path: str) -> List[str]:
     return broadcast_object(verification_problems(path) if process_rank() == 0 else [], src=0)
 
 
-def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) -> Optional[Tuple[str, str]]:
-    """(load_dir, tag) to load, or None to start from scratch. Raises CheckpointError for a bad checkpoint.
-    ``layout_must_match``: the tensor / pipeline split must be the checkpoint's (DeepSpeed's engine loads
-    its own shards; inference reshards and sets it False)."""
+@dataclasses.dataclass(frozen=True)
+class FoundCheckpoint:
+    """The checkpoint a worker loads, found and verified once (find_checkpoint, called by megatron.initialize,
+    which keeps it in the RunContext) and handed to every reader: the padded vocabulary, load_checkpoint, the
+    resharding and inference readers use it without looking for it, or hashing its files, again."""
+    load_dir: str
+    tag: str
+    kind: str
+    """OURS, OURS_OLD or GPT_NEOX (megatron.checkpoint.files.checkpoint_kind)."""
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.load_dir, self.tag)
+
+
+def find_checkpoint(neox_args) -> Optional[FoundCheckpoint]:
+    """The checkpoint ``load`` / ``iteration`` name (the non-persistent one when it is newer), its files checked
+    against their checksums by rank 0 for every rank; None to start from scratch. Raises CheckpointError when
+    ``iteration`` names no checkpoint or a file is damaged. Whether it fits this run is resolve_checkpoint's
+    question, asked once the ModelConfig exists (whose padded vocabulary may come from this checkpoint)."""
     load_dir = neox_args.load
     if not load_dir:
         return None
@@ -277,7 +294,18 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
         raise CheckpointError(f"checkpoint {path} is damaged: " + "; ".join(damage) + f". It was not loaded. Other "
                               f"complete checkpoints: {older or 'none'}" + (" — set iteration to one of them"
                                                                             if older else ""))
-    kind = checkpoint_kind(path)
+    return FoundCheckpoint(load_dir=load_dir, tag=tag, kind=checkpoint_kind(path))
+
+
+def resolve_checkpoint(neox_args, model_config, checkpoint: Optional[FoundCheckpoint],
+                       layout_must_match: bool = True) -> Optional[FoundCheckpoint]:
+    """``checkpoint`` (find_checkpoint's) when this run can load it, None when there is none. Raises
+    CheckpointError for a checkpoint of another model or an unfinished save. ``layout_must_match``: the tensor /
+    pipeline split must be the checkpoint's (DeepSpeed's engine loads its own shards; inference reshards and
+    sets it False)."""
+    if checkpoint is None:
+        return None
+    load_dir, path, kind = checkpoint.load_dir, checkpoint.path, checkpoint.kind
     if kind == GPT_NEOX:
         # its weights load into any split (megatron.checkpoint.resharding); its optimizer state only into its own
         weights_only = neox_args.finetune or neox_args.no_load_optim
@@ -289,7 +317,7 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
                                       "\nIts weights load into another tensor / pipeline split, its optimizer state "
                                       "only into its own: set no_load_optim: true (weights and iteration) or "
                                       "finetune: true, or resume with the checkpoint's split" if layout else ""))
-        return load_dir, tag
+        return checkpoint
     if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
         raise CheckpointError(f"checkpoint {path} is incomplete (no {COMPLETE_MARKER} marker: its save was "
                               f"interrupted); complete ones: {complete_tags(load_dir) or 'none'} — set iteration "
@@ -312,7 +340,7 @@ def resolve_checkpoint(neox_args, model_config, layout_must_match: bool = True) 
                               f"and slots), which DeepSpeed's engine cannot load for training; rewrite it with\n  "
                               f"python {UPGRADE_TOOL} --input_dir {path} --output_dir NEW_SAVE_DIR\nand set load to "
                               f"NEW_SAVE_DIR (generation, evaluation and conversion read the old layout as it is)")
-    return load_dir, tag
+    return checkpoint
 
 
 def _comparable(key: str, value: Any, values: Mapping[str, Any]) -> Any:
@@ -360,12 +388,13 @@ def _gpt_neox_mismatches(path: str, neox_args, model_config, layout_must_match: 
     return problems
 
 
-def checkpoint_vocab_size(neox_args) -> Optional[int]:
-    """The padded vocabulary of the GPT-NeoX checkpoint ``load`` names (rows of its word embedding, all tensor
-    ranks), or None when there is none to load or it is this project's (neox_args.json records it)."""
-    path = _checkpoint_path(neox_args)
-    if path is None or checkpoint_kind(path) != GPT_NEOX:
+def checkpoint_vocab_size(checkpoint: Optional[FoundCheckpoint]) -> Optional[int]:
+    """The padded vocabulary of GPT-NeoX checkpoint ``checkpoint`` (find_checkpoint's: rows of its word
+    embedding, all tensor ranks), or None when there is none to load or it is this project's (neox_args.json
+    records it)."""
+    if checkpoint is None or checkpoint.kind != GPT_NEOX:
         return None
+    path = checkpoint.path
     tp, pp = file_layout(path)
     if pp:
         name, key = os.path.join(path, "layer_00-model_00-model_states.pt"), "word_embeddings.weight"
@@ -394,17 +423,6 @@ def _check_gpt_neox_optimizer_state(path: str, model_config) -> None:
                               f"true to keep its iteration)")
 
 
-def _checkpoint_path(neox_args) -> Optional[str]:
-    """The checkpoint directory ``load`` / ``iteration`` name, if it exists (no checks)."""
-    if not neox_args.load:
-        return None
-    load_dir, tag = neox_args.load, tag_for(neox_args.iteration) if neox_args.iteration is not None else None
-    if tag is None:
-        load_dir, tag, _ = newer_checkpoint(neox_args, load_dir, resume_tag(load_dir)[0])
-    path = os.path.join(load_dir, tag) if tag else None
-    return path if path and os.path.isdir(path) else None
-
-
 def restore_rng(neox_args, path: Optional[str], client_state: Mapping[str, Any]) -> None:
     """Set this process's RNG to what checkpoint ``path`` saved of it (``client_state``: as load_checkpoint
     returned it), unless fine-tuning, no_load_rng or nothing to load. The one place a resume sets the RNG: call it
@@ -417,22 +435,23 @@ def restore_rng(neox_args, path: Optional[str], client_state: Mapping[str, Any])
         set_rng_states(states)
 
 
-def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any], Optional[str]]:
-    """Load into `engine`; returns (iteration to continue from, client state, the checkpoint directory loaded).
-    (0, {}, None) when nothing to load. The directory is returned so that callers needing it again (DPO / KTO's
-    reference model, restore_rng) do not resolve, and so checksum, the checkpoint a second time. The RNG is not
-    set here: restore_rng sets it once, where the uninterrupted run stood."""
-    resolved = resolve_checkpoint(neox_args, model_config)
-    if resolved is None:
+def load_checkpoint(neox_args, model_config, engine, checkpoint: Optional[FoundCheckpoint]
+                    ) -> Tuple[int, Dict[str, Any], Optional[str]]:
+    """Load ``checkpoint`` (find_checkpoint's, the RunContext's: found and verified once) into `engine`; returns
+    (iteration to continue from, client state, the checkpoint directory loaded). (0, {}, None) when nothing to
+    load. The directory is returned so that callers needing it again (DPO / KTO's reference model, restore_rng) do
+    not resolve, and so checksum, the checkpoint a second time. The RNG is not set here: restore_rng sets it once,
+    where the uninterrupted run stood."""
+    if resolve_checkpoint(neox_args, model_config, checkpoint) is None:
         return 0, {}, None
 
-    load_dir, tag = resolved
+    load_dir, tag = checkpoint.load_dir, checkpoint.tag
     finetune = neox_args.finetune
     load_optim = not (neox_args.no_load_optim or finetune)
-    resharded = _load_resharded(neox_args, model_config, engine, os.path.join(load_dir, tag), load_optim)
+    resharded = _load_resharded(neox_args, model_config, engine, checkpoint, load_optim)
     if resharded is not None:
         return (*resharded, os.path.join(load_dir, tag))
-    if load_optim and checkpoint_kind(os.path.join(load_dir, tag)) == GPT_NEOX:
+    if load_optim and checkpoint.kind == GPT_NEOX:
         _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
     try:
         # a reward model fine-tuned from a language model keeps its new value head and drops the vocabulary head
@@ -449,12 +468,12 @@ def load_checkpoint(neox_args, model_config, engine) -> Tuple[int, Dict[str, Any
     return iteration, client_state, os.path.join(load_dir, tag)
 
 
-def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
+def _load_resharded(neox_args, model_config, engine, checkpoint: FoundCheckpoint, load_optim: bool
                     ) -> Optional[Tuple[int, Dict[str, Any]]]:
-    """(iteration, client state) when checkpoint ``path`` of this project was saved with another parallel layout
+    """(iteration, client state) when ``checkpoint`` of this project was saved with another parallel layout
     (tensor, pipeline, data-parallel size or ZeRO stage) and has been resharded into ``engine``; None when the
     layouts agree (DeepSpeed's engine loads its own files)."""
-    kind = checkpoint_kind(path)
+    path, kind = checkpoint.path, checkpoint.kind
     if kind == GPT_NEOX:  # resolve_checkpoint let another split through for the weights only
         tp, pp = file_layout(path)
         saved = {**neox_args.to_dict(), "model_parallel_size": tp, "pipe_parallel_size": pp}
@@ -473,5 +492,6 @@ def _load_resharded(neox_args, model_config, engine, path: str, load_optim: bool
               f"{' and optimizer state' if load_optim else ''} for this run's {describe(now)}", flush=True)
     iteration, client_state = load_resharded(
         path, saved, model_config, engine, load_optim=load_optim,
-        strict=not (neox_args.finetune and model_config.value_head), restore_counters=not neox_args.finetune)
+        strict=not (neox_args.finetune and model_config.value_head), restore_counters=not neox_args.finetune,
+        verified=True)  # by find_checkpoint
     return (0 if neox_args.finetune else iteration), client_state

@@ -75,8 +75,10 @@ class NeoxCheckpoint:
     """(model_parallel_size, pipe_parallel_size) of the files."""
 
 
-def resolve_checkpoint_dir(path: str) -> str:
-    """``path`` itself when it is a global_stepN directory; the tag ``latest`` names when it is a save dir."""
+def resolve_checkpoint_dir(path: str, verified: bool = False) -> str:
+    """``path`` itself when it is a global_stepN directory; the tag ``latest`` names when it is a save dir.
+    Its files are checked against their checksums unless ``verified`` (the caller checked them: a worker's
+    checkpoint is hashed once, by rank 0, megatron.checkpoint.engine.find_checkpoint)."""
     if not os.path.isdir(path):
         raise ConversionError(f"--input_dir {path!r} does not exist; pass a checkpoint directory such as "
                               f"save/global_step1000")
@@ -88,7 +90,7 @@ def resolve_checkpoint_dir(path: str) -> str:
         raise ConversionError(f"{path!r} holds no DeepSpeed model files (mp_rank_*_model_states.pt or "
                               f"layer_*-model_*-model_states.pt); pass a checkpoint directory such as "
                               f"save/global_step1000")
-    damage = verification_problems(path)
+    damage = [] if verified else verification_problems(path)
     if damage:
         raise ConversionError(f"checkpoint {path} is damaged: {'; '.join(damage)}; convert another checkpoint")
     return path
@@ -211,12 +213,13 @@ def _merge(per_rank: List[Dict[str, torch.Tensor]], config: ModelConfig, source:
     return {name: merge_shards(name, [s[name] for s in per_rank], config) for name in names}
 
 
-def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None) -> NeoxCheckpoint:
+def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None, verified: bool = False) -> NeoxCheckpoint:
     """Merge the shards of checkpoint ``path`` (a global_stepN directory, or a save directory with ``latest``)
     in any of the layouts of the module docstring. ``args`` (a NeoXArgs dict) describes the model; by default
     the checkpoint's neox_args.json, or for a GPT-NeoX checkpoint its configs/*.yml. The padded vocabulary and
-    the tensor / pipeline split are the files'."""
-    path = resolve_checkpoint_dir(path)
+    the tensor / pipeline split are the files'. ``verified``: its checksums were checked already
+    (resolve_checkpoint_dir)."""
+    path = resolve_checkpoint_dir(path, verified)
     try:
         kind = checkpoint_kind(path)
     except CheckpointError as exc:

@@ -13,9 +13,10 @@ the user's batch size) and no optimizer.
 
 Checkpoints load whatever their layout: this project's (GPT-NeoX's layout, or an older one, translated by
 megatron.checkpoint_conversion) and GPT-NeoX's own; a GPT-NeoX checkpoint's padded vocabulary comes from its
-embedding (megatron.initialize) and its architecture is checked by megatron.checkpoint.engine.resolve_checkpoint."""
+embedding (megatron.initialize) and its architecture is checked by megatron.checkpoint.engine.resolve_checkpoint.
+The checkpoint is the one initialize_megatron found and verified (rank 0 hashed its files for every rank): it is
+read here without being looked for, or hashed, again."""
 
-import dataclasses
 from typing import Dict, Tuple
 
 from torch import nn
@@ -49,11 +50,13 @@ def slot_modules(model: nn.Module) -> Dict[int, nn.Module]:
     return {slot: module for slot, module in enumerate(model.sequential) if len(module.state_dict())}
 
 
-def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, model_config) -> None:
+def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, model_config,
+                       verified: bool = False) -> None:
     """Copy this rank's slice of the checkpoint's weights into ``model`` (every parameter must be found). The
-    checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's."""
+    checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's; ``verified``: its checksums
+    were checked already (megatron.checkpoint.engine.find_checkpoint)."""
     try:
-        checkpoint = read_checkpoint(checkpoint_dir)
+        checkpoint = read_checkpoint(checkpoint_dir, verified=verified)
     except ConversionError as err:
         raise CheckpointError(str(err)) from None
     tp, rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
@@ -91,21 +94,18 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
         raise ConfigError([f"context_parallel_size={neox_args.context_parallel_size}: generate.py / eval.py with "
                            f"context parallelism is not supported yet (decoding keeps whole sequences); set "
                            f"context_parallel_size: 1, the checkpoint loads unchanged"])
-    ctx = initialize_megatron(neox_args)
     # every rank holds every expert: expert parallelism would make each forward a collective of the whole
     # expert-parallel group, which eval.py's requests (sharded over data-parallel ranks) do not keep in step
-    ctx = dataclasses.replace(ctx, model_config=ctx.model_config.replace(sequence_parallel=False,
-                                                                         moe_expert_parallel_size=1))
-    resolved = resolve_checkpoint(neox_args, ctx.model_config, layout_must_match=False)
-    if resolved is None and require_checkpoint:
+    ctx = initialize_megatron(neox_args, model_changes={"sequence_parallel": False, "moe_expert_parallel_size": 1})
+    checkpoint = resolve_checkpoint(neox_args, ctx.model_config, ctx.checkpoint, layout_must_match=False)
+    if checkpoint is None and require_checkpoint:
         raise CheckpointError(f"no checkpoint to load: set load to a directory written by train.py "
                               f"(load={neox_args.load!r}), or iteration to one of its global_stepN")
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker).to(ctx.device)
     iteration = 0
-    if resolved is not None:
-        load_dir, tag = resolved
-        load_model_weights(model, f"{load_dir}/{tag}", ctx.parallel_state, ctx.model_config)
-        iteration = int(tag[len("global_step"):]) if tag[len("global_step"):].isdigit() else 0
+    if checkpoint is not None:
+        load_model_weights(model, checkpoint.path, ctx.parallel_state, ctx.model_config, verified=True)
+        iteration = int(checkpoint.tag[len("global_step"):]) if checkpoint.tag[len("global_step"):].isdigit() else 0
     model.eval()
     if ctx.model_config.is_pipe_parallel and ctx.parallel_state.get_pipe_parallel_world_size() > 1:
         engine, _, _, _ = deepspeed.initialize(model=model, config=dict(PIPELINE_SCHEDULE_CONFIG),

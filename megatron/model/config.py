@@ -362,10 +362,11 @@ class ModelConfig:
 
     # ---- the adapter ------------------------------------------------------------------------------
     @classmethod
-    def from_neox_args(cls, args: Any, padded_vocab_size: Optional[int] = None) -> "ModelConfig":
+    def from_neox_args(cls, args: Any, padded_vocab_size: Optional[int] = None, **changes: Any) -> "ModelConfig":
         """The model of a NeoXArgs (validated, derived), or of its dict (a checkpoint's neox_args.json);
         ``padded_vocab_size`` once the tokenizer is known (default: the args' own padded_vocab_size, which may
-        be None before the tokenizer is built)."""
+        be None before the tokenizer is built); ``changes``: fields that differ from the args' (inference turns
+        sequence parallelism off), so that the one ModelConfig of a worker is built once."""
         if isinstance(args, Mapping):
             args = SimpleNamespace(**args)
         flattened = {"soft_prompt_tuning", "sparsity_config", "activation_checkpointing"}
@@ -383,7 +384,7 @@ class ModelConfig:
         if isinstance(sparsity, Mapping) and not key_problems(sparsity, ("local",)):
             values["local_attention_block"], values["local_attention_window_blocks"] = \
                 local_window(sparsity, LOCAL_ATTENTION_WINDOW_BLOCKS)
-        return cls(**values)
+        return cls(**{**values, **changes})
 
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with ``changes`` (derived values recomputed)."""
@@ -547,12 +548,18 @@ class ModelConfig:
         return problems
 
     def device_problems(self, cuda_available: bool) -> List[str]:
-        """What this worker's hardware cannot run (checked where the workers start: deepy.py often runs on a
-        head node without the workers' GPUs)."""
-        if self.precision == "fp16" and not cuda_available:
-            return ["fp16 needs a CUDA GPU and this worker has none; on CPU use bf16: {enabled: true} or fp32 "
-                    "(remove the fp16 dict)"]
-        return []
+        """What this worker's hardware cannot run (precision_device_problems of this model's precision)."""
+        return precision_device_problems(self.precision, cuda_available)
+
+
+def precision_device_problems(precision: Optional[str], cuda_available: bool) -> List[str]:
+    """What this worker's hardware cannot run of ``precision`` (checked where the workers start, before their
+    ModelConfig, which needs the tokenizer, is built: deepy.py often runs on a head node without the workers'
+    GPUs)."""
+    if precision == "fp16" and not cuda_available:
+        return ["fp16 needs a CUDA GPU and this worker has none; on CPU use bf16: {enabled: true} or fp32 "
+                "(remove the fp16 dict)"]
+    return []
 
 
 CONTEXT_PARALLEL_TYPES = ("global", "flash")

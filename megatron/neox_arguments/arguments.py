@@ -22,7 +22,7 @@ import typing
 import warnings
 import zlib
 from functools import lru_cache
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from megatron.neox_arguments.aliases import apply_aliases
 from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model,
@@ -36,11 +36,12 @@ from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG
                                               ranks_from_environment)
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
 from megatron.neox_arguments.typecheck import coerce, describe
+from megatron.model.config import ModelConfig
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
                                                 model_problems, not_supported_problems,
                                                 not_supported_setting_problems, parallelism_problems,
                                                 post_training_problems, rampup_problems, training_problems,
-                                                unknown_key_problems)
+                                                unknown_key_problems, validated_model)
 from megatron.neox_arguments.autotuned import is_experiment, read_deepspeed_config, tuned_args
 
 
@@ -95,14 +96,15 @@ class NeoXArgs(NeoXArgsSchema):
         if problems:
             raise ConfigError(problems + _problems_besides(problems, clean, provided, folded))
         args = cls(**clean)
-        problems = args._derive_and_validate(provided)
+        problems, model = args._derive_and_validate(provided)
         if problems:
             raise ConfigError(note_extra_args_origin(problems, folded))
-        for message in fusion_flag_warnings(args):
+        for message in fusion_flag_warnings(model):
             warnings.warn(message, NeoXConfigWarning, stacklevel=2)
         return args.freeze()
 
-    def _derive_and_validate(self, provided: Set[str]) -> List[str]:
+    def _derive_and_validate(self, provided: Set[str]) -> Tuple[List[str], Optional[ModelConfig]]:
+        """(every problem, the ModelConfig validation built: one per validation, for the warnings too)."""
         problems = not_supported_problems(self) + not_supported_setting_problems(self)
         problems += derive_precision(self, provided)
         problems += derive_optimizer_and_zero(self, provided)
@@ -113,7 +115,8 @@ class NeoXArgs(NeoXArgsSchema):
         problems += derive_moe(self, provided)
         problems += derive_recompute(self, provided)
         problems += derive_activation_checkpointing(self, provided)
-        problems += model_problems(self)
+        model = validated_model(self)
+        problems += model_problems(self, model)
         problems += training_problems(self)
         problems += lr_schedule_problems(self, provided)
         problems += rampup_problems(self)
@@ -122,7 +125,7 @@ class NeoXArgs(NeoXArgsSchema):
         if not problems:
             self.deepspeed_config, ds_problems = build_deepspeed_config(self)
             problems += ds_problems
-        return problems
+        return problems, model
 
     # ---- checks that depend on the script or the machine -------------------------------------------
     def training_problems(self) -> List[str]:
@@ -218,7 +221,7 @@ def _problems_besides(first: List[str], clean: Dict[str, Any], provided: Set[str
     mentioned = {name for name in argument_types() for p in first if re.search(rf"\b{name}\b", p)}
     try:
         args = NeoXArgs(**clean)
-        later = args._derive_and_validate(provided & set(clean))
+        later, _ = args._derive_and_validate(provided & set(clean))
     except Exception:  # a dropped value that derivation cannot do without: the first problems are the story
         return []
     later = note_extra_args_origin(later, folded)

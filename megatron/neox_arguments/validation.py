@@ -1,12 +1,12 @@
 """The rules a GPT-NeoX config must satisfy, each returning messages that name the key, the value and
 what is allowed. Nothing here looks at the local machine: deepy.py often runs on a head node without
 GPUs, so device-dependent checks (fp16 needs CUDA) run where the workers start
-(`ModelConfig.device_problems`, called by megatron.initialize)."""
+(`megatron.model.config.precision_device_problems`, called by megatron.initialize)."""
 
 import dataclasses
 import difflib
 import os
-from typing import Any, Callable, Iterable, List, Set, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Set, Tuple
 
 from megatron.observability.comms_logging import comms_logger_problems
 from megatron.data.curriculum import curriculum_problems, enabled as curriculum_enabled
@@ -106,13 +106,20 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 anything but its default, since nothing would read it."""
 
 
-def fusion_flag_warnings(args: NeoXArgsSchema) -> List[str]:
+def validated_model(args: NeoXArgsSchema) -> Optional[ModelConfig]:
+    """The ModelConfig of derived ``args`` that validation checks, built once for model_problems and
+    fusion_flag_warnings; None while a key of the model's shape is missing (model_problems names it)."""
+    if any(getattr(args, name) is None for name in REQUIRED_MODEL_FIELDS):
+        return None
+    return ModelConfig.from_neox_args(args)
+
+
+def fusion_flag_warnings(config: Optional[ModelConfig]) -> List[str]:
     """What to tell the user about fusion flags, and transformer-layer settings on an all-recurrent model,
     that are accepted but cannot take effect (megatron.model.config.softmax_fusion_warning and
-    recurrent_only_warning)."""
-    if any(getattr(args, name) is None for name in REQUIRED_MODEL_FIELDS):
+    recurrent_only_warning); ``config``: validated_model's."""
+    if config is None:
         return []
-    config = ModelConfig.from_neox_args(args)
     message = softmax_fusion_warning(config)
     recurrent = recurrent_only_warning(config)
     return ([message + "; set it to false to silence this warning"] if message else []) + \
@@ -157,13 +164,13 @@ def not_supported_setting_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
-def model_problems(args: NeoXArgsSchema) -> List[str]:
-    """The model's own rules (megatron.model.config.ModelConfig.problems) plus the GPT-NeoX keys around them."""
-    problems = [f"'{name}' is required (the model shape); set it in a config file"
+def model_problems(args: NeoXArgsSchema, config: Optional[ModelConfig]) -> List[str]:
+    """The model's own rules (megatron.model.config.ModelConfig.problems of ``config``, validated_model's)
+    plus the GPT-NeoX keys around them."""
+    if config is None:
+        return [f"'{name}' is required (the model shape); set it in a config file"
                 for name in REQUIRED_MODEL_FIELDS if getattr(args, name) is None]
-    if problems:
-        return problems
-    problems = ModelConfig.from_neox_args(args).problems()
+    problems = config.problems()
     if args.make_vocab_size_divisible_by < 1:
         problems.append(f"make_vocab_size_divisible_by={args.make_vocab_size_divisible_by} must be >= 1")
     if args.soft_prompt_tuning is not None:

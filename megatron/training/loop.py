@@ -681,7 +681,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     except BaseException:
         stop.restore()
         raise
-    iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine)
+    iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine, ctx.checkpoint)
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
     streams = _batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,

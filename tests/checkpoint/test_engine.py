@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import megatron.checkpoint.engine
-from megatron.checkpoint.engine import load_checkpoint, resolve_checkpoint, restore_rng, save_checkpoint
+from megatron.checkpoint.engine import find_checkpoint, load_checkpoint, resolve_checkpoint, restore_rng, save_checkpoint
 from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint.format import complete_tags, read_latest
 from megatron.errors import CheckpointError
@@ -45,13 +45,16 @@ def save(args, iteration, engine, extra=None):
 
 def load(args, engine):
     """load_checkpoint, then the RNG set as the training loop sets it."""
-    iteration, client_state, path = load_checkpoint(args, _model(args), engine)
+    iteration, client_state, path = load_checkpoint(args, _model(args), engine, find_checkpoint(args))
     restore_rng(args, path, client_state)
     return iteration, client_state, path
 
 
 def resolve(args):
-    return resolve_checkpoint(args, _model(args))
+    """(load_dir, tag) of the checkpoint a run of ``args`` loads (None: none), as initialize_megatron finds it and
+    load_checkpoint checks it."""
+    checkpoint = resolve_checkpoint(args, _model(args), find_checkpoint(args))
+    return None if checkpoint is None else (checkpoint.load_dir, checkpoint.tag)
 
 
 def args_for(tmp_path, **overrides):
@@ -299,7 +302,7 @@ def test_a_gpt_neox_checkpoint_is_recognised_and_loaded(tmp_path):
     expected = random.getstate()
     assert checkpoint_kind(str(path)) == GPT_NEOX
     assert resolve(args) == (str(tmp_path), "global_step6")
-    assert checkpoint_vocab_size(args) == 128  # from the embedding's rows
+    assert checkpoint_vocab_size(find_checkpoint(args)) == 128  # from the embedding's rows
     random.seed(0)
     engine = FakeEngine()
     iteration, state, _ = load(args, engine)
@@ -354,7 +357,8 @@ def test_an_old_layout_checkpoint_is_refused_for_training_with_the_upgrade_comma
     with pytest.raises(CheckpointError, match=r"(?s)older layout.*tools/ckpts/upgrade_checkpoint.py --input_dir "
                                               r".*global_step3 --output_dir NEW_SAVE_DIR"):
         resolve(args)
-    assert resolve_checkpoint(args, _model(args), layout_must_match=False) == (str(tmp_path), "global_step3")
+    assert resolve_checkpoint(args, _model(args), find_checkpoint(args), layout_must_match=False).path == \
+        str(tmp_path / "global_step3")
 
 
 def test_split_and_replicated_experts_do_not_load_into_each_other(tmp_path):
@@ -366,7 +370,8 @@ def test_split_and_replicated_experts_do_not_load_into_each_other(tmp_path):
     split = args_for(tmp_path, enable_expert_tensor_parallelism=True, **moe)
     with pytest.raises(CheckpointError, match="enable_expert_tensor_parallelism: checkpoint False, config True"):
         resolve(split)
-    assert resolve_checkpoint(split, _model(split), layout_must_match=False) == (str(tmp_path), "global_step3")
+    assert resolve_checkpoint(split, _model(split), find_checkpoint(split), layout_must_match=False).path == \
+        str(tmp_path / "global_step3")
 
 
 def test_save_writes_gpt_neox_client_state(tmp_path):
@@ -388,10 +393,12 @@ def test_the_padded_vocabulary_of_a_gpt_neox_checkpoint_comes_from_its_embedding
 
     args = args_for(tmp_path)
     _gpt_neox_checkpoint(tmp_path, args)  # 128 rows
-    assert _checkpoint_vocabulary(args, tokenizer_vocab=100, vocab=104) == 128
-    assert _checkpoint_vocabulary(args_for(tmp_path, padded_vocab_size=104), 100, 104) == 104  # explicit: compared
+    found = find_checkpoint(args)
+    assert _checkpoint_vocabulary(args, found, tokenizer_vocab=100, vocab=104) == 128
+    explicit = args_for(tmp_path, padded_vocab_size=104)
+    assert _checkpoint_vocabulary(explicit, found, 100, 104) == 104  # explicit: compared
     with pytest.raises(ConfigError, match="embedding has 128 rows.*tokenizer's 200 tokens"):
-        _checkpoint_vocabulary(args, tokenizer_vocab=200, vocab=256)
+        _checkpoint_vocabulary(args, found, tokenizer_vocab=200, vocab=256)
 
 
 @pytest.mark.fault

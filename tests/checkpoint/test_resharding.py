@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.checkpoint.weights_only import assert_loads_weights_only
+from tests.checkpoint.counts import Counts, manifest_files
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch
 
@@ -106,18 +107,29 @@ def _micro_batches(args, dp_rank: int, dp: int, first_step: int):
             yield (tokens[rows], pos[rows], mask), (labels[rows], loss_mask[rows])
 
 
-def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=None):
-    """Losses of steps first_step..STEPS (and the iteration the run starts from)."""
+def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=None, counts=None):
+    """Losses of steps first_step..STEPS (and the iteration the run starts from). With ``counts`` (tests.checkpoint.counts) also
+    the ModelConfigs built by validation and by initialize_megatron, and the checkpoint files this rank hashed to
+    start and load, with the number of files the checkpoint's manifest lists."""
     from megatron.checkpoint.engine import load_checkpoint, restore_rng, save_checkpoint
+    from megatron.checkpoint.format import resume_tag
     from megatron.initialize import initialize_megatron
     from megatron.training.loop import setup_model_and_optimizer, train_step
     from megatron.training_schedule import TrainingSchedule
 
+    counted = {}
+    before = (counts.configs, counts.hashed) if counts else None
     args = _args(world, layout, save, load)
+    validated = counts.configs if counts else None
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
+    if counts:
+        counted["model_configs"] = (validated - before[0], counts.configs - validated)
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
-    iteration, client, loaded = load_checkpoint(args, ctx.model_config, engine)
+    iteration, client, loaded = load_checkpoint(args, ctx.model_config, engine, ctx.checkpoint)
     restore_rng(args, loaded, client)
+    if counts:
+        counted["hashed"] = counts.hashed - before[1]
+        counted["manifest_files"] = manifest_files(f"{load}/{resume_tag(load)[0]}")
     engine_steps = engine.global_steps
     ps = ctx.parallel_state
     batches = _micro_batches(args, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), first_step)
@@ -128,7 +140,7 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
             save_checkpoint(args, ctx.model_config, step, engine, {"consumed_train_samples": step * GLOBAL_BATCH})
     ps.destroy()
     return {"losses": losses, "iteration": iteration, "consumed": client.get("consumed_train_samples"),
-            "engine_steps": engine_steps}
+            "engine_steps": engine_steps, **counted}
 
 
 def _as_gpt_neox(save: str) -> str:
@@ -165,17 +177,18 @@ def _deepspeed_layouts(world_size: int, save: str) -> dict:
 def _all_layouts(rank: int, world_size: int, save: str) -> dict:
     import torch.distributed as dist
 
+    counts = Counts()
     results = {"reference": _run(world_size, SOURCE, save, None, 1, save_at=SAVED_AT)}
     for name, layout in TARGETS.items():
         results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1,
-                             save_at=SAVED_AT + 1 if name in CHAINED else None)
+                             save_at=SAVED_AT + 1 if name in CHAINED else None, counts=counts)
     for name, (layout, _) in CHAINED.items():  # the ZeRO 2 / 3 checkpoints of four data-parallel ranks, resharded
         results[f"from_{name}"] = _run(world_size, layout, save + "-from-" + name, save + "-" + name, SAVED_AT + 2)
     if rank == 0:
         _as_gpt_neox(save)
     dist.barrier()
     results["gpt_neox_weights"] = _run(world_size, WEIGHTS_ONLY, save + "-from-neox", save + "-gpt-neox", SAVED_AT + 1)
-    results.update(_moe_layouts(world_size, save + "-moe"))
+    results.update(_moe_layouts(world_size, save + "-moe", counts))
     results.update(_deepspeed_layouts(world_size, save + "-ds"))
     results["reference_bf16"] = _run(world_size, SOURCE_BF16, save + "-bf16", None, 1, save_at=SAVED_AT)
     for name, layout in TARGETS_BF16.items():
@@ -183,14 +196,15 @@ def _all_layouts(rank: int, world_size: int, save: str) -> dict:
     return results
 
 
-def _moe_layouts(world_size: int, save: str) -> dict:
+def _moe_layouts(world_size: int, save: str, counts) -> dict:
     results = {"moe_reference": _run(world_size, MOE_SOURCE, save, None, 1, save_at=SAVED_AT)}
     for name, layout in MOE_TARGETS.items():
         results[name] = _run(world_size, layout, save + "-" + name, save, SAVED_AT + 1,
                              save_at=SAVED_AT + 1 if name == "moe_tp1_pp0_dp4_zero2" else None)
     results["moe_from_zero2"] = _run(world_size, MOE_CHAINED, save + "-chained", save + "-moe_tp1_pp0_dp4_zero2",
                                      SAVED_AT + 2)
-    results["moe_weights_only"] = _run(world_size, MOE_WEIGHTS_ONLY, save + "-weights", save, SAVED_AT + 1)
+    results["moe_weights_only"] = _run(world_size, MOE_WEIGHTS_ONLY, save + "-weights", save, SAVED_AT + 1,
+                                       counts=counts)
     return results
 
 
@@ -291,6 +305,20 @@ def test_a_checkpoint_of_deepspeeds_moe_layer_continues_in_another_layout_with_t
         expected, resumed = results[reference]["losses"][SAVED_AT:], results[target]
         assert resumed["iteration"] == resumed["engine_steps"] == SAVED_AT, rank
         assert resumed["losses"] == pytest.approx(expected, abs=CLOSE), rank
+
+
+def test_a_resume_builds_one_model_config_per_step_and_hashes_the_checkpoint_once_on_rank_0(runs):
+    """Each worker builds the ModelConfig once to validate its arguments and once in initialize_megatron (with the
+    tokenizer's padded vocabulary); a resume finds and verifies its checkpoint once: rank 0 hashes each file of the
+    manifest once and every rank trusts its verdict, also where resharding reads the whole checkpoint (with the
+    optimizer state, and the weights alone). Before, validation and initialize_megatron built two each, and every
+    rank hashed the checkpoint again in read_checkpoint."""
+    for rank, results in enumerate(runs):
+        for name in (*TARGETS, "moe_weights_only"):
+            run = results[name]
+            assert run["model_configs"] == (1, 1), (rank, name)
+            assert run["manifest_files"] > 0, name
+            assert run["hashed"] == (run["manifest_files"] if rank == 0 else 0), (rank, name)
 
 
 def test_which_layout_changes_need_resharding():

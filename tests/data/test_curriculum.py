@@ -149,7 +149,7 @@ def _train(args, samples, steps=None, before_first=None):
 
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
-    iteration, client_state, _ = load_checkpoint(args, ctx.model_config, engine)
+    iteration, client_state, _ = load_checkpoint(args, ctx.model_config, engine, ctx.checkpoint)
     schedule = start_curriculum(args, engine, iteration, client_state)
     batches = _ModelBatches(args, ctx, iter(samples))
     seen = _Seen(batches)

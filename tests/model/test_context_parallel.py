@@ -151,7 +151,7 @@ def _check_resharded(load_dir: str, first: int, save_at: Optional[int] = None, *
     assert args.train_batch_size == 4
     ctx = _initialize(args)
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
-    assert load_checkpoint(args, ctx.model_config, engine)[0] == first
+    assert load_checkpoint(args, ctx.model_config, engine, ctx.checkpoint)[0] == first
     losses = _train(args, ctx, engine, optimizer, first, save_at)
     ctx.parallel_state.destroy()
     return losses
@@ -165,7 +165,7 @@ def _check_training(tp: int, zero_stage: int, reference_rank: int, pp: int = 0,
     ``reference_rank`` only) takes the same optimizer and clipping in a plain loop over the data-parallel ranks'
     samples joined. Three batches in turn, so that the loss falls in 10 steps. With ``save_dir`` the run saves
     after step 5 and a fresh engine loading that checkpoint repeats steps 6-10 ("resumed")."""
-    from megatron.checkpoint.engine import load_checkpoint
+    from megatron.checkpoint.engine import find_checkpoint, load_checkpoint
     from megatron.optim.optimizers import build_optimizer
     from megatron.training.loop import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
@@ -181,9 +181,9 @@ def _check_training(tp: int, zero_stage: int, reference_rank: int, pp: int = 0,
     half = STEPS // 2
     out = {"losses": _train(args, ctx, engine, optimizer, 0, save_at=half if save_dir else None), "ref": None}
     assert engine.global_samples == STEPS * args.train_batch_size  # samples, not samples x context ranks
-    if save_dir:
+    if save_dir:  # this worker's checkpoint was saved after initialize_megatron: found here
         engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
-        assert load_checkpoint(args, ctx.model_config, engine)[0] == half
+        assert load_checkpoint(args, ctx.model_config, engine, find_checkpoint(args))[0] == half
         out["resumed"] = _train(args, ctx, engine, optimizer, half)
     state.destroy()
     if torch.distributed.get_rank() == reference_rank:

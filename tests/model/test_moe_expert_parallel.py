@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from megatron.mpu.parallel_state import expert_parallel_ranks
+from tests.checkpoint.counts import Counts, manifest_files
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, stacked_expert_logs
 
@@ -117,7 +118,7 @@ def _straight_save_resume(args, ctx, engine, optimizer, seed, at: int, total: in
     straight += _steps(args, ctx, engine, optimizer, seed, at, total - at)
     ctx.parallel_state.destroy()
     ctx, engine, optimizer = _setup(args)
-    assert load_checkpoint(args, ctx.model_config, engine)[0] == at
+    assert load_checkpoint(args, ctx.model_config, engine, ctx.checkpoint)[0] == at
     reloaded = experts(engine.module)
     resumed = _steps(args, ctx, engine, optimizer, seed, at, resume)
     ctx.parallel_state.destroy()
@@ -128,6 +129,7 @@ def _expert_parallel_run(rank: int, world_size: int, save_root: str):
     from megatron.checkpoint.engine import load_checkpoint
     from megatron.inference.loading import setup_for_inference
 
+    counts = Counts()
     out = {}
     for layer in LAYERS:
         save_dir = os.path.join(save_root, layer)
@@ -147,13 +149,16 @@ def _expert_parallel_run(rank: int, world_size: int, save_root: str):
                 out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, rank, 0, STEPS)
                 ctx.parallel_state.destroy()
         # generate.py / eval.py: every expert on every rank, whatever the run's expert-parallel size
+        hashed = counts.hashed
         model, ctx, iteration = setup_for_inference(_neox_args(layer, 2, 2, save_dir))
         out[(layer, "inference")] = (iteration, _experts(model), model(random_batch(batch=1)[0]))
+        out[(layer, "inference_hashed")] = (counts.hashed - hashed, manifest_files(os.path.join(save_dir,
+                                                                                             "global_step4")))
         ctx.parallel_state.destroy()
     # DeepSpeed's layer: the weights load into a training run at another expert-parallel size with no_load_optim
     args = _neox_args("deepspeed", 1, 0, os.path.join(save_root, "deepspeed"), no_load_optim=True)
     ctx, engine, _ = _setup(args)
-    load_checkpoint(args, ctx.model_config, engine)
+    load_checkpoint(args, ctx.model_config, engine, ctx.checkpoint)
     out["resharded"] = _experts(engine.module)
     ctx.parallel_state.destroy()
     return out
@@ -181,6 +186,8 @@ def test_experts_over_two_ranks_train_as_with_all_experts_and_resume(expert_para
         assert out[(layer, "resumed")] == out[(layer, 2, 2)][4:7]
         iteration, inference_experts, logits = out[(layer, "inference")]
         assert iteration == 4 and len(inference_experts) == len(everything)
+        hashed, files = out[(layer, "inference_hashed")]  # the checkpoint's files hashed once, by rank 0
+        assert files > 0 and hashed == (files if rank == 0 else 0), (rank, hashed, files)
         torch.testing.assert_close(logits, expert_parallel_runs[0][(layer, "inference")][2], rtol=0, atol=0)
         for key, weight in saved.items():
             torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
