@@ -7,15 +7,14 @@ Layout of `save/` (everything GPT-NeoX writes, plus this project's crash-safety 
                                per slot and tensor rank (megatron.model.gpt2_model, checkpoint_layout); ZeRO /
                                optimizer files as DeepSpeed names them
     mp_rank_*_model_states.pt  also hold GPT-NeoX's client state: `iteration`, `args` (the eight values
-                               GPT-NeoX's loader checks), `random_rng_state`, `np_rng_state`, `torch_rng_state`
-                               (and `cuda_rng_state` on CUDA), plus ours: the data position,
+                               GPT-NeoX's loader checks), plus ours: the data position,
                                `checkpoint_layout` and `optimizer_layout` (the rank's tensor / pipe rank and
                                its optimizer's parameter names, which resharding needs)
     global_step{N}/neox_args.json   the NeoXArgs of the run (architecture check on load), with
                                checkpoint_layout: gpt-neox
     global_step{N}/configs/*.yml    the user's YAML files, verbatim (as GPT-NeoX)
-    global_step{N}/rng_state_rank{R}.pt   each rank's RNG states (unless no_save_rng), the ones a resume sets
-                               (megatron.checkpoint.rng_state: why there, and not only in the client state)
+    global_step{N}/rng_state_rank{R}.pt   each rank's RNG states (unless no_save_rng), written once, here
+                               (megatron.checkpoint.rng_state: why here and not in the client state)
     global_step{N}/checksums.xxh128   XXH3-128 of every file above, written after they are all flushed to disk;
                                verified before a load (megatron.checkpoint.integrity; checksums.sha256 in
                                checkpoints saved before)
@@ -59,7 +58,7 @@ from megatron.checkpoint.integrity import write_atomically as _write_atomically 
 from megatron.mpu.host_collectives import barrier, broadcast_object
 from megatron.checkpoint.format import ARCHITECTURE_KEYS, ARGS_FILE, COMPLETE_MARKER, GPT_NEOX, LATEST_FILE, LAYOUT, LAYOUT_KEY, LAYOUT_KEYS, MERGED_ON_READ, OURS, OURS_OLD, RESHARD_KEY, UPGRADE_TOOL, yaml_values, complete_tags, file_layout, gpt_neox_client_args, optimizer_layout, read_latest, read_saved_args, resume_tag, saved_args, tag_for
 from megatron.checkpoint.files import checkpoint_kind, load_lazily, read_client_state
-from megatron.checkpoint.rng_state import gpt_neox_rng_state, process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
+from megatron.checkpoint.rng_state import process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
 from megatron.checkpoint.non_persistent import keep_only, newer_checkpoint, non_persistent_dir
 from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
 from megatron.model.config import expand_attention_config
@@ -136,7 +135,7 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
             shutil.rmtree(path)
     barrier()
     client_state = {"iteration": iteration, "args": gpt_neox_client_args(neox_args.to_dict(), model_config),
-                    LAYOUT_KEY: LAYOUT, **({} if neox_args.no_save_rng else gpt_neox_rng_state()),
+                    LAYOUT_KEY: LAYOUT,
                     RESHARD_KEY: optimizer_layout(engine), **(extra_state or {})}
     try:
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)

@@ -1,5 +1,5 @@
 """Each process's random-number generators (python, numpy, torch, CUDA): what a checkpoint saves of them and how a
-resume sets them back, and the RNG entries of GPT-NeoX's client state.
+resume sets them back, from this project's files or from the RNG entries of GPT-NeoX's client state.
 
 Saved as plain data, so that every file holding them loads with ``torch.load(weights_only=True)`` (and so with a
 plain ``torch.load`` on torch >= 2.6, as GPT-NeoX's tools read checkpoints): python's state is already a tuple of
@@ -8,12 +8,14 @@ takes as it is (GPT-NeoX's loader included); torch's and CUDA's are byte tensors
 numpy's ndarray; the safe loader still reads them (megatron.checkpoint.files.checkpoint_globals).
 
 Where a checkpoint keeps them, and why there: every rank writes its own state once, to
-``rng_state_rank{R}.pt``, and a resume reads it from there. The mp_rank files also carry GPT-NeoX's client-state
-entries (``random_rng_state``, ``np_rng_state``, ``torch_rng_state``, ``cuda_rng_state``) because GPT-NeoX's
-format has them; they hold the state of whichever rank DeepSpeed has write that file (data-parallel rank 0, one
-per tensor rank; other ranks under ZeRO-3, MoE or a pipeline), so they cannot stand for every rank. A resume reads
-them only where the rank has no file of its own: GPT-NeoX's checkpoints, and a reshard onto more ranks than saved
-(each extra rank takes the state GPT-NeoX would give it)."""
+``rng_state_rank{R}.pt``, and a resume reads it from there, once (megatron.checkpoint.engine.restore_rng).
+GPT-NeoX keeps RNG states in the client state of its mp_rank files (``random_rng_state``, ``np_rng_state``,
+``torch_rng_state``, ``cuda_rng_state``), but those hold the state of whichever rank DeepSpeed has write that file
+(data-parallel rank 0, one per tensor rank; others under ZeRO-3, MoE or a pipeline), so they cannot stand for every
+rank, and GPT-NeoX's loader cannot use them from our checkpoints anyway: it also needs its CUDA tracker's
+``rng_tracker_states`` (tools/ckpts/README.md), so it reads ours with no_load_rng. This project writes them no
+more; it reads them from GPT-NeoX's checkpoints. A rank with no file of its own in one of ours (a reshard onto more
+ranks than saved) takes rank 0's."""
 import os
 import random
 from typing import Any, Dict, Mapping, Optional
@@ -61,18 +63,13 @@ def set_rng_states(states: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def gpt_neox_rng_state() -> Dict[str, Any]:
-    """The RNG entries of GPT-NeoX's client state (``cuda_rng_state`` only where CUDA is)."""
-    return {GPT_NEOX_KEYS[name]: state for name, state in rng_states().items()}
-
-
 def saved_rng_states(path: str, client_state: Mapping[str, Any], rank: int) -> Optional[Dict[str, Any]]:
     """Rank ``rank``'s RNG states in checkpoint ``path``: its ``rng_state_rank{R}.pt``, else GPT-NeoX's entries
-    of the client state (``client_state``: the one loaded with the checkpoint); None when it saved none
-    (no_save_rng)."""
-    own = rng_file(path, rank)
+    of the client state (``client_state``: the one loaded with the checkpoint), else rank 0's file; None when it
+    saved none (no_save_rng)."""
+    own, first = rng_file(path, rank), rng_file(path, 0)
     if os.path.isfile(own):
         return load_checkpoint_file(own)
     if GPT_NEOX_KEYS["python"] in client_state:
         return {name: client_state[key] for name, key in GPT_NEOX_KEYS.items() if key in client_state}
-    return None
+    return load_checkpoint_file(first) if os.path.isfile(first) else None

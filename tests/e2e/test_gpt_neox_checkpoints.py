@@ -11,6 +11,7 @@ import yaml
 
 from megatron.checkpoint.format import GPT_NEOX, LAYOUT_KEY
 from megatron.checkpoint.files import checkpoint_kind
+from megatron.checkpoint.rng_state import GPT_NEOX_KEYS
 from tests.checkpoint.weights_only import assert_loads_weights_only
 from tests.checkpoint_conversion.engine_logits import engine_logits, runtime_config
 from tests.checkpoint_conversion.gpt_neox_files import (
@@ -88,14 +89,16 @@ def test_finetuning_from_a_gpt_neox_checkpoint_equals_finetuning_from_ours(data,
 
 def _as_gpt_neox_writes_it(ckpt: Path, out: Path) -> Path:
     """Our checkpoint as GPT-NeoX would have written it: no COMPLETE, checksums, neox_args.json or rank RNG
-    files, and only GPT-NeoX's client state (the optimizer files untouched)."""
+    files, only GPT-NeoX's client state, with rank 0's RNG states in it (the optimizer files untouched)."""
     shutil.copytree(ckpt, out / ckpt.name)
+    rng = torch.load(ckpt / "rng_state_rank0.pt", weights_only=True)
     for extra in ("COMPLETE", "checksums.xxh128", "neox_args.json", *[p.name for p in ckpt.glob("rng_state_rank*.pt")]):
         (out / ckpt.name / extra).unlink()
     for path in (out / ckpt.name).glob("mp_rank_*_model_states.pt"):
         state = torch.load(path, weights_only=False)
         for key in (LAYOUT_KEY, "consumed_train_samples", "consumed_valid_samples"):
             state.pop(key)
+        state.update({GPT_NEOX_KEYS[name]: value for name, value in rng.items()})
         torch.save(state, path)
     (out / "latest").write_text(ckpt.name)
     return out / ckpt.name
@@ -129,7 +132,7 @@ def test_resume_with_optimizer_state_from_a_gpt_neox_checkpoint_and_our_files(da
         "num_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "max_position_embeddings": 32,
         "make_vocab_size_divisible_by": 8, "padded_vocab_size": 384, "tokenizer_type": "HFTokenizer",
         "model_parallel_size": 1}
-    assert {"random_rng_state", "np_rng_state", "torch_rng_state", "lr_scheduler", "param_shapes"} <= set(state)
+    assert {"lr_scheduler", "param_shapes"} <= set(state) and "np_rng_state" not in state  # RNG: in rng_state_rank*
     assert_loads_weights_only(str(saved))  # and GPT-NeoX's converter's plain torch.load reads the weights
 
     gpt_neox = _as_gpt_neox_writes_it(saved, tmp_path / "gpt-neox")

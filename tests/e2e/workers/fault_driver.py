@@ -26,6 +26,7 @@ from tests.accelerator import deepspeed_accelerator_env  # noqa: E402
 os.environ.update(deepspeed_accelerator_env())
 import megatron.checkpoint.async_save as async_checkpoint  # noqa: E402
 import megatron.checkpoint.engine as checkpointing  # noqa: E402
+import megatron.checkpoint.format as checkpoint_format  # noqa: E402
 import megatron.training.loop as training  # noqa: E402
 from megatron.checkpoint.integrity import verification_problems  # noqa: E402
 from megatron.launch.signals import interrupted_exit_code  # noqa: E402,F401 (imported before forking)
@@ -80,7 +81,7 @@ def _install_hooks() -> None:
         return original_rng()
 
     def write_atomically(path, text):
-        if os.path.basename(path) == checkpointing.LATEST_FILE:  # COMPLETE is written, `latest` not yet
+        if os.path.basename(path) == checkpoint_format.LATEST_FILE:  # COMPLETE is written, `latest` not yet
             _stop_here("latest", Armed.saving)
         return original_write(path, text)
 
@@ -185,8 +186,8 @@ class Segment:
 
 
 def _newest_complete(save: str) -> int:
-    tags = checkpointing.complete_tags(save)
-    return checkpointing.tag_iteration(tags[-1]) if tags else 0
+    tags = checkpoint_format.complete_tags(save)
+    return checkpoint_format.tag_iteration(tags[-1]) if tags else 0
 
 
 def _records(log_dir: str, kind: str) -> List[Dict[str, Any]]:
@@ -253,10 +254,10 @@ def main() -> int:
         after = _newest_complete(save)
         if after < resume:
             summary["checkpoints_lost"] += 1
-        if after and verification_problems(os.path.join(save, checkpointing.tag_for(after))):
+        if after and verification_problems(os.path.join(save, checkpoint_format.tag_for(after))):
             summary["damaged_checkpoints"] += 1
     summary["final_exit"] = _run_to_end(faulty, out_dir, "final")
-    summary["final_latest"] = checkpointing.read_latest(save)
+    summary["final_latest"] = checkpoint_format.read_latest(save)
 
     for kind, key in (("train", "train_mismatches"), ("eval", "eval_mismatches")):
         expected = {(r["iteration"], r.get("split")): r["lm_loss"] for r in _records(straight.log_dir, kind)}
