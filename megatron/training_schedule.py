@@ -30,8 +30,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Set, Tuple
-from megatron.data.splits import split_document_ranges
+
 from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.splits import split_document_ranges
 
 MAX_CONSECUTIVE_SKIPPED_STEPS = 50
 """fp16 steps skipped in a row (loss-scale overflow) after which training stops: dynamic loss scaling

@@ -29,8 +29,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
-from megatron.errors import CheckpointError
 from megatron.checkpoint.hashed_save import BLOCK, save_hashed
+from megatron.errors import CheckpointError
 from megatron.mpu.host_collectives import all_reduce, gather_object
 
 WRITING, DONE, FAILED = 0, 1, -1

@@ -51,19 +51,22 @@ import shutil
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
+from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
-from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
-from megatron.checkpoint.integrity import verification_problems, write_manifest
-from megatron.checkpoint.integrity import write_atomically as _write_atomically  # a seam tests replace
-from megatron.mpu.host_collectives import barrier, broadcast_object
-from megatron.checkpoint.format import ARCHITECTURE_KEYS, ARGS_FILE, COMPLETE_MARKER, GPT_NEOX, LATEST_FILE, LAYOUT, LAYOUT_KEY, LAYOUT_KEYS, MERGED_ON_READ, OURS, OURS_OLD, RESHARD_KEY, UPGRADE_TOOL, yaml_values, complete_tags, file_layout, gpt_neox_client_args, optimizer_layout, read_latest, read_saved_args, resume_tag, saved_args, tag_for
 from megatron.checkpoint.files import checkpoint_kind, load_lazily, read_client_state
-from megatron.checkpoint.rng_state import process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
+from megatron.checkpoint.format import (ARCHITECTURE_KEYS, ARGS_FILE, COMPLETE_MARKER, GPT_NEOX, LATEST_FILE, LAYOUT,
+                                        LAYOUT_KEY, LAYOUT_KEYS, MERGED_ON_READ, OURS, OURS_OLD, RESHARD_KEY,
+                                        UPGRADE_TOOL, complete_tags, file_layout, gpt_neox_client_args,
+                                        gpt_neox_gmlp_problem, gpt_neox_mamba_problem, optimizer_layout, read_latest,
+                                        read_saved_args, resume_tag, saved_args, tag_for, yaml_values)
+from megatron.checkpoint.integrity import (verification_problems,  # a seam tests replace
+                                           write_atomically as _write_atomically, write_manifest)
 from megatron.checkpoint.non_persistent import keep_only, newer_checkpoint, non_persistent_dir
 from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
+from megatron.checkpoint.rng_state import process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
+from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
 from megatron.model.config import expand_attention_config
-from megatron.checkpoint.format import gpt_neox_gmlp_problem, gpt_neox_mamba_problem
-from deepspeed.runtime.zero.utils import ZeRORuntimeException
+from megatron.mpu.host_collectives import barrier, broadcast_object
 
 
 def _rng_states() -> Dict[str, Any]:

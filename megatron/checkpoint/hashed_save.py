@@ -22,6 +22,7 @@ a SHA-256 of the bytes 0.7 s, torch's CRC32 of every record more; the step they 
 from __future__ import annotations
 
 import errno
+import io
 import mmap
 import os
 import pickle
@@ -31,7 +32,6 @@ import numpy as np
 import torch
 import torch.serialization as serialization
 import xxhash
-import io
 
 BLOCK = 4096
 """O_DIRECT's alignment (the largest logical block size of common disks; a page)."""

@@ -40,21 +40,23 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+import deepspeed
 import torch
+from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-from megatron.errors import CheckpointError, ConversionError
+from megatron.checkpoint.files import checkpoint_kind, load_checkpoint_file, load_lazily
+from megatron.checkpoint.format import (ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE, GPT_NEOX, LATEST_FILE, LAYER_FILE,
+                                        LAYOUT, LAYOUT_KEY, MP_FILE, OURS_OLD, file_layout, gpt_neox_client_args,
+                                        gpt_neox_gmlp_problem, gpt_neox_mamba_problem, model_files, read_saved_args,
+                                        resume_tag, yaml_values)
 from megatron.checkpoint.integrity import verification_problems, write_manifest
 from megatron.checkpoint.tensor_parallel import merge_shards, split_full
-from megatron.checkpoint.format import ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE, GPT_NEOX, LATEST_FILE, LAYER_FILE, LAYOUT, LAYOUT_KEY, MP_FILE, OURS_OLD, file_layout, gpt_neox_client_args, gpt_neox_gmlp_problem, gpt_neox_mamba_problem, model_files, read_saved_args, resume_tag, yaml_values
-from megatron.checkpoint.files import checkpoint_kind, load_lazily
+from megatron.errors import CheckpointError, ConversionError
 from megatron.model.checkpoint_layout import LAYER, LayoutError, from_neox, slot_kind, to_neox
 from megatron.model.config import ModelConfig
-from megatron.checkpoint.files import load_checkpoint_file
 from megatron.model.gpt2_model import slot_prefixes
 from megatron.model.moe.layer import stack_expert_parallel_experts
 from megatron.model.moe.pipeline import expert_slot_states
-from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-import deepspeed
 
 FLAT, SLOTS = "flat", "slots"
 """This project's older layouts (see the module docstring)."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import shutil
 from typing import Iterable, Optional, Tuple
-from megatron.checkpoint.format import tag_iteration, complete_tags
+
+from megatron.checkpoint.format import complete_tags, tag_iteration
 
 NON_PERSISTENT_SUBDIR = "non_persistent"
 

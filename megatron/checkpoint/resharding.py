@@ -41,18 +41,16 @@ from typing import Any, Dict, Mapping, Tuple
 
 import torch
 import torch.distributed as dist
-
-from megatron.checkpoint.format import REFERENCE_FILE, optimizer_layout
-from megatron.errors import CheckpointError
-from megatron.checkpoint.tensor_parallel import split_full
-from megatron.checkpoint.training_state import (FP32, TrainingState, client_state, flat_name,
-                                                           read_training_state)
-from megatron.model.config import ModelConfig
-from megatron.checkpoint.neox_checkpoint import read_checkpoint
-from megatron.errors import ConversionError
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+from megatron.checkpoint.format import REFERENCE_FILE, optimizer_layout
+from megatron.checkpoint.neox_checkpoint import read_checkpoint
+from megatron.checkpoint.tensor_parallel import split_full
+from megatron.checkpoint.training_state import FP32, TrainingState, client_state, flat_name, read_training_state
+from megatron.errors import CheckpointError, ConversionError
+from megatron.model.config import ModelConfig
 
 
 def layout_of(values: Mapping[str, Any]) -> Dict[str, int]:

@@ -27,13 +27,12 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tup
 
 import torch
 
-from megatron.checkpoint.tensor_parallel import merge_shards, split_rule
-from megatron.checkpoint.format import RESHARD_KEY
 from megatron.checkpoint.files import load_lazily
-from megatron.errors import CheckpointError
-from megatron.model.config import ModelConfig
+from megatron.checkpoint.format import RESHARD_KEY
 from megatron.checkpoint.neox_checkpoint import read_checkpoint
-from megatron.errors import ConversionError
+from megatron.checkpoint.tensor_parallel import merge_shards, split_rule
+from megatron.errors import CheckpointError, ConversionError
+from megatron.model.config import ModelConfig
 from megatron.model.gpt2_model import GPT2ModelPipe, slot_prefixes
 
 FP32 = "fp32"

@@ -16,14 +16,12 @@ from typing import Any, Dict
 
 import yaml
 
-from megatron.model.config import ModelConfig
-
-from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
-from megatron.errors import ConversionError
-from megatron.checkpoint_conversion.hf_folder import load_hf_folder
 from megatron.checkpoint.neox_checkpoint import write_checkpoint
+from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
+from megatron.checkpoint_conversion.hf_folder import load_hf_folder
 from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, ConversionError
+from megatron.model.config import ModelConfig
 from megatron.neox_arguments import NeoXArgs
 
 MODEL_TYPES = {"gpt_neox": hf_gptneox.from_hf, "llama": hf_llama.from_hf, "mistral": hf_llama.from_hf,

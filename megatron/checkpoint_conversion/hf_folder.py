@@ -6,10 +6,10 @@ import os
 from typing import Any, Dict, Mapping, Tuple
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from megatron.checkpoint_conversion.common import transformers_module
 from megatron.errors import ConversionError
-from safetensors.torch import load_file, save_file
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHTS_FILE = "model.safetensors"

@@ -25,15 +25,8 @@ from typing import Any, Dict, Mapping, Tuple
 
 import torch
 
-from megatron.checkpoint_conversion.common import (
-    common_problems,
-    moe_refusal,
-    refuse_unrepresentable,
-    rope_parameters,
-    rope_settings,
-    take,
-    transformers_module,
-)
+from megatron.checkpoint_conversion.common import (common_problems, moe_refusal, refuse_unrepresentable,
+                                                   rope_parameters, rope_settings, take, transformers_module)
 from megatron.errors import ConversionError
 from megatron.model.config import ModelConfig
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Sequence
 
-from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
-from megatron.errors import ConversionError
-from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint.neox_checkpoint import read_checkpoint
+from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
+from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
-from megatron.errors import ConfigError
+from megatron.errors import ConfigError, ConversionError
 from megatron.neox_arguments import NeoXArgs
 
 ARCHITECTURES = ("neox", "llama", "mistral", "mixtral", "mamba")

@@ -16,8 +16,7 @@ import sys
 from typing import Any, Dict, Mapping, Optional
 
 from megatron.checkpoint_conversion.common import transformers_module
-from megatron.errors import ConversionError
-from megatron.errors import TokenizerError
+from megatron.errors import ConversionError, TokenizerError
 from megatron.tokenizer import build_tokenizer_from
 
 JSON_TOKENIZERS = ("HFTokenizer", "HFGPT2Tokenizer")

@@ -14,10 +14,10 @@ import glob
 import os
 import shutil
 
-from megatron.errors import ConversionError
-from megatron.checkpoint.neox_checkpoint import read_checkpoint, write_checkpoint
-from megatron.checkpoint.format import MP_FILE, OURS_OLD, model_files
 from megatron.checkpoint.files import load_lazily
+from megatron.checkpoint.format import MP_FILE, OURS_OLD, model_files
+from megatron.checkpoint.neox_checkpoint import read_checkpoint, write_checkpoint
+from megatron.errors import ConversionError
 
 CARRIED = ("consumed_train_samples", "consumed_valid_samples", "lr_scheduler")
 """Client-state entries of the old mp_rank files that the upgraded checkpoint keeps."""

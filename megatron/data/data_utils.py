@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
-from megatron.errors import DataError
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset, make_dataset
-from megatron.data.samplers import DistributedBatchSampler
 from megatron.data.pairwise_dataset import PairwiseDataset
+from megatron.data.samplers import DistributedBatchSampler
 from megatron.data.splits import SPLIT_NAMES, split_document_ranges
+from megatron.errors import DataError
 
 BLEND_MARGIN = 1.005  # each blended dataset gets a little more than its share, as GPT-NeoX does
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-
-from megatron.errors import DataError
-from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
-from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer_from
 from tqdm import tqdm
+
+from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
+from megatron.errors import DataError
+from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer_from
 
 Document = dict[str, str]
 Encoded = dict[str, np.ndarray]  # output name (e.g. "text_document") -> token ids

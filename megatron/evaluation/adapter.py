@@ -30,14 +30,9 @@ import torch.nn.functional as F
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
+from megatron.inference.text_generation import ModelRunner, PipelineRunner, SamplingParams, generate_tokens
 from megatron.model.batch import causal_only_mask
 from megatron.mpu import host_collectives
-from megatron.inference.text_generation import (
-    ModelRunner,
-    PipelineRunner,
-    SamplingParams,
-    generate_tokens,
-)
 
 DEFAULT_MAX_GEN_TOKS = 256
 

@@ -14,19 +14,18 @@ import datetime
 import json
 import os
 import random
+from importlib.metadata import version
 from typing import Any, Dict, Iterator, Optional
 
 import numpy as np
 import torch
 
-from megatron.mpu.host_collectives import broadcast_object
-from megatron.utils.optional_deps import require
 from megatron.evaluation.adapter import NeoXLM
 from megatron.evaluation.tasks import resolve_tasks, task_manager
 from megatron.inference.text_generation import build_runner, max_sequence_length
+from megatron.mpu.host_collectives import broadcast_object
 from megatron.observability.training_logger import MetricSinks
-from megatron.utils.optional_deps import MissingOptionalDependency
-from importlib.metadata import version
+from megatron.utils.optional_deps import MissingOptionalDependency, require
 
 BOOTSTRAP_ITERS = 1000
 """Bootstrap resamples for the standard errors of non-mean metrics (lm-eval's default, 100000, takes

@@ -12,11 +12,11 @@ built-in tasks are not indexed at all (include_defaults=False), which also keeps
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from typing import List, Sequence
 
 import yaml
-import difflib
 
 
 class EvalTaskError(ValueError):

@@ -35,22 +35,14 @@ from typing import Any, Callable
 from megatron.fused_kernels.bias_dropout_add import bias_dropout_add, bias_dropout_add_reference
 from megatron.fused_kernels.bias_gelu import bias_gelu, bias_gelu_reference
 from megatron.fused_kernels.cross_entropy import cross_entropy, cross_entropy_reference
-from megatron.fused_kernels.cuda_choice import (
-    CUDA_CHOICE,
-    PYTORCH,
-    TRITON,
-    Candidates,
-    flag_implementation,
-    runs_triton,
-)
+from megatron.fused_kernels.cuda_choice import (CUDA_CHOICE, PYTORCH, TRITON, Candidates, flag_implementation,
+                                                runs_triton)
 from megatron.fused_kernels.layer_norm import layer_norm, layer_norm_reference
 from megatron.fused_kernels.rms_norm import rms_norm, rms_norm_reference
 from megatron.fused_kernels.rotary import rotary, rotary_reference, rotary_tables
 from megatron.fused_kernels.scaled_masked_softmax import scaled_masked_softmax, scaled_masked_softmax_reference
-from megatron.fused_kernels.scaled_upper_triang_masked_softmax import (
-    scaled_upper_triang_masked_softmax,
-    scaled_upper_triang_masked_softmax_reference,
-)
+from megatron.fused_kernels.scaled_upper_triang_masked_softmax import (scaled_upper_triang_masked_softmax,
+                                                                       scaled_upper_triang_masked_softmax_reference)
 from megatron.fused_kernels.swiglu import swiglu, swiglu_reference
 from megatron.fused_kernels.triton_support import TRITON_REQUIREMENTS_FILE, require_triton
 

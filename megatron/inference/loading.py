@@ -19,18 +19,17 @@ read here without being looked for, or hashed, again."""
 
 from typing import Dict, Tuple
 
+import deepspeed
 from torch import nn
 
 from megatron.checkpoint.engine import resolve_checkpoint
-from megatron.errors import CheckpointError
-from megatron.initialize import RunContext, initialize_megatron
 from megatron.checkpoint.neox_checkpoint import read_checkpoint
 from megatron.checkpoint.tensor_parallel import split_full
-from megatron.errors import ConfigError, ConversionError
+from megatron.errors import CheckpointError, ConfigError, ConversionError
+from megatron.initialize import RunContext, initialize_megatron
 from megatron.model.checkpoint_layout import from_neox, slot_kind, to_neox
 from megatron.model.embedding import Embedding
 from megatron.model.gpt2_model import GPT2ModelPipe, build_model, slot_prefixes
-import deepspeed
 
 PIPELINE_SCHEDULE_CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1}
 """The DeepSpeed config of the inference PipelineEngine: one micro-batch per eval_batch call."""

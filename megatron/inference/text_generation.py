@@ -27,12 +27,11 @@ from typing import Callable, List, Optional, Sequence
 import torch
 
 from megatron.model.batch import causal_only_mask
+from megatron.model.config import GMLP_TYPES, RECURRENT_TYPES, ModelConfig
+from megatron.model.gpt2_model import BLOCK_CLASSES, GPT2ModelPipe, model_dtype
 from megatron.model.kv_cache import KVCache
-from megatron.model.config import ModelConfig
 from megatron.mpu import gather_from_model_parallel_region
 from megatron.mpu.host_collectives import broadcast
-from megatron.model.config import GMLP_TYPES, RECURRENT_TYPES
-from megatron.model.gpt2_model import BLOCK_CLASSES, GPT2ModelPipe, model_dtype
 
 LogitsFn = Callable[..., torch.Tensor]  # (tokens, position_ids, attention_mask, kv_cache, last_only=False)
 

@@ -29,9 +29,10 @@ import contextlib
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+import psutil
+
 from megatron.launch.signals import ForwardSignals, signal_targets
 from megatron.neox_arguments.groups import NeoXArgsSchema
-import psutil
 
 POLL_SECONDS = 1
 

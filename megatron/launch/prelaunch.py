@@ -22,15 +22,14 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
-from megatron.neox_arguments.groups import NeoXArgsSchema
-from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
-from megatron.neox_arguments.launcher import active_hosts, multi_node_launch
 from megatron.checkpoint.format import resume_tag
 from megatron.checkpoint.run_lock import lock_problem
 from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists, dataset_path_problem
 from megatron.errors import DataError
 from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
-from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES
+from megatron.neox_arguments.groups import NeoXArgsSchema
+from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
+from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES, active_hosts, multi_node_launch
 from megatron.post_training.data_paths import precomputed_path, reference_paths
 from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
 from megatron.training_schedule import iterations_for_epochs, training_iterations

@@ -23,6 +23,7 @@ save never leaves a loadable partial checkpoint): to stop a large model, send SI
 import signal
 import sys
 from typing import Any, Dict, List, Optional
+
 import psutil
 
 LAUNCHER_MODULE = "deepspeed.launcher.launch"

@@ -17,11 +17,11 @@ from typing import Callable
 
 import deepspeed
 import torch
-
-from megatron.mpu.deepspeed_comm import init_deepspeed_comm
-from megatron.model.config import ModelConfig
-from megatron.mpu.random import model_parallel_seed
 from deepspeed.accelerator import get_accelerator
+
+from megatron.model.config import ModelConfig
+from megatron.mpu.deepspeed_comm import init_deepspeed_comm
+from megatron.mpu.random import model_parallel_seed
 
 
 def configure_activation_checkpointing(config: ModelConfig, parallel_state) -> None:

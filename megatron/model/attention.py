@@ -70,16 +70,16 @@ from torch import nn
 from megatron.model.activation_checkpointing import checkpoint_function
 from megatron.model.batch import is_causal_only
 from megatron.model.block_sparse import BlockSparseMask, layer_seed
+from megatron.model.config import ModelConfig, sparsity_settings
 from megatron.model.flash import FlashAttention
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
 from megatron.model.positional import RelativePositionBias, RotaryEmbedding, alibi_bias, alibi_slopes
 from megatron.model.ring_attention import ring_attention
-from megatron.mpu.context_parallel import chunk_positions
-from megatron.model.config import ModelConfig, sparsity_settings
 from megatron.model.sparsity_config import SPARSE_TYPES
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
+from megatron.mpu.context_parallel import chunk_positions
 
 
 def qkv_blocks(config: ModelConfig):

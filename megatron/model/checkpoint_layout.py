@@ -41,8 +41,8 @@ from typing import Dict, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from megatron.model.positional import alibi_slopes, rotary_inv_freq, sinusoidal_inv_freq
 from megatron.model.config import ModelConfig
+from megatron.model.positional import alibi_slopes, rotary_inv_freq, sinusoidal_inv_freq
 
 EMBEDDING, LAYER, FINAL_NORM, HEAD = "embedding", "layer", "final_norm", "head"
 MAMBA_LAYER, RWKV_LAYER = "mamba_layer", "rwkv_layer"

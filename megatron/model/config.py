@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from megatron.model.sparsity_config import SPARSE_TYPES, SparsitySettings, freeze, key_problems, local_window
 from megatron.mup.rules import mup_model_problems
 from megatron.mup.shapes import mup_width_mult
-from megatron.model.sparsity_config import SPARSE_TYPES, SparsitySettings, freeze, key_problems, local_window
 
 ATTENTION_TYPES = ("global", "local", "flash", "sparse_fixed", "sparse_variable", "bigbird", "bslongformer",
                    "gmlp", "amlp", "mamba", "rwkv")

@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.checkpoint_layout import EMBEDDING, install_hooks
+from megatron.model.config import ModelConfig
+from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG
 from megatron.model.positional import sinusoidal_embedding
 from megatron.model.transformer import sequence_parallel_on
-from megatron.model.config import ModelConfig
 from megatron.mpu import VocabParallelEmbedding, scatter_to_sequence_parallel_region
-from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG
 
 EMBEDDING_LAYER_INDEX = -1
 

@@ -14,9 +14,9 @@ the layers call the tensor-parallel linears' ``forward_without_bias`` and hand t
 """
 from __future__ import annotations
 
+from megatron.errors import ConfigError
 from megatron.fused_kernels import FusedOps
 from megatron.model.config import SOFTMAX_FUSION_FLAGS, ModelConfig, fusion_flag_problems
-from megatron.errors import ConfigError
 
 
 def model_fused_ops(config: ModelConfig) -> FusedOps:

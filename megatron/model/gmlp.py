@@ -42,11 +42,12 @@ from torch import nn
 
 from megatron.model.activations import get_activation
 from megatron.model.checkpoint_layout import GMLP_LAYER, install_hooks
+from megatron.model.config import GMLP_FF_MULT, ModelConfig
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
-from megatron.model.config import GMLP_FF_MULT, ModelConfig
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, copy_to_model_parallel_region
-from megatron.mpu.collectives import gather_from_sequence_parallel_region, _split
+from megatron.mpu.collectives import _split, gather_from_sequence_parallel_region
+
 
 class TinyAttention(nn.Module):
     """aMLP's single head of width gmlp_attn_dim over [res | gate], added to the gate."""

@@ -48,35 +48,25 @@ import torch
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
+from megatron.errors import ConfigError
+from megatron.model.activation_checkpointing import (checkpoint_function, checkpointing_rng_tracker,
+                                                     configure_activation_checkpointing)
 from megatron.model.attention import build_relative_position_bias
+from megatron.model.config import RECURRENT_TYPES, ModelConfig, context_parallel_problems
 from megatron.model.embedding import Embedding
-from megatron.model.head import (
-    FinalNorm,
-    HeadOutput,
-    OutputHead,
-    ValueHead,
-    masked_cross_entropy_sum,
-    pipeline_tied_logits,
-    tied_logits,
-)
-from megatron.model.init_functions import Initializer
 from megatron.model.fused import model_fused_ops
-from megatron.model.kv_cache import KVCache, LayerKeyedCache
 from megatron.model.gmlp import GMLPBlock
+from megatron.model.head import (FinalNorm, HeadOutput, OutputHead, ValueHead, masked_cross_entropy_sum,
+                                 pipeline_tied_logits, tied_logits)
+from megatron.model.init_functions import Initializer
+from megatron.model.kv_cache import KVCache, LayerKeyedCache
 from megatron.model.mamba import ParallelMambaResidualLayer, mamba_kernel_problems
+from megatron.model.reward_model import RewardLoss
 from megatron.model.rwkv import RWKVResidualLayer
 from megatron.model.transformer import ParallelTransformerLayer
-from megatron.model.activation_checkpointing import (
-    checkpoint_function,
-    checkpointing_rng_tracker,
-    configure_activation_checkpointing,
-)
-from megatron.model.config import RECURRENT_TYPES, ModelConfig, context_parallel_problems
-from megatron.errors import ConfigError
-from megatron.mpu.deepspeed_comm import init_deepspeed_comm
 from megatron.mpu import RNGStatesTracker, model_parallel_seed
 from megatron.mpu.context_parallel import all_reduce_sum
-from megatron.model.reward_model import RewardLoss
+from megatron.mpu.deepspeed_comm import init_deepspeed_comm
 
 Batch = Tuple[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 

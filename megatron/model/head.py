@@ -22,18 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.checkpoint_layout import FINAL_NORM, install_hooks
+from megatron.model.config import ModelConfig
 from megatron.model.embedding import Embedding, readout_mult
 from megatron.model.norms import build_norm
-from megatron.model.transformer import sequence_parallel_on
-from megatron.model.config import ModelConfig
-from megatron.mpu import (
-    ColumnParallelLinear,
-    copy_to_model_parallel_region,
-    gather_from_sequence_parallel_region,
-    vocab_parallel_cross_entropy,
-)
-from megatron.mpu.chunked_cross_entropy import linear_cross_entropy, weighted_linear_cross_entropy
 from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG
+from megatron.model.transformer import sequence_parallel_on
+from megatron.mpu import (ColumnParallelLinear, copy_to_model_parallel_region, gather_from_sequence_parallel_region,
+                          vocab_parallel_cross_entropy)
+from megatron.mpu.chunked_cross_entropy import linear_cross_entropy, weighted_linear_cross_entropy
 
 
 class DeferredLogits(NamedTuple):

@@ -49,6 +49,7 @@ unchanged, as if the row started at its first real token.
 """
 from __future__ import annotations
 
+import importlib
 import math
 from typing import Optional, Tuple
 
@@ -58,13 +59,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from megatron.model.checkpoint_layout import MAMBA_LAYER, install_hooks
+from megatron.model.config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
 from megatron.model.recurrent_common import hidden_dropout, pad_mask
-from megatron.model.config import MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, copy_to_model_parallel_region
 from megatron.mpu.layers import _fill_shard
-import importlib
 
 SCAN_CHUNK = 32
 """Time steps per chunk of the selective scan (log2 of it is the depth of the scan inside a chunk)."""

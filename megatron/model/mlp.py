@@ -21,8 +21,8 @@ from torch import nn
 
 from megatron.fused_kernels import runs_triton
 from megatron.model.activations import get_activation
-from megatron.model.fused import model_fused_ops
 from megatron.model.config import ModelConfig
+from megatron.model.fused import model_fused_ops
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
 
 # The GeLU of the unfused model (F.gelu's default): the exact erf form.

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from megatron.fused_kernels import layer_norm_reference, rms_norm_reference
-from megatron.model.fused import model_fused_ops
 from megatron.model.config import ModelConfig
+from megatron.model.fused import model_fused_ops
 from megatron.mpu.collectives import copy_to_model_parallel_region
 
 # norm_fn(x, weight | None, bias | None, eps) over the last dimension (megatron.fused_kernels' contract).

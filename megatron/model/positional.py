@@ -11,6 +11,7 @@ from typing import List, Tuple
 
 import torch
 from torch import nn
+
 from megatron.mpu import shard_of
 
 

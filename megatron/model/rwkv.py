@@ -50,10 +50,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.checkpoint_layout import RWKV_LAYER, install_hooks
+from megatron.model.config import ModelConfig
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import LayerNorm
 from megatron.model.recurrent_common import hidden_dropout, pad_mask
-from megatron.model.config import ModelConfig
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, copy_to_model_parallel_region, shard_of
 from megatron.mpu.layers import _fill_shard
 

@@ -29,12 +29,12 @@ from torch import nn
 from megatron.fused_kernels import runs_triton
 from megatron.model.attention import ParallelSelfAttention
 from megatron.model.checkpoint_layout import LAYER, install_hooks
+from megatron.model.config import ModelConfig
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.mlp import ParallelMLP
-from megatron.model.norms import build_norm
-from megatron.model.config import ModelConfig
 from megatron.model.moe import build_moe_mlp
+from megatron.model.norms import build_norm
 
 
 def sequence_parallel_on(config: ModelConfig, parallel_state) -> bool:

@@ -6,16 +6,11 @@ ParallelState around.
 
 May import: nothing of megatron.
 """
-from megatron.mpu.collectives import (
-    copy_to_model_parallel_region,
-    gather_from_model_parallel_region,
-    gather_from_sequence_parallel_region,
-    reduce_from_model_parallel_region,
-    reduce_scatter_to_sequence_parallel_region,
-    scatter_to_model_parallel_region,
-    scatter_to_sequence_parallel_region,
-)
 from megatron.mpu.chunked_cross_entropy import linear_cross_entropy, weighted_linear_cross_entropy
+from megatron.mpu.collectives import (copy_to_model_parallel_region, gather_from_model_parallel_region,
+                                      gather_from_sequence_parallel_region, reduce_from_model_parallel_region,
+                                      reduce_scatter_to_sequence_parallel_region, scatter_to_model_parallel_region,
+                                      scatter_to_sequence_parallel_region)
 from megatron.mpu.cross_entropy import vocab_parallel_cross_entropy
 from megatron.mpu.data import broadcast_data
 from megatron.mpu.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding

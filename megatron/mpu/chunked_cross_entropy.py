@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from megatron.mpu.deepspeed_comm import collectives
 from megatron.mpu.collectives import group_rank, group_size
+from megatron.mpu.deepspeed_comm import collectives
 
 CHUNK_LOGITS_BYTES = 256 * 2 ** 20
 """A chunk's fp32 logits take at most this much (about 1,300 tokens of a 50k vocabulary on one rank). Its

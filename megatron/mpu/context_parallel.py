@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
 from megatron.mpu.deepspeed_comm import collectives
 
 

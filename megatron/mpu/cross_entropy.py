@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from megatron.mpu.deepspeed_comm import collectives
-
 from megatron.mpu.collectives import group_rank, group_size
+from megatron.mpu.deepspeed_comm import collectives
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -4,10 +4,10 @@ On CPU, DeepSpeed 0.19 loads a shared-memory all-reduce op that leaves one 69 MB
 rank behind after every run (a machine that runs the tests fills /dev/shm within hours) and is compiled
 for about a minute on first use; it is switched off so that gloo's all-reduce is used instead."""
 
-import torch
 import deepspeed
 import deepspeed.comm as ds_comm
 import deepspeed.ops
+import torch
 
 
 def init_deepspeed_comm(dist_backend: str, **kwargs) -> None:

@@ -24,25 +24,24 @@ import zlib
 from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from megatron.errors import ConfigError, NeoXConfigWarning
+from megatron.model.config import ModelConfig
 from megatron.neox_arguments.aliases import apply_aliases
-from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model,
-                                                derive_moe, derive_optimizer_and_zero, derive_precision,
-                                                derive_recompute, derive_scheduler, derive_world)
+from megatron.neox_arguments.autotuned import is_experiment, read_deepspeed_config, tuned_args
 from megatron.neox_arguments.deepspeed_config import (build_deepspeed_config, fold_deepspeed_extra_args,
                                                       note_extra_args_origin)
-from megatron.errors import ConfigError, NeoXConfigWarning
+from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model, derive_moe,
+                                                derive_optimizer_and_zero, derive_precision, derive_recompute,
+                                                derive_scheduler, derive_world)
 from megatron.neox_arguments.groups import ARGUMENT_GROUPS, NeoXArgsDeepspeedConfig, NeoXArgsSchema
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG_FLAG, deepspeed_runner_argv,
                                               ranks_from_environment)
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
 from megatron.neox_arguments.typecheck import coerce, describe
-from megatron.model.config import ModelConfig
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
-                                                model_problems, not_supported_problems,
-                                                not_supported_setting_problems, parallelism_problems,
-                                                post_training_problems, rampup_problems, training_problems,
-                                                unknown_key_problems, validated_model)
-from megatron.neox_arguments.autotuned import is_experiment, read_deepspeed_config, tuned_args
+                                                model_problems, not_supported_problems, not_supported_setting_problems,
+                                                parallelism_problems, post_training_problems, rampup_problems,
+                                                training_problems, unknown_key_problems, validated_model)
 
 
 class NeoXArgs(NeoXArgsSchema):

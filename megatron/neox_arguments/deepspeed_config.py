@@ -18,9 +18,8 @@ module writes that value.
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Set, Tuple
 
-from megatron.observability.comms_logging import deepspeed_section as comms_logger_section
 from megatron.neox_arguments.groups import NeoXArgsSchema
-
+from megatron.observability.comms_logging import deepspeed_section as comms_logger_section
 
 PASSTHROUGH_SECTIONS = ("optimizer", "scheduler", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
                         "comms_logger", "checkpoint", "data_types", "autotuning")

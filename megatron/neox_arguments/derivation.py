@@ -5,15 +5,14 @@ gradient_accumulation_steps must not count as "given") and fills derived fields,
 instead of raising so that every problem is reported at once."""
 
 import dataclasses
+import inspect
 import subprocess
 from typing import Any, Callable, Dict, List, Optional, Set
 
-from megatron.model.config import expand_attention_config
 from megatron.errors import ConfigError
+from megatron.model.config import expand_attention_config
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import count_global_ranks
-import inspect
-
 
 
 def derive_world(args: NeoXArgsSchema) -> List[str]:

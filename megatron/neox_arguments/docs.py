@@ -11,8 +11,8 @@ import re
 import textwrap
 from typing import Dict, List
 
-from megatron.neox_arguments.groups import ARGUMENT_GROUPS
 from megatron.neox_arguments.derivation import ACTIVATION_CHECKPOINTING_MIRRORS, FP16_MIRRORS, ZERO_MIRRORS
+from megatron.neox_arguments.groups import ARGUMENT_GROUPS
 from megatron.neox_arguments.no_ops import NO_OP_ARGUMENTS
 
 DOC_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "neox_arguments.md")

@@ -15,8 +15,7 @@ import shlex
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from megatron.neox_arguments.groups import NeoXArgsSchema
-from megatron.neox_arguments.hostfile import is_local_launch
-from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, active_resources
+from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, active_resources, is_local_launch
 
 ENCODED_CONFIG_ENV = "NEOX_ENCODED_CONFIG"
 """The environment variable that carries the whole validated config (NeoXArgs.encode()) to every worker."""

@@ -10,7 +10,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from megatron.errors import ConfigError
 from megatron.utils.yaml_text import normalize_key, parse_yaml_text
 
-
 CONFIG_SUFFIXES = (".yml", ".yaml", ".json")
 
 

@@ -8,17 +8,16 @@ import difflib
 import os
 from typing import Any, Callable, Iterable, List, Optional, Set, Tuple
 
-from megatron.observability.comms_logging import comms_logger_problems
 from megatron.data.curriculum import curriculum_problems, enabled as curriculum_enabled
 from megatron.model.config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.mup.rules import mup_run_problems
 from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_space_problems
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.groups.model import NeoXArgsModel
-from megatron.optim.zero_offload import offload_problems
+from megatron.observability.comms_logging import comms_logger_problems
 from megatron.optim.weight_decay import base_weight_decay
+from megatron.optim.zero_offload import offload_problems
 from megatron.training_schedule import decay_and_warmup_iters, schedule_length, training_iterations, wsd_decay_iters
-
 
 TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernorm_mlp", "te_mha", "te_fp8_mha")
 TRANSFORMER_ENGINE_FP8_SETTINGS = ("te_fp8_format", "te_fp8_wgrad", "te_fp8_amax_history_len",

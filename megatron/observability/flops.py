@@ -83,9 +83,10 @@ import os
 import re
 from typing import Dict, List, Optional, Tuple
 
+import torch
+
 from megatron.model.config import GATED_ACTIVATIONS, GMLP_FF_MULT, MAMBA_CONV_WIDTH, MAMBA_STATE_SIZE, ModelConfig
 from megatron.model.rwkv import TIME_DECAY_EXTRA_DIM, TIME_MIX_EXTRA_DIM
-import torch
 
 PEAK_ENV_VAR = "NEOX_PEAK_TFLOPS"
 

@@ -29,14 +29,14 @@ import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO, Tuple
 
 import torch
+from deepspeed.utils import safe_get_full_grad, safe_get_full_optimizer_state
 from torch import nn
 
-from megatron.observability.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
 from megatron.model.config import ModelConfig
-from megatron.mpu.host_collectives import all_gather_object, all_reduce
-from megatron.utils.optional_deps import require
 from megatron.model.moe.naming import global_expert_names, is_expert_name
-from deepspeed.utils import safe_get_full_grad, safe_get_full_optimizer_state
+from megatron.mpu.host_collectives import all_gather_object, all_reduce
+from megatron.observability.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
+from megatron.utils.optional_deps import require
 
 METRICS_FILE = "metrics.jsonl"
 PPL_LOSS_CAP = 20.0

@@ -51,14 +51,14 @@ import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
-from torch import nn
-
-from megatron.optim.param_groups import deepspeed_moe_param_groups, get_param_groups
-from megatron.optim.weight_decay import base_weight_decay
-from megatron.mup.parametrization import mup_param_groups
-from megatron.utils.deepspeed_ops import arch_list_deepspeed_can_parse
 from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
 from deepspeed.ops.op_builder import FusedAdamBuilder
+from torch import nn
+
+from megatron.mup.parametrization import mup_param_groups
+from megatron.optim.param_groups import deepspeed_moe_param_groups, get_param_groups
+from megatron.optim.weight_decay import base_weight_decay
+from megatron.utils.deepspeed_ops import arch_list_deepspeed_can_parse
 
 _log = logging.getLogger(__name__)
 

@@ -5,10 +5,10 @@ decay every step) read these, so they live below both."""
 
 from typing import Any, Dict, List, Tuple
 
+from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 from torch import nn
 
 from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG, MOE_EXPERT_FLAG, NO_DECAY_FLAG
-from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
 DECOUPLED_GROUP = "decoupled_lr"
 """Parameter-group flag (set by get_param_groups): the group holds input-embedding or output-layer weights and

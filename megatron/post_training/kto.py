@@ -21,8 +21,8 @@ from typing import Dict, Tuple
 import torch
 
 from megatron.model.head import HeadOutput
-from megatron.post_training.dpo import sequence_logps
 from megatron.model.preference_metrics import MetricSums
+from megatron.post_training.dpo import sequence_logps
 
 
 def kto_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, rewards: torch.Tensor, beta: float,

@@ -19,16 +19,15 @@ from typing import Any, Callable, List, Tuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from megatron.mpu import vocab_parallel_cross_entropy
-from megatron.mpu.host_collectives import barrier
 from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder, dataset_exists
 from megatron.inference.text_generation import build_runner
 from megatron.model.batch import masks_and_position_ids
 from megatron.model.gpt2_model import GPT2ModelPipe
+from megatron.mpu import vocab_parallel_cross_entropy
+from megatron.mpu.host_collectives import barrier
 from megatron.post_training.data_paths import precomputed_path, reference_paths
-import torch.distributed as dist
-
 
 Logits = Callable[[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]], torch.Tensor]
 

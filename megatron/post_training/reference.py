@@ -19,17 +19,17 @@ with the same reference, not with the policy it resumes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Dict, Optional
 
+import deepspeed
 import torch
 
 from megatron.checkpoint.format import REFERENCE_FILE
-from megatron.mpu.host_collectives import broadcast_object, gather_object
 from megatron.model.gpt2_model import GPT2ModelPipe, GPT2ModelSequential, cast_model, model_dtype
+from megatron.mpu.host_collectives import broadcast_object, gather_object
 from megatron.post_training.dpo import sequence_logps
-import deepspeed
-import contextlib
 
 
 class ReferenceModel:

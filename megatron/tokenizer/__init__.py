@@ -4,13 +4,9 @@ model's: megatron.model.config.padded_vocab_size.)
 May import: megatron.errors.
 """
 
-from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
-from megatron.tokenizer.build_tokenizer import (
-    TOKENIZER_TYPES,
-    build_tokenizer,
-    build_tokenizer_from,
-)
 from megatron.errors import TokenizerError
+from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
+from megatron.tokenizer.build_tokenizer import TOKENIZER_TYPES, build_tokenizer, build_tokenizer_from
 
 __all__ = [
     "AbstractTokenizer",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, List
 
-from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.errors import TokenizerError
+from megatron.tokenizer.abstract_tokenizer import AbstractTokenizer
 from megatron.tokenizer.char_level_tokenizer import CharLevelTokenizer
 from megatron.tokenizer.hf_tokenizer import GPT2BPETokenizer, HFGPT2Tokenizer, HFTokenizer
 from megatron.tokenizer.sentencepiece_tokenizer import SentencePieceTokenizer

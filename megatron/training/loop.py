@@ -16,44 +16,44 @@ import signal
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+import deepspeed
 import torch
 import torch.distributed as dist
-
-from megatron.checkpoint.files import use_safe_loading
-from megatron.checkpoint.engine import estimated_checkpoint_bytes, load_checkpoint, restore_rng, save_checkpoint, space_problem
-from megatron.errors import CheckpointError
-from megatron.observability.comms_logging import CommsReporter
-from megatron.initialize import RunContext, initialize_megatron
-from megatron.utils.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
-from megatron.mpu.host_collectives import all_gather_object, all_reduce, broadcast_object, world_size
-from megatron.checkpoint.non_persistent import non_persistent_due
-from megatron.training_schedule import OverflowGuard, TrainingSchedule
-from megatron.training.state import TrainState, run_state
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.utils import clip_grad_norm_
+
 from megatron.checkpoint.async_save import AsyncCheckpoints
-from megatron.checkpoint.engine import complete_checkpoint, failed_save
-from megatron.checkpoint.non_persistent import in_non_persistent_dir
+from megatron.checkpoint.engine import (complete_checkpoint, estimated_checkpoint_bytes, failed_save, load_checkpoint,
+                                        restore_rng, save_checkpoint, space_problem)
+from megatron.checkpoint.files import use_safe_loading
+from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due
 from megatron.checkpoint.run_lock import RunLock
 from megatron.data import curriculum
 from megatron.data.data_utils import build_train_valid_test_datasets, make_data_loader, repeating_iterator
 from megatron.data.pairwise_dataset import as_text_and_labels
-from megatron.errors import ConfigError, DataError
+from megatron.errors import CheckpointError, ConfigError, DataError
 from megatron.evaluation.harness import run_eval_tasks
+from megatron.initialize import RunContext, initialize_megatron
 from megatron.model.batch import BatchOptions, causal_only_mask, get_batch, to_device, truncate_batch
 from megatron.model.gpt2_model import GPT2ModelSequential, build_model, loss_function
 from megatron.model.moe import moe_metrics, set_aux_loss_scale
 from megatron.model.moe.pipeline import adapt_pipeline_moe_engine
 from megatron.mpu import broadcast_data
 from megatron.mpu.grad_norm import clip_grad_norm, global_grad_norm
+from megatron.mpu.host_collectives import all_gather_object, all_reduce, broadcast_object, world_size
+from megatron.observability.comms_logging import CommsReporter
 from megatron.observability.timers import Timers
-from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, PPL_LOSS_CAP, TrainingLogger, debug_metrics, debug_sums, debug_values, gather_debug_sums, memory_stats
+from megatron.observability.training_logger import (PPL_LOSS_CAP, DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger,
+                                                    debug_metrics, debug_sums, debug_values, gather_debug_sums,
+                                                    memory_stats)
 from megatron.optim.learning_rates import AnnealingLR, build_lr_scheduler
 from megatron.optim.optimizers import build_optimizer, describe_param_groups, pipeline_group_mismatch
 from megatron.post_training.objectives import preference_loss
 from megatron.post_training.reference import ReferenceModel, start_reference
 from megatron.training.mup_run import base_shapes_and_coord_check, prepare_model
-import deepspeed
+from megatron.training.state import TrainState, run_state
+from megatron.training_schedule import OverflowGuard, TrainingSchedule
+from megatron.utils.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
 
 
 class StopRequested:

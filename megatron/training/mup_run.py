@@ -18,14 +18,14 @@ from typing import Any, Callable, Dict, List
 import torch
 from torch import nn
 
+from megatron.errors import ConfigError
 from megatron.model.config import ModelConfig
+from megatron.model.gpt2_model import build_model
 from megatron.mpu.host_collectives import barrier
+from megatron.mup.coord_check import coord_check, write_coord_check
 from megatron.mup.parametrization import base_shapes_of, mup_initialize, set_base_shapes
 from megatron.mup.rules import MODEL_KEYS
 from megatron.mup.shapes import BaseShapesError, base_hidden_size, read_base_shapes, write_base_shapes
-from megatron.errors import ConfigError
-from megatron.model.gpt2_model import build_model
-from megatron.mup.coord_check import coord_check, write_coord_check
 from megatron.optim.optimizers import build_optimizer
 
 COORD_CHECK_POWERS = range(2, 9)

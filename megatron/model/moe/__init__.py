@@ -20,11 +20,11 @@ Expert parallelism and DeepSpeed's layer run in a pipeline with data and tensor 
 """
 from __future__ import annotations
 
-from megatron.model.moe.layer import DroplessMoE
-from megatron.model.moe.stats import MoELayerBase, moe_layers, moe_metrics, set_aux_loss_scale
 from megatron.model.config import ModelConfig
 from megatron.model.moe.deepspeed_layer import DeepSpeedMoE
 from megatron.model.moe.expert_parallel import ExpertParallelDroplessMoE
+from megatron.model.moe.layer import DroplessMoE
+from megatron.model.moe.stats import MoELayerBase, moe_layers, moe_metrics, set_aux_loss_scale
 
 __all__ = ["DroplessMoE", "MoELayerBase", "build_moe_mlp", "moe_layers", "moe_metrics", "set_aux_loss_scale"]
 

@@ -63,14 +63,14 @@ from typing import Iterator
 
 import torch
 from deepspeed.moe.layer import MoE
+from deepspeed.utils import groups
 from torch import nn
 
+from megatron.model.config import ModelConfig
 from megatron.model.mlp import ParallelMLP
 from megatron.model.moe.stats import MoELayerBase
-from megatron.model.config import ModelConfig
-from megatron.mpu import SingleProcessState, gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
 from megatron.model.parameter_marks import MOE_EXPERT_FLAG
-from deepspeed.utils import groups
+from megatron.mpu import SingleProcessState, gather_from_sequence_parallel_region, scatter_to_sequence_parallel_region
 
 JITTER_POLICY = "Jitter"
 

@@ -46,20 +46,13 @@ import torch
 from deepspeed.moe.layer import MoE
 from torch import nn
 
-from megatron.model.moe.layer import (
-    GroupedExperts,
-    SlotCounts,
-    combine,
-    route,
-    run_by_expert,
-    sequence_parallel_moe,
-)
+from megatron.model.config import ModelConfig
+from megatron.model.moe.layer import GroupedExperts, SlotCounts, combine, route, run_by_expert, sequence_parallel_moe
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
-from megatron.model.config import ModelConfig
+from megatron.model.parameter_marks import MOE_EXPERT_FLAG
 from megatron.mpu import copy_to_model_parallel_region, reduce_from_model_parallel_region
 from megatron.mpu.collectives import all_to_all_equal, all_to_all_rows
-from megatron.model.parameter_marks import MOE_EXPERT_FLAG
 
 
 class LocalExpert(nn.Module):

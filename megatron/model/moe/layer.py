@@ -33,17 +33,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.activations import _GATED, _PLAIN
+from megatron.model.config import GATED_ACTIVATIONS, ModelConfig
 from megatron.model.moe.router import Router, expert_counts
 from megatron.model.moe.stats import MoELayerBase
-from megatron.model.config import GATED_ACTIVATIONS, ModelConfig
-from megatron.mpu import (
-    copy_to_model_parallel_region,
-    gather_from_sequence_parallel_region,
-    reduce_from_model_parallel_region,
-    reduce_scatter_to_sequence_parallel_region,
-)
-from megatron.mpu.collectives import group_size
 from megatron.model.parameter_marks import MOE_EXPERT_FLAG
+from megatron.mpu import (copy_to_model_parallel_region, gather_from_sequence_parallel_region,
+                          reduce_from_model_parallel_region, reduce_scatter_to_sequence_parallel_region)
+from megatron.mpu.collectives import group_size
 
 
 def expert_activation(name: str):

@@ -24,8 +24,10 @@ pipeline, megatron.training.loop), summed over the stages. (ZeRO 1 computes a wh
 from __future__ import annotations
 
 import os
-from megatron.mpu.grad_norm import clip_grad_norm
+
 from deepspeed.runtime.pipe.engine import PipelineEngine
+
+from megatron.mpu.grad_norm import clip_grad_norm
 
 EXPERT_MARK = ".deepspeed_moe.experts."
 """What every expert parameter's name holds (DeepSpeed's layer and the expert-parallel dropless layer)."""
