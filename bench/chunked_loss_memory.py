@@ -9,7 +9,7 @@ there and the peak is the peak allocated GPU memory. Contenders:
 
 * unchunked: ``loss_fn(model(inputs))``, the logits whole (vocab_parallel_cross_entropy keeps their fp32
   log-softmax for the backward);
-* chunked: ``loss_fn(model(inputs, defer_logits=True))``, what training runs (megatron.training.loop._loss_of): the head
+* chunked: ``loss_fn(model(inputs, defer_logits=True))``, what training runs (megatron.training.step.loss_of): the head
   and the cross entropy a chunk of tokens at a time, gradients computed in the forward pass;
 * per-token chunks (the DPO / KTO path): the same chunks, per-token losses whose backward recomputes each
   chunk's logits (one more matmul of the head's size).

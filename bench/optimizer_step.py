@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     import megatron.optim.optimizers as optimizers
     from megatron.initialize import initialize_megatron
     from megatron.neox_arguments import NeoXArgs
-    from megatron.training.loop import setup_model_and_optimizer
+    from megatron.training.setup import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     layers, hidden, heads, seq, batch, vocab, warmup, steps = \

@@ -548,7 +548,7 @@ def counted_here(param: nn.Parameter, parallel_state: Any = None) -> bool:
     of the model is counted exactly once: a tensor-parallel shard on every rank (the shards add up), a
     replicated parameter on tensor-parallel rank 0 only, a tied pipeline module on the first stage holding it
     only (DeepSpeed marks the other copies `ds_pipe_replicated`). `model_parallel` marks a shard, or, under the
-    pipeline engine, what megatron.training.loop._mark_grad_norm_ownership counts (shards, and replicated
+    pipeline engine, what megatron.training.setup._mark_grad_norm_ownership counts (shards, and replicated
     parameters on tensor-parallel rank 0)."""
     if getattr(param, "ds_pipe_replicated", False):
         return False

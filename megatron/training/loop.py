@@ -1,5 +1,6 @@
-"""The pretraining loop: model + optimizer + LR schedule under deepspeed.initialize, the train / eval
-loop, checkpoints, logging and clean shutdown on SIGTERM / SIGINT.
+"""The pretraining loop (pretrain): the run set up (megatron.training.setup), its checkpoint loaded, its batches
+built (megatron.training.batches), then steps (megatron.training.step), evaluations, checkpoints, logging and a
+clean shutdown on SIGTERM / SIGINT or at exit_duration_in_mins.
 
 One train step is one optimizer step over gradient_accumulation_steps micro-batches (with
 rampup_batch_size, over those of the step's batch: set_batch_size). Without a pipeline
@@ -14,46 +15,29 @@ import math
 import os
 import signal
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple
 
-import deepspeed
-import torch
 import torch.distributed as dist
-from deepspeed.accelerator import get_accelerator
-from deepspeed.runtime.utils import clip_grad_norm_
 
 from megatron.checkpoint.async_save import AsyncCheckpoints
 from megatron.checkpoint.engine import (complete_checkpoint, estimated_checkpoint_bytes, failed_save, load_checkpoint,
                                         restore_rng, save_checkpoint, space_problem)
-from megatron.checkpoint.files import use_safe_loading
 from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due
 from megatron.checkpoint.run_lock import RunLock
-from megatron.data import curriculum
-from megatron.data.data_utils import build_train_valid_test_datasets, make_data_loader, repeating_iterator
-from megatron.data.pairwise_dataset import as_text_and_labels
-from megatron.errors import CheckpointError, ConfigError, DataError
+from megatron.errors import CheckpointError, ConfigError
 from megatron.evaluation.harness import run_eval_tasks
 from megatron.initialize import RunContext, initialize_megatron
-from megatron.model.batch import BatchOptions, causal_only_mask, get_batch, to_device, truncate_batch
-from megatron.model.gpt2_model import GPT2ModelSequential, build_model, loss_function
-from megatron.model.moe import moe_metrics, set_aux_loss_scale
-from megatron.model.moe.pipeline import adapt_pipeline_moe_engine
-from megatron.mpu import broadcast_data
-from megatron.mpu.grad_norm import clip_grad_norm, global_grad_norm
-from megatron.mpu.host_collectives import all_gather_object, all_reduce, broadcast_object, world_size
+from megatron.mpu.host_collectives import all_reduce, broadcast_object
 from megatron.observability.comms_logging import CommsReporter
 from megatron.observability.timers import Timers
-from megatron.observability.training_logger import (PPL_LOSS_CAP, DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger,
-                                                    debug_metrics, debug_sums, debug_values, gather_debug_sums,
-                                                    memory_stats)
-from megatron.optim.learning_rates import AnnealingLR, build_lr_scheduler
-from megatron.optim.optimizers import build_optimizer, describe_param_groups, pipeline_group_mismatch
-from megatron.post_training.objectives import preference_loss
+from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
 from megatron.post_training.reference import ReferenceModel, start_reference
-from megatron.training.mup_run import base_shapes_and_coord_check, prepare_model
+from megatron.training.batches import ModelBatches, batch_streams, curriculum_step, start_curriculum
+from megatron.training.mup_run import base_shapes_and_coord_check
+from megatron.training.setup import setup_model_and_optimizer
 from megatron.training.state import TrainState, run_state
+from megatron.training.step import _moe_metrics, current_lr, evaluate, set_batch_size, train_step
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
-from megatron.utils.lazy_compile import DEEPSPEED_MUON, import_with_lazy_compile
 
 
 class StopRequested:
@@ -95,489 +79,6 @@ class StopRequested:
                                       1.0 if deadline is not None and time.time() >= deadline else 0.0],
                                      op="max").tolist()
         return bool(signalled), bool(late)
-
-
-def _mark_grad_norm_ownership(model: torch.nn.Module, parallel_state) -> None:
-    """Make DeepSpeed's gradient norm (clipping, ZeRO) count every parameter exactly once.
-
-    DeepSpeed counts a parameter when it is marked `model_parallel` or when the rank is model-parallel
-    rank 0 of its mpu. Under the pipeline engine that mpu spans all stages, so without marks the later
-    stages' parameters would be left out (and the norm, hence clipping, would differ from the same model
-    without a pipeline). Mark tensor-parallel shards on every rank, and replicated parameters on
-    tensor-parallel rank 0 only, and neither on the tied copies DeepSpeed already counts on another stage (a
-    tensor-parallel tied embedding too: counted on both stages it doubled its share of the norm)."""
-    tp_rank0 = parallel_state.get_model_parallel_rank() == 0
-    for param in model.parameters():
-        split = getattr(param, "model_parallel", False) and parallel_state.get_model_parallel_world_size() > 1
-        replicated_elsewhere = getattr(param, "ds_pipe_replicated", False)
-        param.model_parallel = bool((split or tp_rank0) and not replicated_elsewhere)
-
-
-def _record_clipping_grad_norm(engine) -> None:
-    """Without ZeRO, DeepSpeed computes the global norm to clip but throws it away; keep it so that it can be
-    logged without computing it a second time. With expert parallelism DeepSpeed's norm is not the whole
-    gradient's (megatron.mpu.grad_norm): clip by that one instead."""
-    experts_split = getattr(engine.mpu, "expert_parallel_size", 1) > 1
-
-    def clip_and_record() -> None:
-        if experts_split:
-            engine._global_grad_norm = clip_grad_norm(engine.module.parameters(), engine.gradient_clipping(),
-                                                      engine.mpu)
-            return
-        engine._global_grad_norm = clip_grad_norm_(parameters=engine.module.parameters(),
-                                                    max_norm=engine.gradient_clipping(), mpu=engine.mpu)
-
-    engine.clip_fp32_gradients = clip_and_record
-
-
-def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSchedule):
-    """Build the model, optimizer and LR schedule and hand them to deepspeed.initialize.
-
-    The schedule is the built-in AnnealingLR, or, when the config has a DeepSpeed `scheduler` dict, the
-    scheduler DeepSpeed builds from it (the engine steps either after each optimizer step and saves and loads
-    its state in checkpoints)."""
-    model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker)
-    if neox_args.use_mup:  # base shapes on the parameters and muP's initialisation; then muP's optimizer groups
-
-        prepare_model(neox_args, model, ctx.parallel_state)
-    loss_fn = preference_loss(neox_args, ctx.parallel_state.get_model_parallel_group())
-    if loss_fn is not None:  # DPO / KTO: the model's own loss (the LM loss, or a reward model's) is replaced
-        model.loss_fn = loss_fn
-    _place_as_deepspeed_will(model, neox_args, ctx)
-    optimizer = build_optimizer(neox_args, model)
-    if neox_args.is_pipe_parallel and neox_args.zero_stage in (1, 2):
-        _check_stage_param_groups(optimizer, ctx.parallel_state)
-    lr_scheduler = None if neox_args.scheduler else build_lr_scheduler(neox_args, schedule, optimizer)
-    config = {k: v for k, v in neox_args.deepspeed_config.items() if k != "optimizer"
-              and not (k == "scheduler" and lr_scheduler is not None)}
-    if neox_args.is_pipe_parallel and neox_args.context_parallel_size > 1:
-        # the pipeline engine's data axis is data x context (ParallelState.get_topology): it counts each
-        # context-parallel rank's chunks of the same samples as a batch of their own
-        config["train_batch_size"] = neox_args.train_batch_size * neox_args.context_parallel_size
-    if neox_args.zero_stage > 0 and not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        # ZeRO refuses optimizers DeepSpeed has not tested unless told; ours are tested here
-        config.setdefault("zero_allow_untested_optimizer", True)
-    if neox_args.is_pipe_parallel:
-        _mark_grad_norm_ownership(model, ctx.parallel_state)
-    if neox_args.zero_stage == 3 and neox_args.context_parallel_size > 1:
-        _partition_over_data_and_context(model, ctx, config)
-    if neox_args.zero_stage > 0:  # ZeRO's optimizer check imports DeepSpeed's Muon: its torch.compile, deferred
-        import_with_lazy_compile(DEEPSPEED_MUON)
-    engine, _, _, engine_scheduler = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config,
-        mpu=None if neox_args.is_pipe_parallel else ctx.parallel_state, dist_init_required=False)
-    if neox_args.is_pipe_parallel and neox_args.context_parallel_size > 1:
-        # its batch check passed at construction: from here on (samples counted, DeepSpeed's monitors and
-        # samples/sec) the batch is the real one again
-        engine._config.train_batch_size = neox_args.train_batch_size
-    _record_clipping_grad_norm(engine)
-    if neox_args.is_pipe_parallel and neox_args.moe_num_experts > 1:
-        adapt_pipeline_moe_engine(engine, ctx.parallel_state)
-    use_safe_loading(engine)
-    skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
-    return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
-
-
-TRAINING_DTYPES = {"fp16": torch.float16, "bfloat16": torch.bfloat16}
-"""neox_args.precision -> the dtype DeepSpeed casts the parameters to (fp32: none)."""
-
-CASTABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-"""The parameter dtypes DeepSpeed 0.19 casts to the training dtype (runtime/engine.py CASTABLE_DTYPES)."""
-
-
-def _place_as_deepspeed_will(model: torch.nn.Module, neox_args, ctx: RunContext) -> None:
-    """Cast the parameters to the 16-bit training dtype and move the model to ctx.device, as deepspeed.initialize
-    does (engine._configure_distributed_model: the floating-point parameters cast, the buffers left as they are,
-    then module.to(device)), but before the optimizer is built: megatron.optim.optimizers chooses and builds it for the
-    parameters as they will train (DeepSpeed's FusedAdam on CUDA where that gives the flat 16-bit optimizer). The
-    parameter objects stay the same (their data is replaced), as under DeepSpeed's own cast, so the attributes set on
-    them (muP shapes, expert and no-decay flags) stay, and DeepSpeed's cast and move then find nothing to do.
-
-    Under ZeRO-3 with context parallelism the model is cast but stays on the host: deepspeed.zero.Init
-    (_partition_over_data_and_context) moves it to the device one parameter's partition at a time, so the whole
-    model never has to fit on one device. DeepSpeed's accelerator must be the device the project trains on, or
-    the engine would move the model to the other one: a RuntimeError says so before anything is built."""
-    accelerator = get_accelerator().device_name()
-    if accelerator != ctx.device.type:
-        raise RuntimeError(
-            f"DeepSpeed's accelerator is {accelerator!r} (DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')!r}) but "
-            f"this worker trains on {ctx.device}: unset DS_ACCELERATOR to let DeepSpeed use the GPU, or hide the "
-            f"GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU")
-    dtype = TRAINING_DTYPES.get(neox_args.precision)
-    if dtype is not None:
-        for param in model.parameters():
-            if param.dtype in CASTABLE_DTYPES and param.dtype != dtype:
-                param.data = param.data.to(dtype)
-    if not (neox_args.zero_stage == 3 and neox_args.context_parallel_size > 1):
-        model.to(ctx.device)
-
-
-def _check_stage_param_groups(optimizer: torch.optim.Optimizer, ps) -> None:
-    """Every pipeline stage must have the same optimizer groups under ZeRO 1 / 2 (megatron.optim.optimizers.
-    pipeline_group_mismatch): a ConfigError on every rank instead of a hang at the first step."""
-    stages = all_gather_object(describe_param_groups(optimizer.param_groups), group=ps.get_pipe_parallel_group())
-    problem = pipeline_group_mismatch(stages)
-    if problem:
-        raise ConfigError([problem])
-
-
-def _partition_over_data_and_context(model: torch.nn.Module, ctx: RunContext, config: Dict[str, Any]) -> None:
-    """ZeRO-3 with context parallelism. DeepSpeed's engine would partition the parameters over its mpu's
-    data-parallel group alone, so the context-parallel ranks' gradients would never be summed: partition them over
-    data x context here (deepspeed.zero.Init on the built module; the engine then keeps that partitioning). Stage
-    3's reduce-scatter averages over that whole group, so the loss's gradient share is scaled by
-    context_parallel_size, as under the pipeline engine (megatron.model.gpt2_model.cross_entropy_loss)."""
-    ps = ctx.parallel_state
-    deepspeed.zero.Init(module=model, data_parallel_group=ps.get_sequence_data_parallel_group(),
-                        config_dict_or_path=config, mpu=ps)
-    model.loss_fn = loss_function(ctx.model_config, ps, averaged_over_context=True)
-
-
-def current_lr(lr_scheduler) -> float:
-    """The learning rate to log: AnnealingLR's base rate, or the rate a DeepSpeed scheduler last set."""
-    if isinstance(lr_scheduler, AnnealingLR):
-        return lr_scheduler.get_lr()
-    return float(lr_scheduler.get_last_lr()[0])
-
-
-def set_batch_size(engine, lr_scheduler, batch_size: int) -> None:
-    """rampup_batch_size: the next step takes `batch_size` samples, as batch_size / (micro batch x data-parallel
-    size) micro-batches (DeepSpeed's set_train_batch_size, which also scales the loss by the new count), and
-    moves the learning-rate schedule by that many samples."""
-    if engine.train_batch_size() != batch_size:
-        engine.set_train_batch_size(batch_size)
-    lr_scheduler.next_batch = batch_size
-
-
-def skip_single_rank_allreduce(engine, neox_args, parallel_state) -> bool:
-    """Without ZeRO or a pipeline, DeepSpeed all-reduces the gradients after every backward through one
-    flat buffer: every gradient copied in and back out, even over a single data-parallel rank, where the
-    average is the gradient itself (137 ms a step for a 160M model on CPU). Switch that off there; ZeRO
-    (whose optimizer keeps its own gradient state in that call) and the pipeline engine are left as they
-    are. Returns whether it was switched off."""
-    if neox_args.zero_stage != 0 or neox_args.is_pipe_parallel or \
-            parallel_state.get_sequence_data_parallel_world_size() != 1:  # data x context-parallel ranks
-        return False
-    engine.enable_backward_allreduce = False
-    return True
-
-
-def _batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consumed_train: int,
-                   consumed_valid: int, reference=None):
-    """(train, valid, test) streams of model batches, None for a split without data. Every rank builds the
-    datasets (rank 0 builds the index maps, the others wait); only model-parallel rank 0 reads samples and
-    broadcasts them to its tensor-parallel group."""
-    ps = ctx.parallel_state
-    reads_data = ps.get_model_parallel_rank() == 0
-    datasets = build_train_valid_test_datasets(neox_args, schedule.split_samples())
-    dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-    streams = []
-    for dataset, consumed, split in zip(datasets, (consumed_train, consumed_valid, 0), ("train", "valid", "test")):
-        if dataset is None:
-            streams.append(None)
-            continue
-        samples = repeating_iterator(make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed)) \
-            if reads_data else None
-        streams.append(_ModelBatches(neox_args, ctx, samples, source=_data_source(neox_args, split),
-                                     reference=reference))
-    return streams
-
-
-def _data_source(neox_args, split: str) -> str:
-    """Names the files of one split, for messages about their contents."""
-    paths = getattr(neox_args, f"{split}_data_paths") or ([neox_args.data_path] if neox_args.data_path else [])
-    if neox_args.dataset_impl == "pairwise":
-        paths = [*(getattr(neox_args, f"pos_{split}_data_paths") or []),
-                 *(getattr(neox_args, f"neg_{split}_data_paths") or [])]
-    return f"the {split} data ({', '.join(map(str, paths))})"
-
-
-def batch_options(neox_args):
-    """The batch-building settings of the config (megatron.model.batch.BatchOptions)."""
-    return BatchOptions(labels=bool(neox_args.train_label_data_paths) or neox_args.dataset_impl == "pairwise",
-                        rewards=neox_args.train_impl == "kto", eod_mask_loss=neox_args.eod_mask_loss,
-                        reset_position_ids=neox_args.reset_position_ids,
-                        reset_attention_mask=neox_args.reset_attention_mask)
-
-
-class _ModelBatches:
-    """Turns {'text': ...} samples into the model's batch format (shared inside the TP group).
-
-    Pairwise samples ({'pos', 'neg', ...}) become one batch of the chosen rows then the rejected rows; the
-    reference log-probabilities of each row (from the DPO / KTO `reference` model, or read from precomputed files)
-    join the labels tuple (megatron.post_training)."""
-
-    def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator], source: str = "the data",
-                 reference=None) -> None:
-        self.options, self.ctx, self.samples, self.source = batch_options(neox_args), ctx, samples, source
-        self.tokenizer_file = neox_args.vocab_file
-        self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
-        self.precomputed = neox_args.train_impl in ("dpo", "kto") and bool(neox_args.precompute_model_name)
-        self.pipelined = neox_args.is_pipe_parallel
-        self.seqlen: Optional[int] = None  # the sequence-length curriculum's current length (set per step)
-
-    def __iter__(self):
-        return self
-
-    def _check_token_ids(self, tokens: torch.Tensor) -> None:
-        """Data tokenized with another tokenizer holds ids past the embedding table, which would end in an
-        IndexError deep inside the model (one max over CPU token ids per batch: no device sync)."""
-        vocab = self.ctx.model_config.padded_vocab_size
-        largest = int(tokens.max()) if tokens.numel() else 0
-        if largest >= vocab:
-            raise DataError(f"token id {largest} in {self.source} is beyond the model's vocabulary of {vocab} "
-                            f"ids (the tokenizer {self.tokenizer_file or ''} padded to "
-                            f"make_vocab_size_divisible_by): the data was tokenized with another tokenizer; "
-                            f"preprocess it again with this one (tools/datasets/preprocess_data.py) or set the "
-                            f"tokenizer it was made with")
-
-    def __next__(self):
-
-        data = next(self.samples) if self.samples is not None else None
-        if data is not None and self.pairwise:
-            data = as_text_and_labels(data)
-        if data is not None:
-            self._check_token_ids(data["text"])
-            # the sample goes to the device first, asynchronously (pinned memory), and becomes the batch there
-            data = {key: to_device(value, self.ctx.device) if torch.is_tensor(value) else value
-                    for key, value in data.items()}
-        inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
-        if inputs[2] is None and self.pipelined:  # context parallelism: ring attention needs no mask, but
-            inputs = (*inputs[:2], causal_only_mask())  # DeepSpeed's pipeline passes tensors only
-        move = lambda t: None if t is None else to_device(t, self.ctx.device)  # no mask under CP
-        inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
-        if self.reference is not None:
-            if self.reference.holds:  # the last pipeline stage (the others do not read the labels)
-                labels = labels + (self.reference.logps(inputs, labels[0], labels[1]),)
-        elif self.precomputed:
-            ref = broadcast_data(["ref"], data, torch.float32, self.ctx.parallel_state)["ref"].to(self.ctx.device)
-            labels = labels + ((ref[:, 1:] * labels[1]).sum(dim=-1),)
-        if self.seqlen is not None:
-            inputs, labels = truncate_batch((inputs, labels), self.seqlen)
-        return inputs, labels
-
-
-def start_curriculum(neox_args, engine, iteration: int, client_state: Dict[str, Any]):
-    """The sequence-length curriculum (megatron.data.curriculum) continued after `iteration` steps, None when off.
-    DeepSpeed's pipeline engine caches the activation shapes it sends between stages after the first batch;
-    with a curriculum the shapes change, so it exchanges them with every batch (its dynamic_shape mode)."""
-    if not curriculum.enabled(neox_args.curriculum_learning):
-        return None
-    schedule = curriculum.SeqlenCurriculum(neox_args.curriculum_learning)
-    schedule.resume(iteration, client_state.get(curriculum.STATE_KEY))
-    if neox_args.is_pipe_parallel:
-        engine.dynamic_shape = True
-    return schedule
-
-
-def curriculum_step(schedule, batches: _ModelBatches, iteration: int) -> int:
-    """Cut the training batches of step `iteration + 1` to the curriculum's length for it; returns that length."""
-    batches.seqlen = schedule.seqlen_for_step(iteration + 1)
-    return batches.seqlen
-
-
-def _loss_of(engine, batch) -> torch.Tensor:
-    """Forward one micro-batch of the sequential model and apply its loss (honours fp16_lm_cross_entropy). The GPT's
-    head output is deferred: the loss computes the logits in chunks of tokens, never whole (megatron.model.head)."""
-    inputs, labels = batch
-    defer = {"defer_logits": True} if isinstance(engine.module, GPT2ModelSequential) else {}
-    return engine.module.loss_fn(engine(inputs, **defer), labels)
-
-
-def aux_loss_scale(engine, neox_args) -> float:
-    """What the engine multiplies the LM loss by before its backward, for the MoE auxiliary loss's gradient
-    (megatron.model.moe.stats): 1 / gradient_accumulation_steps (the engine's: rampup_batch_size changes it),
-    times the current loss scale under fp16."""
-    scale = 1.0 / engine.gradient_accumulation_steps()
-    if engine.fp16_enabled():
-        optimizer = engine.optimizer
-        scale *= float(getattr(optimizer, "cur_scale", None) or getattr(optimizer, "loss_scale", 1.0))
-    return scale
-
-
-def train_step(neox_args, engine, batches: _ModelBatches, ctx: RunContext, optimizer, debug: bool = False
-               ) -> Tuple[float, bool, Union[torch.Tensor, float, None], Dict[str, float]]:
-    """One optimizer step; returns (mean loss over the global batch, whether the step was skipped, the
-    global gradient norm before clipping, the log_* / memory_profiling values when `debug`). The norm is left as
-    the engine keeps it (a device tensor: reading it waits for the device, so the logger reads it only when it
-    writes a record)."""
-    grad_norm = None
-    extras: Dict[str, float] = {}
-    if neox_args.moe_num_experts > 1:
-        set_aux_loss_scale(engine.module, aux_loss_scale(engine, neox_args))
-    if neox_args.is_pipe_parallel:
-        if debug:
-            loss, extras = _pipeline_debug_step(neox_args, engine, batches, ctx, optimizer)
-        else:
-            loss = engine.train_batch(data_iter=batches)
-    else:
-        losses = []
-        steps = engine.gradient_accumulation_steps()
-        for micro in range(steps):
-            if neox_args.rampup_batch_size is not None:
-                # DeepSpeed finds the boundary from its running micro-step count modulo the accumulation steps,
-                # which no longer lines up once the ramp changes them: say where it is
-                engine.set_gradient_accumulation_boundary(micro == steps - 1)
-            loss = _loss_of(engine, next(batches))
-            engine.backward(loss)
-            if micro == steps - 1:
-                if neox_args.zero_stage == 0 and not neox_args.gradient_clipping:  # else DeepSpeed computes it
-                    grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
-                if debug:
-                    extras = debug_metrics(neox_args, engine.module, optimizer, ctx.parallel_state)
-            engine.step()
-            losses.append(loss.detach().float())
-        loss = torch.stack(losses).mean()
-    ds_norm = engine.get_global_grad_norm()
-    if ds_norm is not None:
-        grad_norm = ds_norm
-    skipped = not engine.was_step_applied()
-    extras.update(objective_metrics(engine))
-    return _data_parallel_mean(loss, engine), skipped, grad_norm, extras
-
-
-def objective_metrics(engine) -> Dict[str, float]:
-    """What the loss function measured since the last call (DPO's rewards, accuracy and margin; nothing for
-    language modelling), averaged over the data-parallel ranks. Under pipeline parallelism only the last stage
-    runs the loss: every stage calls this and gets the last stage's values (the logging rank is on the first)."""
-    take = getattr(engine.module.loss_fn, "take_metrics", None)
-    if take is None:
-        return {}
-    pipelined = getattr(engine, "is_pipe_parallel", False)  # the pipeline engine with 2+ stages
-    metrics = take() if not pipelined or engine.is_last_stage() else {}
-    if metrics and dist.is_initialized():
-        names = sorted(metrics)
-        group = engine.grid.get_data_parallel_group() if pipelined \
-            else engine.mpu.get_data_parallel_group() if getattr(engine, "mpu", None) else None
-        values = all_reduce([metrics[n] for n in names], group=group) / world_size(group)
-        metrics = dict(zip(names, values.tolist()))
-    if pipelined:
-        metrics = broadcast_object(metrics, src=engine.grid.stage_to_global(engine.num_stages - 1),
-                                   group=engine.grid.get_pipe_parallel_group())
-    return metrics
-
-
-def _moe_metrics(neox_args, ctx: RunContext, engine, iterations: int) -> Dict[str, float]:
-    """moe_aux_loss and the per-layer expert load since the last report (every rank calls it: one all-reduce)."""
-    return moe_metrics(engine.module, neox_args.num_layers, neox_args.moe_num_experts, neox_args.moe_loss_coeff,
-                       iterations, tensor_parallel_size=ctx.parallel_state.get_model_parallel_world_size())
-
-
-def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
-                         ) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """engine.train_batch, with the log_* values of the whole model taken where the sequential model takes
-    them: after the last backward and the gradient reduction, before clipping and the optimizer step.
-
-    The pipeline engine runs ReduceTiedGrads, ReduceGrads and OptimizerStep at the end of its schedule;
-    OptimizerStep calls engine._take_model_step, which clips (fp32 without ZeRO; ZeRO and bf16 clip inside
-    optimizer.step), steps the optimizer and frees the gradients. For this call only, the engine's
-    _take_model_step first records this stage's values (debug_sums, under the sequential model's names); after
-    train_batch the stages' values are combined on every rank (gather_debug_sums)."""
-    captured: List[Dict[str, List[float]]] = []
-    take_model_step = engine._take_model_step
-    overridden = "_take_model_step" in vars(engine)  # already replaced on this engine (by a caller)
-
-    def record_then_step(*args, **kwargs):
-        captured.append(debug_sums(neox_args, engine.module, optimizer, ctx.parallel_state,
-                                   names=engine.module.sequential_name))
-        return take_model_step(*args, **kwargs)
-
-    engine._take_model_step = record_then_step
-    try:
-        loss = engine.train_batch(data_iter=batches)
-    finally:
-        if overridden:
-            engine._take_model_step = take_model_step
-        else:
-            del engine._take_model_step  # the class's method again
-    if len(captured) != 1:
-        raise RuntimeError(f"DeepSpeed's pipeline engine took {len(captured)} optimizer steps in one train_batch "
-                           f"(expected 1 call of _take_model_step); cannot log log_* values")
-    extras = debug_values(neox_args, gather_debug_sums(captured[0], ctx.parallel_state))
-    if neox_args.memory_profiling:
-        extras.update(memory_stats())
-    return loss, extras
-
-
-def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> torch.Tensor:
-    """L2 norm of the full gradient without ZeRO (DeepSpeed reports none there): gradients are already
-    averaged over data-parallel ranks; megatron.mpu.grad_norm counts tensor-parallel shards and experts split
-    over expert-parallel ranks. A one-element tensor on the gradients' device (read when it is logged)."""
-    return global_grad_norm(module.parameters(), parallel_state)
-
-
-def _data_parallel_mean(loss: torch.Tensor, engine) -> float:
-    loss = loss.detach().float().reshape(1).clone()
-    if dist.is_initialized():
-        group = engine.mpu.get_data_parallel_group() if getattr(engine, "mpu", None) else None
-        if getattr(engine, "is_pipe_parallel", False):
-            # the pipeline engine already broadcast the loss to all stages; average over data-parallel ranks
-            group = engine.grid.get_data_parallel_group()
-        loss = all_reduce(loss, group=group) / world_size(group)
-    return loss.item()
-
-
-class CharCounter:
-    """Wraps a stream of {'text': tokens} samples and counts the predicted tokens (every token after the first of
-    each sample) and the characters they detokenize to, for char_level_ppl."""
-
-    def __init__(self, samples: Iterator, tokenizer) -> None:
-        self.samples, self.tokenizer = samples, tokenizer
-        self.tokens = 0
-        self.chars = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        data = next(self.samples)
-        for sample in data["text"]:
-            predicted = [int(t) for t in sample[1:]]
-            self.tokens += len(predicted)
-            self.chars += len(self.tokenizer.detokenize(predicted))
-        return data
-
-
-def tokens_per_char(tokens: int, chars: int) -> Optional[float]:
-    """Tokens per character over every rank's evaluation samples (each data-parallel replica reads its own)."""
-    # ranks that read no samples add zeros; stages that read the same add a ratio
-    tokens, chars = all_reduce([float(tokens), float(chars)]).tolist()
-    return tokens / chars if chars > 0 else None
-
-
-@torch.no_grad()
-def evaluate(neox_args, engine, batches: Optional[_ModelBatches], iterations: int) -> Optional[Dict[str, float]]:
-    """{'lm_loss': mean loss over `iterations` global batches (the DPO loss under train_impl 'dpo', with its
-    metrics beside it)} and, with char_level_ppl,
-    'lm_loss_char_lvl_ppl': exp(lm_loss x tokens per character) (GPT-NeoX's character-level perplexity)."""
-    if batches is None or iterations <= 0:
-        return None
-    counter = None
-    if neox_args.char_level_ppl and batches.samples is not None:
-        counter = batches.samples = CharCounter(batches.samples, batches.ctx.tokenizer)
-    engine.eval()
-    losses: List[float] = []
-    try:
-        for _ in range(iterations):
-            if neox_args.is_pipe_parallel:  # the full batch's micro-batches, also while rampup_batch_size ramps
-                losses.append(_data_parallel_mean(engine.eval_batch(
-                    data_iter=batches, num_micro_batches=neox_args.gradient_accumulation_steps), engine))
-            else:
-                micro = [_loss_of(engine, next(batches)).float()
-                         for _ in range(neox_args.gradient_accumulation_steps)]
-                losses.append(_data_parallel_mean(torch.stack(micro).mean(), engine))
-            if neox_args.checkpoint_activations and neox_args.contiguous_checkpointing:
-                deepspeed.checkpointing.reset()
-    finally:
-        if counter is not None:
-            batches.samples = counter.samples
-    engine.train()
-    result = {"lm_loss": sum(losses) / len(losses), **objective_metrics(engine)}
-    if neox_args.char_level_ppl:
-        ratio = tokens_per_char(counter.tokens if counter else 0, counter.chars if counter else 0)
-        if ratio is not None:
-            result["lm_loss_char_lvl_ppl"] = math.exp(min(result["lm_loss"] * ratio, PPL_LOSS_CAP))
-    return result
 
 
 def _agreed_problem(problem: Optional[str]) -> Optional[str]:
@@ -670,7 +171,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end."""
     schedule = TrainingSchedule.from_neox_args(neox_args)
     if neox_args.use_mup and (neox_args.save_base_shapes or neox_args.coord_check):
-        return base_shapes_and_coord_check(neox_args, ctx, lambda: next(_batch_streams(neox_args, ctx, schedule, 0,
+        return base_shapes_and_coord_check(neox_args, ctx, lambda: next(batch_streams(neox_args, ctx, schedule, 0,
                                                                                           0)[0]))
     stop = StopRequested()
     stop.install()
@@ -684,7 +185,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine, ctx.checkpoint)
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
-    streams = _batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,
+    streams = batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,
                              reference)
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
     # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE router
@@ -721,7 +222,7 @@ class _TrainingRun:
     pretrain returns; the TrainState is what the checkpoints save of the run (with the curriculum's state)."""
 
     def __init__(self, neox_args, ctx: RunContext, engine_parts: Tuple[Any, Any, Any], schedule: TrainingSchedule,
-                 state: TrainState, curriculum, streams: List[Optional[_ModelBatches]], reference,
+                 state: TrainState, curriculum, streams: List[Optional[ModelBatches]], reference,
                  stop: StopRequested, deadline: Optional[float], do_train: bool) -> None:
 
         self.neox_args, self.ctx, self.schedule = neox_args, ctx, schedule
@@ -817,7 +318,7 @@ class _TrainingRun:
             self.logger.log_eval_tasks(iteration, results["metrics"])
             self.summary["eval"].append((iteration, "eval_tasks", results["metrics"]))
 
-    def evaluate_split(self, batches: Optional[_ModelBatches], split: str) -> None:
+    def evaluate_split(self, batches: Optional[ModelBatches], split: str) -> None:
         """eval_iters batches of one split, logged and added to the summary."""
         self.timers("eval").start()
         result = evaluate(self.neox_args, self.engine, batches, self.neox_args.eval_iters)

@@ -3,7 +3,7 @@ DP=2, ZeRO 0-3, other numbers of data-parallel ranks; in fp32 and bf16) with the
 TP=2 x PP=2 run: weights, Adam's moments and step, the LR schedule and the iteration are resharded
 (megatron.checkpoint.resharding); GPT-NeoX's form of the checkpoint loads its weights into another split.
 
-One group of four gloo ranks runs megatron.training.loop's own setup_model_and_optimizer, train_step, save_checkpoint
+One group of four gloo ranks runs megatron.training.setup's own setup_model_and_optimizer, train_step, save_checkpoint
 and load_checkpoint on a tiny model: the reference run trains 5 steps and saves after step 2, then each target
 layout loads that checkpoint and trains steps 3 to 5 on the same global batches. Step 3's loss is taken before
 its update, so it checks the weights; steps 4 and 5 check the optimizer state too (without it, step 4 differs).
@@ -114,7 +114,8 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
     from megatron.checkpoint.engine import load_checkpoint, restore_rng, save_checkpoint
     from megatron.checkpoint.format import resume_tag
     from megatron.initialize import initialize_megatron
-    from megatron.training.loop import setup_model_and_optimizer, train_step
+    from megatron.training.step import train_step
+    from megatron.training.setup import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     counted = {}

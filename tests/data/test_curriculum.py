@@ -143,15 +143,16 @@ def _train(args, samples, steps=None, before_first=None):
     own helpers."""
     from megatron.checkpoint.engine import load_checkpoint
     from megatron.initialize import initialize_megatron
-    from megatron.training.loop import _ModelBatches, curriculum_step, setup_model_and_optimizer, start_curriculum, \
-        train_step
+    from megatron.training.step import train_step
+    from megatron.training.batches import ModelBatches, curriculum_step, start_curriculum
+    from megatron.training.setup import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
     engine, optimizer, _ = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
     iteration, client_state, _ = load_checkpoint(args, ctx.model_config, engine, ctx.checkpoint)
     schedule = start_curriculum(args, engine, iteration, client_state)
-    batches = _ModelBatches(args, ctx, iter(samples))
+    batches = ModelBatches(args, ctx, iter(samples))
     seen = _Seen(batches)
     losses, lengths = [], []
     if before_first is not None:

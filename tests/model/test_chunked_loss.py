@@ -109,12 +109,12 @@ def test_dpo_and_kto_log_probabilities_from_deferred_logits():
 
 
 def test_the_training_step_asks_the_gpt_for_deferred_logits():
-    from megatron.training.loop import _loss_of
+    from megatron.training.step import loss_of
 
     model = build_model(tiny_config(), SingleProcessState())
     inputs, labels = _batch()
 
-    class Engine:  # what _loss_of uses of DeepSpeed's engine
+    class Engine:  # what loss_of uses of DeepSpeed's engine
         module = model
         seen = None
 
@@ -122,7 +122,7 @@ def test_the_training_step_asks_the_gpt_for_deferred_logits():
             Engine.seen = model(inputs, **kwargs)
             return Engine.seen
 
-    loss = _loss_of(Engine(), (inputs, labels))
+    loss = loss_of(Engine(), (inputs, labels))
     assert isinstance(Engine.seen, DeferredLogits)
     torch.testing.assert_close(loss, model.loss_fn(model(inputs), labels), rtol=1e-6, atol=1e-6)
 

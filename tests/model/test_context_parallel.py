@@ -1,6 +1,6 @@
 """Context parallelism (megatron.mpu.context_parallel, megatron.model.ring_attention): on 4 gloo ranks, ring
 attention at CP=2 and CP=4 gives full causal attention's output and gradients; the tiny model at CP=2 x TP=2 gives the
-CP=1 loss and gradients; megatron.training.loop's setup and train_step (DeepSpeed with the ParallelState as mpu, or its
+CP=1 loss and gradients; megatron.training.setup and .step (DeepSpeed with the ParallelState as mpu, or its
 pipeline engine) train CP=2 x TP=2 (ZeRO 2), CP=2 x DP=2 (no ZeRO) and CP=2 x PP=2 (ZeRO 1) with the CP=1 losses over 10
 steps, and the last two resume their step-5 checkpoints bitwise; the CP=2 x DP=2 checkpoint continues at CP=1 x DP=4
 (ZeRO-1) and that one's back at CP=2 (ZeRO-2 and ZeRO-3) with the uninterrupted losses (resharded optimizer state). One spawned
@@ -125,12 +125,13 @@ def _train(args, ctx, engine, optimizer, first: int, save_at: Optional[int] = No
     """Steps first + 1 .. STEPS of megatron.training.loop's train_step on the global batches ``_text(100 + step % 3)``
     (this data-parallel rank's micro-batch of them); saves a checkpoint after step ``save_at``."""
     from megatron.checkpoint.engine import save_checkpoint
-    from megatron.training.loop import _ModelBatches, train_step
+    from megatron.training.step import train_step
+    from megatron.training.batches import ModelBatches
 
     state, micro = ctx.parallel_state, args.train_micro_batch_size_per_gpu
     rows = slice(micro * state.get_data_parallel_rank(), micro * (state.get_data_parallel_rank() + 1))
     samples = ({"text": _text(100 + step % 3, batch=args.train_batch_size)[rows]} for step in range(first, STEPS))
-    batches = _ModelBatches(args, ctx, samples if state.get_model_parallel_rank() == 0 else None)
+    batches = ModelBatches(args, ctx, samples if state.get_model_parallel_rank() == 0 else None)
     losses = []
     for step in range(first, STEPS):
         losses.append(train_step(args, engine, batches, ctx, optimizer)[0])
@@ -144,7 +145,7 @@ def _check_resharded(load_dir: str, first: int, save_at: Optional[int] = None, *
     ``load_dir`` in another layout (``layout``: _neox_args' keywords): megatron.checkpoint.engine.load_checkpoint
     reshards weights and optimizer state (megatron.checkpoint.resharding)."""
     from megatron.checkpoint.engine import load_checkpoint
-    from megatron.training.loop import setup_model_and_optimizer
+    from megatron.training.setup import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     args = _neox_args(save_dir=load_dir, **layout)
@@ -160,14 +161,14 @@ def _check_resharded(load_dir: str, first: int, save_at: Optional[int] = None, *
 def _check_training(tp: int, zero_stage: int, reference_rank: int, pp: int = 0,
                     save_dir: Optional[str] = None) -> dict:
     """10 steps of megatron.training.loop (initialize_megatron, setup_model_and_optimizer with the ParallelState as
-    DeepSpeed's mpu, or the pipeline engine over its topology, _ModelBatches splitting each sample per
+    DeepSpeed's mpu, or the pipeline engine over its topology, ModelBatches splitting each sample per
     context-parallel rank, train_step) at CP=2 x PP=pp x TP=tp (x DP=2 / (pp x tp)); the CP=1 reference (on
     ``reference_rank`` only) takes the same optimizer and clipping in a plain loop over the data-parallel ranks'
     samples joined. Three batches in turn, so that the loss falls in 10 steps. With ``save_dir`` the run saves
     after step 5 and a fresh engine loading that checkpoint repeats steps 6-10 ("resumed")."""
     from megatron.checkpoint.engine import find_checkpoint, load_checkpoint
     from megatron.optim.optimizers import build_optimizer
-    from megatron.training.loop import setup_model_and_optimizer
+    from megatron.training.setup import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     args = _neox_args(tp, zero_stage, pp, save_dir)

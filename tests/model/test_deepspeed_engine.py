@@ -1,6 +1,6 @@
 """ParallelState serves as DeepSpeed's mpu: a TP=2 sequential model trained by the DeepSpeed engine
 (ZeRO stage 1, gradient clipping on) follows the TP=1 reference over several steps. The engine's loss is the training
-step's (megatron.training.loop._loss_of: from the head's DeferredLogits, in chunks of tokens), the reference's from the
+step's (megatron.training.step.loss_of: from the head's DeferredLogits, in chunks of tokens), the reference's from the
 logits."""
 import pytest
 import torch
@@ -18,7 +18,7 @@ CONFIG = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2, "gradient_
 def _train(model, engine_like: bool, parallel_state=None) -> list:
     import deepspeed
 
-    from megatron.training.loop import _loss_of
+    from megatron.training.step import loss_of
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if engine_like:
@@ -27,7 +27,7 @@ def _train(model, engine_like: bool, parallel_state=None) -> list:
     for step in range(STEPS):
         inputs, labels = random_batch(seed=step)
         if engine_like:
-            loss = _loss_of(engine, (inputs, labels))
+            loss = loss_of(engine, (inputs, labels))
             engine.backward(loss)
             engine.step()
         else:

@@ -59,7 +59,7 @@ def _neox_args(layer: str, ep: int, zero: int, save: str, **extra):
 def _setup(args):
     """The training run's own setup: process groups, model, optimizer, engine."""
     from megatron.initialize import initialize_megatron
-    from megatron.training.loop import setup_model_and_optimizer
+    from megatron.training.setup import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     ctx = initialize_megatron(args)
@@ -71,7 +71,7 @@ def _steps(args, ctx, engine, optimizer, rank, first: int, count: int, logs: lis
     """[(loss over both ranks, gradient norm)] of train_step for steps first .. first + count - 1; with ``logs``
     the first two steps also take the per-parameter logs (train_step's debug values), appended to it. ``rank``:
     the seed of this rank's batch, or a tuple of seeds, one per micro batch (gradient accumulation)."""
-    from megatron.training.loop import train_step
+    from megatron.training.step import train_step
 
     out = []
     seeds = rank if isinstance(rank, tuple) else (rank,)

@@ -44,7 +44,8 @@ def _expert_parallel_logs_and_checkpoint(rank: int, save_root: str) -> dict:
     """{(ep, zero): [each step's logged values]}; EP 1 and 2 (ZeRO 0) save their initial weights."""
     from megatron.checkpoint.engine import save_checkpoint
     from megatron.initialize import initialize_megatron
-    from megatron.training.loop import setup_model_and_optimizer, train_step
+    from megatron.training.step import train_step
+    from megatron.training.setup import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     out = {}

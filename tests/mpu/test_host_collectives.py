@@ -98,7 +98,7 @@ def _checks(rank: int, emulation):
         return _check_space_for_a_checkpoint(SimpleNamespace(save=tempfile.mkdtemp()), engine, ctx)
 
     def objective_metrics():
-        from megatron.training.loop import objective_metrics
+        from megatron.training.step import objective_metrics
 
         loss_fn = SimpleNamespace(take_metrics=lambda: {"accuracy": float(rank), "margin": 2.0})
         engine = SimpleNamespace(module=SimpleNamespace(loss_fn=loss_fn),
@@ -106,14 +106,14 @@ def _checks(rank: int, emulation):
         return objective_metrics(engine)
 
     def tokens_per_char():
-        from megatron.training.loop import tokens_per_char
+        from megatron.training.step import tokens_per_char
 
         return tokens_per_char(3 * (rank + 1), 4)
 
     def loss_mean():
-        from megatron.training.loop import _data_parallel_mean
+        from megatron.training.step import data_parallel_mean
 
-        return _data_parallel_mean(torch.tensor(rank + 1.0), SimpleNamespace(mpu=None))
+        return data_parallel_mean(torch.tensor(rank + 1.0), SimpleNamespace(mpu=None))
 
     def agreed_problem():
         from megatron.training.loop import _agreed_problem

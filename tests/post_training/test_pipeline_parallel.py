@@ -39,7 +39,7 @@ def loss_function(impl: str):
 
 
 def with_reference(impl: str, inputs, labels, reference):
-    """The batch the loss of `impl` reads (as megatron.training.loop._ModelBatches): KTO's rewards, and the reference
+    """The batch the loss of `impl` reads (as megatron.training.batches.ModelBatches): KTO's rewards, and the reference
     log-probabilities on the ranks that hold the reference (the last pipeline stage)."""
     if impl == "kto":
         labels = labels + (REWARDS,)
@@ -65,7 +65,7 @@ def sequential_run(impl: str, config):
         total = 0.0
         for inputs, labels in batches[step * GAS:(step + 1) * GAS]:
             inputs, labels = with_reference(impl, inputs, labels, reference)
-            loss = loss_fn(policy(inputs, defer_logits=True), labels)  # as training (megatron.training.loop._loss_of)
+            loss = loss_fn(policy(inputs, defer_logits=True), labels)  # as training (megatron.training.step.loss_of)
             (loss / GAS).backward()
             total += loss.item() / GAS
         opt.step()
@@ -83,7 +83,7 @@ def _pipeline_run(impl: str, directory: str):
 
     import deepspeed
 
-    from megatron.training.loop import objective_metrics
+    from megatron.training.step import objective_metrics
 
     os.makedirs(directory, exist_ok=True)
     shape = dict(hidden_dropout=0.0, attention_dropout=0.0, train_impl="rm" if impl == "rm" else "normal")

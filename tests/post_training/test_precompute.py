@@ -65,13 +65,13 @@ def test_precomputed_logps_give_the_on_the_fly_losses(tmp_path: Path) -> None:
 
 def test_kto_reads_precomputed_logps_that_give_the_on_the_fly_losses(tmp_path: Path) -> None:
     """KTO data (completions, labels, rewards): generate.py's precompute writes `{data path}_sft` for every split;
-    training's batches (megatron.training.loop._ModelBatches) then carry their sums, which give the KTO losses of the
+    training's batches (megatron.training.batches.ModelBatches) then carry their sums, which give the KTO losses of the
     reference model run on the fly."""
     from megatron.initialize import RunContext
     from megatron.model.config import ModelConfig
     from megatron.post_training.kto import KTOLoss
     from megatron.post_training.reference import ReferenceModel
-    from megatron.training.loop import _ModelBatches
+    from megatron.training.batches import ModelBatches
 
     rng = np.random.RandomState(1)
     docs = [rng.randint(0, 128, rng.randint(5, SEQ + 6)) for _ in range(12)]
@@ -103,7 +103,7 @@ def test_kto_reads_precomputed_logps_that_give_the_on_the_fly_losses(tmp_path: P
     batch = {k: torch.as_tensor(np.stack([s[k] for s in samples])) for k in samples[0]}
     ctx = RunContext(parallel_state=state, rng_tracker=None, tokenizer=type("T", (), {"eod": 0})(),
                      device=torch.device("cpu"), model_config=ModelConfig.from_neox_args(args, padded_vocab_size=128))
-    inputs, (labels, loss_mask, rewards, precomputed) = next(_ModelBatches(args, ctx, iter([batch])))
+    inputs, (labels, loss_mask, rewards, precomputed) = next(ModelBatches(args, ctx, iter([batch])))
     reference = ReferenceModel(model_config, state)
     start_reference(reference, sft, None)
     on_the_fly = reference.logps(inputs, labels, loss_mask)

@@ -81,7 +81,7 @@ def data_parallel_by_hand(impl: str):
         total = 0
         for rank, (losses, metrics) in enumerate(runs):
             inputs, labels = _batch(rank, step)
-            loss = model.loss_fn(model(inputs, defer_logits=True),  # as training does (megatron.training.loop._loss_of)
+            loss = model.loss_fn(model(inputs, defer_logits=True),  # as training does (megatron.training.step.loss_of)
                                  _labels(impl, reference, inputs, labels))
             total = total + loss / 2
             losses.append(loss.item())

@@ -2,7 +2,7 @@
 log what the same model logs without a pipeline: the same per-parameter values under the sequential model's
 names, and totals over every stage (tied and tensor-parallel-replicated parameters counted once), on every rank.
 
-Both sides run megatron.training.loop's own setup_model_and_optimizer and train_step on the same micro-batches: the
+Both sides run megatron.training.setup's own setup_model_and_optimizer and train_step on the same micro-batches: the
 reference on one rank without a pipeline, the pipeline with pp=2, pp=1 x tp=2 and pp=1 x dp=2 on two gloo ranks, in fp32
 and bf16 with ZeRO 0 and 1. Clipping at 1.0 acts on these gradients (their norm is above 1 at first), so values
 taken after clipping would not match."""
@@ -46,7 +46,8 @@ def _neox_args(world: int, layout: dict, precision: str, zero_stage: int):
 def _logged(rank: int, world_size: int, layouts: dict, cases: list):
     """{(layout, precision, zero): [(loss, DeepSpeed's grad norm, logged extras) per step]} on this rank."""
     from megatron.initialize import initialize_megatron
-    from megatron.training.loop import setup_model_and_optimizer, train_step
+    from megatron.training.step import train_step
+    from megatron.training.setup import setup_model_and_optimizer
     from megatron.training_schedule import TrainingSchedule
 
     results = {}

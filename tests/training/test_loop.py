@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from megatron.training.loop import StopRequested, skip_single_rank_allreduce
+from megatron.training.loop import StopRequested
+from megatron.training.setup import skip_single_rank_allreduce
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config
 from tests.neox_arguments.helpers import tiny
@@ -84,7 +85,7 @@ def test_single_rank_allreduce_is_skipped_without_changing_training():
 def test_char_counter_counts_the_predicted_tokens_and_their_characters():
     import numpy as np
 
-    from megatron.training.loop import CharCounter, tokens_per_char
+    from megatron.training.step import CharCounter, tokens_per_char
 
     class Letters:  # token t is the character chr(97 + t), token 0 the two characters "<>"
         @staticmethod
@@ -105,14 +106,14 @@ def test_token_ids_beyond_the_vocabulary_are_a_data_error_naming_the_files():
     from megatron.initialize import RunContext
     from megatron.model.config import ModelConfig
     from megatron.mpu import SingleProcessState
-    from megatron.training.loop import _data_source, _ModelBatches
+    from megatron.training.batches import data_source, ModelBatches
 
     args = tiny(data_path="/data/other_tokenizer_text_document", vocab_file="/tok/tokenizer.json")
     ctx = RunContext(parallel_state=SingleProcessState(), rng_tracker=None, tokenizer=type("T", (), {"eod": 0})(),
                      device=torch.device("cpu"), model_config=ModelConfig.from_neox_args(args, padded_vocab_size=128))
     good, bad = torch.randint(0, 128, (2, 9)), torch.randint(0, 128, (2, 9))
     bad[1, 4] = 130
-    batches = _ModelBatches(args, ctx, iter([{"text": good}, {"text": bad}]), source=_data_source(args, "train"))
+    batches = ModelBatches(args, ctx, iter([{"text": good}, {"text": bad}]), source=data_source(args, "train"))
     (tokens, _, _), _ = next(batches)
     assert torch.equal(tokens, good[:, :-1])
     with pytest.raises(DataError, match=r"token id 130 in the train data \(/data/other_tokenizer_text_document\) "
@@ -152,7 +153,7 @@ def _ramped_weights(rank: int, world_size: int, zero_stage: int) -> list:
 
     from megatron.optim.learning_rates import AnnealingLR
     from megatron.mpu import SingleProcessState
-    from megatron.training.loop import set_batch_size, train_step
+    from megatron.training.step import set_batch_size, train_step
 
     model = _Line()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -194,7 +195,7 @@ def _ramped_pipeline_losses(rank: int, world_size: int) -> tuple:
 
     from megatron.model.gpt2_model import build_model
     from megatron.mpu import ParallelState, SingleProcessState
-    from megatron.training.loop import evaluate, set_batch_size, train_step
+    from megatron.training.step import evaluate, set_batch_size, train_step
 
     reference = build_model(tiny_config(), SingleProcessState())
     opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
@@ -262,7 +263,7 @@ def test_the_model_is_cast_and_placed_as_deepspeed_will_before_the_optimizer_is_
 
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.training.loop import _place_as_deepspeed_will
+    from megatron.training.setup import place_as_deepspeed_will
 
     here = get_accelerator().device_name()  # the CPU here, CUDA on a GPU machine (tests.accelerator)
     model = torch.nn.Linear(4, 4)
@@ -270,8 +271,8 @@ def test_the_model_is_cast_and_placed_as_deepspeed_will_before_the_optimizer_is_
     model.register_buffer("table", torch.arange(4.0))
     weight = model.weight
     args = tiny(bf16={"enabled": True})
-    _place_as_deepspeed_will(model, args, SimpleNamespace(device=torch.device(here)))
+    place_as_deepspeed_will(model, args, SimpleNamespace(device=torch.device(here)))
     assert model.weight is weight and weight._no_weight_decay and weight.dtype == torch.bfloat16
     assert weight.device.type == here and model.bias.dtype == torch.bfloat16 and model.table.dtype == torch.float32
     with pytest.raises(RuntimeError, match=f"DeepSpeed's accelerator is '{here}'.*trains on meta.*DS_ACCELERATOR"):
-        _place_as_deepspeed_will(model, args, SimpleNamespace(device=torch.device("meta")))
+        place_as_deepspeed_will(model, args, SimpleNamespace(device=torch.device("meta")))
