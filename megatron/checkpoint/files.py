@@ -8,9 +8,14 @@ this project's saved before its RNG states became plain data, megatron.checkpoin
 scaler, ZeRO stage enum and fragment addresses (its optimizer files). A file that needs anything else is refused with a
 CheckpointError naming the file and the object, and nothing of it runs.
 
-DeepSpeed reads its own files through the engine's checkpoint engine: `use_safe_loading(engine)` swaps in
-one that reads them here."""
+DeepSpeed reads and writes its own files through the engine's checkpoint engine: `use_safe_loading(engine)`
+makes it read them here, and write DeepSpeed's own objects (the loss scaler, the ZeRO stage, the bf16 optimizer's
+fragment addresses, which a run without ZeRO keeps in the model-states file) as plain-data records
+(`as_plain_data`), which this reader turns back into those objects (`from_plain_data`): so that every file
+this project writes loads with a plain `torch.load(weights_only=True)`, GPT-NeoX's converter's way, and only
+files written before need the classes above."""
 
+import collections
 import os
 import pickle
 from typing import Any, Dict, List
@@ -37,8 +42,56 @@ def checkpoint_globals() -> List[Any]:
     return allowed + [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
 
 
+DEEPSPEED_OBJECT = "__deepspeed_object__"
+"""The key of a plain-data record standing for one of DeepSpeed's objects (as_plain_data)."""
+DEEPSPEED_CLASSES = {cls.__name__: cls for cls in (LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address)}
+"""The only classes a record may name: a record names a class of this table, never one to import."""
+
+
+def as_plain_data(obj: Any) -> Any:
+    """``obj`` (a state dict DeepSpeed saves) with each of DeepSpeed's objects of DEEPSPEED_CLASSES replaced by a
+    record of plain data: ``{DEEPSPEED_OBJECT: class name, "value": ...}`` (containers rebuilt, tensors as they
+    are)."""
+    if isinstance(obj, ZeroStageEnum):
+        return {DEEPSPEED_OBJECT: "ZeroStageEnum", "value": int(obj)}
+    if isinstance(obj, fragment_address):
+        return {DEEPSPEED_OBJECT: "fragment_address", "value": [obj.numel, obj.start]}
+    if isinstance(obj, (LossScaler, DynamicLossScaler)):  # numbers, flags and a torch dtype
+        return {DEEPSPEED_OBJECT: type(obj).__name__, "value": as_plain_data(dict(vars(obj)))}
+    if isinstance(obj, dict):
+        items = [(key, as_plain_data(value)) for key, value in obj.items()]
+        return type(obj)(items) if type(obj) in (dict, collections.OrderedDict) else dict(items)
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        return type(obj)(as_plain_data(item) for item in obj)
+    return obj
+
+
+def from_plain_data(obj: Any) -> Any:
+    """The inverse of as_plain_data: each record back into the DeepSpeed object it stands for."""
+    if isinstance(obj, dict):
+        if DEEPSPEED_OBJECT in obj and obj.get(DEEPSPEED_OBJECT) in DEEPSPEED_CLASSES:
+            cls, value = DEEPSPEED_CLASSES[obj[DEEPSPEED_OBJECT]], obj["value"]
+            if cls is ZeroStageEnum:
+                return ZeroStageEnum(value)
+            if cls is fragment_address:
+                return fragment_address(*value)
+            scaler = cls.__new__(cls)
+            scaler.__dict__.update(from_plain_data(value))
+            return scaler
+        items = [(key, from_plain_data(value)) for key, value in obj.items()]
+        return type(obj)(items) if type(obj) in (dict, collections.OrderedDict) else dict(items)
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        return type(obj)(from_plain_data(item) for item in obj)
+    return obj
+
+
 def load_checkpoint_file(path: str, mmap: bool = False, map_location: Any = "cpu") -> Any:
-    """torch.load with weights_only=True and checkpoint_globals(); mmap where the file allows it (zip format)."""
+    """torch.load with weights_only=True and checkpoint_globals(); mmap where the file allows it (zip format);
+    DeepSpeed's objects saved as records (as_plain_data) come back as objects."""
+    return from_plain_data(_load_weights_only(path, mmap, map_location))
+
+
+def _load_weights_only(path: str, mmap: bool, map_location: Any) -> Any:
     try:
         with torch.serialization.safe_globals(checkpoint_globals()):
             if mmap:
@@ -62,10 +115,13 @@ def load_checkpoint_file(path: str, mmap: bool = False, map_location: Any = "cpu
 
 def use_safe_loading(engine) -> None:
     """Make DeepSpeed's engine read its checkpoint files (model, optimizer, pipeline layers, experts) through
-    load_checkpoint_file; its default reader unpickles anything."""
+    load_checkpoint_file (its default reader unpickles anything), and write its own objects as plain-data records
+    (asynchronous saving does the same: megatron.checkpoint.async_save)."""
     reader = getattr(engine, "checkpoint_engine", None)
     if type(reader) is TorchCheckpointEngine:  # other engines (e.g. asynchronous saving) are left as they are
+        save = reader.save
         reader.load = lambda path, map_location=None: load_checkpoint_file(path, map_location=map_location)
+        reader.save = lambda state_dict, path: save(as_plain_data(state_dict), path)
 
 
 def load_lazily(path: str) -> Any:

@@ -53,6 +53,36 @@ def test_numpy_rng_state_and_deepspeed_bookkeeping_load(tmp_path):
     assert loaded["zero_stage"] is ZeroStageEnum.optimizer_states and loaded["loss_scaler"].cur_scale == 2 ** 8
 
 
+
+def test_deepspeeds_objects_are_written_as_plain_data_and_read_back(tmp_path):
+    """What a run without ZeRO keeps in its model-states file (the bf16 optimizer's fragment addresses, fp16's loss
+    scaler) and ZeRO's stage: written as records, so that a plain weights_only load reads the file, and read back
+    by load_checkpoint_file as DeepSpeed's objects, equal to what was saved."""
+    from collections import OrderedDict
+
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    from megatron.checkpoint.files import DEEPSPEED_OBJECT, as_plain_data, from_plain_data
+
+    weight = torch.arange(6.0)
+    state = {"optimizer": {"param_slice_mappings": [OrderedDict(w=fragment_address(numel=4, start=2))],
+                           "loss_scaler": DynamicLossScaler(2 ** 8, 2.0, 1000, 1, 1, False),
+                           "zero_stage": ZeroStageEnum.optimizer_states, "groups": [(weight, 1)]}}
+    torch.save(as_plain_data(state), tmp_path / "f.pt")
+    plain = torch.load(tmp_path / "f.pt", weights_only=True)  # no class allowed beyond torch's
+    assert plain["optimizer"]["zero_stage"] == {DEEPSPEED_OBJECT: "ZeroStageEnum", "value": 1}
+    loaded = load_checkpoint_file(str(tmp_path / "f.pt"))["optimizer"]
+    assert loaded["param_slice_mappings"] == [OrderedDict(w=fragment_address(numel=4, start=2))]
+    assert type(loaded["param_slice_mappings"][0]) is OrderedDict and type(loaded["groups"][0]) is tuple
+    assert loaded["zero_stage"] is ZeroStageEnum.optimizer_states
+    assert type(loaded["loss_scaler"]) is DynamicLossScaler and vars(loaded["loss_scaler"]) == vars(
+        state["optimizer"]["loss_scaler"])
+    assert torch.equal(loaded["groups"][0][0], weight)
+    unknown = {DEEPSPEED_OBJECT: "system", "value": "touch x"}  # names no class of the table: stays data
+    assert from_plain_data(unknown) == unknown
+
 @pytest.mark.fault
 def test_a_planted_rng_state_is_refused_on_resume(tmp_path):
     from megatron.checkpoint.integrity import write_manifest

@@ -1,10 +1,9 @@
 """The check that a checkpoint's files load without unpickling code: every model-state, layer, expert and RNG file
 with ``torch.load(weights_only=True)`` and nothing allowed beyond torch's own types (no numpy, no pickled
-classes), and each non-pipeline ``mp_rank_XX_model_states.pt`` with a plain ``torch.load`` as GPT-NeoX's
-tools/ckpts/convert_neox_to_hf.py reads it. Left to DeepSpeed: its optimizer files (``*optim_states.pt``) and, in a
-run without ZeRO, the optimizer state DeepSpeed keeps in the model file (its bf16 optimizer's fragment addresses,
-fp16's loss scaler); those may name DeepSpeed's classes, which megatron.checkpoint.files reads with the safe
-loader, and nothing else."""
+classes: DeepSpeed's own objects, which a run without ZeRO keeps in the model-states file, are written as
+plain-data records, megatron.checkpoint.files.as_plain_data), and each non-pipeline
+``mp_rank_XX_model_states.pt`` with a plain ``torch.load`` as GPT-NeoX's tools/ckpts/convert_neox_to_hf.py reads
+it. Left to DeepSpeed: its optimizer files (``*optim_states.pt``)."""
 
 import os
 import pickle
@@ -12,7 +11,6 @@ from typing import List
 
 import torch
 
-from megatron.checkpoint.files import checkpoint_globals
 
 
 def checkpoint_files(path: str) -> List[str]:
@@ -26,15 +24,7 @@ def _refused(exc: BaseException) -> str:
 
 
 def _load(file: str) -> None:
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        deepspeeds = [g for g in checkpoint_globals() if not getattr(g, "__module__", "").startswith("numpy")]
-        with torch.serialization.safe_globals(deepspeeds):
-            state = torch.load(file, map_location="cpu", weights_only=True)
-        assert isinstance(state, dict) and state.get("optimizer") is not None, \
-            f"{file} does not load with weights_only=True: {_refused(exc)}"  # only DeepSpeed's optimizer state may
-        return
+    state = torch.load(file, map_location="cpu", weights_only=True)
     if os.path.basename(file).startswith("mp_rank_") and state.get("module"):
         torch.load(file, map_location="cpu")  # GPT-NeoX's converter: no weights_only argument
 
