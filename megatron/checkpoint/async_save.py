@@ -29,7 +29,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 import torch
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointCommitInfo, CheckpointEngine
 
-from megatron.checkpoint.files import as_plain_data
+from megatron.checkpoint.files import savable
 from megatron.checkpoint.hashed_save import BLOCK, save_hashed
 from megatron.errors import CheckpointError
 from megatron.mpu.host_collectives import all_reduce, gather_object
@@ -217,7 +217,7 @@ class BackgroundWriter(CheckpointEngine):
         self._jobs.put(job)
 
     def save(self, state_dict: Any, path: str) -> None:
-        copied, arena = snapshot(as_plain_data(state_dict), self.arenas)
+        copied, arena = snapshot(savable(state_dict, path), self.arenas)
         self.pacer.queue(_tensor_bytes(copied))
 
         def write() -> None:

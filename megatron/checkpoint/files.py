@@ -9,11 +9,11 @@ scaler, ZeRO stage enum and fragment addresses (its optimizer files). A file tha
 CheckpointError naming the file and the object, and nothing of it runs.
 
 DeepSpeed reads and writes its own files through the engine's checkpoint engine: `use_safe_loading(engine)`
-makes it read them here, and write DeepSpeed's own objects (the loss scaler, the ZeRO stage, the bf16 optimizer's
-fragment addresses, which a run without ZeRO keeps in the model-states file) as plain-data records
-(`as_plain_data`), which this reader turns back into those objects (`from_plain_data`): so that every file
-this project writes loads with a plain `torch.load(weights_only=True)`, GPT-NeoX's converter's way, and only
-files written before need the classes above."""
+makes it read them here, and write DeepSpeed's own objects (the loss scaler and the bf16 optimizer's fragment
+addresses, which a run without ZeRO keeps in the model-states file) as plain-data records (`as_plain_data`),
+which this reader turns back into those objects (`from_plain_data`): so that every file this project writes but
+DeepSpeed's optimizer files (left as DeepSpeed writes them, for its own tools) loads with a plain
+`torch.load(weights_only=True)`, GPT-NeoX's converter's way."""
 
 import collections
 import os
@@ -64,6 +64,13 @@ def as_plain_data(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
         return type(obj)(as_plain_data(item) for item in obj)
     return obj
+
+
+def savable(state_dict: Any, path: str) -> Any:
+    """What DeepSpeed's checkpoint engine writes to ``path``: ``state_dict`` as plain data (as_plain_data), except in
+    DeepSpeed's optimizer files (``*optim_states.pt``), which DeepSpeed's own tools read as they are
+    (deepspeed.utils.zero_to_fp32 compares their ZeRO stage with numbers)."""
+    return state_dict if path.endswith("optim_states.pt") else as_plain_data(state_dict)
 
 
 def from_plain_data(obj: Any) -> Any:
@@ -121,7 +128,7 @@ def use_safe_loading(engine) -> None:
     if type(reader) is TorchCheckpointEngine:  # other engines (e.g. asynchronous saving) are left as they are
         save = reader.save
         reader.load = lambda path, map_location=None: load_checkpoint_file(path, map_location=map_location)
-        reader.save = lambda state_dict, path: save(as_plain_data(state_dict), path)
+        reader.save = lambda state_dict, path: save(savable(state_dict, path), path)
 
 
 def load_lazily(path: str) -> Any:

@@ -64,7 +64,7 @@ def test_deepspeeds_objects_are_written_as_plain_data_and_read_back(tmp_path):
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    from megatron.checkpoint.files import DEEPSPEED_OBJECT, as_plain_data, from_plain_data
+    from megatron.checkpoint.files import DEEPSPEED_OBJECT, as_plain_data, from_plain_data, savable
 
     weight = torch.arange(6.0)
     state = {"optimizer": {"param_slice_mappings": [OrderedDict(w=fragment_address(numel=4, start=2))],
@@ -82,6 +82,9 @@ def test_deepspeeds_objects_are_written_as_plain_data_and_read_back(tmp_path):
     assert torch.equal(loaded["groups"][0][0], weight)
     unknown = {DEEPSPEED_OBJECT: "system", "value": "touch x"}  # names no class of the table: stays data
     assert from_plain_data(unknown) == unknown
+    # DeepSpeed's optimizer files stay as DeepSpeed writes them: its zero_to_fp32 compares their ZeRO stage to numbers
+    assert savable(state, "global_step1/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt") is state
+    assert savable(state, "global_step1/mp_rank_00_model_states.pt")["optimizer"]["zero_stage"][DEEPSPEED_OBJECT]
 
 @pytest.mark.fault
 def test_a_planted_rng_state_is_refused_on_resume(tmp_path):
