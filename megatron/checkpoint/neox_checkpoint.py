@@ -72,7 +72,7 @@ class NeoxCheckpoint:
     config: ModelConfig
     path: str
     kind: str
-    """checkpointing's OURS, OURS_OLD or GPT_NEOX."""
+    """files.checkpoint_kind's OURS, OURS_OLD or GPT_NEOX."""
     layout: Tuple[int, int]
     """(model_parallel_size, pipe_parallel_size) of the files."""
 

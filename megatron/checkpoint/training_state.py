@@ -6,7 +6,7 @@ layout: every parameter's full fp32 value and full optimizer state (Adam's exp_a
 Where DeepSpeed keeps the optimizer state, per model-states file (one per tensor x pipeline rank, written by
 data-parallel rank 0; with ZeRO-3 one per data-parallel rank as well):
   * ZeRO 0: ``mp_rank_XX_model_states.pt``'s ``optimizer`` is the torch optimizer's state dict, whose parameters
-    are numbered group by group; checkpointing.RESHARD_KEY's ``param_names`` names them. The weights are the
+    are numbered group by group; format.RESHARD_KEY's ``param_names`` names them. The weights are the
     module's (megatron.checkpoint.neox_checkpoint.read_checkpoint merges them).
   * ZeRO 1 / 2: ``zero_pp_rank_{d}_mp_rank_{m}_optim_states.pt`` holds data-parallel rank d's slice of each
     group's flat fp32 master weights and optimizer state; ``param_slice_mappings`` says where each parameter's

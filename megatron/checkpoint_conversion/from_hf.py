@@ -3,7 +3,7 @@ tools/ckpts/convert_hf_to_neox.py).
 
 The Hugging Face mappings give the model's ModelConfig and its full tensors; the checkpoint is written as
 ``output_dir/global_step0`` in GPT-NeoX's layout for the chosen tensor / pipeline split (neox_checkpoint), with
-``latest``, COMPLETE, neox_args.json (a validated NeoXArgs, as checkpointing.py writes it) and the YAML
+``latest``, COMPLETE, neox_args.json (a validated NeoXArgs, as megatron.checkpoint.engine writes it) and the YAML
 config under configs/. The YAML holds the architecture, the parallel layout, the
 tokenizer (when the folder has one) and ``load`` / ``finetune: true``: combine it with a data and
 training config (which must not set those keys again). The converted checkpoint carries no optimizer
