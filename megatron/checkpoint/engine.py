@@ -495,5 +495,5 @@ def _load_resharded(neox_args, model_config, engine, checkpoint: FoundCheckpoint
     iteration, client_state = load_resharded(
         path, saved, model_config, engine, load_optim=load_optim,
         strict=not (neox_args.finetune and model_config.value_head), restore_counters=not neox_args.finetune,
-        verified=True)  # by find_checkpoint
+        verified_kind=checkpoint.kind)  # found and verified by find_checkpoint
     return (0 if neox_args.finetune else iteration), client_state

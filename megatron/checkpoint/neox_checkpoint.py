@@ -215,15 +215,16 @@ def _merge(per_rank: List[Dict[str, torch.Tensor]], config: ModelConfig, source:
     return {name: merge_shards(name, [s[name] for s in per_rank], config) for name in names}
 
 
-def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None, verified: bool = False) -> NeoxCheckpoint:
+def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None,
+                    verified_kind: Optional[str] = None) -> NeoxCheckpoint:
     """Merge the shards of checkpoint ``path`` (a global_stepN directory, or a save directory with ``latest``)
     in any of the layouts of the module docstring. ``args`` (a NeoXArgs dict) describes the model; by default
     the checkpoint's neox_args.json, or for a GPT-NeoX checkpoint its configs/*.yml. The padded vocabulary and
-    the tensor / pipeline split are the files'. ``verified``: its checksums were checked already
-    (resolve_checkpoint_dir)."""
-    path = resolve_checkpoint_dir(path, verified)
+    the tensor / pipeline split are the files'. ``verified_kind``: the kind (files.checkpoint_kind) of a checkpoint whose checksums were checked already (by
+    rank 0 for every rank, megatron.checkpoint.engine.find_checkpoint): it is neither hashed nor classified again."""
+    path = resolve_checkpoint_dir(path, verified=verified_kind is not None)
     try:
-        kind = checkpoint_kind(path)
+        kind = verified_kind or checkpoint_kind(path)
     except CheckpointError as exc:
         raise ConversionError(str(exc)) from None
     source = f"--config_file for {path}" if args is not None else path

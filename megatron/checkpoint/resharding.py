@@ -37,7 +37,7 @@ size (not the global batch) changes the losses of an MoE model by itself.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -232,24 +232,25 @@ def _fill_zero3(engine, locals_: Dict[str, Dict[str, Any]], names: Dict[int, str
 
 
 def load_resharded(path: str, saved_args: Mapping[str, Any], model_config: ModelConfig, engine, load_optim: bool,
-                   strict: bool = True, restore_counters: bool = True, verified: bool = False
+                   strict: bool = True, restore_counters: bool = True, verified_kind: Optional[str] = None
                    ) -> Tuple[int, Dict[str, Any]]:
     """Load checkpoint ``path`` (saved with ``saved_args``' layout) into ``engine`` of another layout; returns
     (iteration, client state) as megatron.checkpoint.engine.load_checkpoint does. Without ``load_optim`` only the
     weights (and the client state) are loaded; without ``strict`` parameters the checkpoint lacks keep their values
     (a reward model's new value head); ``restore_counters``: DeepSpeed's step / sample counters are the
-    checkpoint's (not for a fine-tune); ``verified``: its checksums were checked (by rank 0 for every rank,
-    megatron.checkpoint.engine.find_checkpoint), so no rank hashes its files again."""
+    checkpoint's (not for a fine-tune); ``verified_kind``: as megatron.checkpoint.neox_checkpoint.read_checkpoint's
+    (the checkpoint find_checkpoint found and verified: no rank hashes or classifies it again)."""
     problem = moe_problem(path, saved_args, model_config)
     if problem:
         raise CheckpointError(problem)
     saved_layout = (int(saved_args.get("model_parallel_size") or 1), int(saved_args.get("pipe_parallel_size") or 0))
     names = {id(p): flat_name(n, model_config.num_layers) for n, p in engine.module.named_parameters()}
     if load_optim:
-        state = read_training_state(path, model_config, saved_layout, wanted=set(names.values()), verified=verified)
+        state = read_training_state(path, model_config, saved_layout, wanted=set(names.values()),
+                                    verified_kind=verified_kind)
     else:
         try:
-            weights = read_checkpoint(path, args=saved_args, verified=verified).state
+            weights = read_checkpoint(path, args=saved_args, verified_kind=verified_kind).state
         except ConversionError as exc:
             raise CheckpointError(str(exc)) from None
         state = TrainingState(params={n: {FP32: w.float()} for n, w in weights.items()}, zero_stage=0)

@@ -233,12 +233,11 @@ def _merge_tensor_ranks(per_rank: Dict[int, Dict[str, Dict[str, Any]]], config: 
 
 
 def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int, int],
-                        wanted: Optional[Collection[str]] = None, verified: bool = False) -> TrainingState:
+                        wanted: Optional[Collection[str]] = None, verified_kind: Optional[str] = None) -> TrainingState:
     """The training state of checkpoint ``path`` (a global_stepN directory of this project), saved with
     ``saved_layout`` = (model_parallel_size, pipe_parallel_size) by a model of ``config``'s architecture; only the
     parameters of the flat names ``wanted`` when given (a pipeline stage's: the files are memory-mapped, so the
-    others are not read); ``verified``: its checksums were checked already (read_checkpoint does not hash it
-    again)."""
+    others are not read); ``verified_kind``: as read_checkpoint's."""
     tp, pp = saved_layout
     saved_config = config.replace(model_parallel_size=tp, pipe_parallel_size=pp)
     states = _model_states(path)
@@ -256,7 +255,7 @@ def read_training_state(path: str, config: ModelConfig, saved_layout: Tuple[int,
         else:
             stage = 0
             params = _merge_tensor_ranks(_per_rank_zero0(path, states, records, keep), saved_config, path)
-            weights = read_checkpoint(path, verified=verified).state
+            weights = read_checkpoint(path, verified_kind=verified_kind).state
             for name, state in params.items():
                 if name not in weights:
                     raise CheckpointError(f"checkpoint {path}: the optimizer has state for {name}, which its weights "

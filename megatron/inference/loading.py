@@ -17,7 +17,7 @@ embedding (megatron.initialize) and its architecture is checked by megatron.chec
 The checkpoint is the one initialize_megatron found and verified (rank 0 hashed its files for every rank): it is
 read here without being looked for, or hashed, again."""
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import deepspeed
 from torch import nn
@@ -50,12 +50,12 @@ def slot_modules(model: nn.Module) -> Dict[int, nn.Module]:
 
 
 def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, model_config,
-                       verified: bool = False) -> None:
+                       verified_kind: Optional[str] = None) -> None:
     """Copy this rank's slice of the checkpoint's weights into ``model`` (every parameter must be found). The
-    checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's; ``verified``: its checksums
-    were checked already (megatron.checkpoint.engine.find_checkpoint)."""
+    checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's; ``verified_kind``: as
+    megatron.checkpoint.neox_checkpoint.read_checkpoint's."""
     try:
-        checkpoint = read_checkpoint(checkpoint_dir, verified=verified)
+        checkpoint = read_checkpoint(checkpoint_dir, verified_kind=verified_kind)
     except ConversionError as err:
         raise CheckpointError(str(err)) from None
     tp, rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
@@ -103,7 +103,8 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
     model = build_model(ctx.model_config, ctx.parallel_state, ctx.rng_tracker).to(ctx.device)
     iteration = 0
     if checkpoint is not None:
-        load_model_weights(model, checkpoint.path, ctx.parallel_state, ctx.model_config, verified=True)
+        load_model_weights(model, checkpoint.path, ctx.parallel_state, ctx.model_config,
+                           verified_kind=checkpoint.kind)
         iteration = int(checkpoint.tag[len("global_step"):]) if checkpoint.tag[len("global_step"):].isdigit() else 0
     model.eval()
     if ctx.model_config.is_pipe_parallel and ctx.parallel_state.get_pipe_parallel_world_size() > 1:

@@ -119,7 +119,7 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
     from megatron.training_schedule import TrainingSchedule
 
     counted = {}
-    before = (counts.configs, counts.hashed) if counts else None
+    before = (counts.configs, counts.hashed, counts.kinds) if counts else None
     args = _args(world, layout, save, load)
     validated = counts.configs if counts else None
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
@@ -130,6 +130,7 @@ def _run(world: int, layout: dict, save: str, load, first_step: int, save_at=Non
     restore_rng(args, loaded, client)
     if counts:
         counted["hashed"] = counts.hashed - before[1]
+        counted["kinds"] = counts.kinds - before[2]
         counted["manifest_files"] = manifest_files(f"{load}/{resume_tag(load)[0]}")
     engine_steps = engine.global_steps
     ps = ctx.parallel_state
@@ -308,18 +309,20 @@ def test_a_checkpoint_of_deepspeeds_moe_layer_continues_in_another_layout_with_t
         assert resumed["losses"] == pytest.approx(expected, abs=CLOSE), rank
 
 
-def test_a_resume_builds_one_model_config_per_step_and_hashes_the_checkpoint_once_on_rank_0(runs):
+def test_a_resume_builds_one_model_config_per_step_and_finds_and_hashes_the_checkpoint_once(runs):
     """Each worker builds the ModelConfig once to validate its arguments and once in initialize_megatron (with the
     tokenizer's padded vocabulary); a resume finds and verifies its checkpoint once: rank 0 hashes each file of the
     manifest once and every rank trusts its verdict, also where resharding reads the whole checkpoint (with the
-    optimizer state, and the weights alone). Before, validation and initialize_megatron built two each, and every
-    rank hashed the checkpoint again in read_checkpoint."""
+    optimizer state, and the weights alone), and which kind of checkpoint it is is worked out once. Before,
+    validation and initialize_megatron built two each, every rank hashed the checkpoint again in read_checkpoint,
+    and a reshard worked out its kind twice."""
     for rank, results in enumerate(runs):
         for name in (*TARGETS, "moe_weights_only"):
             run = results[name]
             assert run["model_configs"] == (1, 1), (rank, name)
             assert run["manifest_files"] > 0, name
             assert run["hashed"] == (run["manifest_files"] if rank == 0 else 0), (rank, name)
+            assert run["kinds"] == 1, (rank, name, run["kinds"])
 
 
 def test_which_layout_changes_need_resharding():

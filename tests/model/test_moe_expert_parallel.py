@@ -149,11 +149,12 @@ def _expert_parallel_run(rank: int, world_size: int, save_root: str):
                 out[(layer, ep, zero)] = _steps(args, ctx, engine, optimizer, rank, 0, STEPS)
                 ctx.parallel_state.destroy()
         # generate.py / eval.py: every expert on every rank, whatever the run's expert-parallel size
-        hashed = counts.hashed
+        hashed, kinds = counts.hashed, counts.kinds
         model, ctx, iteration = setup_for_inference(_neox_args(layer, 2, 2, save_dir))
         out[(layer, "inference")] = (iteration, _experts(model), model(random_batch(batch=1)[0]))
         out[(layer, "inference_hashed")] = (counts.hashed - hashed, manifest_files(os.path.join(save_dir,
                                                                                              "global_step4")))
+        out[(layer, "inference_kinds")] = counts.kinds - kinds
         ctx.parallel_state.destroy()
     # DeepSpeed's layer: the weights load into a training run at another expert-parallel size with no_load_optim
     args = _neox_args("deepspeed", 1, 0, os.path.join(save_root, "deepspeed"), no_load_optim=True)
@@ -188,6 +189,7 @@ def test_experts_over_two_ranks_train_as_with_all_experts_and_resume(expert_para
         assert iteration == 4 and len(inference_experts) == len(everything)
         hashed, files = out[(layer, "inference_hashed")]  # the checkpoint's files hashed once, by rank 0
         assert files > 0 and hashed == (files if rank == 0 else 0), (rank, hashed, files)
+        assert out[(layer, "inference_kinds")] == 1, rank  # found once: loading the weights does not ask again
         torch.testing.assert_close(logits, expert_parallel_runs[0][(layer, "inference")][2], rtol=0, atol=0)
         for key, weight in saved.items():
             torch.testing.assert_close(inference_experts[key], weight, rtol=0, atol=0)
