@@ -27,6 +27,7 @@ setup(
     name="neox",
     version="0.1.0",
     description="GPT-NeoX-style large language model training on DeepSpeed",
+    license="Apache-2.0",
     packages=find_packages(include=["megatron", "megatron.*"]),
     python_requires=">=3.10",
     install_requires=requirements("requirements.txt"),
