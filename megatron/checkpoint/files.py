@@ -18,7 +18,7 @@ DeepSpeed's optimizer files (left as DeepSpeed writes them, for its own tools) l
 import collections
 import os
 import pickle
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import numpy as np
 import torch
@@ -48,22 +48,55 @@ DEEPSPEED_CLASSES = {cls.__name__: cls for cls in (LossScaler, DynamicLossScaler
 """The only classes a record may name: a record names a class of this table, never one to import."""
 
 
-def as_plain_data(obj: Any) -> Any:
-    """``obj`` (a state dict DeepSpeed saves) with each of DeepSpeed's objects of DEEPSPEED_CLASSES replaced by a
-    record of plain data: ``{DEEPSPEED_OBJECT: class name, "value": ...}`` (containers rebuilt, tensors as they
-    are)."""
+def _rebuilt(obj: Any, convert: Callable[[Any], Any]) -> Any:
+    """``obj`` with ``convert`` applied to it and, where it returns its argument unchanged, to every item of its
+    dicts, lists and tuples (containers rebuilt, every other object as it is)."""
+    converted = convert(obj)
+    if converted is not obj:
+        return converted
+    if isinstance(obj, dict):
+        items = [(key, _rebuilt(value, convert)) for key, value in obj.items()]
+        return type(obj)(items) if type(obj) in (dict, collections.OrderedDict) else dict(items)
+    if type(obj) in (list, tuple):
+        return type(obj)(_rebuilt(item, convert) for item in obj)
+    return obj
+
+
+def _as_record(obj: Any) -> Any:
+    """One of DeepSpeed's objects of DEEPSPEED_CLASSES as its record; anything else as it is."""
     if isinstance(obj, ZeroStageEnum):
         return {DEEPSPEED_OBJECT: "ZeroStageEnum", "value": int(obj)}
     if isinstance(obj, fragment_address):
         return {DEEPSPEED_OBJECT: "fragment_address", "value": [obj.numel, obj.start]}
     if isinstance(obj, (LossScaler, DynamicLossScaler)):  # numbers, flags and a torch dtype
         return {DEEPSPEED_OBJECT: type(obj).__name__, "value": as_plain_data(dict(vars(obj)))}
-    if isinstance(obj, dict):
-        items = [(key, as_plain_data(value)) for key, value in obj.items()]
-        return type(obj)(items) if type(obj) in (dict, collections.OrderedDict) else dict(items)
-    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-        return type(obj)(as_plain_data(item) for item in obj)
     return obj
+
+
+def _from_record(obj: Any) -> Any:
+    """A record of as_plain_data back into the object it stands for; anything else as it is."""
+    if not (isinstance(obj, dict) and obj.get(DEEPSPEED_OBJECT) in DEEPSPEED_CLASSES):
+        return obj
+    cls, value = DEEPSPEED_CLASSES[obj[DEEPSPEED_OBJECT]], obj["value"]
+    if cls is ZeroStageEnum:
+        return ZeroStageEnum(value)
+    if cls is fragment_address:
+        return fragment_address(*value)
+    scaler = cls.__new__(cls)
+    scaler.__dict__.update(from_plain_data(value))
+    return scaler
+
+
+def as_plain_data(obj: Any) -> Any:
+    """``obj`` (a state dict DeepSpeed saves) with each of DeepSpeed's objects of DEEPSPEED_CLASSES replaced by a
+    record of plain data: ``{DEEPSPEED_OBJECT: class name, "value": ...}`` (containers rebuilt, tensors as they
+    are)."""
+    return _rebuilt(obj, _as_record)
+
+
+def from_plain_data(obj: Any) -> Any:
+    """The inverse of as_plain_data: each record back into the DeepSpeed object it stands for."""
+    return _rebuilt(obj, _from_record)
 
 
 def savable(state_dict: Any, path: str) -> Any:
@@ -71,25 +104,6 @@ def savable(state_dict: Any, path: str) -> Any:
     DeepSpeed's optimizer files (``*optim_states.pt``), which DeepSpeed's own tools read as they are
     (deepspeed.utils.zero_to_fp32 compares their ZeRO stage with numbers)."""
     return state_dict if path.endswith("optim_states.pt") else as_plain_data(state_dict)
-
-
-def from_plain_data(obj: Any) -> Any:
-    """The inverse of as_plain_data: each record back into the DeepSpeed object it stands for."""
-    if isinstance(obj, dict):
-        if DEEPSPEED_OBJECT in obj and obj.get(DEEPSPEED_OBJECT) in DEEPSPEED_CLASSES:
-            cls, value = DEEPSPEED_CLASSES[obj[DEEPSPEED_OBJECT]], obj["value"]
-            if cls is ZeroStageEnum:
-                return ZeroStageEnum(value)
-            if cls is fragment_address:
-                return fragment_address(*value)
-            scaler = cls.__new__(cls)
-            scaler.__dict__.update(from_plain_data(value))
-            return scaler
-        items = [(key, from_plain_data(value)) for key, value in obj.items()]
-        return type(obj)(items) if type(obj) in (dict, collections.OrderedDict) else dict(items)
-    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-        return type(obj)(from_plain_data(item) for item in obj)
-    return obj
 
 
 def load_checkpoint_file(path: str, mmap: bool = False, map_location: Any = "cpu") -> Any:

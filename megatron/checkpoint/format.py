@@ -1,5 +1,5 @@
 """What a checkpoint directory is: its file names, its layout marker, the ``latest`` file, the complete tags, and
-reading its records (neox_args.json, the client state, the configs/*.yml) — the ground floor of megatron.checkpoint,
+reading its text records (neox_args.json, the configs/*.yml) — the ground floor of megatron.checkpoint,
 which every other checkpoint module reads through (the layout itself is described in megatron.checkpoint.engine).
 
 Imports no torch: the launcher resolves the checkpoint to resume before any process starts. Reading the .pt

@@ -20,7 +20,6 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 import torch
 
-from megatron.evaluation.adapter import NeoXLM
 from megatron.evaluation.tasks import resolve_tasks, task_manager
 from megatron.inference.text_generation import build_runner, max_sequence_length
 from megatron.mpu.host_collectives import broadcast_object
@@ -110,6 +109,7 @@ def run_eval_tasks(neox_args, engine, ctx, iteration: int, limit: Optional[int] 
     _check_lm_eval_version(ctx.parallel_state)
     from lm_eval.evaluator import simple_evaluate
 
+    from megatron.evaluation.adapter import NeoXLM  # an lm_eval.api.model.LM: imports lm_eval, an optional package
 
     selection = resolve_tasks(neox_args.eval_tasks or [])
     manager = task_manager(selection)

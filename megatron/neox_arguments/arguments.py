@@ -33,7 +33,7 @@ from megatron.neox_arguments.deepspeed_config import (build_deepspeed_config, fo
 from megatron.neox_arguments.derivation import (derive_activation_checkpointing, derive_batch, derive_model, derive_moe,
                                                 derive_optimizer_and_zero, derive_precision, derive_recompute,
                                                 derive_scheduler, derive_world)
-from megatron.neox_arguments.groups import ARGUMENT_GROUPS, NeoXArgsDeepspeedConfig, NeoXArgsSchema
+from megatron.neox_arguments.groups import NeoXArgsDeepspeedConfig, NeoXArgsSchema
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG_FLAG, deepspeed_runner_argv,
                                               ranks_from_environment)
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files

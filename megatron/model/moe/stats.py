@@ -16,7 +16,7 @@ when reported: counting never makes a forward wait for the device.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Union
 
 import torch
 from torch import nn
