@@ -26,12 +26,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _attack_description(request):
+    """Records what an `attack`-marked case tries, so that the account at the end of the run can name it
+    (marker arguments do not travel from xdist workers; user properties do)."""
+    marker = request.node.get_closest_marker("attack")
+    if marker is not None:
+        if not marker.args or not isinstance(marker.args[0], str):
+            raise TypeError(f"{request.node.nodeid}: write @pytest.mark.attack(\"what the attack tries\")")
+        request.node.user_properties.append(("attack", marker.args[0]))
+    yield
+
+
+def _attack_account(terminalreporter, reports) -> None:
+    """The attack suite's account (issue 32): how many attacks were tried and how many the project met cleanly,
+    naming every one that was not."""
+    attacks = [(r, dict(getattr(r, "user_properties", [])).get("attack")) for r in reports
+               if "attack" in getattr(r, "keywords", {})]
+    if not attacks:
+        return
+    terminalreporter.write_sep("-", "attack suite")
+    clean = sum(r.outcome == "passed" for r, _ in attacks)
+    terminalreporter.write_line(f"{len(attacks)} attacks tried, {clean} met cleanly (no code run, no file outside the "
+                                f"run touched, no checkpoint lost, no process left, one clear message)")
+    for r, what in attacks:
+        if r.outcome != "passed":
+            terminalreporter.write_line(f"NOT CLEAN: {what or r.nodeid} ({r.nodeid})")
+
+
 def pytest_terminal_summary(terminalreporter):
     """The fault suite's account (issue 19), printed at the end of the run, also from xdist workers (report
     keywords and properties travel with the reports): how many `fault`-marked cases passed and failed, and the
     counts the kill test records with record_property("suite_counts", text)."""
     reports = [r for key in ("passed", "failed", "error") for r in terminalreporter.stats.get(key, [])
                if getattr(r, "when", "call") == "call" or r.outcome != "passed"]
+    _attack_account(terminalreporter, reports)
     faults = [r for r in reports if "fault" in getattr(r, "keywords", {})]
     lines = [value for r in reports for name, value in getattr(r, "user_properties", []) if name == "suite_counts"]
     if not faults and not lines:
