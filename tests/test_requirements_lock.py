@@ -1,5 +1,5 @@
 """The lock (requirements/constraints.txt) pins every package the requirements name, at a version each requirement
-allows: README's install commands and .ci/run install from it, so a requirement added without refreshing the lock
+allows: README's install commands (and docs/'s) and .ci/run install from it, so a requirement added without refreshing the lock
 (requirements/refresh-lock.sh), or a lock that contradicts a requirement, fails here rather than on a new machine."""
 import re
 from pathlib import Path

@@ -2,7 +2,8 @@
 combines them: a model file, a training file where GPT-NeoX has one, and a setup file with data and tokenizer
 paths (which nothing reads while loading). What GPT-NeoX accepts but cannot apply (softmax fusion with only
 flash layers, a placeholder hostfile) loads with one warning each; what another issue builds is refused as
-not supported yet, never as an unknown argument."""
+not supported yet, never as an unknown argument (docs/coming-from-gpt-neox.md lists what loads and what is
+refused)."""
 
 import os
 import warnings

@@ -2,7 +2,7 @@
 built on this machine (tests/e2e/cluster.py: an sshd on 127.0.0.2 and 127.0.0.3, a slurmctld and two
 slurmd, all in a network namespace of their own). Each trains the tiny model with one rank per host,
 checkpoints, stops (exit_interval), resumes, and must reproduce the losses of the same two ranks launched
-on one node. The commands are the README's "Multi-node" section; the tests skip, saying why, where the
+on one node. The commands are those of docs/multi-node.md; the tests skip, saying why, where the
 machine cannot build the cluster (not root, no network namespaces, packages missing: .ci/run installs them)."""
 
 import re
@@ -71,7 +71,7 @@ def _assert_quiet(output: str) -> None:
 
 
 def test_pdsh_two_hosts(cluster, data, tmp_path, one_node_losses):
-    """README: hostfile, passwordless ssh, `launcher: pdsh`; per-rank logs in log_dir on every host."""
+    """docs/multi-node.md: hostfile, passwordless ssh, `launcher: pdsh`; per-rank logs in log_dir on every host."""
     _needs("pdsh")
     cluster.start_sshd()
     hostfile = cluster.hostfile(slots=1)
@@ -102,7 +102,7 @@ def test_openmpi_two_hosts(cluster, data, tmp_path, one_node_losses):
 
 
 def test_slurm_sbatch_one_node_then_two_nodes(cluster, data, tmp_path, one_node_losses):
-    """README's slurm recipe: `sbatch --nodes=N --ntasks-per-node=M tools/slurm/train.sbatch CONFIG
+    """docs/multi-node.md's slurm recipe: `sbatch --nodes=N --ntasks-per-node=M tools/slurm/train.sbatch CONFIG
     configs/slurm_local.yml` (the launcher keys of slurm_local.yml; the data of this test). The first half
     runs both ranks on one node (where DeepSpeed's runner, without --force_multi, would fork them itself and
     every rank would read the batch step's SLURM_PROCID=0), the resumed half one rank on each of two nodes."""
