@@ -178,7 +178,7 @@ def test_the_site_builds_strict(tmp_path):
     """`mkdocs build --strict`: every page in the nav, every link and anchor resolves, every included file exists."""
     pytest.importorskip("material", reason="mkdocs-material comes with requirements/requirements-dev.txt")
     assert isinstance(COMMANDS["mkdocs build --strict -d /tmp/site"], Run)
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
                             cwd=REPO, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
