@@ -36,6 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("conf_file", nargs="+",
                         help="YAML config files, merged; a key may be set in one file only; NAME means NAME.yml")
     parser.add_argument("-d", "--conf_dir", help="directory the config file names are relative to")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set_options",
+                        help="change one config value for this run, e.g. --set train_iters=100 --set "
+                             "optimizer.params.lr=3e-4 (repeatable): KEY is any argument of "
+                             "configs/neox_arguments.md, dots reach into a dict-valued one; VALUE is read as YAML "
+                             "after 'KEY:'; checked like the files' values, and saved with the checkpoint's "
+                             "configs as command_line_overrides.yml")
     runner = parser.add_argument_group("launching (override the config)")
     runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node "
                         "(default: the config's hostfile, DLTS_HOSTFILE, /job/hostfile)")
@@ -80,7 +86,7 @@ def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) 
     if "hostfile" not in overrides and os.environ.get("DLTS_HOSTFILE"):  # GPT-NeoX's sbatch recipes export it
         overrides["hostfile"] = os.environ["DLTS_HOSTFILE"]
     overrides.update(extra or {})
-    return NeoXArgs.from_ymls(paths, overwrite_values=overrides)
+    return NeoXArgs.from_ymls(paths, overwrite_values=overrides, set_options=ns.set_options)
 
 
 def _script_problems(ns: argparse.Namespace, args: NeoXArgs) -> List[str]:

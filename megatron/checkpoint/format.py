@@ -11,7 +11,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from megatron.errors import CheckpointError, ConfigError
-from megatron.utils.yaml_text import parse_yaml_text
+from megatron.utils.yaml_text import COMMAND_LINE_OVERRIDES_FILE, parse_yaml_text
 
 COMPLETE_MARKER = "COMPLETE"
 
@@ -189,9 +189,12 @@ def file_layout(path: str) -> Tuple[int, int]:
 
 
 def yaml_values(path: str) -> Dict[str, Any]:
-    """The merged values of checkpoint ``path``'s configs/*.yml (GPT-NeoX writes the run's YAML files there)."""
+    """The merged values of checkpoint ``path``'s configs/*.yml (GPT-NeoX writes the run's YAML files there;
+    deepy.py's --set options, when the run had any, are in COMMAND_LINE_OVERRIDES_FILE, merged last)."""
     values: Dict[str, Any] = {}
-    for name in sorted(glob.glob(os.path.join(path, "configs", "*"))):
+    names = sorted(glob.glob(os.path.join(path, "configs", "*")),
+                   key=lambda name: (os.path.basename(name) == COMMAND_LINE_OVERRIDES_FILE, name))
+    for name in names:
         with open(name, encoding="utf-8") as handle:
             try:
                 values.update(parse_yaml_text(handle.read(), name))
