@@ -46,7 +46,7 @@ GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
 """GLU-family activations: the MLP's first projection is a fused [up | gate] pair."""
 GLU_FORMS = {"gelu": "geglu", "relu": "reglu", "silu": "swiglu", "swish": "swiglu"}
 """moe_glu: the GLU form of a plain activation (the experts' activation); gated activations are GLUs already."""
-NORMS = ("layernorm", "rmsnorm", "scalenorm")
+NORMS = ("layernorm", "non_parametric_layernorm", "rmsnorm", "scalenorm")
 POSITION_EMBEDDINGS = ("learned", "rotary", "sinusoidal", "rpe", "alibi", "none")
 INIT_METHODS = ("normal", "scaled_normal", "orthogonal", "scaled_orthogonal", "xavier_uniform", "xavier_normal",
                 "wang_init", "small_init", "single_residual_scaled_normal")

@@ -20,6 +20,7 @@ MIXTRAL = dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", expert_in
 @pytest.mark.parametrize("overrides,message", [
     (dict(pos_emb="learned"), "pos_emb='learned'"),
     (dict(norm="rmsnorm"), "--architecture llama"),
+    (dict(norm="non_parametric_layernorm"), "norm='non_parametric_layernorm'"),
     (dict(activation="swiglu"), "activation='swiglu'"),
     (dict(num_kv_heads=1), "grouped-query"),
     (dict(use_bias_in_mlp=False), "use_bias_in_mlp=false"),
@@ -35,6 +36,7 @@ def test_gptneox_refuses(overrides, message):
 @pytest.mark.parametrize("architecture,overrides,message", [
     ("llama", dict(rotary_pct=0.5), "rotary_pct=0.5"),
     ("llama", dict(norm="layernorm"), "needs rmsnorm"),
+    ("llama", dict(norm="non_parametric_layernorm"), "norm='non_parametric_layernorm'"),
     ("llama", dict(gpt_j_residual=True), "parallel residual"),
     ("llama", dict(sliding_window_width=4), "--architecture mistral"),
     ("mistral", dict(use_bias_in_mlp=True), "Mistral has no linear biases"),

@@ -70,10 +70,12 @@ class NeoXArgsModel:
     Maximum number of position embeddings to use. This is the size of position embedding.
     """
 
-    norm: Literal['layernorm', 'rmsnorm', 'scalenorm', 'te_rmsnorm', 'te_layernorm'] = 'layernorm'
+    norm: Literal['layernorm', 'non_parametric_layernorm', 'rmsnorm', 'scalenorm', 'te_rmsnorm',
+                  'te_layernorm'] = 'layernorm'
     """
-    Normalization layer to use. Choose from "layernorm", "rmsnorm", "scalenorm", "te_rmsnorm",
-    "te_layernorm".
+    Normalization layer to use. Choose from "layernorm", "non_parametric_layernorm", "rmsnorm", "scalenorm",
+    "te_rmsnorm", "te_layernorm". "non_parametric_layernorm" is a LayerNorm without learnable weight or bias
+    (as GPT-NeoX's and OLMo's); it uses layernorm_epsilon and cannot be fused (layernorm_fusion).
     """
 
     layernorm_fusion: bool = False
