@@ -45,6 +45,8 @@ def model_yaml_values(config: ModelConfig) -> Dict[str, Any]:
     if config.moe_num_experts > 1:
         values.update({key: getattr(config, key) for key in MOE_KEYS if getattr(config, key) is not None})
         values["moe_expert_interval"] = config.expert_interval
+    if config.rope_scaling_dict:
+        values["rope_scaling"] = config.rope_scaling_dict
     epsilon = {"rmsnorm": "rms_norm_epsilon", "scalenorm": "scalenorm_epsilon"}.get(config.norm, "layernorm_epsilon")
     values[epsilon] = config.norm_epsilon
     return values

@@ -26,7 +26,8 @@ from typing import Any, Dict, Mapping, Tuple
 import torch
 
 from megatron.checkpoint_conversion.common import (common_problems, moe_refusal, refuse_unrepresentable,
-                                                   rope_parameters, rope_settings, take, transformers_module)
+                                                   rope_parameters, rope_scaling_from_hf, rope_settings, take,
+                                                   transformers_module)
 from megatron.errors import ConversionError
 from megatron.model.config import ModelConfig
 
@@ -138,7 +139,8 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
         intermediate_size=int(config.expert_ffn_width if architecture == "mixtral"
                               else take(state, "layers.0.mlp.linear2.weight", src).shape[1]),
         max_position_embeddings=config.positions, rms_norm_eps=float(config.rms_norm_epsilon),
-        rope_parameters=rope_parameters(float(config.rotary_emb_base)), rope_theta=float(config.rotary_emb_base),
+        rope_parameters=rope_parameters(float(config.rotary_emb_base), scaling=config.rope_scaling_dict),
+        rope_theta=float(config.rotary_emb_base),
         tie_word_embeddings=config.tied_embeddings, initializer_range=float(config.init_method_std),
         attention_dropout=0.0, bos_token_id=None, eos_token_id=None, **({"num_labels": 1} if config.value_head else {}))
     window = config.sliding_window_width
@@ -193,7 +195,8 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
         pos_emb="rotary", rotary_pct=1.0, rotary_emb_base=int(theta), gpt_j_residual=False, no_weight_tying=not tied,
         use_bias_in_norms=False, use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", False)),
         use_bias_in_mlp=bool(getattr(hf_config, "mlp_bias", False)),
-        sliding_window_width=int(window) - 1 if window is not None and int(window) < positions else None, **moe)
+        sliding_window_width=int(window) - 1 if window is not None and int(window) < positions else None,
+        rope_scaling=rope_scaling_from_hf(hf_config), **moe)
     state: Dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": vocab}
     for i in range(layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}.self_attn."

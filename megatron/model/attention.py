@@ -135,7 +135,7 @@ class ParallelSelfAttention(nn.Module):
         self.pos_emb = config.pos_emb
         if self.pos_emb == "rotary":
             self.rotary_emb = RotaryEmbedding(config.rotary_dim, float(config.rotary_emb_base),
-                                              max_positions=config.positions)
+                                              max_positions=config.positions, scaling=config.rope_scaling_dict)
         elif self.pos_emb == "alibi":
             # fp32 outside the module's buffers, like the rotary tables: model.to(bfloat16) would round the
             # slopes (2^-0.5 and its powers with 16 heads), shifting the bias by whole units at long distances

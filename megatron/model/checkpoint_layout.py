@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from megatron.model.config import ModelConfig
-from megatron.model.positional import alibi_slopes, rotary_inv_freq, sinusoidal_inv_freq
+from megatron.model.positional import alibi_slopes, rotary_frequencies, sinusoidal_inv_freq
 
 EMBEDDING, LAYER, FINAL_NORM, HEAD = "embedding", "layer", "final_norm", "head"
 MAMBA_LAYER, RWKV_LAYER = "mamba_layer", "rwkv_layer"
@@ -78,6 +78,13 @@ def slot_kind(slot: int, num_layers: int, attention_types: Sequence[str] = ()) -
     return {num_layers + 3: FINAL_NORM, num_layers + 4: HEAD}.get(slot)
 
 
+def _rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """The layers' rotary inverse frequencies, RoPE scaling included (dynamic NTK: those within
+    max_position_embeddings)."""
+    return rotary_frequencies(config.rotary_dim, float(config.rotary_emb_base), config.rope_scaling_dict,
+                              config.positions)[0]
+
+
 def computed_entries(kind: str, config: ModelConfig, tp_rank: int, tp: int) -> Dict[str, torch.Tensor]:
     """{name: fp32 value} of the computed buffers GPT-NeoX's checkpoints hold in a slot of this kind."""
     if kind == EMBEDDING and config.pos_emb == "sinusoidal":
@@ -88,7 +95,7 @@ def computed_entries(kind: str, config: ModelConfig, tp_rank: int, tp: int) -> D
         entries["attention.alibi_embed.slopes"] = alibi_slopes(config.num_attention_heads)[
             tp_rank * local:(tp_rank + 1) * local]
     if kind == LAYER and config.pos_emb == "rotary" and config.rotary_save_freqs_buffer:
-        entries["attention.rotary_emb.inv_freq"] = rotary_inv_freq(config.rotary_dim, float(config.rotary_emb_base))
+        entries["attention.rotary_emb.inv_freq"] = _rotary_inv_freq(config)
     return entries
 
 
@@ -128,7 +135,7 @@ def from_neox(kind: str, state: Mapping[str, torch.Tensor], config: ModelConfig,
     out = dict(state)
     expected = computed_entries(kind, config, tp_rank, tp)
     if kind == LAYER and config.pos_emb == "rotary":
-        expected["attention.rotary_emb.inv_freq"] = rotary_inv_freq(config.rotary_dim, float(config.rotary_emb_base))
+        expected["attention.rotary_emb.inv_freq"] = _rotary_inv_freq(config)
     for name, ours in expected.items():
         saved = out.pop(name, None)
         if saved is None:

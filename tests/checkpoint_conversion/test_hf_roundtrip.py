@@ -15,6 +15,7 @@ from tests.checkpoint_conversion.helpers import (
     our_model,
     random_tokens,
     save_tiny_tokenizer,
+    sharpened_attention,
     tiny_gptneox,
     tiny_llama,
     tiny_mixtral,
@@ -28,7 +29,16 @@ MODELS = {
     "llama-tied-bias": lambda: tiny_llama(kv_heads=2, tied=True, bias=True),
     "mistral-window": lambda: tiny_llama(kv_heads=2, mistral_window=5),
     "mixtral-top2": lambda: tiny_mixtral(kv_heads=2),
+    "llama3.2-rope-llama3-tied": lambda: tiny_llama(kv_heads=2, tied=True, rope=LLAMA3_ROPE),
+    "llama-rope-yarn": lambda: tiny_llama(kv_heads=2, rope=dict(rope_type="yarn", factor=4.0,
+                                                                  original_max_position_embeddings=8)),
+    "neox-rope-dynamic-past-max-positions": lambda: sharpened_attention(
+        tiny_gptneox(rope=dict(rope_type="dynamic", factor=4.0), positions=8)),
 }
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8)
+"""Llama 3.1 / 3.2's RoPE scaling at this tiny size: the original context (8192 there) 8 tokens, so the
+frequencies of all three bands occur among head_dim 8's four."""
 ARCHITECTURE = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral"}
 
 
@@ -71,6 +81,7 @@ def test_neox_to_hf_to_neox_gives_back_the_tensors(hf_model, tmp_path):
         assert torch.equal(tensor, second.state[name]), name
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["model_type"] == hf.config.model_type
+    assert again.config.rope_parameters == hf.config.rope_parameters  # RoPE scaling both ways
 
 
 def test_tokenizer_is_copied_and_named_in_the_config(tmp_path):

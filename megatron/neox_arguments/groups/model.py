@@ -253,6 +253,16 @@ class NeoXArgsModel:
     Base for rotary positional embedding
     """
 
+    rope_scaling: Optional[dict] = None
+    """
+    RoPE scaling as Hugging Face names it in config.json: a dict with rope_type (or type) 'linear', 'dynamic',
+    'yarn' or 'llama3' and its parameters: factor (all); low_freq_factor, high_freq_factor and
+    original_max_position_embeddings (llama3); original_max_position_embeddings, attention_factor, beta_fast,
+    beta_slow, mscale, mscale_all_dim, truncate (yarn, optional). E.g. {rope_type: llama3, factor: 8.0,
+    low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192}. The base and the rotated
+    share stay rotary_emb_base and rotary_pct. Not a GPT-NeoX argument (GPT-NeoX has no RoPE scaling).
+    """
+
     rotary_save_freqs_buffer: bool = False
     """
     Used to control whether the `inv_freqs` buffer in rotary embeddings will be stored in checkpoints
