@@ -48,7 +48,7 @@ EXPERT_FILE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\
 ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
                      "expansion_factor", "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct",
                      "max_position_embeddings", "padded_vocab_size", "no_weight_tying", "gpt_j_residual",
-                     "gpt_j_tied", "use_bias_in_norms", "use_bias_in_attn_linear", "use_bias_in_mlp",
+                     "gpt_j_tied", "use_bias_in_norms", "use_bias_in_attn_linear", "use_bias_in_qkv", "use_bias_in_mlp",
                      "use_qk_layernorm", "attention_config", "num_unique_layers", "model_parallel_size",
                      "pipe_parallel_size", "enable_expert_tensor_parallelism")
 """Arguments that must match between a checkpoint and the model loading it."""

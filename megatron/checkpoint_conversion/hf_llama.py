@@ -1,5 +1,5 @@
-"""Our GPT <-> Hugging Face LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM (RMSNorm, SwiGLU, rotary,
-no parallel residual).
+"""Our GPT <-> Hugging Face LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM (RMSNorm,
+SwiGLU, rotary, no parallel residual; Qwen2: biases on q, k and v only, our use_bias_in_qkv).
 
 Attention: our fused QKV rows (GPT-NeoX's, megatron/model/attention.py) are [Q | K | V] with grouped-query
 attention and per head [q | k | v] with multi-head attention; Llama keeps separate q/k/v projections whose
@@ -31,7 +31,7 @@ from megatron.checkpoint_conversion.common import (common_problems, moe_refusal,
 from megatron.errors import ConversionError
 from megatron.model.config import ModelConfig
 
-ARCHITECTURES = ("llama", "mistral", "mixtral")
+ARCHITECTURES = ("llama", "mistral", "mixtral", "qwen2")
 
 
 def llama_problems(config: ModelConfig, architecture: str) -> list:
@@ -56,8 +56,35 @@ def llama_problems(config: ModelConfig, architecture: str) -> list:
         for flag in ("use_bias_in_attn_linear", "use_bias_in_mlp"):
             if getattr(config, flag):
                 problems.append(f"{flag}=true: {architecture.capitalize()} has no linear biases")
-    elif config.sliding_window_width is not None:
-        problems.append("sliding_window_width: Llama has no sliding window (use --architecture mistral)")
+        if config.qkv_bias and not config.use_bias_in_attn_linear:
+            problems.append(f"use_bias_in_qkv=true: {architecture.capitalize()} has no linear biases (q/k/v biases: "
+                            f"--architecture qwen2)")
+    elif architecture == "qwen2":
+        problems += qwen2_problems(config)
+    else:
+        if config.qkv_bias != config.use_bias_in_attn_linear:
+            problems.append(f"use_bias_in_qkv={str(config.qkv_bias).lower()} with use_bias_in_attn_linear="
+                            f"{str(config.use_bias_in_attn_linear).lower()}: Llama's attention_bias sets q, k, v and "
+                            f"o together (q/k/v biases only: --architecture qwen2)")
+        if config.sliding_window_width is not None:
+            problems.append("sliding_window_width: Llama has no sliding window (use --architecture mistral)")
+    return problems
+
+
+def qwen2_problems(config: ModelConfig) -> list:
+    """What Qwen2ForCausalLM cannot represent: it has biases on q, k and v and nowhere else, and (as converted
+    here) no sliding window."""
+    problems = []
+    if not config.qkv_bias:
+        problems.append("use_bias_in_qkv=false: Qwen2 has biases on q, k and v (bias-free models: --architecture "
+                        "llama)")
+    for flag in ("use_bias_in_attn_linear", "use_bias_in_mlp"):
+        if getattr(config, flag):
+            problems.append(f"{flag}=true: Qwen2's output projection and MLP have no biases (set {flag}: false; "
+                            f"q/k/v biases: use_bias_in_qkv: true)")
+    if config.sliding_window_width is not None:
+        problems.append("sliding_window_width: Qwen2's sliding window (use_sliding_window, max_window_layers) is "
+                        "not converted here")
     return problems
 
 
@@ -102,8 +129,9 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
     transformers = transformers_module()
     LlamaConfig, MistralConfig, MixtralConfig = (transformers.LlamaConfig, transformers.MistralConfig,
                                                  transformers.MixtralConfig)
+    name = {"qwen2": "Qwen2"}.get(architecture, architecture.capitalize())
 
-    refuse_unrepresentable(f"{architecture.capitalize()}ForCausalLM", llama_problems(config, architecture))
+    refuse_unrepresentable(f"{name}ForCausalLM", llama_problems(config, architecture))
     src = "the checkpoint"
     hf: Dict[str, torch.Tensor] = {"model.embed_tokens.weight": take(state, "embedding.word_embeddings.weight", src)}
     layers = config.num_layers
@@ -151,11 +179,14 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
                              num_local_experts=config.moe_num_experts, num_experts_per_tok=config.moe_top_k,
                              router_aux_loss_coef=float(config.moe_loss_coeff),
                              router_jitter_noise=float(config.moe_jitter_eps or 0.0)), hf
+    if architecture == "qwen2":
+        return transformers.Qwen2Config(**common, use_sliding_window=False), hf
     return LlamaConfig(**common, attention_bias=config.use_bias_in_attn_linear, mlp_bias=config.use_bias_in_mlp), hf
 
 
 def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig, Dict[str, torch.Tensor]]:
-    """(our ModelConfig, our merged state dict) of a LlamaForCausalLM or MistralForCausalLM."""
+    """(our ModelConfig, our merged state dict) of a LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM or
+    Qwen2ForCausalLM."""
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ConversionError(f"config.json hidden_act={hf_config.hidden_act!r}: only silu (SwiGLU) converts")
     heads, hidden = int(hf_config.num_attention_heads), int(hf_config.hidden_size)
@@ -170,6 +201,11 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
     if theta != int(theta):
         raise ConversionError(f"config.json rope_theta={theta} is not an integer (rotary_emb_base is an int here)")
     mixtral = getattr(hf_config, "model_type", "") == "mixtral"
+    qwen2 = getattr(hf_config, "model_type", "") == "qwen2"
+    if qwen2 and (getattr(hf_config, "use_sliding_window", False)
+                  or "sliding_attention" in (getattr(hf_config, "layer_types", None) or ())):
+        raise ConversionError("config.json use_sliding_window=true (Qwen2's sliding window on the layers from "
+                              "max_window_layers on) is not converted here; only Qwen2 models with full attention")
     window = getattr(hf_config, "sliding_window", None) if getattr(hf_config, "model_type", "") in (
         "mistral", "mixtral") else None
     moe = {}
@@ -193,8 +229,9 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
         intermediate_size=int(hf_config.intermediate_size) * (1 if mixtral else 3),
         mlp_multiple_of=1, activation="swiglu", norm="rmsnorm", rms_norm_epsilon=float(hf_config.rms_norm_eps),
         pos_emb="rotary", rotary_pct=1.0, rotary_emb_base=int(theta), gpt_j_residual=False, no_weight_tying=not tied,
-        use_bias_in_norms=False, use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", False)),
-        use_bias_in_mlp=bool(getattr(hf_config, "mlp_bias", False)),
+        use_bias_in_norms=False,
+        use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", False)) and not qwen2,
+        use_bias_in_qkv=True if qwen2 else None, use_bias_in_mlp=bool(getattr(hf_config, "mlp_bias", False)),
         sliding_window_width=int(window) - 1 if window is not None and int(window) < positions else None,
         rope_scaling=rope_scaling_from_hf(hf_config), **moe)
     state: Dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": vocab}

@@ -124,7 +124,7 @@ class ParallelSelfAttention(nn.Module):
         qkv_rows = (heads + 2 * kv_heads) * self.head_dim
         self.query_key_value = ColumnParallelLinear(
             hidden, qkv_rows, parallel_state, initializer.weight(layer_number, "attention.query_key_value"),
-            bias=bias, chunks=qkv_blocks(config), sequence_parallel=sp)
+            bias=config.qkv_bias, chunks=qkv_blocks(config), sequence_parallel=sp)
 
         group = parallel_state.get_model_parallel_group() if tp > 1 else None
         self.qk_norm = config.use_qk_layernorm

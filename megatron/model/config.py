@@ -199,6 +199,7 @@ class ModelConfig:
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = False
     use_bias_in_attn_linear: bool = True
+    use_bias_in_qkv: Optional[bool] = None
     use_bias_in_mlp: bool = True
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
@@ -399,6 +400,11 @@ class ModelConfig:
         return ModelConfig(**{**values, **changes})
 
     # ---- views ------------------------------------------------------------------------------------
+    @property
+    def qkv_bias(self) -> bool:
+        """The query / key / value projection has biases: use_bias_in_qkv, or use_bias_in_attn_linear when unset."""
+        return self.use_bias_in_attn_linear if self.use_bias_in_qkv is None else bool(self.use_bias_in_qkv)
+
     @property
     def rope_scaling_dict(self) -> Optional[dict]:
         """rope_scaling as Hugging Face's dict (rope_type and its parameters), or None without scaling."""

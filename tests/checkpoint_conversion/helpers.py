@@ -45,6 +45,20 @@ def tiny_llama(kv_heads: int = 2, tied: bool = False, seed: int = 0, mistral_win
     return _randomise(LlamaForCausalLM(LlamaConfig(**common, attention_bias=bias, mlp_bias=bias)).eval())
 
 
+def tiny_qwen2(kv_heads: int = 2, tied: bool = True, seed: int = 0, rope=None):
+    """A random 2-layer Qwen2ForCausalLM with GQA (biases on q, k and v only; tied embeddings as Qwen2.5's small
+    models)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=kv_heads, intermediate_size=48, max_position_embeddings=SEQ,
+                         rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", **(rope or {}),
+                                                             "rope_theta": 10000.0},
+                         tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None)
+    return _randomise(Qwen2ForCausalLM(config).eval())
+
+
 def tiny_mixtral(kv_heads: int = 2, seed: int = 0, top_k: int = 2):
     """A random 2-layer MixtralForCausalLM: 4 experts of width 24, top-k routing, GQA; a sharp router (its
     top-k choices well apart, so float rounding cannot change them)."""

@@ -47,6 +47,12 @@ def test_gptneox_refuses(overrides, message):
     ("mixtral", dict(MIXTRAL, moe_router_type="sinkhorn"), "moe_router_type='sinkhorn'"),
     ("mixtral", dict(MIXTRAL, moe_type="deepspeed"), "Mixtral's experts are dropless"),
     ("mixtral", dict(MIXTRAL, use_bias_in_mlp=True), "Mixtral has no linear biases"),
+    ("llama", dict(use_bias_in_qkv=True), "use_bias_in_qkv=true with use_bias_in_attn_linear=false: Llama's "
+                                          "attention_bias sets q, k, v and o together"),
+    ("mistral", dict(use_bias_in_qkv=True), "use_bias_in_qkv=true: Mistral has no linear biases"),
+    ("qwen2", dict(), "use_bias_in_qkv=false: Qwen2 has biases on q, k and v"),
+    ("qwen2", dict(use_bias_in_qkv=True, use_bias_in_mlp=True), "use_bias_in_mlp=true: Qwen2's output projection"),
+    ("qwen2", dict(use_bias_in_qkv=True, sliding_window_width=4), "Qwen2's sliding window"),
 ])
 def test_llama_refuses(architecture, overrides, message):
     with pytest.raises(ConversionError, match=message):
@@ -86,6 +92,22 @@ def test_unsupported_hf_models(tmp_path):
     model.save_pretrained(tmp_path / "tanh")
     with pytest.raises(ConversionError, match="hidden_act='gelu_new'"):
         convert_hf_to_neox(str(tmp_path / "tanh"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+
+
+def test_qwen2_sliding_window_and_unconverted_rope_types_name_config_json_keys(tmp_path):
+    from tests.checkpoint_conversion.helpers import tiny_qwen2
+
+    model = tiny_qwen2()
+    model.config.use_sliding_window, model.config.sliding_window = True, 4
+    model.save_pretrained(tmp_path / "window")
+    with pytest.raises(ConversionError, match="config.json use_sliding_window=true"):
+        convert_hf_to_neox(str(tmp_path / "window"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+    model = tiny_llama()
+    model.config.rope_parameters = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+                                    "long_factor": [2.0] * 4, "original_max_position_embeddings": 16}
+    model.save_pretrained(tmp_path / "longrope")
+    with pytest.raises(ConversionError, match=r"rope_scaling.rope_type='longrope' \(per-frequency"):
+        convert_hf_to_neox(str(tmp_path / "longrope"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
 
 
 def test_multi_query_attention_cannot_be_split_over_two_ranks(tmp_path):

@@ -173,6 +173,12 @@ def test_bias_flags_remove_biases():
     layer = model.layers[0]
     assert layer.attention.query_key_value.bias is None and layer.attention.dense.bias is None
     assert layer.mlp.linear1.bias is None and layer.mlp.linear2.bias is None
+    qwen2, _, _ = _run(use_bias_in_attn_linear=False, use_bias_in_qkv=True)  # Qwen2's: q/k/v only
+    attention = qwen2.layers[0].attention
+    assert attention.query_key_value.bias is not None and attention.dense.bias is None
+    no_qkv, _, _ = _run(use_bias_in_attn_linear=True, use_bias_in_qkv=False)
+    attention = no_qkv.layers[0].attention
+    assert attention.query_key_value.bias is None and attention.dense.bias is not None
     assert layer.input_layernorm.bias is None
 
 

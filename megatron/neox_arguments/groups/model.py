@@ -340,6 +340,13 @@ class NeoXArgsModel:
     If false, attn_linear (e.g. QKVO) will not have bias terms
     """
 
+    use_bias_in_qkv: Optional[bool] = None
+    """
+    Whether the query / key / value projection has bias terms, apart from the attention's output projection:
+    null (default) follows use_bias_in_attn_linear; true with use_bias_in_attn_linear false is Qwen2's layout
+    (biases on q, k and v only). Not a GPT-NeoX argument.
+    """
+
     use_bias_in_mlp: bool = True
     """
     If false, mlps will not have bias terms
