@@ -60,7 +60,7 @@ SUMMED_BIASES = ("attention.dense.bias", "mlp.linear2.bias")
 _NORMS = {LAYER: ("input_layernorm.", "post_attention_layernorm.", "attention.q_norm.", "attention.k_norm."),
           FINAL_NORM: ("norm.",), MAMBA_LAYER: ("norm.",), GMLP_LAYER: ("norm.", "sgu.norm.")}
 _WHAT = {"position_embeddings.inv_freq": "hidden_size", "attention.alibi_embed.slopes":
-         "num_attention_heads / model_parallel_size", "attention.rotary_emb.inv_freq": "rotary_pct / rotary_emb_base"}
+         "num_attention_heads / model_parallel_size", "attention.rotary_emb.inv_freq": "rotary_pct / rotary_emb_base / rope_scaling"}
 
 
 class LayoutError(ValueError):
@@ -83,6 +83,15 @@ def _rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
     max_position_embeddings)."""
     return rotary_frequencies(config.rotary_dim, float(config.rotary_emb_base), config.rope_scaling_dict,
                               config.positions)[0]
+
+
+def _unscaled_rotary(name: str, saved: torch.Tensor, config: ModelConfig) -> bool:
+    """A rotary inv_freq saved without the RoPE scaling this config adds (a checkpoint trained before its context
+    was extended): the buffer is computed, never learned, so the model takes its own."""
+    if name != "attention.rotary_emb.inv_freq" or not config.rope_scaling:
+        return False
+    plain = rotary_frequencies(config.rotary_dim, float(config.rotary_emb_base), None, config.positions)[0]
+    return saved.shape == plain.shape and torch.allclose(saved.float().cpu(), plain, rtol=1e-2, atol=0)
 
 
 def computed_entries(kind: str, config: ModelConfig, tp_rank: int, tp: int) -> Dict[str, torch.Tensor]:
@@ -143,7 +152,8 @@ def from_neox(kind: str, state: Mapping[str, torch.Tensor], config: ModelConfig,
         if saved.shape != ours.shape:
             raise LayoutError(f"{source}: {prefix}{name} has shape {tuple(saved.shape)}, this model's "
                               f"{tuple(ours.shape)}: {_WHAT[name]} of the config differ from the checkpoint's")
-        if not torch.allclose(saved.float().cpu(), ours, rtol=1e-2, atol=0):
+        if not torch.allclose(saved.float().cpu(), ours, rtol=1e-2, atol=0) and not _unscaled_rotary(name, saved,
+                                                                                                    config):
             raise LayoutError(f"{source}: {prefix}{name} holds other values than this model computes: "
                               f"{_WHAT[name]} of the config differ from the checkpoint's")
     if _tied_norm(kind, config):
