@@ -195,3 +195,22 @@ def _randomised_state(config):
     torch.manual_seed(0)
     state = flat_state_dict(GPT2ModelSequential(config, SingleProcessState()).state_dict(), config)
     return {name: torch.randn_like(t) * (0.3 if t.dim() > 1 else 1.0) for name, t in state.items()}
+
+
+def test_llama31_config_json_as_published_with_rope_scaling_and_rope_theta(tmp_path):
+    """Llama 3.1 / 3.2's config.json as published (written by transformers 4: `rope_scaling` with `rope_type` llama3
+    beside a top-level `rope_theta`, no rope_parameters) converts with the scaling: transformers' logits."""
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama(kv_heads=2, tied=True, rope=LLAMA3_ROPE).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = rope
+    path.write_text(json.dumps(config))
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    convert_hf_to_neox(str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path / "model.yml"))
+    ckpt = read_checkpoint(str(tmp_path / "ckpt"))
+    assert ckpt.config.rope_scaling_dict == LLAMA3_ROPE
+    assert_matches_hf(our_model(ckpt.config, ckpt.state), hf)
