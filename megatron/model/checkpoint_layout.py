@@ -60,7 +60,8 @@ SUMMED_BIASES = ("attention.dense.bias", "mlp.linear2.bias")
 _NORMS = {LAYER: ("input_layernorm.", "post_attention_layernorm.", "attention.q_norm.", "attention.k_norm."),
           FINAL_NORM: ("norm.",), MAMBA_LAYER: ("norm.",), GMLP_LAYER: ("norm.", "sgu.norm.")}
 _WHAT = {"position_embeddings.inv_freq": "hidden_size", "attention.alibi_embed.slopes":
-         "num_attention_heads / model_parallel_size", "attention.rotary_emb.inv_freq": "rotary_pct / rotary_emb_base / rope_scaling"}
+         "num_attention_heads / model_parallel_size",
+         "attention.rotary_emb.inv_freq": "rotary_pct / rotary_emb_base / rope_scaling"}
 
 
 class LayoutError(ValueError):

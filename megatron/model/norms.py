@@ -1,6 +1,7 @@
-"""Normalisation layers (layernorm, non_parametric_layernorm, rmsnorm, scalenorm) on PyTorch's own kernels, or with layernorm_fusion /
-rmsnorm_fusion on what megatron.fused_kernels picks for the flag (``norm_fn``, chosen by :func:`build_norm`: on
-CUDA PyTorch's fused F.layer_norm / F.rms_norm while they measure faster than the Triton kernels).
+"""Normalisation layers (layernorm, non_parametric_layernorm, rmsnorm, scalenorm) on PyTorch's own kernels, or with
+layernorm_fusion / rmsnorm_fusion on what megatron.fused_kernels picks for the flag (``norm_fn``, chosen by
+:func:`build_norm`: on CUDA PyTorch's fused F.layer_norm / F.rms_norm while they measure faster than the Triton
+kernels).
 
 ``grad_reduce_group``: when the norm runs on sequence-sharded activations (sequence parallelism) or on
 a rank's own heads (QK layernorm under tensor parallelism) each rank sees part of the data, so the

@@ -59,6 +59,18 @@ def tiny_qwen2(kv_heads: int = 2, tied: bool = True, seed: int = 0, rope=None):
     return _randomise(Qwen2ForCausalLM(config).eval())
 
 
+def tiny_olmo(kv_heads: int = 2, tied: bool = False, seed: int = 0):
+    """A random 2-layer OlmoForCausalLM with GQA: LayerNorms without weight or bias (non_parametric_layernorm)."""
+    from transformers import OlmoConfig, OlmoForCausalLM
+
+    torch.manual_seed(seed)
+    config = OlmoConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=kv_heads, intermediate_size=48, max_position_embeddings=SEQ,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=tied,
+                        pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    return _randomise(OlmoForCausalLM(config).eval())
+
+
 def tiny_mixtral(kv_heads: int = 2, seed: int = 0, top_k: int = 2):
     """A random 2-layer MixtralForCausalLM: 4 experts of width 24, top-k routing, GQA; a sharp router (its
     top-k choices well apart, so float rounding cannot change them)."""

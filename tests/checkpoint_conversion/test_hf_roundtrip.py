@@ -1,6 +1,7 @@
-"""Hugging Face -> our checkpoint, in process: tiny random GPTNeoX / Llama / Mistral / Mixtral / Qwen2 models give
-the same logits (fp32, <= 1e-4) and the same greedy generation in our model, for every tensor / pipeline
-split written (RoPE scaling included); and our checkpoint -> Hugging Face -> our checkpoint gives back the same tensors."""
+"""Hugging Face -> our checkpoint, in process: tiny random GPTNeoX / Llama / Mistral / Mixtral / Qwen2 / OLMo models
+give the same logits (fp32, <= 1e-4) and the same greedy generation in our model, for every tensor / pipeline
+split written (RoPE scaling included); and our checkpoint -> Hugging Face -> our checkpoint gives back the same
+tensors."""
 import json
 
 import pytest
@@ -19,6 +20,7 @@ from tests.checkpoint_conversion.helpers import (
     tiny_gptneox,
     tiny_llama,
     tiny_mixtral,
+    tiny_olmo,
     tiny_qwen2,
 )
 
@@ -34,6 +36,7 @@ MODELS = {
     "llama-rope-yarn": lambda: tiny_llama(kv_heads=2, rope=dict(rope_type="yarn", factor=4.0,
                                                                   original_max_position_embeddings=8)),
     "qwen2-qkv-bias-tied-yarn": lambda: tiny_qwen2(kv_heads=2, tied=True, rope=dict(rope_type="yarn", factor=2.0)),
+    "olmo-non-parametric-norm": lambda: tiny_olmo(kv_heads=2),
     "neox-rope-dynamic-past-max-positions": lambda: sharpened_attention(
         tiny_gptneox(rope=dict(rope_type="dynamic", factor=4.0), positions=8)),
 }
@@ -41,7 +44,8 @@ LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_fre
                    original_max_position_embeddings=8)
 """Llama 3.1 / 3.2's RoPE scaling at this tiny size: the original context (8192 there) 8 tokens, so the
 frequencies of all three bands occur among head_dim 8's four."""
-ARCHITECTURE = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral", "qwen2": "qwen2"}
+ARCHITECTURE = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral", "qwen2": "qwen2",
+                "olmo": "olmo"}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -152,14 +156,15 @@ def test_our_gptneox_layouts_to_hf(overrides, tmp_path):
     ("llama", dict(num_kv_heads=4, no_weight_tying=False, use_bias_in_attn_linear=True, use_bias_in_mlp=True)),
     ("mistral", dict(num_kv_heads=1, no_weight_tying=True, sliding_window_width=4, use_bias_in_attn_linear=False,
                      use_bias_in_mlp=False)),
+    ("olmo", dict(num_kv_heads=2, no_weight_tying=True, norm="non_parametric_layernorm")),
     ("qwen2", dict(num_kv_heads=2, no_weight_tying=False, use_bias_in_qkv=True,
                    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                      original_max_position_embeddings=8))),
 ])
 def test_our_llama_layouts_to_hf(architecture, overrides, tmp_path):
     """Our randomly initialised rmsnorm + swiglu model (GQA, MHA, MQA; sliding window; q/k/v biases with RoPE
-    scaling) -> Llama / Mistral / Qwen2."""
-    from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+    scaling; non-parametric norms) -> Llama / Mistral / Qwen2 / OLMo."""
+    from transformers import LlamaForCausalLM, MistralForCausalLM, OlmoForCausalLM, Qwen2ForCausalLM
 
     from megatron.checkpoint_conversion import hf_llama
     from tests.model.helpers import tiny_config
@@ -170,8 +175,8 @@ def test_our_llama_layouts_to_hf(architecture, overrides, tmp_path):
     ours = our_model(model, _randomised_state(model))
     config, state = hf_llama.to_hf(model, flat_state_dict(ours.state_dict(), model), architecture)
     hf = _saved_and_loaded(config, state, tmp_path)
-    assert isinstance(hf, {"mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM}.get(architecture,
-                                                                                          LlamaForCausalLM))
+    expected = {"mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM, "olmo": OlmoForCausalLM}
+    assert isinstance(hf, expected.get(architecture, LlamaForCausalLM))
     tokens = random_tokens(seq=16)
     with torch.no_grad():
         torch.testing.assert_close(hf(tokens).logits, our_logits(ours, tokens), rtol=0, atol=1e-4)

@@ -51,6 +51,9 @@ def test_gptneox_refuses(overrides, message):
                                           "attention_bias sets q, k, v and o together"),
     ("mistral", dict(use_bias_in_qkv=True), "use_bias_in_qkv=true: Mistral has no linear biases"),
     ("qwen2", dict(), "use_bias_in_qkv=false: Qwen2 has biases on q, k and v"),
+    ("olmo", dict(), "norm='rmsnorm': OLMo's LayerNorms have no weight or bias"),
+    ("olmo", dict(norm="non_parametric_layernorm", layernorm_epsilon=1e-6), "epsilon is fixed at 1e-05"),
+    ("olmo", dict(norm="non_parametric_layernorm", use_bias_in_mlp=True), "OLMo's MLP has no biases"),
     ("qwen2", dict(use_bias_in_qkv=True, use_bias_in_mlp=True), "use_bias_in_mlp=true: Qwen2's output projection"),
     ("qwen2", dict(use_bias_in_qkv=True, sliding_window_width=4), "Qwen2's sliding window"),
 ])
@@ -94,7 +97,7 @@ def test_unsupported_hf_models(tmp_path):
         convert_hf_to_neox(str(tmp_path / "tanh"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
 
 
-def test_qwen2_sliding_window_and_unconverted_rope_types_name_config_json_keys(tmp_path):
+def test_qwen2_sliding_window_olmo_clip_qkv_and_unconverted_rope_types_name_config_json_keys(tmp_path):
     from tests.checkpoint_conversion.helpers import tiny_qwen2
 
     model = tiny_qwen2()
@@ -102,6 +105,13 @@ def test_qwen2_sliding_window_and_unconverted_rope_types_name_config_json_keys(t
     model.save_pretrained(tmp_path / "window")
     with pytest.raises(ConversionError, match="config.json use_sliding_window=true"):
         convert_hf_to_neox(str(tmp_path / "window"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+    from tests.checkpoint_conversion.helpers import tiny_olmo
+
+    model = tiny_olmo()
+    model.config.clip_qkv = 8.0
+    model.save_pretrained(tmp_path / "clip")
+    with pytest.raises(ConversionError, match="config.json clip_qkv=8.0"):
+        convert_hf_to_neox(str(tmp_path / "clip"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
     model = tiny_llama()
     model.config.rope_parameters = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
                                     "long_factor": [2.0] * 4, "original_max_position_embeddings": 16}
