@@ -25,6 +25,7 @@ from megatron.neox_arguments.hostfile import is_local_launch
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variables_to_workers, multi_node_launch,
                                               worker_environment)
 from megatron.neox_arguments.loading import resolve_config_paths
+from megatron.neox_arguments.overrides import name_set_options
 
 TRAINING_SCRIPTS = ("train.py",)
 
@@ -102,7 +103,7 @@ def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
     args = _build_args(ns)
     problems = _script_problems(ns, args)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(name_set_options(problems, ns.set_options))
     return args
 
 
@@ -116,7 +117,7 @@ def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Op
     master_addr, addr_problems = prelaunch.resolve_master_addr(args)
     problems += addr_problems + prelaunch.shell_problems(args, master_addr)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(name_set_options(problems, ns.set_options))
     notes: List[str] = []
     extra: Dict[str, Any] = {}
     if master_addr and master_addr != args.master_addr:

@@ -38,7 +38,7 @@ from megatron.neox_arguments.groups import NeoXArgsDeepspeedConfig, NeoXArgsSche
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG_FLAG, deepspeed_runner_argv,
                                               ranks_from_environment)
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
-from megatron.neox_arguments.overrides import apply_set_options, overrides_file_text
+from megatron.neox_arguments.overrides import apply_set_options, name_set_options, overrides_file_text
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
                                                 model_problems, not_supported_problems, not_supported_setting_problems,
@@ -82,7 +82,12 @@ class NeoXArgs(NeoXArgsSchema):
             if touched:
                 values["config_files"][COMMAND_LINE_OVERRIDES_FILE] = overrides_file_text(values, touched,
                                                                                           set_options)
-        return cls.from_dict(values, origin=origin)
+        try:
+            return cls.from_dict(values, origin=origin)
+        except ConfigError as err:
+            if not touched:
+                raise
+            raise ConfigError(name_set_options(err.problems, set_options)) from None
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], origin: Optional[Dict[str, str]] = None) -> "NeoXArgs":

@@ -8,6 +8,7 @@ checkpoint (COMMAND_LINE_OVERRIDES_FILE, the whole value of each argument they t
 what the run used."""
 
 import copy
+import re
 from typing import Any, Dict, List, Mapping, Sequence, Set, Tuple
 
 import yaml
@@ -109,3 +110,18 @@ def overrides_file_text(values: Mapping[str, Any], touched: Set[str], options: S
     header += [f"#   {SET_FLAG} {option}" for option in options]
     return "\n".join(header) + "\n" + yaml.safe_dump({key: values[key] for key in sorted(touched)},
                                                      default_flow_style=False, sort_keys=True)
+
+
+def name_set_options(problems: Sequence[str], options: Sequence[str]) -> List[str]:
+    """`problems` with the `--set` options behind each one named, where the problem is about an argument they set
+    and does not name them already (a type error does; a rule about a dict's entry, a derived value or a
+    combination names the argument only)."""
+    flags: Dict[str, List[str]] = {}
+    for path, _, flag in parse_set_options(options):
+        flags.setdefault(path[0], []).append(flag)
+    named = []
+    for problem in problems:
+        behind = [flag for top, group in flags.items() if re.search(rf"(^|\W){re.escape(top)}(\W|$)", problem)
+                  for flag in group if flag not in problem]
+        named.append(f"{problem} (from {', '.join(behind)})" if behind else problem)
+    return named

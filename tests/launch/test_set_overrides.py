@@ -50,6 +50,15 @@ def test_bad_values_and_unknown_keys_name_the_flag_and_the_closest_names(tmp_pat
     assert "(in --set norm)" in text and "'layernorm'" in text, text
 
 
+def test_problems_about_a_set_value_name_the_option_beyond_type_errors(deepy_main, tmp_path, files):
+    problems = _problems(tmp_path, {**BASE, **files}, "optimizer.params.lr=abc", "seq_length=64")
+    assert "optimizer.params.lr must be a number, got 'abc' (from --set optimizer.params.lr)" in problems, problems
+    assert "max_position_embeddings=32 must be >= seq_length=64 (from --set seq_length)" in problems, problems
+    code, err, launched = deepy_main({**BASE, **files}, "--set", f"data_path={tmp_path / 'nowhere'}")
+    assert code == 2 and launched == [] and err.startswith("Invalid NeoX configuration: data_path: ") \
+        and err.rstrip().endswith("(from --set data_path)"), err
+
+
 def test_malformed_repeated_or_conflicting_options_are_refused(tmp_path, files):
     (malformed, repeated, inside) = _problems(tmp_path, {**BASE, **files}, "train_iters", "seq_length=8",
                                               "seq_length=16", "optimizer=null", "optimizer.type=Adam")
