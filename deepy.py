@@ -4,7 +4,7 @@
     python deepy.py train.py configs/125M.yml configs/local_setup.yml
     python deepy.py generate.py -d configs 125M.yml text_generation.yml -i prompts.txt -o samples.jsonl
     python deepy.py eval.py configs/125M.yml --eval_tasks lambada_openai
-    python deepy.py train.py configs/125M.yml configs/local_setup.yml --set train_iters=100 \
+    python deepy.py train.py configs/125M.yml configs/local_setup.yml --set train_iters=100 \\
         --set optimizer.params.lr=3e-4
 
 The YAML files are merged, validated and derived here, and the files, hosts and ports the workers will
