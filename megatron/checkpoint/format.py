@@ -216,6 +216,19 @@ def gpt_neox_mamba_problem(tp: int, attention_types) -> Optional[str]:
     return None
 
 
+def gpt_neox_qk_norm_problem(use_qk_layernorm: bool, norm: str) -> Optional[str]:
+    """Why a GPT-NeoX checkpoint with use_qk_layernorm and norm non_parametric_layernorm cannot load, or None:
+    GPT-NeoX's QK layernorm is one norm over [heads, head_dim] shared by queries and keys, this model's q_norm /
+    k_norm each normalise one head. With learned norms GPT-NeoX's attention.qk_layernorm tensors are refused when
+    the weights load (megatron.model.checkpoint_layout); a norm without parameters leaves no tensor to show it."""
+    if use_qk_layernorm and norm == "non_parametric_layernorm":
+        return ("GPT-NeoX's use_qk_layernorm normalises queries and keys over all heads at once (one norm over "
+                "[heads, head_dim]); this model's normalises each head, another function, and with norm "
+                "non_parametric_layernorm no checkpoint tensor tells them apart: a GPT-NeoX checkpoint with "
+                "use_qk_layernorm and non_parametric_layernorm cannot be loaded")
+    return None
+
+
 def gpt_neox_gmlp_problem(tp: int, attention_types) -> Optional[str]:
     """Why a GPT-NeoX checkpoint with gMLP / aMLP layers saved at model_parallel_size ``tp`` > 1 cannot load, or
     None: GPT-NeoX normalises each rank's slice of the gate and runs aMLP's attention on each rank's slice, and

@@ -151,3 +151,20 @@ def test_gpt_neox_mamba_checkpoint_saved_with_tensor_parallelism_is_refused(tmp_
         read_checkpoint(str(path))
     assert gpt_neox_mamba_problem(1, ("mamba", "mamba")) is None
     assert gpt_neox_mamba_problem(2, ("global", "rwkv")) is None
+
+
+def test_gpt_neox_checkpoint_with_a_non_parametric_qk_layernorm_is_refused(tmp_path):
+    """GPT-NeoX's use_qk_layernorm is one norm over all heads, ours one per head; with non_parametric_layernorm no
+    tensor shows the difference, so the checkpoint is refused by its config before any tensor is read."""
+    from megatron.checkpoint.format import gpt_neox_qk_norm_problem
+    from tests.checkpoint_conversion.gpt_neox_files import gpt_neox_yaml, write_gpt_neox_checkpoint
+
+    values = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+                  norm="non_parametric_layernorm", pos_emb="rotary", use_qk_layernorm=True, model_parallel_size=1,
+                  pipe_parallel_size=0)
+    path = write_gpt_neox_checkpoint(tmp_path, {0: [{"word_embeddings.weight": torch.zeros(48, 32)}]},
+                                     gpt_neox_yaml(values), {"num_layers": 2}, pp=0)
+    with pytest.raises(ConversionError, match="GPT-NeoX's use_qk_layernorm normalises queries and keys over all"):
+        read_checkpoint(str(path))
+    assert gpt_neox_qk_norm_problem(True, "layernorm") is None  # its qk_layernorm tensors are refused instead
+    assert gpt_neox_qk_norm_problem(False, "non_parametric_layernorm") is None
