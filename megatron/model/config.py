@@ -517,7 +517,7 @@ class ModelConfig:
             problems.append(f"sparsity_config block={self.local_attention_block} and num_sliding_window_blocks="
                             f"{self.local_attention_window_blocks} must be >= 1")
         problems += rope_scaling_problems(self.rope_scaling_dict if isinstance(self.rope_scaling, tuple)
-                                          else self.rope_scaling, self.pos_emb)
+                                          else self.rope_scaling, self.pos_emb, self.rotary_dim)
         if self.pos_emb == "rotary":
             if not 0 < self.rotary_pct <= 1:
                 problems.append(f"rotary_pct={self.rotary_pct} must be in (0, 1]")

@@ -41,8 +41,9 @@ def normalized_rope_scaling(value: Optional[Mapping[str, Any]]) -> Optional[Dict
     return None if out.get("rope_type") == "default" and set(out) == {"rope_type"} else out
 
 
-def rope_scaling_problems(value: Any, pos_emb: str) -> List[str]:
-    """What is wrong with a rope_scaling value (already normalized), each problem naming rope_scaling's key."""
+def rope_scaling_problems(value: Any, pos_emb: str, rotary_dim: int = 0) -> List[str]:
+    """What is wrong with a rope_scaling value (already normalized), each problem naming rope_scaling's key;
+    ``rotary_dim``: the rotated channels per head, when known."""
     if value is None:
         return []
     if not isinstance(value, Mapping):
@@ -76,6 +77,9 @@ def rope_scaling_problems(value: Any, pos_emb: str) -> List[str]:
         problems.append(f"rope_scaling.original_max_position_embeddings={original!r} must be an integer > 0")
     if "truncate" in value and not isinstance(value["truncate"], bool):
         problems.append(f"rope_scaling.truncate={value['truncate']!r} must be true or false")
+    if kind == "dynamic" and rotary_dim == 2:  # its base exponent is rotary_dim / (rotary_dim - 2)
+        problems.append("rope_scaling.rope_type 'dynamic' needs more than 2 rotated channels per head (head size x "
+                        "rotary_pct)")
     if kind == "llama3" and not problems and value["high_freq_factor"] <= value["low_freq_factor"]:
         problems.append(f"rope_scaling.high_freq_factor={value['high_freq_factor']} must be greater than "
                         f"low_freq_factor={value['low_freq_factor']}")

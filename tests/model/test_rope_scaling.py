@@ -74,12 +74,15 @@ def test_type_is_read_as_rope_type_and_default_is_no_scaling():
     (dict(rope_type="linear", factr=2.0), "rope_scaling.factr is not a parameter of rope_type 'linear'; did you "
                                           "mean factor?"),
     (dict(rope_type="linear", factor=0), "rope_scaling.factor=0 must be a number > 0"),
+    (dict(rope_type="dynamic", factor=2.0, rotary_pct=0.25), "needs more than 2 rotated channels per head"),
     (dict(rope_type="yarn", factor=2.0, original_max_position_embeddings=8.5), "must be an integer > 0"),
     (dict(rope_type="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0,
           original_max_position_embeddings=8), "high_freq_factor=1.0 must be greater than low_freq_factor=4.0"),
 ])
 def test_bad_settings_are_refused_naming_the_key(scaling, message):
-    problems = tiny_config(pos_emb="rotary", rope_scaling=scaling).problems()
+    scaling = dict(scaling)
+    pct = scaling.pop("rotary_pct", 1.0)  # head size 8: 0.25 rotates 2 channels
+    problems = tiny_config(pos_emb="rotary", rotary_pct=pct, rope_scaling=scaling).problems()
     assert any(message in p for p in problems), problems
 
 
