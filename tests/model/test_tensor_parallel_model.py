@@ -1,6 +1,5 @@
 """TP=2 (with and without sequence parallelism; RoPE scaling, non-parametric norms and q/k/v-only biases too) gives
-the TP=1 logits, loss and gradients (fp32),
-and KV-cache decoding at TP=2 gives the full-forward logits. Every other config takes its TP=2 loss from the head's
+the TP=1 logits, loss and gradients (fp32), and KV-cache decoding at TP=2 gives the full-forward logits. Every other config takes its TP=2 loss from the head's
 DeferredLogits (as training does: logits and cross entropy in chunks of 5 tokens, all-reduced within each chunk)."""
 from unittest import mock
 
