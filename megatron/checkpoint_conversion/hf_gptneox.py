@@ -36,6 +36,10 @@ def gptneox_problems(config: ModelConfig) -> list:
         problems.append(f"norm={config.norm!r}: GPTNeoX uses LayerNorm (rmsnorm models: --architecture llama)")
     if not config.use_bias_in_norms:
         problems.append("use_bias_in_norms=false: GPTNeoX's LayerNorms have biases")
+    if config.qkv_bias != config.use_bias_in_attn_linear:
+        problems.append(f"use_bias_in_qkv={str(config.qkv_bias).lower()} with use_bias_in_attn_linear="
+                        f"{str(config.use_bias_in_attn_linear).lower()}: GPTNeoX's attention_bias sets the query / "
+                        f"key / value and output biases together (q/k/v biases only: --architecture qwen2)")
     if not config.use_bias_in_mlp:
         problems.append("use_bias_in_mlp=false: GPTNeoX's MLP has biases (bias-free models: --architecture llama)")
     if config.activation not in ACTIVATIONS_TO_HF:

@@ -21,6 +21,7 @@ MIXTRAL = dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", expert_in
     (dict(pos_emb="learned"), "pos_emb='learned'"),
     (dict(norm="rmsnorm"), "--architecture llama"),
     (dict(norm="non_parametric_layernorm"), "norm='non_parametric_layernorm'"),
+    (dict(use_bias_in_qkv=False), "use_bias_in_qkv=false with use_bias_in_attn_linear=true: GPTNeoX's"),
     (dict(activation="swiglu"), "activation='swiglu'"),
     (dict(num_kv_heads=1), "grouped-query"),
     (dict(use_bias_in_mlp=False), "use_bias_in_mlp=false"),
