@@ -4,6 +4,8 @@
     python deepy.py train.py configs/125M.yml configs/local_setup.yml
     python deepy.py generate.py -d configs 125M.yml text_generation.yml -i prompts.txt -o samples.jsonl
     python deepy.py eval.py configs/125M.yml --eval_tasks lambada_openai
+    python deepy.py train.py configs/125M.yml configs/local_setup.yml --set train_iters=100 \\
+        --set optimizer.params.lr=3e-4
 
 The YAML files are merged, validated and derived here, and the files, hosts and ports the workers will
 need are checked (megatron/launch/prelaunch.py), before any process starts; every problem is
@@ -25,6 +27,7 @@ from megatron.neox_arguments.hostfile import is_local_launch
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variables_to_workers, multi_node_launch,
                                               worker_environment)
 from megatron.neox_arguments.loading import resolve_config_paths
+from megatron.neox_arguments.overrides import name_set_options
 
 TRAINING_SCRIPTS = ("train.py",)
 
@@ -36,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("conf_file", nargs="+",
                         help="YAML config files, merged; a key may be set in one file only; NAME means NAME.yml")
     parser.add_argument("-d", "--conf_dir", help="directory the config file names are relative to")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set_options",
+                        help="change one config value for this run, e.g. --set train_iters=100 --set "
+                             "optimizer.params.lr=3e-4 (repeatable): KEY is any argument of "
+                             "configs/neox_arguments.md, dots reach into a dict-valued one; VALUE is read as YAML "
+                             "after 'KEY:'; checked like the files' values, and saved with the checkpoint's "
+                             "configs as command_line_overrides.yml")
     runner = parser.add_argument_group("launching (override the config)")
     runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node "
                         "(default: the config's hostfile, DLTS_HOSTFILE, /job/hostfile)")
@@ -80,7 +89,7 @@ def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) 
     if "hostfile" not in overrides and os.environ.get("DLTS_HOSTFILE"):  # GPT-NeoX's sbatch recipes export it
         overrides["hostfile"] = os.environ["DLTS_HOSTFILE"]
     overrides.update(extra or {})
-    return NeoXArgs.from_ymls(paths, overwrite_values=overrides)
+    return NeoXArgs.from_ymls(paths, overwrite_values=overrides, set_options=ns.set_options)
 
 
 def _script_problems(ns: argparse.Namespace, args: NeoXArgs) -> List[str]:
@@ -96,7 +105,7 @@ def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
     args = _build_args(ns)
     problems = _script_problems(ns, args)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(name_set_options(problems, ns.set_options))
     return args
 
 
@@ -110,7 +119,7 @@ def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Op
     master_addr, addr_problems = prelaunch.resolve_master_addr(args)
     problems += addr_problems + prelaunch.shell_problems(args, master_addr)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(name_set_options(problems, ns.set_options))
     notes: List[str] = []
     extra: Dict[str, Any] = {}
     if master_addr and master_addr != args.master_addr:

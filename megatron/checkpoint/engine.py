@@ -57,7 +57,8 @@ from megatron.checkpoint.files import checkpoint_kind, load_lazily, read_client_
 from megatron.checkpoint.format import (ARCHITECTURE_KEYS, ARGS_FILE, COMPLETE_MARKER, GPT_NEOX, LATEST_FILE, LAYOUT,
                                         LAYOUT_KEY, LAYOUT_KEYS, MERGED_ON_READ, OURS, OURS_OLD, RESHARD_KEY,
                                         UPGRADE_TOOL, complete_tags, file_layout, gpt_neox_client_args,
-                                        gpt_neox_gmlp_problem, gpt_neox_mamba_problem, optimizer_layout, read_latest,
+                                        gpt_neox_gmlp_problem, gpt_neox_mamba_problem,
+                                        gpt_neox_qk_norm_problem, optimizer_layout, read_latest,
                                         read_saved_args, resume_tag, saved_args, tag_for, yaml_values)
 from megatron.checkpoint.integrity import (verification_problems,  # a seam tests replace
                                            write_atomically as _write_atomically, write_manifest)
@@ -362,7 +363,8 @@ def _gpt_neox_mismatches(path: str, neox_args, model_config, layout_must_match: 
     problems = []
     tp, pp = file_layout(path)
     for problem in (gpt_neox_mamba_problem(tp, model_config.attention_types),
-                    gpt_neox_gmlp_problem(tp, model_config.attention_types)):
+                    gpt_neox_gmlp_problem(tp, model_config.attention_types),
+                    gpt_neox_qk_norm_problem(model_config.use_qk_layernorm, model_config.norm)):
         if problem:
             problems.append(problem)
     if layout_must_match:

@@ -11,7 +11,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from megatron.errors import CheckpointError, ConfigError
-from megatron.utils.yaml_text import parse_yaml_text
+from megatron.utils.yaml_text import COMMAND_LINE_OVERRIDES_FILE, parse_yaml_text
 
 COMPLETE_MARKER = "COMPLETE"
 
@@ -48,7 +48,7 @@ EXPERT_FILE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\
 ARCHITECTURE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
                      "expansion_factor", "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct",
                      "max_position_embeddings", "padded_vocab_size", "no_weight_tying", "gpt_j_residual",
-                     "gpt_j_tied", "use_bias_in_norms", "use_bias_in_attn_linear", "use_bias_in_mlp",
+                     "gpt_j_tied", "use_bias_in_norms", "use_bias_in_attn_linear", "use_bias_in_qkv", "use_bias_in_mlp",
                      "use_qk_layernorm", "attention_config", "num_unique_layers", "model_parallel_size",
                      "pipe_parallel_size", "enable_expert_tensor_parallelism")
 """Arguments that must match between a checkpoint and the model loading it."""
@@ -189,9 +189,12 @@ def file_layout(path: str) -> Tuple[int, int]:
 
 
 def yaml_values(path: str) -> Dict[str, Any]:
-    """The merged values of checkpoint ``path``'s configs/*.yml (GPT-NeoX writes the run's YAML files there)."""
+    """The merged values of checkpoint ``path``'s configs/*.yml (GPT-NeoX writes the run's YAML files there;
+    deepy.py's --set options, when the run had any, are in COMMAND_LINE_OVERRIDES_FILE, merged last)."""
     values: Dict[str, Any] = {}
-    for name in sorted(glob.glob(os.path.join(path, "configs", "*"))):
+    names = sorted(glob.glob(os.path.join(path, "configs", "*")),
+                   key=lambda name: (os.path.basename(name) == COMMAND_LINE_OVERRIDES_FILE, name))
+    for name in names:
         with open(name, encoding="utf-8") as handle:
             try:
                 values.update(parse_yaml_text(handle.read(), name))
@@ -210,6 +213,19 @@ def gpt_neox_mamba_problem(tp: int, attention_types) -> Optional[str]:
                 f"project's (each rank's in_proj rows split into x and z; x_proj's output not summed over ranks), "
                 f"so their weights cannot be loaded; GPT-NeoX checkpoints with Mamba layers load from "
                 f"model_parallel_size 1")
+    return None
+
+
+def gpt_neox_qk_norm_problem(use_qk_layernorm: bool, norm: str) -> Optional[str]:
+    """Why a GPT-NeoX checkpoint with use_qk_layernorm and norm non_parametric_layernorm cannot load, or None:
+    GPT-NeoX's QK layernorm is one norm over [heads, head_dim] shared by queries and keys, this model's q_norm /
+    k_norm each normalise one head. With learned norms GPT-NeoX's attention.qk_layernorm tensors are refused when
+    the weights load (megatron.model.checkpoint_layout); a norm without parameters leaves no tensor to show it."""
+    if use_qk_layernorm and norm == "non_parametric_layernorm":
+        return ("GPT-NeoX's use_qk_layernorm normalises queries and keys over all heads at once (one norm over "
+                "[heads, head_dim]); this model's normalises each head, another function, and with norm "
+                "non_parametric_layernorm no checkpoint tensor tells them apart: a GPT-NeoX checkpoint with "
+                "use_qk_layernorm and non_parametric_layernorm cannot be loaded")
     return None
 
 

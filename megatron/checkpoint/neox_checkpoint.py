@@ -47,7 +47,8 @@ from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoin
 from megatron.checkpoint.files import checkpoint_kind, load_checkpoint_file, load_lazily
 from megatron.checkpoint.format import (ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE, GPT_NEOX, LATEST_FILE, LAYER_FILE,
                                         LAYOUT, LAYOUT_KEY, MP_FILE, OURS_OLD, file_layout, gpt_neox_client_args,
-                                        gpt_neox_gmlp_problem, gpt_neox_mamba_problem, model_files, read_saved_args,
+                                        gpt_neox_gmlp_problem, gpt_neox_mamba_problem,
+                                        gpt_neox_qk_norm_problem, model_files, read_saved_args,
                                         resume_tag, yaml_values)
 from megatron.checkpoint.integrity import verification_problems, write_manifest
 from megatron.checkpoint.tensor_parallel import merge_shards, split_full
@@ -235,7 +236,8 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None,
                              padded_vocab_size=None)
     if kind == GPT_NEOX:
         problem = gpt_neox_mamba_problem(tp, config.attention_types) or \
-            gpt_neox_gmlp_problem(tp, config.attention_types)
+            gpt_neox_gmlp_problem(tp, config.attention_types) or \
+            gpt_neox_qk_norm_problem(config.use_qk_layernorm, config.norm)
         if problem:
             raise ConversionError(f"{path}: {problem}")
     num_layers = config.num_layers

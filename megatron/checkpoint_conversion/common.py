@@ -9,6 +9,7 @@ import torch
 
 from megatron.errors import ConversionError
 from megatron.model.config import ModelConfig
+from megatron.model.rope_scaling import normalized_rope_scaling, rope_scaling_problems
 from megatron.utils.optional_deps import require
 
 
@@ -53,17 +54,21 @@ def moe_refusal(config: ModelConfig) -> List[str]:
     return []
 
 
-def rope_settings(config: Any) -> Tuple[float, float]:
-    """(rope_theta, partial_rotary_factor) of a Hugging Face config (transformers 4.x and 5.x spellings);
-    refuses rope scaling, which this framework does not implement."""
+def _hf_rope_dict(config: Any) -> Dict[str, Any]:
+    """A Hugging Face config's RoPE settings as one dict (transformers 5's rope_parameters, 4.x's rope_scaling)."""
     params: Dict[str, Any] = dict(getattr(config, "rope_parameters", None) or {})
     scaling = getattr(config, "rope_scaling", None)
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        params.setdefault("rope_type", scaling.get("rope_type", scaling.get("type")))
-    kind = params.get("rope_type", "default")
-    if kind != "default":
-        raise ConversionError(f"rope type {kind!r} (rope scaling) in config.json is not supported; only the "
-                              f"default rotary embedding converts")
+    if isinstance(scaling, Mapping) and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        for key, value in scaling.items():
+            params.setdefault(key, value)
+    if "type" in params:
+        params.setdefault("rope_type", params.pop("type"))
+    return params
+
+
+def rope_settings(config: Any) -> Tuple[float, float]:
+    """(rope_theta, partial_rotary_factor) of a Hugging Face config (transformers 4.x and 5.x spellings)."""
+    params = _hf_rope_dict(config)
     theta = params.get("rope_theta", getattr(config, "rope_theta", None))
     if theta is None:
         theta = getattr(config, "rotary_emb_base", 10000.0)
@@ -73,10 +78,26 @@ def rope_settings(config: Any) -> Tuple[float, float]:
     return float(theta), float(pct)
 
 
-def rope_parameters(theta: float, pct: Optional[float] = None) -> Dict[str, Any]:
-    """A Hugging Face rope_parameters dict; ``pct`` is always written when given (GPTNeoXConfig's default
-    partial_rotary_factor is 0.25, not 1)."""
-    params: Dict[str, Any] = {"rope_type": "default", "rope_theta": float(theta)}
+def rope_scaling_from_hf(config: Any) -> Optional[Dict[str, Any]]:
+    """Our rope_scaling (megatron.model.rope_scaling) of a Hugging Face config, or None without scaling; a
+    ConversionError naming config.json's key for what this model does not compute."""
+    params = {key: value for key, value in _hf_rope_dict(config).items()
+              if key not in ("rope_theta", "partial_rotary_factor") and value is not None}
+    scaling = normalized_rope_scaling(params)
+    if scaling is None or scaling.get("rope_type", "default") == "default":
+        return None
+    problems = rope_scaling_problems(scaling, "rotary")
+    if problems:
+        raise ConversionError("config.json's rope scaling (rope_parameters / rope_scaling) does not convert:\n  "
+                              + "\n  ".join(problems))
+    return scaling
+
+
+def rope_parameters(theta: float, pct: Optional[float] = None,
+                    scaling: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """A Hugging Face rope_parameters dict, with our rope_scaling's type and parameters when given; ``pct`` is
+    always written when given (GPTNeoXConfig's default partial_rotary_factor is 0.25, not 1)."""
+    params: Dict[str, Any] = {"rope_type": "default", **(scaling or {}), "rope_theta": float(theta)}
     if pct is not None:
         params["partial_rotary_factor"] = float(pct)
     return params

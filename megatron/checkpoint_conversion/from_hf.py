@@ -25,11 +25,12 @@ from megatron.model.config import ModelConfig
 from megatron.neox_arguments import NeoXArgs
 
 MODEL_TYPES = {"gpt_neox": hf_gptneox.from_hf, "llama": hf_llama.from_hf, "mistral": hf_llama.from_hf,
-               "mixtral": hf_llama.from_hf,
+               "mixtral": hf_llama.from_hf, "qwen2": hf_llama.from_hf, "olmo": hf_llama.from_hf,
                "mamba": hf_mamba.from_hf}
 MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "intermediate_size",
               "mlp_multiple_of", "activation", "norm", "pos_emb", "rotary_pct", "rotary_emb_base", "gpt_j_residual",
               "gpt_j_tied", "no_weight_tying", "use_bias_in_norms", "use_bias_in_mlp", "use_bias_in_attn_linear",
+              "use_bias_in_qkv",
               "sliding_window_width", "max_position_embeddings", "seq_length")
 """The GPT-NeoX config keys of a converted model's YAML (with its norm's epsilon; unset ones are left out)."""
 MOE_KEYS = ("moe_num_experts", "moe_top_k", "moe_type", "moe_router_type", "moe_loss_coeff", "moe_jitter_eps")
@@ -45,6 +46,8 @@ def model_yaml_values(config: ModelConfig) -> Dict[str, Any]:
     if config.moe_num_experts > 1:
         values.update({key: getattr(config, key) for key in MOE_KEYS if getattr(config, key) is not None})
         values["moe_expert_interval"] = config.expert_interval
+    if config.rope_scaling_dict:
+        values["rope_scaling"] = config.rope_scaling_dict
     epsilon = {"rmsnorm": "rms_norm_epsilon", "scalenorm": "scalenorm_epsilon"}.get(config.norm, "layernorm_epsilon")
     values[epsilon] = config.norm_epsilon
     return values

@@ -14,7 +14,8 @@ from typing import Any, Dict, Mapping, Tuple
 import torch
 
 from megatron.checkpoint_conversion.common import (common_problems, moe_refusal, refuse_unrepresentable,
-                                                   rope_parameters, rope_settings, take, transformers_module)
+                                                   rope_parameters, rope_scaling_from_hf, rope_settings, take,
+                                                   transformers_module)
 from megatron.errors import ConversionError
 from megatron.model.config import ModelConfig
 
@@ -35,6 +36,10 @@ def gptneox_problems(config: ModelConfig) -> list:
         problems.append(f"norm={config.norm!r}: GPTNeoX uses LayerNorm (rmsnorm models: --architecture llama)")
     if not config.use_bias_in_norms:
         problems.append("use_bias_in_norms=false: GPTNeoX's LayerNorms have biases")
+    if config.qkv_bias != config.use_bias_in_attn_linear:
+        problems.append(f"use_bias_in_qkv={str(config.qkv_bias).lower()} with use_bias_in_attn_linear="
+                        f"{str(config.use_bias_in_attn_linear).lower()}: GPTNeoX's attention_bias sets the query / "
+                        f"key / value and output biases together (q/k/v biases only: --architecture qwen2)")
     if not config.use_bias_in_mlp:
         problems.append("use_bias_in_mlp=false: GPTNeoX's MLP has biases (bias-free models: --architecture llama)")
     if config.activation not in ACTIVATIONS_TO_HF:
@@ -78,7 +83,8 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor]) -> Tuple[Any, 
         intermediate_size=int(take(state, "layers.0.mlp.linear1.weight", src).shape[0]),
         hidden_act=ACTIVATIONS_TO_HF[config.activation], max_position_embeddings=config.positions,
         layer_norm_eps=float(config.layernorm_epsilon), use_parallel_residual=config.gpt_j_residual,
-        rope_parameters=rope_parameters(float(config.rotary_emb_base), float(config.rotary_pct)),
+        rope_parameters=rope_parameters(float(config.rotary_emb_base), float(config.rotary_pct),
+                                        config.rope_scaling_dict),
         rotary_pct=float(config.rotary_pct), rotary_emb_base=int(config.rotary_emb_base),
         attention_bias=config.use_bias_in_attn_linear, tie_word_embeddings=config.tied_embeddings,
         initializer_range=float(config.init_method_std), attention_dropout=0.0, hidden_dropout=0.0,
@@ -124,5 +130,6 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
         norm="layernorm", layernorm_epsilon=float(hf_config.layer_norm_eps), pos_emb="rotary", rotary_pct=pct,
         rotary_emb_base=int(theta), gpt_j_residual=bool(getattr(hf_config, "use_parallel_residual", True)),
         gpt_j_tied=False, no_weight_tying=not tied, use_bias_in_norms=True, use_bias_in_mlp=True,
-        use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", True)))
+        use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", True)),
+        rope_scaling=rope_scaling_from_hf(hf_config))
     return config, state

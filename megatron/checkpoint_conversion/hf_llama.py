@@ -1,5 +1,6 @@
-"""Our GPT <-> Hugging Face LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM (RMSNorm, SwiGLU, rotary,
-no parallel residual).
+"""Our GPT <-> Hugging Face LlamaForCausalLM / MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM (RMSNorm,
+SwiGLU, rotary, no parallel residual; Qwen2: biases on q, k and v only, our use_bias_in_qkv) and OlmoForCausalLM
+(the same with LayerNorms without weight or bias: our norm non_parametric_layernorm, epsilon 1e-5).
 
 Attention: our fused QKV rows (GPT-NeoX's, megatron/model/attention.py) are [Q | K | V] with grouped-query
 attention and per head [q | k | v] with multi-head attention; Llama keeps separate q/k/v projections whose
@@ -26,11 +27,14 @@ from typing import Any, Dict, Mapping, Tuple
 import torch
 
 from megatron.checkpoint_conversion.common import (common_problems, moe_refusal, refuse_unrepresentable,
-                                                   rope_parameters, rope_settings, take, transformers_module)
+                                                   rope_parameters, rope_scaling_from_hf, rope_settings, take,
+                                                   transformers_module)
 from megatron.errors import ConversionError
 from megatron.model.config import ModelConfig
 
-ARCHITECTURES = ("llama", "mistral", "mixtral")
+ARCHITECTURES = ("llama", "mistral", "mixtral", "qwen2", "olmo")
+OLMO_EPSILON = 1e-5
+"""OlmoLayerNorm's epsilon (fixed in transformers, not a config value)."""
 
 
 def llama_problems(config: ModelConfig, architecture: str) -> list:
@@ -40,10 +44,12 @@ def llama_problems(config: ModelConfig, architecture: str) -> list:
         problems += mixtral_problems(config)
     else:
         problems += moe_refusal(config)
-    if config.norm != "rmsnorm":
-        problems.append(f"norm={config.norm!r}: {architecture} needs rmsnorm (layernorm models: "
-                        f"--architecture neox)")
-    if config.use_bias_in_norms:
+    if architecture == "olmo":
+        problems += olmo_norm_problems(config)
+    elif config.norm != "rmsnorm":
+        problems.append(f"norm={config.norm!r}: {architecture} needs rmsnorm (layernorm models: --architecture "
+                        f"neox; non_parametric_layernorm: --architecture olmo)")
+    elif config.use_bias_in_norms:
         problems.append("use_bias_in_norms=true: Llama's RMSNorm has no bias")
     if config.activation != "swiglu" and not (architecture == "mixtral" and config.expert_activation == "swiglu"):
         problems.append(f"activation={config.activation!r}: {architecture} needs swiglu")
@@ -55,8 +61,47 @@ def llama_problems(config: ModelConfig, architecture: str) -> list:
         for flag in ("use_bias_in_attn_linear", "use_bias_in_mlp"):
             if getattr(config, flag):
                 problems.append(f"{flag}=true: {architecture.capitalize()} has no linear biases")
-    elif config.sliding_window_width is not None:
-        problems.append("sliding_window_width: Llama has no sliding window (use --architecture mistral)")
+        if config.qkv_bias and not config.use_bias_in_attn_linear:
+            problems.append(f"use_bias_in_qkv=true: {architecture.capitalize()} has no linear biases (q/k/v biases: "
+                            f"--architecture qwen2)")
+    elif architecture == "qwen2":
+        problems += qwen2_problems(config)
+    else:  # llama, olmo: attention_bias sets q, k, v and o together
+        if architecture == "olmo" and config.use_bias_in_mlp:
+            problems.append("use_bias_in_mlp=true: OLMo's MLP has no biases")
+        if config.qkv_bias != config.use_bias_in_attn_linear:
+            problems.append(f"use_bias_in_qkv={str(config.qkv_bias).lower()} with use_bias_in_attn_linear="
+                            f"{str(config.use_bias_in_attn_linear).lower()}: Llama's attention_bias sets q, k, v and "
+                            f"o together (q/k/v biases only: --architecture qwen2)")
+        if config.sliding_window_width is not None:
+            problems.append(f"sliding_window_width: {architecture.capitalize()} has no sliding window (use "
+                            f"--architecture mistral)")
+    return problems
+
+
+def olmo_norm_problems(config: ModelConfig) -> list:
+    """OLMo's norms are LayerNorms without weight or bias, epsilon 1e-5 (GPT-NeoX's non_parametric_layernorm)."""
+    if config.norm != "non_parametric_layernorm":
+        return [f"norm={config.norm!r}: OLMo's LayerNorms have no weight or bias (norm: non_parametric_layernorm)"]
+    if float(config.layernorm_epsilon) != OLMO_EPSILON:
+        return [f"layernorm_epsilon={config.layernorm_epsilon}: OLMo's LayerNorm epsilon is fixed at {OLMO_EPSILON}"]
+    return []
+
+
+def qwen2_problems(config: ModelConfig) -> list:
+    """What Qwen2ForCausalLM cannot represent: it has biases on q, k and v and nowhere else, and (as converted
+    here) no sliding window."""
+    problems = []
+    if not config.qkv_bias:
+        problems.append("use_bias_in_qkv=false: Qwen2 has biases on q, k and v (bias-free models: --architecture "
+                        "llama)")
+    for flag in ("use_bias_in_attn_linear", "use_bias_in_mlp"):
+        if getattr(config, flag):
+            problems.append(f"{flag}=true: Qwen2's output projection and MLP have no biases (set {flag}: false; "
+                            f"q/k/v biases: use_bias_in_qkv: true)")
+    if config.sliding_window_width is not None:
+        problems.append("sliding_window_width: Qwen2's sliding window (use_sliding_window, max_window_layers) is "
+                        "not converted here")
     return problems
 
 
@@ -101,8 +146,10 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
     transformers = transformers_module()
     LlamaConfig, MistralConfig, MixtralConfig = (transformers.LlamaConfig, transformers.MistralConfig,
                                                  transformers.MixtralConfig)
+    name = {"qwen2": "Qwen2"}.get(architecture, architecture.capitalize())
+    olmo = architecture == "olmo"
 
-    refuse_unrepresentable(f"{architecture.capitalize()}ForCausalLM", llama_problems(config, architecture))
+    refuse_unrepresentable(f"{name}ForCausalLM", llama_problems(config, architecture))
     src = "the checkpoint"
     hf: Dict[str, torch.Tensor] = {"model.embed_tokens.weight": take(state, "embedding.word_embeddings.weight", src)}
     layers = config.num_layers
@@ -123,9 +170,12 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
                 hf[f"{theirs}mlp.down_proj.{kind}"] = state[f"{ours}mlp.linear2.{kind}"]
         if architecture == "mixtral":
             hf.update(_experts_to_hf(state, ours, theirs, config, src))
-        hf[f"{theirs}input_layernorm.weight"] = take(state, f"{ours}input_layernorm.scale", src)
-        hf[f"{theirs}post_attention_layernorm.weight"] = take(state, f"{ours}post_attention_layernorm.scale", src)
-    hf["model.norm.weight"] = take(state, "final_norm.norm.scale", src)
+        if not olmo:  # OLMo's norms have no parameters
+            hf[f"{theirs}input_layernorm.weight"] = take(state, f"{ours}input_layernorm.scale", src)
+            hf[f"{theirs}post_attention_layernorm.weight"] = take(state, f"{ours}post_attention_layernorm.scale",
+                                                                  src)
+    if not olmo:
+        hf["model.norm.weight"] = take(state, "final_norm.norm.scale", src)
     if config.value_head:
         hf["score.weight"] = take(state, "head.value_head.weight", src)
     elif not config.tied_embeddings:
@@ -138,7 +188,8 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
         intermediate_size=int(config.expert_ffn_width if architecture == "mixtral"
                               else take(state, "layers.0.mlp.linear2.weight", src).shape[1]),
         max_position_embeddings=config.positions, rms_norm_eps=float(config.rms_norm_epsilon),
-        rope_parameters=rope_parameters(float(config.rotary_emb_base)), rope_theta=float(config.rotary_emb_base),
+        rope_parameters=rope_parameters(float(config.rotary_emb_base), scaling=config.rope_scaling_dict),
+        rope_theta=float(config.rotary_emb_base),
         tie_word_embeddings=config.tied_embeddings, initializer_range=float(config.init_method_std),
         attention_dropout=0.0, bos_token_id=None, eos_token_id=None, **({"num_labels": 1} if config.value_head else {}))
     window = config.sliding_window_width
@@ -149,11 +200,17 @@ def to_hf(config: ModelConfig, state: Mapping[str, torch.Tensor],
                              num_local_experts=config.moe_num_experts, num_experts_per_tok=config.moe_top_k,
                              router_aux_loss_coef=float(config.moe_loss_coeff),
                              router_jitter_noise=float(config.moe_jitter_eps or 0.0)), hf
+    if architecture == "qwen2":
+        return transformers.Qwen2Config(**common, use_sliding_window=False), hf
+    if olmo:
+        del common["rms_norm_eps"]
+        return transformers.OlmoConfig(**common, attention_bias=config.use_bias_in_attn_linear, clip_qkv=None), hf
     return LlamaConfig(**common, attention_bias=config.use_bias_in_attn_linear, mlp_bias=config.use_bias_in_mlp), hf
 
 
 def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig, Dict[str, torch.Tensor]]:
-    """(our ModelConfig, our merged state dict) of a LlamaForCausalLM or MistralForCausalLM."""
+    """(our ModelConfig, our merged state dict) of a LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+    Qwen2ForCausalLM or OlmoForCausalLM."""
     if getattr(hf_config, "hidden_act", "silu") != "silu":
         raise ConversionError(f"config.json hidden_act={hf_config.hidden_act!r}: only silu (SwiGLU) converts")
     heads, hidden = int(hf_config.num_attention_heads), int(hf_config.hidden_size)
@@ -168,6 +225,17 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
     if theta != int(theta):
         raise ConversionError(f"config.json rope_theta={theta} is not an integer (rotary_emb_base is an int here)")
     mixtral = getattr(hf_config, "model_type", "") == "mixtral"
+    qwen2 = getattr(hf_config, "model_type", "") == "qwen2"
+    olmo = getattr(hf_config, "model_type", "") == "olmo"
+    if olmo and getattr(hf_config, "clip_qkv", None) is not None:
+        raise ConversionError(f"config.json clip_qkv={hf_config.clip_qkv}: this model does not clamp q, k and v; "
+                              f"only OLMo models without clip_qkv convert")
+    norm = dict(norm="non_parametric_layernorm", layernorm_epsilon=OLMO_EPSILON) if olmo else dict(
+        norm="rmsnorm", rms_norm_epsilon=float(hf_config.rms_norm_eps))
+    if qwen2 and (getattr(hf_config, "use_sliding_window", False)
+                  or "sliding_attention" in (getattr(hf_config, "layer_types", None) or ())):
+        raise ConversionError("config.json use_sliding_window=true (Qwen2's sliding window on the layers from "
+                              "max_window_layers on) is not converted here; only Qwen2 models with full attention")
     window = getattr(hf_config, "sliding_window", None) if getattr(hf_config, "model_type", "") in (
         "mistral", "mixtral") else None
     moe = {}
@@ -189,11 +257,13 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
         max_position_embeddings=positions, padded_vocab_size=int(vocab.shape[0]),
         num_kv_heads=kv_heads if kv_heads != heads else None,
         intermediate_size=int(hf_config.intermediate_size) * (1 if mixtral else 3),
-        mlp_multiple_of=1, activation="swiglu", norm="rmsnorm", rms_norm_epsilon=float(hf_config.rms_norm_eps),
+        mlp_multiple_of=1, activation="swiglu", **norm,
         pos_emb="rotary", rotary_pct=1.0, rotary_emb_base=int(theta), gpt_j_residual=False, no_weight_tying=not tied,
-        use_bias_in_norms=False, use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", False)),
-        use_bias_in_mlp=bool(getattr(hf_config, "mlp_bias", False)),
-        sliding_window_width=int(window) - 1 if window is not None and int(window) < positions else None, **moe)
+        use_bias_in_norms=False,
+        use_bias_in_attn_linear=bool(getattr(hf_config, "attention_bias", False)) and not qwen2,
+        use_bias_in_qkv=True if qwen2 else None, use_bias_in_mlp=bool(getattr(hf_config, "mlp_bias", False)),
+        sliding_window_width=int(window) - 1 if window is not None and int(window) < positions else None,
+        rope_scaling=rope_scaling_from_hf(hf_config), **moe)
     state: Dict[str, torch.Tensor] = {"embedding.word_embeddings.weight": vocab}
     for i in range(layers):
         ours, theirs = f"layers.{i}.", f"model.layers.{i}.self_attn."
@@ -211,10 +281,12 @@ def from_hf(hf_config: Any, hf: Mapping[str, torch.Tensor]) -> Tuple[ModelConfig
                 state[f"{ours}mlp.linear2.{kind}"] = hf[f"{mlp}down_proj.{kind}"]
         if mixtral:
             state.update(_experts_from_hf(hf, ours, f"model.layers.{i}.", config, src))
-        state[f"{ours}input_layernorm.scale"] = take(hf, f"model.layers.{i}.input_layernorm.weight", src)
-        state[f"{ours}post_attention_layernorm.scale"] = take(hf, f"model.layers.{i}.post_attention_layernorm.weight",
-                                                              src)
-    state["final_norm.norm.scale"] = take(hf, "model.norm.weight", src)
+        if not olmo:
+            state[f"{ours}input_layernorm.scale"] = take(hf, f"model.layers.{i}.input_layernorm.weight", src)
+            state[f"{ours}post_attention_layernorm.scale"] = take(
+                hf, f"model.layers.{i}.post_attention_layernorm.weight", src)
+    if not olmo:
+        state["final_norm.norm.scale"] = take(hf, "model.norm.weight", src)
     if not tied:
         state["head.final_linear.weight"] = take(hf, "lm_head.weight", src)
     return config, state

@@ -12,9 +12,10 @@ from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, specia
 from megatron.errors import ConfigError, ConversionError
 from megatron.neox_arguments import NeoXArgs
 
-ARCHITECTURES = ("neox", "llama", "mistral", "mixtral", "mamba")
+ARCHITECTURES = ("neox", "llama", "mistral", "mixtral", "qwen2", "olmo", "mamba")
 HF_CLASSES = {"neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-              "mixtral": "MixtralForCausalLM", "mamba": "MambaForCausalLM"}
+              "mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM", "olmo": "OlmoForCausalLM",
+              "mamba": "MambaForCausalLM"}
 
 
 def args_from_config_files(paths: Sequence[str]) -> Dict[str, Any]:

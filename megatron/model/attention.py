@@ -124,7 +124,7 @@ class ParallelSelfAttention(nn.Module):
         qkv_rows = (heads + 2 * kv_heads) * self.head_dim
         self.query_key_value = ColumnParallelLinear(
             hidden, qkv_rows, parallel_state, initializer.weight(layer_number, "attention.query_key_value"),
-            bias=bias, chunks=qkv_blocks(config), sequence_parallel=sp)
+            bias=config.qkv_bias, chunks=qkv_blocks(config), sequence_parallel=sp)
 
         group = parallel_state.get_model_parallel_group() if tp > 1 else None
         self.qk_norm = config.use_qk_layernorm
@@ -135,7 +135,7 @@ class ParallelSelfAttention(nn.Module):
         self.pos_emb = config.pos_emb
         if self.pos_emb == "rotary":
             self.rotary_emb = RotaryEmbedding(config.rotary_dim, float(config.rotary_emb_base),
-                                              max_positions=config.positions)
+                                              max_positions=config.positions, scaling=config.rope_scaling_dict)
         elif self.pos_emb == "alibi":
             # fp32 outside the module's buffers, like the rotary tables: model.to(bfloat16) would round the
             # slopes (2^-0.5 and its powers with 16 heads), shifting the bias by whole units at long distances

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from megatron.model.config import ModelConfig
-from megatron.model.positional import alibi_slopes, rotary_inv_freq, sinusoidal_inv_freq
+from megatron.model.positional import alibi_slopes, rotary_frequencies, sinusoidal_inv_freq
 
 EMBEDDING, LAYER, FINAL_NORM, HEAD = "embedding", "layer", "final_norm", "head"
 MAMBA_LAYER, RWKV_LAYER = "mamba_layer", "rwkv_layer"
@@ -60,7 +60,8 @@ SUMMED_BIASES = ("attention.dense.bias", "mlp.linear2.bias")
 _NORMS = {LAYER: ("input_layernorm.", "post_attention_layernorm.", "attention.q_norm.", "attention.k_norm."),
           FINAL_NORM: ("norm.",), MAMBA_LAYER: ("norm.",), GMLP_LAYER: ("norm.", "sgu.norm.")}
 _WHAT = {"position_embeddings.inv_freq": "hidden_size", "attention.alibi_embed.slopes":
-         "num_attention_heads / model_parallel_size", "attention.rotary_emb.inv_freq": "rotary_pct / rotary_emb_base"}
+         "num_attention_heads / model_parallel_size",
+         "attention.rotary_emb.inv_freq": "rotary_pct / rotary_emb_base / rope_scaling"}
 
 
 class LayoutError(ValueError):
@@ -78,6 +79,22 @@ def slot_kind(slot: int, num_layers: int, attention_types: Sequence[str] = ()) -
     return {num_layers + 3: FINAL_NORM, num_layers + 4: HEAD}.get(slot)
 
 
+def _rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """The layers' rotary inverse frequencies, RoPE scaling included (dynamic NTK: those within
+    max_position_embeddings)."""
+    return rotary_frequencies(config.rotary_dim, float(config.rotary_emb_base), config.rope_scaling_dict,
+                              config.positions)[0]
+
+
+def _unscaled_rotary(name: str, saved: torch.Tensor, config: ModelConfig) -> bool:
+    """A rotary inv_freq saved without the RoPE scaling this config adds (a checkpoint trained before its context
+    was extended): the buffer is computed, never learned, so the model takes its own."""
+    if name != "attention.rotary_emb.inv_freq" or not config.rope_scaling:
+        return False
+    plain = rotary_frequencies(config.rotary_dim, float(config.rotary_emb_base), None, config.positions)[0]
+    return saved.shape == plain.shape and torch.allclose(saved.float().cpu(), plain, rtol=1e-2, atol=0)
+
+
 def computed_entries(kind: str, config: ModelConfig, tp_rank: int, tp: int) -> Dict[str, torch.Tensor]:
     """{name: fp32 value} of the computed buffers GPT-NeoX's checkpoints hold in a slot of this kind."""
     if kind == EMBEDDING and config.pos_emb == "sinusoidal":
@@ -88,7 +105,7 @@ def computed_entries(kind: str, config: ModelConfig, tp_rank: int, tp: int) -> D
         entries["attention.alibi_embed.slopes"] = alibi_slopes(config.num_attention_heads)[
             tp_rank * local:(tp_rank + 1) * local]
     if kind == LAYER and config.pos_emb == "rotary" and config.rotary_save_freqs_buffer:
-        entries["attention.rotary_emb.inv_freq"] = rotary_inv_freq(config.rotary_dim, float(config.rotary_emb_base))
+        entries["attention.rotary_emb.inv_freq"] = _rotary_inv_freq(config)
     return entries
 
 
@@ -128,7 +145,7 @@ def from_neox(kind: str, state: Mapping[str, torch.Tensor], config: ModelConfig,
     out = dict(state)
     expected = computed_entries(kind, config, tp_rank, tp)
     if kind == LAYER and config.pos_emb == "rotary":
-        expected["attention.rotary_emb.inv_freq"] = rotary_inv_freq(config.rotary_dim, float(config.rotary_emb_base))
+        expected["attention.rotary_emb.inv_freq"] = _rotary_inv_freq(config)
     for name, ours in expected.items():
         saved = out.pop(name, None)
         if saved is None:
@@ -136,7 +153,8 @@ def from_neox(kind: str, state: Mapping[str, torch.Tensor], config: ModelConfig,
         if saved.shape != ours.shape:
             raise LayoutError(f"{source}: {prefix}{name} has shape {tuple(saved.shape)}, this model's "
                               f"{tuple(ours.shape)}: {_WHAT[name]} of the config differ from the checkpoint's")
-        if not torch.allclose(saved.float().cpu(), ours, rtol=1e-2, atol=0):
+        if not torch.allclose(saved.float().cpu(), ours, rtol=1e-2, atol=0) and not _unscaled_rotary(name, saved,
+                                                                                                    config):
             raise LayoutError(f"{source}: {prefix}{name} holds other values than this model computes: "
                               f"{_WHAT[name]} of the config differ from the checkpoint's")
     if _tied_norm(kind, config):

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from megatron.model.rope_scaling import normalized_rope_scaling, rope_scaling_problems
 from megatron.model.sparsity_config import SPARSE_TYPES, SparsitySettings, freeze, key_problems, local_window
 from megatron.mup.rules import mup_model_problems
 from megatron.mup.shapes import mup_width_mult
@@ -46,7 +47,7 @@ GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
 """GLU-family activations: the MLP's first projection is a fused [up | gate] pair."""
 GLU_FORMS = {"gelu": "geglu", "relu": "reglu", "silu": "swiglu", "swish": "swiglu"}
 """moe_glu: the GLU form of a plain activation (the experts' activation); gated activations are GLUs already."""
-NORMS = ("layernorm", "rmsnorm", "scalenorm")
+NORMS = ("layernorm", "non_parametric_layernorm", "rmsnorm", "scalenorm")
 POSITION_EMBEDDINGS = ("learned", "rotary", "sinusoidal", "rpe", "alibi", "none")
 INIT_METHODS = ("normal", "scaled_normal", "orthogonal", "scaled_orthogonal", "xavier_uniform", "xavier_normal",
                 "wang_init", "small_init", "single_residual_scaled_normal")
@@ -178,6 +179,9 @@ class ModelConfig:
     rotary_pct: float = 1.0
     rotary_emb_base: int = 10000
     rotary_save_freqs_buffer: bool = False
+    rope_scaling: Optional[Any] = None
+    """Hugging Face's rope_scaling (megatron.model.rope_scaling), held as sorted (key, value) pairs; a dict is
+    accepted and frozen."""
     rpe_num_buckets: int = 32
     rpe_max_distance: int = 128
     opt_pos_emb_offset: int = 0
@@ -195,6 +199,7 @@ class ModelConfig:
     apply_query_key_layer_scaling: bool = False
     attention_softmax_in_fp32: bool = False
     use_bias_in_attn_linear: bool = True
+    use_bias_in_qkv: Optional[bool] = None
     use_bias_in_mlp: bool = True
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
@@ -345,6 +350,9 @@ class ModelConfig:
             self.norm, self.layernorm_epsilon))
         derive("rotary_dim", int(self.head_dim * float(self.rotary_pct)) if self.pos_emb == "rotary" else 0)
         derive("positions", int(self.max_position_embeddings or self.seq_length))
+        scaling = self.rope_scaling
+        if isinstance(scaling, Mapping) or (isinstance(scaling, tuple) and not scaling):
+            derive("rope_scaling", freeze(normalized_rope_scaling(dict(scaling))))
         derive("activation_checkpoints", int(self.number_checkpoints or
                                              -(-self.num_layers // max(self.checkpoint_num_layers, 1))))
         derive("layer_owners", shared_layer_owners(int(self.num_layers), self.num_unique_layers,
@@ -392,6 +400,16 @@ class ModelConfig:
         return ModelConfig(**{**values, **changes})
 
     # ---- views ------------------------------------------------------------------------------------
+    @property
+    def qkv_bias(self) -> bool:
+        """The query / key / value projection has biases: use_bias_in_qkv, or use_bias_in_attn_linear when unset."""
+        return self.use_bias_in_attn_linear if self.use_bias_in_qkv is None else bool(self.use_bias_in_qkv)
+
+    @property
+    def rope_scaling_dict(self) -> Optional[dict]:
+        """rope_scaling as Hugging Face's dict (rope_type and its parameters), or None without scaling."""
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
     @property
     def value_head(self) -> bool:
         """A reward model (train_impl 'rm'): the last slot is a scalar value head, not a vocabulary head."""
@@ -498,6 +516,8 @@ class ModelConfig:
         if self.local_attention_block < 1 or self.local_attention_window_blocks < 1:
             problems.append(f"sparsity_config block={self.local_attention_block} and num_sliding_window_blocks="
                             f"{self.local_attention_window_blocks} must be >= 1")
+        problems += rope_scaling_problems(self.rope_scaling_dict if isinstance(self.rope_scaling, tuple)
+                                          else self.rope_scaling, self.pos_emb, self.rotary_dim)
         if self.pos_emb == "rotary":
             if not 0 < self.rotary_pct <= 1:
                 problems.append(f"rotary_pct={self.rotary_pct} must be in (0, 1]")

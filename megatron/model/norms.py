@@ -1,6 +1,7 @@
-"""Normalisation layers (layernorm, rmsnorm, scalenorm) on PyTorch's own kernels, or with layernorm_fusion /
-rmsnorm_fusion on what megatron.fused_kernels picks for the flag (``norm_fn``, chosen by :func:`build_norm`: on
-CUDA PyTorch's fused F.layer_norm / F.rms_norm while they measure faster than the Triton kernels).
+"""Normalisation layers (layernorm, non_parametric_layernorm, rmsnorm, scalenorm) on PyTorch's own kernels, or with
+layernorm_fusion / rmsnorm_fusion on what megatron.fused_kernels picks for the flag (``norm_fn``, chosen by
+:func:`build_norm`: on CUDA PyTorch's fused F.layer_norm / F.rms_norm while they measure faster than the Triton
+kernels).
 
 ``grad_reduce_group``: when the norm runs on sequence-sharded activations (sequence parallelism) or on
 a rank's own heads (QK layernorm under tensor parallelism) each rank sees part of the data, so the
@@ -47,6 +48,19 @@ class LayerNorm(nn.Module):
         return self.norm_fn(x, _shared(self.weight, self.group), _shared(self.bias, self.group), self.eps)
 
 
+class NonParametricLayerNorm(nn.Module):
+    """LayerNorm with no learnable weight or bias (GPT-NeoX's norm 'non_parametric_layernorm', its PR #1338:
+    torch.nn.LayerNorm with elementwise_affine=False; OLMo's LayerNorm): it has no parameters, so nothing to
+    share across ranks and nothing in checkpoints."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm_reference(x, None, None, self.eps)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm (``scale``) plus an optional bias (``offset``, use_bias_in_norms): F.rms_norm, or the fused
     kernel passed as ``norm_fn``."""
@@ -82,9 +96,12 @@ def build_norm(config: ModelConfig, dim: int, grad_reduce_group=None) -> nn.Modu
     if config.norm == "layernorm":
         return LayerNorm(dim, config.norm_epsilon, config.use_bias_in_norms, grad_reduce_group,
                          model_fused_ops(config).layer_norm)
+    if config.norm == "non_parametric_layernorm":
+        return NonParametricLayerNorm(dim, config.norm_epsilon)
     if config.norm == "rmsnorm":
         return RMSNorm(dim, config.norm_epsilon, config.use_bias_in_norms, grad_reduce_group,
                        model_fused_ops(config).rms_norm)
     if config.norm == "scalenorm":
         return ScaleNorm(dim, config.norm_epsilon, config.use_bias_in_norms, grad_reduce_group)
-    raise ValueError(f"norm={config.norm!r} is not supported; choose layernorm, rmsnorm or scalenorm")
+    raise ValueError(f"norm={config.norm!r} is not supported; choose layernorm, non_parametric_layernorm, rmsnorm or "
+                     f"scalenorm")

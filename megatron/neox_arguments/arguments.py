@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from megatron.errors import ConfigError, NeoXConfigWarning
+from megatron.utils.yaml_text import COMMAND_LINE_OVERRIDES_FILE
 from megatron.model.config import ModelConfig
 from megatron.neox_arguments.aliases import apply_aliases
 from megatron.neox_arguments.autotuned import is_experiment, read_deepspeed_config, tuned_args
@@ -37,6 +38,7 @@ from megatron.neox_arguments.groups import NeoXArgsDeepspeedConfig, NeoXArgsSche
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, ENCODED_CONFIG_FLAG, deepspeed_runner_argv,
                                               ranks_from_environment)
 from megatron.neox_arguments.loading import merge_overrides, normalize_key, read_config_files
+from megatron.neox_arguments.overrides import apply_set_options, name_set_options, overrides_file_text
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
                                                 model_problems, not_supported_problems, not_supported_setting_problems,
@@ -61,15 +63,31 @@ class NeoXArgs(NeoXArgsSchema):
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_ymls(cls, paths: Sequence[str], overwrite_values: Optional[Mapping[str, Any]] = None) -> "NeoXArgs":
-        """Load, merge, validate and derive from YAML files; raises ConfigError listing every problem."""
+    def from_ymls(cls, paths: Sequence[str], overwrite_values: Optional[Mapping[str, Any]] = None,
+                  set_options: Sequence[str] = ()) -> "NeoXArgs":
+        """Load, merge, validate and derive from YAML files, then `overwrite_values` (deepy.py's own flags) and
+        `set_options` (its `--set KEY=VALUE`s, megatron.neox_arguments.overrides) on top; raises ConfigError
+        listing every problem."""
         values, origin, texts = read_config_files(paths)
+        touched = apply_set_options(values, origin, _defaults(), set_options)
+        flagged = {normalize_key(key) for key in overwrite_values or {}}
+        if touched & flagged:
+            raise ConfigError([f"{origin[key]} and deepy.py's own flag for {key} both set it; give it once"
+                               for key in sorted(touched & flagged)])
         values = merge_overrides(values, overwrite_values)
-        for key in overwrite_values or {}:
-            origin[normalize_key(key)] = "the command-line overrides"
+        for key in flagged:
+            origin[key] = "the command-line overrides"
         if "config_files" not in values:
-            values["config_files"] = texts
-        return cls.from_dict(values, origin=origin)
+            values["config_files"] = dict(texts)
+            if touched:
+                values["config_files"][COMMAND_LINE_OVERRIDES_FILE] = overrides_file_text(values, touched,
+                                                                                          set_options)
+        try:
+            return cls.from_dict(values, origin=origin)
+        except ConfigError as err:
+            if not touched:
+                raise
+            raise ConfigError(name_set_options(err.problems, set_options)) from None
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], origin: Optional[Dict[str, str]] = None) -> "NeoXArgs":
@@ -225,6 +243,12 @@ def _problems_besides(first: List[str], clean: Dict[str, Any], provided: Set[str
         return []
     later = note_extra_args_origin(later, folded)
     return [p for p in later if not any(re.search(rf"\b{name}\b", p) for name in mentioned)]
+
+
+def _defaults() -> Dict[str, Any]:
+    """Each argument's default value (a fresh one where the field has a default factory)."""
+    return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for f in dataclasses.fields(NeoXArgsSchema)}
 
 
 @lru_cache(maxsize=None)

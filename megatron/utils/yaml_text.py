@@ -33,6 +33,9 @@ _StrictLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+COMMAND_LINE_OVERRIDES_FILE = "command_line_overrides.yml"  # beside the run's YAML files in a checkpoint's configs/
+
+
 def normalize_key(key: str) -> str:
     """`train-iters` and `train_iters` name the same argument."""
     return key.replace("-", "_")
@@ -68,3 +71,13 @@ def parse_yaml_text(text: str, source: str) -> Dict[str, Any]:
     if problems:
         raise ConfigError(problems)
     return out
+
+
+def parse_yaml_value(text: str, source: str) -> Any:
+    """One value as it would read after `key:` in a config file (`3e-4` a number, `true` a bool, `[1, 2]` a list,
+    `null` or nothing None, anything else a string); `source` names it in errors."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{source}: {text!r} is not a YAML value: {problem}"]) from None

@@ -14,32 +14,61 @@ SEQ = 32
 
 
 def tiny_gptneox(parallel_residual: bool = True, rotary_pct: float = 0.5, tied: bool = False, seed: int = 0,
-                 attention_bias: bool = True):
-    """A random 2-layer GPTNeoXForCausalLM (hidden 32, 4 heads, vocab 96) with non-trivial norms and biases."""
+                 attention_bias: bool = True, rope=None, positions: int = SEQ):
+    """A random 2-layer GPTNeoXForCausalLM (hidden 32, 4 heads, vocab 96) with non-trivial norms and biases;
+    ``rope``: RoPE scaling parameters (rope_type ...)."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     torch.manual_seed(seed)
     config = GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, hidden_act="gelu", max_position_embeddings=SEQ,
-                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                           intermediate_size=64, hidden_act="gelu", max_position_embeddings=positions,
+                           rope_parameters={"rope_type": "default", **(rope or {}), "rope_theta": 10000.0,
                                             "partial_rotary_factor": rotary_pct},
                            use_parallel_residual=parallel_residual, tie_word_embeddings=tied,
                            attention_bias=attention_bias, layer_norm_eps=1e-5, bos_token_id=None, eos_token_id=None)
     return _randomise(GPTNeoXForCausalLM(config).eval())
 
 
-def tiny_llama(kv_heads: int = 2, tied: bool = False, seed: int = 0, mistral_window=None, bias: bool = False):
-    """A random 2-layer LlamaForCausalLM (or MistralForCausalLM with ``mistral_window``) with GQA."""
+def tiny_llama(kv_heads: int = 2, tied: bool = False, seed: int = 0, mistral_window=None, bias: bool = False,
+               rope=None):
+    """A random 2-layer LlamaForCausalLM (or MistralForCausalLM with ``mistral_window``) with GQA; ``rope``:
+    RoPE scaling parameters (rope_type ...)."""
     from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
     torch.manual_seed(seed)
     common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=kv_heads, intermediate_size=48, max_position_embeddings=SEQ,
-                  rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                  rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", **(rope or {}), "rope_theta": 10000.0},
                   tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None)
     if mistral_window is not None:
         return _randomise(MistralForCausalLM(MistralConfig(**common, sliding_window=mistral_window)).eval())
     return _randomise(LlamaForCausalLM(LlamaConfig(**common, attention_bias=bias, mlp_bias=bias)).eval())
+
+
+def tiny_qwen2(kv_heads: int = 2, tied: bool = True, seed: int = 0, rope=None):
+    """A random 2-layer Qwen2ForCausalLM with GQA (biases on q, k and v only; tied embeddings as Qwen2.5's small
+    models)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=kv_heads, intermediate_size=48, max_position_embeddings=SEQ,
+                         rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", **(rope or {}),
+                                                             "rope_theta": 10000.0},
+                         tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None)
+    return _randomise(Qwen2ForCausalLM(config).eval())
+
+
+def tiny_olmo(kv_heads: int = 2, tied: bool = False, seed: int = 0):
+    """A random 2-layer OlmoForCausalLM with GQA: LayerNorms without weight or bias (non_parametric_layernorm)."""
+    from transformers import OlmoConfig, OlmoForCausalLM
+
+    torch.manual_seed(seed)
+    config = OlmoConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=kv_heads, intermediate_size=48, max_position_embeddings=SEQ,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=tied,
+                        pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    return _randomise(OlmoForCausalLM(config).eval())
 
 
 def tiny_mixtral(kv_heads: int = 2, seed: int = 0, top_k: int = 2):
@@ -58,6 +87,16 @@ def tiny_mixtral(kv_heads: int = 2, seed: int = 0, top_k: int = 2):
         for name, param in model.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 param.mul_(30.0)
+    return model
+
+
+def sharpened_attention(model, factor: float = 8.0):
+    """``model`` with its query / key / value weights times ``factor``: random tiny models attend almost
+    uniformly, so a change of rotary frequencies (dynamic RoPE scaling) would move their logits by ~1e-6 only."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("query_key_value.weight", "q_proj.weight", "k_proj.weight")):
+                param.mul_(factor)
     return model
 
 

@@ -1,6 +1,7 @@
-"""Hugging Face -> our checkpoint, in process: tiny random GPTNeoX / Llama / Mistral / Mixtral models give the
-same logits (fp32, <= 1e-4) and the same greedy generation in our model, for every tensor / pipeline
-split written; and our checkpoint -> Hugging Face -> our checkpoint gives back the same tensors."""
+"""Hugging Face -> our checkpoint, in process: tiny random GPTNeoX / Llama / Mistral / Mixtral / Qwen2 / OLMo models
+give the same logits (fp32, <= 1e-4) and the same greedy generation in our model, for every tensor / pipeline
+split written (RoPE scaling included); and our checkpoint -> Hugging Face -> our checkpoint gives back the same
+tensors."""
 import json
 
 import pytest
@@ -15,9 +16,12 @@ from tests.checkpoint_conversion.helpers import (
     our_model,
     random_tokens,
     save_tiny_tokenizer,
+    sharpened_attention,
     tiny_gptneox,
     tiny_llama,
     tiny_mixtral,
+    tiny_olmo,
+    tiny_qwen2,
 )
 
 MODELS = {
@@ -28,8 +32,20 @@ MODELS = {
     "llama-tied-bias": lambda: tiny_llama(kv_heads=2, tied=True, bias=True),
     "mistral-window": lambda: tiny_llama(kv_heads=2, mistral_window=5),
     "mixtral-top2": lambda: tiny_mixtral(kv_heads=2),
+    "llama3.2-rope-llama3-tied": lambda: tiny_llama(kv_heads=2, tied=True, rope=LLAMA3_ROPE),
+    "llama-rope-yarn": lambda: tiny_llama(kv_heads=2, rope=dict(rope_type="yarn", factor=4.0,
+                                                                  original_max_position_embeddings=8)),
+    "qwen2-qkv-bias-tied-yarn": lambda: tiny_qwen2(kv_heads=2, tied=True, rope=dict(rope_type="yarn", factor=2.0)),
+    "olmo-non-parametric-norm": lambda: tiny_olmo(kv_heads=2),
+    "neox-rope-dynamic-past-max-positions": lambda: sharpened_attention(
+        tiny_gptneox(rope=dict(rope_type="dynamic", factor=4.0), positions=8)),
 }
-ARCHITECTURE = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral"}
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=8)
+"""Llama 3.1 / 3.2's RoPE scaling at this tiny size: the original context (8192 there) 8 tokens, so the
+frequencies of all three bands occur among head_dim 8's four."""
+ARCHITECTURE = {"gpt_neox": "neox", "llama": "llama", "mistral": "mistral", "mixtral": "mixtral", "qwen2": "qwen2",
+                "olmo": "olmo"}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -71,6 +87,7 @@ def test_neox_to_hf_to_neox_gives_back_the_tensors(hf_model, tmp_path):
         assert torch.equal(tensor, second.state[name]), name
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["model_type"] == hf.config.model_type
+    assert again.config.rope_parameters == hf.config.rope_parameters  # RoPE scaling both ways
 
 
 def test_tokenizer_is_copied_and_named_in_the_config(tmp_path):
@@ -139,10 +156,15 @@ def test_our_gptneox_layouts_to_hf(overrides, tmp_path):
     ("llama", dict(num_kv_heads=4, no_weight_tying=False, use_bias_in_attn_linear=True, use_bias_in_mlp=True)),
     ("mistral", dict(num_kv_heads=1, no_weight_tying=True, sliding_window_width=4, use_bias_in_attn_linear=False,
                      use_bias_in_mlp=False)),
+    ("olmo", dict(num_kv_heads=2, no_weight_tying=True, norm="non_parametric_layernorm")),
+    ("qwen2", dict(num_kv_heads=2, no_weight_tying=False, use_bias_in_qkv=True,
+                   rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                     original_max_position_embeddings=8))),
 ])
 def test_our_llama_layouts_to_hf(architecture, overrides, tmp_path):
-    """Our randomly initialised rmsnorm + swiglu model (GQA, MHA, MQA; sliding window) -> Llama / Mistral."""
-    from transformers import LlamaForCausalLM, MistralForCausalLM
+    """Our randomly initialised rmsnorm + swiglu model (GQA, MHA, MQA; sliding window; q/k/v biases with RoPE
+    scaling; non-parametric norms) -> Llama / Mistral / Qwen2 / OLMo."""
+    from transformers import LlamaForCausalLM, MistralForCausalLM, OlmoForCausalLM, Qwen2ForCausalLM
 
     from megatron.checkpoint_conversion import hf_llama
     from tests.model.helpers import tiny_config
@@ -153,7 +175,8 @@ def test_our_llama_layouts_to_hf(architecture, overrides, tmp_path):
     ours = our_model(model, _randomised_state(model))
     config, state = hf_llama.to_hf(model, flat_state_dict(ours.state_dict(), model), architecture)
     hf = _saved_and_loaded(config, state, tmp_path)
-    assert isinstance(hf, MistralForCausalLM if architecture == "mistral" else LlamaForCausalLM)
+    expected = {"mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM, "olmo": OlmoForCausalLM}
+    assert isinstance(hf, expected.get(architecture, LlamaForCausalLM))
     tokens = random_tokens(seq=16)
     with torch.no_grad():
         torch.testing.assert_close(hf(tokens).logits, our_logits(ours, tokens), rtol=0, atol=1e-4)
@@ -177,3 +200,22 @@ def _randomised_state(config):
     torch.manual_seed(0)
     state = flat_state_dict(GPT2ModelSequential(config, SingleProcessState()).state_dict(), config)
     return {name: torch.randn_like(t) * (0.3 if t.dim() > 1 else 1.0) for name, t in state.items()}
+
+
+def test_llama31_config_json_as_published_with_rope_scaling_and_rope_theta(tmp_path):
+    """Llama 3.1 / 3.2's config.json as published (written by transformers 4: `rope_scaling` with `rope_type` llama3
+    beside a top-level `rope_theta`, no rope_parameters) converts with the scaling: transformers' logits."""
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama(kv_heads=2, tied=True, rope=LLAMA3_ROPE).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    config = json.loads(path.read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_theta"] = rope.pop("rope_theta")
+    config["rope_scaling"] = rope
+    path.write_text(json.dumps(config))
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    convert_hf_to_neox(str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path / "model.yml"))
+    ckpt = read_checkpoint(str(tmp_path / "ckpt"))
+    assert ckpt.config.rope_scaling_dict == LLAMA3_ROPE
+    assert_matches_hf(our_model(ckpt.config, ckpt.state), hf)

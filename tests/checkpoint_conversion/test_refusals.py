@@ -20,6 +20,8 @@ MIXTRAL = dict(moe_num_experts=4, moe_top_k=2, moe_router_type="topk", expert_in
 @pytest.mark.parametrize("overrides,message", [
     (dict(pos_emb="learned"), "pos_emb='learned'"),
     (dict(norm="rmsnorm"), "--architecture llama"),
+    (dict(norm="non_parametric_layernorm"), "norm='non_parametric_layernorm'"),
+    (dict(use_bias_in_qkv=False), "use_bias_in_qkv=false with use_bias_in_attn_linear=true: GPTNeoX's"),
     (dict(activation="swiglu"), "activation='swiglu'"),
     (dict(num_kv_heads=1), "grouped-query"),
     (dict(use_bias_in_mlp=False), "use_bias_in_mlp=false"),
@@ -35,6 +37,7 @@ def test_gptneox_refuses(overrides, message):
 @pytest.mark.parametrize("architecture,overrides,message", [
     ("llama", dict(rotary_pct=0.5), "rotary_pct=0.5"),
     ("llama", dict(norm="layernorm"), "needs rmsnorm"),
+    ("llama", dict(norm="non_parametric_layernorm"), "norm='non_parametric_layernorm'"),
     ("llama", dict(gpt_j_residual=True), "parallel residual"),
     ("llama", dict(sliding_window_width=4), "--architecture mistral"),
     ("mistral", dict(use_bias_in_mlp=True), "Mistral has no linear biases"),
@@ -45,6 +48,15 @@ def test_gptneox_refuses(overrides, message):
     ("mixtral", dict(MIXTRAL, moe_router_type="sinkhorn"), "moe_router_type='sinkhorn'"),
     ("mixtral", dict(MIXTRAL, moe_type="deepspeed"), "Mixtral's experts are dropless"),
     ("mixtral", dict(MIXTRAL, use_bias_in_mlp=True), "Mixtral has no linear biases"),
+    ("llama", dict(use_bias_in_qkv=True), "use_bias_in_qkv=true with use_bias_in_attn_linear=false: Llama's "
+                                          "attention_bias sets q, k, v and o together"),
+    ("mistral", dict(use_bias_in_qkv=True), "use_bias_in_qkv=true: Mistral has no linear biases"),
+    ("qwen2", dict(), "use_bias_in_qkv=false: Qwen2 has biases on q, k and v"),
+    ("olmo", dict(), "norm='rmsnorm': OLMo's LayerNorms have no weight or bias"),
+    ("olmo", dict(norm="non_parametric_layernorm", layernorm_epsilon=1e-6), "epsilon is fixed at 1e-05"),
+    ("olmo", dict(norm="non_parametric_layernorm", use_bias_in_mlp=True), "OLMo's MLP has no biases"),
+    ("qwen2", dict(use_bias_in_qkv=True, use_bias_in_mlp=True), "use_bias_in_mlp=true: Qwen2's output projection"),
+    ("qwen2", dict(use_bias_in_qkv=True, sliding_window_width=4), "Qwen2's sliding window"),
 ])
 def test_llama_refuses(architecture, overrides, message):
     with pytest.raises(ConversionError, match=message):
@@ -86,6 +98,29 @@ def test_unsupported_hf_models(tmp_path):
         convert_hf_to_neox(str(tmp_path / "tanh"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
 
 
+def test_qwen2_sliding_window_olmo_clip_qkv_and_unconverted_rope_types_name_config_json_keys(tmp_path):
+    from tests.checkpoint_conversion.helpers import tiny_qwen2
+
+    model = tiny_qwen2()
+    model.config.use_sliding_window, model.config.sliding_window = True, 4
+    model.save_pretrained(tmp_path / "window")
+    with pytest.raises(ConversionError, match="config.json use_sliding_window=true"):
+        convert_hf_to_neox(str(tmp_path / "window"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+    from tests.checkpoint_conversion.helpers import tiny_olmo
+
+    model = tiny_olmo()
+    model.config.clip_qkv = 8.0
+    model.save_pretrained(tmp_path / "clip")
+    with pytest.raises(ConversionError, match="config.json clip_qkv=8.0"):
+        convert_hf_to_neox(str(tmp_path / "clip"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+    model = tiny_llama()
+    model.config.rope_parameters = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+                                    "long_factor": [2.0] * 4, "original_max_position_embeddings": 16}
+    model.save_pretrained(tmp_path / "longrope")
+    with pytest.raises(ConversionError, match=r"rope_scaling.rope_type='longrope' \(per-frequency"):
+        convert_hf_to_neox(str(tmp_path / "longrope"), str(tmp_path / "o"), str(tmp_path / "c.yml"))
+
+
 def test_multi_query_attention_cannot_be_split_over_two_ranks(tmp_path):
     tiny_llama(kv_heads=1).save_pretrained(tmp_path / "mqa")
     with pytest.raises(ConversionError, match="num_kv_heads=1 must be divisible by model_parallel_size=2"):
@@ -117,3 +152,20 @@ def test_gpt_neox_mamba_checkpoint_saved_with_tensor_parallelism_is_refused(tmp_
         read_checkpoint(str(path))
     assert gpt_neox_mamba_problem(1, ("mamba", "mamba")) is None
     assert gpt_neox_mamba_problem(2, ("global", "rwkv")) is None
+
+
+def test_gpt_neox_checkpoint_with_a_non_parametric_qk_layernorm_is_refused(tmp_path):
+    """GPT-NeoX's use_qk_layernorm is one norm over all heads, ours one per head; with non_parametric_layernorm no
+    tensor shows the difference, so the checkpoint is refused by its config before any tensor is read."""
+    from megatron.checkpoint.format import gpt_neox_qk_norm_problem
+    from tests.checkpoint_conversion.gpt_neox_files import gpt_neox_yaml, write_gpt_neox_checkpoint
+
+    values = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, max_position_embeddings=16,
+                  norm="non_parametric_layernorm", pos_emb="rotary", use_qk_layernorm=True, model_parallel_size=1,
+                  pipe_parallel_size=0)
+    path = write_gpt_neox_checkpoint(tmp_path, {0: [{"word_embeddings.weight": torch.zeros(48, 32)}]},
+                                     gpt_neox_yaml(values), {"num_layers": 2}, pp=0)
+    with pytest.raises(ConversionError, match="GPT-NeoX's use_qk_layernorm normalises queries and keys over all"):
+        read_checkpoint(str(path))
+    assert gpt_neox_qk_norm_problem(True, "layernorm") is None  # its qk_layernorm tensors are refused instead
+    assert gpt_neox_qk_norm_problem(False, "non_parametric_layernorm") is None

@@ -172,3 +172,20 @@ def test_gmlp_slots_hold_gpt_neox_s_entries_and_its_unused_biases_load_as_nothin
     torch.testing.assert_close(model(inputs), before, rtol=0, atol=0)
     assert gpt_neox_gmlp_problem(2, ("global", "gmlp")) and gpt_neox_gmlp_problem(1, ("amlp",)) is None
     assert gpt_neox_gmlp_problem(2, ("global", "mamba")) is None
+
+
+def test_saved_rotary_frequencies_carry_rope_scaling_and_a_checkpoint_from_before_scaling_loads():
+    """rotary_save_freqs_buffer saves the scaled frequencies; a checkpoint saved without scaling (before the context
+    was extended) loads into a model with rope_scaling (the buffer is computed, never learned); one saved with
+    other scaling is refused naming rope_scaling."""
+    from megatron.model.positional import rotary_frequencies
+
+    llama3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position_embeddings=4)
+    scaled = _model(pos_emb="rotary", rotary_save_freqs_buffer=True, rope_scaling=llama3).state_dict()
+    torch.testing.assert_close(scaled["sequential.2.attention.rotary_emb.inv_freq"],
+                               rotary_frequencies(8, 10000.0, llama3, 16)[0], rtol=0, atol=0)
+    plain = _model(pos_emb="rotary", rotary_save_freqs_buffer=True).state_dict()
+    _model(pos_emb="rotary", rotary_save_freqs_buffer=True, rope_scaling=llama3).load_state_dict(plain, strict=True)
+    with pytest.raises(LayoutError, match="rope_scaling"):
+        _model(pos_emb="rotary", rope_scaling=dict(llama3, factor=2.0)).load_state_dict(scaled, strict=True)

@@ -78,8 +78,11 @@ def _check_ring_attention(state: ParallelState, variants=((4, False), (2, False)
 def _check_model_grads(state: ParallelState, rank: int) -> None:
     """CP=2 x TP=2: the loss value is CP=1's on every rank; the gradients summed over the context-parallel ranks
     (what DeepSpeed does) are CP=1's (this rank's tensor-parallel shard). Full recomputation and sequence
-    parallelism compose."""
-    for overrides in (MODEL, dict(MODEL, pos_emb="learned", checkpoint_activations=True, sequence_parallel=True)):
+    parallelism compose; so does YaRN RoPE scaling (its frequencies and attention factor at each chunk's
+    positions)."""
+    yarn = dict(MODEL, rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=8))
+    for overrides in (MODEL, dict(MODEL, pos_emb="learned", checkpoint_activations=True, sequence_parallel=True),
+                      yarn):
         ref = build_model(tiny_config(model_parallel_size=2, **overrides), SingleProcessState())  # split: the state's
         text = _text(0)
         inputs, labels = _full_batch(text)

@@ -59,6 +59,19 @@ def test_norm_families(norm):
         torch.testing.assert_close(y.norm(dim=-1), torch.ones(5), atol=1e-5, rtol=0)
 
 
+def test_non_parametric_layernorm_is_torch_layer_norm_without_weight_or_bias():
+    """GPT-NeoX's norm 'non_parametric_layernorm' (its PR #1338): F.layer_norm with no affine, layernorm_epsilon."""
+    config = tiny_config(norm="non_parametric_layernorm", layernorm_epsilon=0.5, use_qk_layernorm=True)
+    layer = build_norm(config, 64)
+    x = torch.randn(5, 64, dtype=torch.float64) * 0.3 + 1
+    expected = torch.nn.functional.layer_norm(x, (64,), None, None, 0.5)
+    torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-12)
+    assert list(layer.parameters()) == []
+    model, _, _ = _run(norm="non_parametric_layernorm", use_qk_layernorm=True)
+    names = [name for name, _ in model.named_parameters()]
+    assert not any("norm" in name for name in names), names
+
+
 def test_norm_bias_flag_and_unsupported_norms():
     assert build_norm(tiny_config(use_bias_in_norms=False), 8).bias is None
     with pytest.raises(ConfigError, match="te_layernorm"):
@@ -160,6 +173,12 @@ def test_bias_flags_remove_biases():
     layer = model.layers[0]
     assert layer.attention.query_key_value.bias is None and layer.attention.dense.bias is None
     assert layer.mlp.linear1.bias is None and layer.mlp.linear2.bias is None
+    qwen2, _, _ = _run(use_bias_in_attn_linear=False, use_bias_in_qkv=True)  # Qwen2's: q/k/v only
+    attention = qwen2.layers[0].attention
+    assert attention.query_key_value.bias is not None and attention.dense.bias is None
+    no_qkv, _, _ = _run(use_bias_in_attn_linear=True, use_bias_in_qkv=False)
+    attention = no_qkv.layers[0].attention
+    assert attention.query_key_value.bias is None and attention.dense.bias is not None
     assert layer.input_layernorm.bias is None
 
 

@@ -1,5 +1,5 @@
-"""TP=2 (with and without sequence parallelism) gives the TP=1 logits, loss and gradients (fp32),
-and KV-cache decoding at TP=2 gives the full-forward logits. Every other config takes its TP=2 loss from the head's
+"""TP=2 (with and without sequence parallelism; RoPE scaling, non-parametric norms and q/k/v-only biases too) gives
+the TP=1 logits, loss and gradients (fp32), and KV-cache decoding at TP=2 gives the full-forward logits. Every other config takes its TP=2 loss from the head's
 DeferredLogits (as training does: logits and cross entropy in chunks of 5 tokens, all-reduced within each chunk)."""
 from unittest import mock
 
@@ -21,6 +21,9 @@ CONFIGS = [
     dict(pos_emb="rotary", num_kv_heads=2, activation="geglu", sequence_parallel=True),
     dict(pos_emb="alibi", gpt_j_residual=True, sequence_parallel=True, use_qk_layernorm=True),
     dict(pos_emb="rpe", norm="scalenorm", no_weight_tying=True, sequence_parallel=True),
+    dict(pos_emb="rotary", num_kv_heads=2, norm="non_parametric_layernorm", use_qk_layernorm=True,
+         use_bias_in_attn_linear=False, use_bias_in_qkv=True,  # Qwen2's q/k/v-only biases, split with GQA
+         rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=4)),
 ]
 
 

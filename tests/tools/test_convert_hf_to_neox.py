@@ -12,7 +12,7 @@ import yaml
 
 from tests.checkpoint_conversion.engine_logits import engine_logits, runtime_config
 from tests.checkpoint_conversion.helpers import (hf_greedy, random_tokens, save_tiny_tokenizer, tiny_gptneox,
-                                                tiny_llama)
+                                                tiny_llama, tiny_qwen2)
 from tests.e2e.launch import free_port, run_deepy
 from tests.e2e.training_run import build_tiny_corpus
 from tests.tools.tool_runner import load_tool
@@ -72,6 +72,46 @@ def test_train_py_finetunes_from_a_converted_checkpoint(tmp_path):
     assert (tmp_path / "finetuned" / "global_step2" / "COMPLETE").is_file()
 
 
+FAMILIES = {  # the Llama 3.2-style model's TP-2 generation: docs/fine-tuning.md's worked example
+    "qwen2": lambda: tiny_qwen2(kv_heads=2, tied=True, rope=dict(rope_type="yarn", factor=2.0)),
+    "mistral": lambda: tiny_llama(kv_heads=2, mistral_window=5),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_generate_py_at_tensor_parallel_2_gives_transformers_greedy_tokens(tmp_path, family):
+    """Qwen2 (q/k/v biases, tied, YaRN RoPE scaling) and Mistral (a sliding window shorter than prompt +
+    continuation) converted at TP 2: `deepy.py generate.py` on two ranks continues each prompt with transformers'
+    greedy tokens (the Llama 3.2-style model: tests/tools/test_fine_tuning_doc.py)."""
+    hf = FAMILIES[family]()
+    hf.save_pretrained(tmp_path / "hf")
+    save_tiny_tokenizer(tmp_path / "hf")
+    model_yml = tmp_path / "model.yml"
+    assert load_tool(TOOL).main(["--hf_dir", str(tmp_path / "hf"), "--output_dir", str(tmp_path / "ckpt"),
+                                 "--config_out", str(model_yml), "--model_parallel_size", "2"]) == 0
+    _assert_generate_gives_hf_greedy(hf, [model_yml, runtime_config(tmp_path / "run")], tmp_path)
+
+
+def _assert_generate_gives_hf_greedy(hf, configs, tmp_path) -> None:
+    """`deepy.py generate.py CONFIGS -i prompts` continues two prompts with ``hf``'s greedy tokens."""
+    from tokenizers import Tokenizer
+
+    prompts = ["w5 w17 w9 w30", "w2 w3"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    out = tmp_path / "samples.jsonl"
+    result = run_deepy(["generate.py", *map(str, configs), "-i", str(tmp_path / "prompts.txt"), "-o", str(out),
+                        "--master_port", str(free_port())])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
+    tokenizer = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["context"] for r in records] == prompts
+    for prompt, record in zip(prompts, records):
+        ids = torch.tensor([tokenizer.encode(prompt).ids])
+        want = hf_greedy(hf, ids, record["length"])[0, ids.size(1):].tolist()
+        assert record["length"] > 0 and tokenizer.encode(record["text"]).ids == want, (record, want)
+
+
 def test_missing_hf_dir_exits_2(tmp_path, capsys):
     assert load_tool(TOOL).main(["--hf_dir", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "o"),
                                  "--config_out", str(tmp_path / "c.yml")]) == 2
@@ -85,7 +125,6 @@ def test_config_out_alone_serves_generate_and_the_reverse_conversion(tmp_path):
     iterations) is all that `deepy.py generate.py` and `convert_neox_to_hf.py --config_file` need: greedy
     generation gives transformers' greedy tokens, and converting back gives the original tensors."""
     from safetensors.torch import load_file
-    from tokenizers import Tokenizer
 
     hf = tiny_gptneox(parallel_residual=True, rotary_pct=0.5, tied=False)
     hf.save_pretrained(tmp_path / "hf")
@@ -96,19 +135,7 @@ def test_config_out_alone_serves_generate_and_the_reverse_conversion(tmp_path):
     written = set(yaml.safe_load(model_yml.read_text()))
     assert not {"train_micro_batch_size_per_gpu", "optimizer", "train_iters"} & written
 
-    prompts = ["w5 w17 w9 w30", "w2 w3"]
-    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
-    out = tmp_path / "samples.jsonl"
-    result = run_deepy(["generate.py", str(model_yml), "-i", str(tmp_path / "prompts.txt"), "-o", str(out),
-                        "--master_port", str(free_port())])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-4000:]
-    tokenizer = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["context"] for r in records] == prompts
-    for prompt, record in zip(prompts, records):
-        ids = torch.tensor([tokenizer.encode(prompt).ids])
-        want = hf_greedy(hf, ids, record["length"])[0, ids.size(1):].tolist()
-        assert record["length"] > 0 and tokenizer.encode(record["text"]).ids == want
+    _assert_generate_gives_hf_greedy(hf, [model_yml], tmp_path)
 
     assert load_tool("tools/ckpts/convert_neox_to_hf.py").main([
         "--input_dir", str(tmp_path / "ckpt"), "--config_file", str(model_yml),

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Convert a local Hugging Face GPTNeoX / Llama / Mistral / Mamba folder to a checkpoint of this framework.
+"""Convert a local Hugging Face GPTNeoX / Llama / Mistral / Mixtral / Qwen2 / OLMo / Mamba folder (RoPE scaling
+linear, dynamic, yarn or llama3 included) to a checkpoint of this framework.
 
     python tools/ckpts/convert_hf_to_neox.py --hf_dir hf/pythia-70m --output_dir checkpoints/pythia-70m \\
         --config_out configs/pythia-70m-converted.yml --model_parallel_size 2 --pipe_parallel_size 1

@@ -10,7 +10,10 @@ Writes config.json, model.safetensors and, when the config names a tokenizer.jso
 tokenizer_config.json. Without --config_file the checkpoint's own neox_args.json (a GPT-NeoX checkpoint: its
 configs/*.yml) describes the model.
 --architecture neox gives GPTNeoXForCausalLM; llama / mistral give LlamaForCausalLM / MistralForCausalLM
-for rmsnorm + swiglu + rotary models; mixtral gives MixtralForCausalLM for such models with a dropless
+for rmsnorm + swiglu + rotary models; qwen2 gives Qwen2ForCausalLM for such models with biases on q, k and v only
+(use_bias_in_qkv: true, use_bias_in_attn_linear / use_bias_in_mlp: false); olmo gives OlmoForCausalLM for such
+models with norm non_parametric_layernorm (epsilon 1e-5); RoPE scaling (rope_scaling) goes into
+config.json's rope_parameters; mixtral gives MixtralForCausalLM for such models with a dropless
 mixture of experts in every layer (top-k routing, k >= 2); mamba gives MambaForCausalLM for pure-Mamba models
 (rmsnorm without bias, pos_emb none). A reward model (train_impl rm) becomes GPTNeoX / Llama / Mistral's
 *ForSequenceClassification (--pad-token-id: the id it skips to find the scored last token). What a target

@@ -70,10 +70,12 @@ class NeoXArgsModel:
     Maximum number of position embeddings to use. This is the size of position embedding.
     """
 
-    norm: Literal['layernorm', 'rmsnorm', 'scalenorm', 'te_rmsnorm', 'te_layernorm'] = 'layernorm'
+    norm: Literal['layernorm', 'non_parametric_layernorm', 'rmsnorm', 'scalenorm', 'te_rmsnorm',
+                  'te_layernorm'] = 'layernorm'
     """
-    Normalization layer to use. Choose from "layernorm", "rmsnorm", "scalenorm", "te_rmsnorm",
-    "te_layernorm".
+    Normalization layer to use. Choose from "layernorm", "non_parametric_layernorm", "rmsnorm", "scalenorm",
+    "te_rmsnorm", "te_layernorm". "non_parametric_layernorm" is a LayerNorm without learnable weight or bias
+    (as GPT-NeoX's and OLMo's); it uses layernorm_epsilon and cannot be fused (layernorm_fusion).
     """
 
     layernorm_fusion: bool = False
@@ -251,6 +253,16 @@ class NeoXArgsModel:
     Base for rotary positional embedding
     """
 
+    rope_scaling: Optional[dict] = None
+    """
+    RoPE scaling as Hugging Face names it in config.json: a dict with rope_type (or type) 'linear', 'dynamic',
+    'yarn' or 'llama3' and its parameters: factor (all); low_freq_factor, high_freq_factor and
+    original_max_position_embeddings (llama3); original_max_position_embeddings, attention_factor, beta_fast,
+    beta_slow, mscale, mscale_all_dim, truncate (yarn, optional). E.g. {rope_type: llama3, factor: 8.0,
+    low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192}. The base and the rotated
+    share stay rotary_emb_base and rotary_pct. Not a GPT-NeoX argument (GPT-NeoX has no RoPE scaling).
+    """
+
     rotary_save_freqs_buffer: bool = False
     """
     Used to control whether the `inv_freqs` buffer in rotary embeddings will be stored in checkpoints
@@ -326,6 +338,13 @@ class NeoXArgsModel:
     use_bias_in_attn_linear: bool = True
     """
     If false, attn_linear (e.g. QKVO) will not have bias terms
+    """
+
+    use_bias_in_qkv: Optional[bool] = None
+    """
+    Whether the query / key / value projection has bias terms, apart from the attention's output projection:
+    null (default) follows use_bias_in_attn_linear; true with use_bias_in_attn_linear false is Qwen2's layout
+    (biases on q, k and v only). Not a GPT-NeoX argument.
     """
 
     use_bias_in_mlp: bool = True
