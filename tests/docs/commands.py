@@ -28,12 +28,21 @@ class NotRun:
     reason: str
 
 
+@dataclass(frozen=True)
+class RunAsWritten:
+    """Run as the page writes it by `test`, which reads the page's ```bash blocks and runs them (so the words cannot
+    drift from what runs)."""
+    test: str
+    page: str
+
+
 CATEGORIES = ("install", "suite", "gpu", "multi-host", "benchmark", "network", "server")
-Entry = Union[Run, Mapped, NotRun]
+Entry = Union[Run, Mapped, NotRun, RunAsWritten]
 
 OWN_DATA = Run("test_own_data_recipe: a tiny JSONL through the commands as written, then deepy.py's checks of the "
                "config they make")
 TRAIN_E2E = "tests/e2e/test_train.py"
+FINE_TUNING_EXAMPLE = RunAsWritten("tests/tools/test_fine_tuning_doc.py", "docs/fine-tuning.md")
 INSTALL = NotRun("install", "changes the Python environment; .ci/run installs with it on every CI run, and "
                             "tests/test_requirements_lock.py checks every install line of README takes the lock")
 
@@ -211,4 +220,23 @@ COMMANDS: Dict[str, Entry] = {
     "python deepy.py train.py configs/my-model.yml configs/my-finetuning-data-and-optimizer.yml": Mapped(
         {"tests/tools/test_convert_hf_to_neox.py": ("train.py", "--config_out"),
          "tests/e2e/test_gpt_neox_checkpoints.py": ("convert_hf_to_neox", "finetune")}),
+    # docs/fine-tuning.md
+    "python deepy.py train.py configs/125M.yml configs/local_setup.yml --set train_iters=100 --set "
+    "optimizer.params.lr=3e-4": Mapped(
+        {"tests/launch/test_set_overrides.py": ("--set", "train_iters=100", "optimizer.params.lr=3e-4")},
+        "the overrides on a small config in-process (125M would need its data); the worked example below launches "
+        "with --set"),
+    "python - <<PY": FINE_TUNING_EXAMPLE,
+    "python tools/ckpts/convert_hf_to_neox.py --hf_dir tiny-llama --output_dir checkpoints/tiny-llama --config_out "
+    "tiny-llama.yml --model_parallel_size 2": FINE_TUNING_EXAMPLE,
+    "python tools/datasets/preprocess_data.py --input documents.jsonl --output-prefix data/counting --tokenizer-type "
+    "HFTokenizer --vocab-file tiny-llama/tokenizer.json --append-eod --no-progress": FINE_TUNING_EXAMPLE,
+    "cat > finetune.yml <<YML": FINE_TUNING_EXAMPLE,
+    "python deepy.py train.py tiny-llama.yml finetune.yml --set train_iters=60 --set optimizer.params.lr=3e-3":
+        FINE_TUNING_EXAMPLE,
+    "python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/tiny-llama-finetuned --output_dir "
+    "tiny-llama-finetuned --architecture llama": FINE_TUNING_EXAMPLE,
+    "printf w10 w11 w12\\nw50 w51\\nw7 w99 w3\\n > prompts.txt": FINE_TUNING_EXAMPLE,
+    "python deepy.py generate.py tiny-llama.yml --num_gpus 2 --load checkpoints/tiny-llama-finetuned -i prompts.txt "
+    "-o samples.jsonl --set temperature=0.0 --set maximum_tokens=8": FINE_TUNING_EXAMPLE,
 }

@@ -1,6 +1,7 @@
 """The shell commands of the documentation: every line of a ```bash block in README.md, docs/*.md and the files
 those pages include with pymdownx.snippets (`--8<-- "path"` or `--8<-- "path:section"`), continuation lines joined,
-comments dropped, an empty word written "", and `a && b` split into `a` and `b`. A command is keyed by its words joined with single spaces, as
+comments dropped, an empty word written "", `a && b` split into `a` and `b`, and a here-document's body (after
+`<<'END'` up to `END`) taken as part of the command that opens it. A command is keyed by its words joined with single spaces, as
 tests/docs/commands.py writes it."""
 import re
 import shlex
@@ -11,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 INCLUDE = re.compile(r'^\s*--8<--\s+"([^":]+)(?::[^"]*)?"\s*$', re.M)
 FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
+HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 
 
 def documentation_files() -> List[Path]:
@@ -38,7 +40,15 @@ def fenced_blocks(text: str) -> Iterator[Tuple[int, str, str]]:
 def block_commands(block: str) -> List[str]:
     """The commands of one shell block, each as its words joined by single spaces."""
     commands: List[str] = []
+    here_document_end = None
     for line in block.replace("\\\n", " ").splitlines():
+        if here_document_end is not None:
+            if line.strip() == here_document_end:
+                here_document_end = None
+            continue
+        opens = HEREDOC.search(line)
+        if opens:
+            here_document_end = opens.group(2)
         words = shlex.split(line, comments=True)
         current: List[str] = []
         for word in words + ["&&"]:

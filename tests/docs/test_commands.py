@@ -11,7 +11,7 @@ from typing import Iterable, List, Optional
 import pytest
 import yaml
 
-from tests.docs.commands import CATEGORIES, COMMANDS, OWN_DATA, Mapped, NotRun, Run
+from tests.docs.commands import CATEGORIES, COMMANDS, OWN_DATA, Mapped, NotRun, Run, RunAsWritten
 from tests.docs.extract import REPO, documented_commands, fenced_blocks
 
 FLAG = re.compile(r"^\[?(--[A-Za-z][\w-]*)")
@@ -95,6 +95,11 @@ def test_mapped_tests_run_their_commands():
         if isinstance(entry, NotRun):
             if entry.category not in CATEGORIES or not entry.reason:
                 problems.append(f"{command!r}: a NotRun needs a category of {CATEGORIES} and a reason")
+            continue
+        if isinstance(entry, RunAsWritten):
+            test = REPO / entry.test
+            if not test.is_file() or entry.page not in test.read_text(encoding="utf-8").replace('" / "', "/"):
+                problems.append(f"{command!r}: {entry.test} does not read {entry.page}")
             continue
         if not isinstance(entry, Mapped):
             continue
