@@ -149,3 +149,26 @@ def test_deepspeed_engine_reads_its_files_safely(tmp_path):
     assert "mp_rank_00_model_states.pt holds a Python object" in results[1]
     assert "zero_pp_rank_0_mp_rank_00_optim_states.pt holds a Python object" in results[2]
     assert not ran
+
+
+@pytest.mark.attack("an engine told to read universal checkpoints or given another checkpoint engine, reaching "
+                    "DeepSpeed's torch.load(weights_only=False) past the config's check")
+def test_safe_loading_covers_every_checkpoint_engine_and_refuses_universal_loading(tmp_path):
+    from types import SimpleNamespace
+
+    from megatron.checkpoint.files import use_safe_loading
+
+    class OtherEngine:  # e.g. DeepSpeed's FastCheckpointEngine: its own torch.load
+        def load(self, path, map_location=None):
+            return torch.load(path, weights_only=False)
+
+    path = tmp_path / "mp_rank_00_model_states.pt"
+    plant(str(path), tmp_path / "ran")
+    engine = SimpleNamespace(checkpoint_engine=OtherEngine(), load_universal_checkpoint=lambda: False)
+    use_safe_loading(engine)
+    with pytest.raises(CheckpointError, match="holds a Python object"):
+        engine.checkpoint_engine.load(str(path))
+    engine = SimpleNamespace(checkpoint_engine=OtherEngine(), load_universal_checkpoint=lambda: True)
+    with pytest.raises(CheckpointError, match="checkpoint.load_universal is set"):
+        use_safe_loading(engine)
+    assert not (tmp_path / "ran").exists()
