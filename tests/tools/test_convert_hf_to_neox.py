@@ -118,3 +118,48 @@ def test_config_out_alone_serves_generate_and_the_reverse_conversion(tmp_path):
     names = {"lm_head.weight": "embed_out.weight"} if "embed_out.weight" in back else {}
     for name, tensor in original.items():
         assert torch.equal(back[names.get(name, name)], tensor), name
+
+
+CUSTOM_CONFIG = '''import pathlib
+pathlib.Path({marker!r}).touch()
+from transformers import PretrainedConfig
+class CustomConfig(PretrainedConfig):
+    model_type = "custom"
+'''
+
+
+def _run_converter(tmp_path, hf_dir, capsys):
+    code = load_tool(TOOL).main(["--hf_dir", str(hf_dir), "--output_dir", str(tmp_path / "o"),
+                                 "--config_out", str(tmp_path / "c.yml")])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.attack("a Hugging Face folder whose config.json has auto_map (custom code), converted with the "
+                    "answer 'y' to transformers' prompt")
+def test_a_folder_asking_for_its_own_code_is_refused_and_its_code_never_runs(tmp_path, capsys, monkeypatch):
+    hf_dir, marker = tmp_path / "hf", tmp_path / "ran"
+    hf_dir.mkdir()
+    (hf_dir / "configuration_custom.py").write_text(CUSTOM_CONFIG.format(marker=str(marker)))
+    (hf_dir / "config.json").write_text(json.dumps(
+        {"model_type": "custom", "auto_map": {"AutoConfig": "configuration_custom.CustomConfig"}}))
+    monkeypatch.setattr("builtins.input", lambda *_: "y")  # a user answering transformers' question
+    code, err = _run_converter(tmp_path, hf_dir, capsys)
+    assert not marker.exists(), "the folder's code ran"
+    assert code == 2 and f"{hf_dir / 'config.json'} has auto_map (AutoConfig)" in err, err
+    assert "trust_remote_code is off" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.attack("a pytorch_model.bin holding a pickle that runs a command, given to convert_hf_to_neox.py")
+def test_a_hostile_pytorch_model_bin_is_refused_naming_the_file(tmp_path, capsys):
+    from transformers import GPTNeoXConfig
+
+    from tests.checkpoint.test_files import plant
+
+    hf_dir, marker = tmp_path / "hf", tmp_path / "ran"
+    GPTNeoXConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  vocab_size=64).save_pretrained(hf_dir)
+    plant(str(hf_dir / "pytorch_model.bin"), marker)
+    code, err = _run_converter(tmp_path, hf_dir, capsys)
+    assert code == 2 and f"{hf_dir / 'pytorch_model.bin'} holds a Python object" in err, err
+    assert "weights_only=False" not in err and not marker.exists()
