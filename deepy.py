@@ -85,6 +85,9 @@ def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) 
 
 def _script_problems(ns: argparse.Namespace, args: NeoXArgs) -> List[str]:
     problems = [] if os.path.isfile(ns.user_script) else [f"user script not found: {ns.user_script}"]
+    if ns.user_script.startswith("-"):
+        problems.append(f"user script {ns.user_script!r} begins with '-', which DeepSpeed's runner would read as an "
+                        f"option; write ./{ns.user_script}")
     if os.path.basename(ns.user_script) in TRAINING_SCRIPTS:
         problems += args.training_problems()
     return problems

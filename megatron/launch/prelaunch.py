@@ -230,9 +230,12 @@ def _ssh(host: str, command: str, ssh_port: Optional[int] = None) -> subprocess.
     argv = ["ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}"]
     if ssh_port:
         argv += ["-p", str(ssh_port)]
+    if not HOST_ADDRESS.match(host):  # shell_problems names it; never handed to ssh
+        return subprocess.CompletedProcess(argv, 2, "", f"{host!r} is not a host name or address")
     try:
-        return subprocess.run(argv + [host, command], capture_output=True, text=True, timeout=SSH_TIMEOUT_S + 5,
-                              stdin=subprocess.DEVNULL)
+        # `--`: a host name is never read as one of ssh's options (-oProxyCommand=... runs a command)
+        return subprocess.run(argv + ["--", host, command], capture_output=True, text=True,
+                              timeout=SSH_TIMEOUT_S + 5, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         return subprocess.CompletedProcess(argv, 127, "", "ssh is not installed on this machine")
     except subprocess.TimeoutExpired:
@@ -248,7 +251,7 @@ def host_problems(args: NeoXArgsSchema) -> List[str]:
     checks the first only, with a raw traceback)."""
     if args.launcher not in SSH_LAUNCHERS or args.no_ssh_check or not multi_node_launch(args):
         return []
-    hosts = active_hosts(args)
+    hosts = [host for host in active_hosts(args) if HOST_ADDRESS.match(host)]  # shell_problems names the others
     with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
         results = list(pool.map(lambda h: _ssh(h, "true"), hosts))
     problems = []
@@ -261,8 +264,9 @@ def host_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
-HOST_ADDRESS = re.compile(r"^[A-Za-z0-9._:%\[\]-]+$")
-"""A host name, IPv4 or IPv6 address: nothing a shell would read as more than one word."""
+HOST_ADDRESS = re.compile(r"^(?!-)[A-Za-z0-9._:%\[\]-]+$")
+"""A host name, IPv4 or IPv6 address: nothing a shell would read as more than one word, nothing a command (ssh,
+pdsh, mpirun) would read as an option (no leading '-')."""
 PDSH_WORD = re.compile(r"^[\w@%+=:,./-]*$")
 """What DeepSpeed's pdsh runner leaves unquoted or double-quotes safely (its own test for quoting)."""
 
@@ -310,7 +314,7 @@ def resolve_master_addr(args: NeoXArgsSchema) -> Tuple[Optional[str], List[str]]
     if os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"], []
     hosts = active_hosts(args)
-    if not hosts:
+    if not hosts or not HOST_ADDRESS.match(hosts[0]):  # shell_problems names a host that is no host name
         return None, []
     fix = (f"set master_addr to the address of '{hosts[0]}' (rank 0's host) that the other nodes reach, or export "
            f"MASTER_ADDR")
