@@ -104,7 +104,10 @@ def space_problem(save_dir: str, needed: int) -> Optional[str]:
 def _save_failure(path: str, exc: BaseException) -> CheckpointError:
     """What a failed save (disk full, a vanished directory, a failing disk) says; `latest` has not moved."""
     save_dir = os.path.dirname(path)
-    previous = read_latest(save_dir)
+    try:
+        previous = read_latest(save_dir)
+    except CheckpointError:  # a `latest` naming another directory: nothing of it is resumed from
+        previous = None
     try:
         free = shutil.disk_usage(save_dir).free
     except OSError:

@@ -85,7 +85,10 @@ def resolve_checkpoint_dir(path: str, verified: bool = False) -> str:
         raise ConversionError(f"--input_dir {path!r} does not exist; pass a checkpoint directory such as "
                               f"save/global_step1000")
     if not model_files(path):
-        tag = resume_tag(path)[0]  # what `latest` names, or the newest complete checkpoint when it is damaged
+        try:  # what `latest` names, or the newest complete checkpoint when it is damaged
+            tag = resume_tag(path)[0]
+        except CheckpointError as exc:
+            raise ConversionError(str(exc)) from None
         if tag:
             path = os.path.join(path, tag)
     if not model_files(path):

@@ -25,7 +25,7 @@ from typing import List, Optional, Tuple
 from megatron.checkpoint.format import resume_tag
 from megatron.checkpoint.run_lock import lock_problem
 from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists, dataset_path_problem
-from megatron.errors import DataError
+from megatron.errors import CheckpointError, DataError
 from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
@@ -122,6 +122,11 @@ def load_problems(args: NeoXArgsSchema) -> List[str]:
         steps = sorted(d for d in os.listdir(load) if d.startswith("global_step"))
         return [f"iteration={args.iteration}: no checkpoint '{os.path.join(load, f'global_step{args.iteration}')}' "
                 f"(load='{load}' holds {', '.join(steps) or 'none'})"]
+    if args.iteration is None:
+        try:
+            resume_tag(load)  # `latest` naming another directory, or a missing one with nothing in its place
+        except CheckpointError as exc:
+            return [str(exc)]
     return []
 
 
@@ -156,7 +161,10 @@ def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
     if not load:
         return None
 
-    tag = resume_tag(load)[0]
+    try:
+        tag = resume_tag(load)[0]
+    except CheckpointError:  # load_problems reports it
+        return None
     match = re.fullmatch(r"global_step(\d+)", tag or "")
     return int(match.group(1)) if match else None
 

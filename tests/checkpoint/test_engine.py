@@ -452,3 +452,42 @@ def test_resuming_experts_at_another_expert_parallel_size_is_refused_with_the_wa
                                               r"layer keeps its experts stacked.*generate.py, eval.py and the "
                                               r"conversion tools read either"):
         resolve(args_for(tmp_path, no_load_optim=True, **dropless))
+
+
+@pytest.mark.attack("`latest` naming another run's checkpoint (an absolute path, ../other/global_step3), to load "
+                    "its state and then overwrite this run's complete checkpoints")
+@pytest.mark.parametrize("outside", ["absolute", "relative"])
+def test_latest_naming_a_directory_outside_the_save_directory_is_refused(tmp_path, outside):
+    ours, other = tmp_path / "ours", tmp_path / "other"
+    save(args_for(other), 3, FakeEngine())
+    args = args_for(ours)
+    for it in (4, 6):
+        save(args, it, FakeEngine())
+    named = str(other / "global_step3") if outside == "absolute" else "../other/global_step3"
+    (ours / "latest").write_text(named)
+    engine = FakeEngine()
+    with pytest.raises(CheckpointError, match=rf"{ours / 'latest'} names '{named}', which is not a directory "
+                                              rf"inside {ours}"):
+        load(args, engine)
+    assert engine.loaded == [] and complete_tags(str(ours)) == ["global_step4", "global_step6"]
+    from megatron.launch.prelaunch import load_problems
+
+    assert f"{ours / 'latest'} names '{named}'" in "".join(load_problems(args))
+
+
+@pytest.mark.attack("`latest` naming a deleted checkpoint with no complete one left: the run must not be called "
+                    "finished nor the checkpoint 'incomplete'")
+def test_latest_naming_a_deleted_directory_with_nothing_to_resume_is_one_clear_error(tmp_path):
+    import shutil
+
+    from megatron.launch.prelaunch import finished_run_message, load_problems
+
+    args = args_for(tmp_path, train_iters=4)
+    save(args, 4, FakeEngine())
+    shutil.rmtree(tmp_path / "global_step4")
+    message = (f"{tmp_path / 'latest'} names 'global_step4', which does not exist in {tmp_path} (deleted or "
+               f"moved?), and it holds no other checkpoint: there is nothing to resume from")
+    with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        find_checkpoint(args)  # train.py, generate.py and eval.py find their checkpoint here
+    assert message in "".join(load_problems(args))  # deepy.py refuses before launch
+    assert finished_run_message(args) is None  # not "nothing to train ... at iteration 4"
