@@ -12,6 +12,7 @@ import megatron.checkpoint.engine
 from megatron.checkpoint.engine import find_checkpoint, load_checkpoint, resolve_checkpoint, restore_rng, save_checkpoint
 from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint.format import complete_tags, read_latest
+from megatron.checkpoint.integrity import write_manifest
 from megatron.errors import CheckpointError
 from megatron.model.config import ModelConfig
 from tests.checkpoint.weights_only import assert_loads_weights_only
@@ -139,7 +140,7 @@ def test_a_checkpoint_whose_rng_file_holds_numpy_arrays_still_resumes(tmp_path):
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
                os.path.join(path, "rng_state_rank0.pt"))
     expected = _draws()
-    os.remove(os.path.join(path, "checksums.xxh128"))  # the file changed after the save; its manifest would say so
+    write_manifest(path)  # the file changed after the save; its manifest would say so
     _seed(1)
     load(args, FakeEngine())
     assert _draws() == expected
