@@ -25,6 +25,7 @@ from megatron.neox_arguments.hostfile import is_local_launch
 from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variables_to_workers, multi_node_launch,
                                               worker_environment)
 from megatron.neox_arguments.loading import resolve_config_paths
+from megatron.utils.process_tree import children_end_with_this_process
 
 TRAINING_SCRIPTS = ("train.py",)
 
@@ -222,7 +223,8 @@ def _run_runner(args: NeoXArgs, argv: List[str], forwarding: Optional[ForwardSig
     deepspeed_logger.addFilter(abbreviate)
     forwarding = (forwarding or ForwardSignals()).install()
     try:
-        runner.main(argv)
+        with children_end_with_this_process():  # kill -9 of deepy.py: the launcher and the ranks end too
+            runner.main(argv)
     except (RuntimeError, ValueError) as exc:  # the runner's own refusals, before any worker starts
         print(f"error: DeepSpeed's runner did not start the workers: {exc}", file=sys.stderr)
         return 2
