@@ -187,6 +187,7 @@ def test_pruning_orders_tags_by_iteration_and_keeps_the_one_latest_names(tmp_pat
 
 
 @pytest.mark.fault
+@pytest.mark.attack("`latest` naming an interrupted save, to load a partial checkpoint")
 def test_latest_naming_an_incomplete_directory_is_refused(tmp_path):
     args = args_for(tmp_path)
     save(args, 2, FakeEngine())
@@ -240,6 +241,8 @@ def test_a_crash_between_complete_and_latest_resumes_from_the_newest_complete(tm
 @pytest.mark.parametrize("latest", [None, "", "\x00\x8fgarbage", b"\xff\xfe\x9c\x00\xc3", "global_step99"],
                          ids=["deleted", "empty", "garbage", "random-bytes", "a-missing-directory"])
 @pytest.mark.fault
+@pytest.mark.attack("a deleted, empty or garbage `latest`, to resume from an older checkpoint (or none) and "
+                    "overwrite complete ones")
 def test_a_damaged_latest_resumes_from_the_newest_complete_checkpoint(tmp_path, capsys, latest):
     args = args_for(tmp_path)
     for it in (4, 8):

@@ -67,6 +67,7 @@ def _flip_middle_byte(file):
 
 
 @pytest.mark.parametrize("damage", ["middle", "first-bytes", "truncated-rng", "missing-model", "neox-args"])
+@pytest.mark.attack("a checkpoint file damaged, truncated or deleted after its save, to be loaded silently")
 def test_a_damaged_file_is_named_and_nothing_is_loaded(two_checkpoints, damage):
     args, path = two_checkpoints
     if damage == "middle":  # still a readable file: it loaded silently before checksums

@@ -126,6 +126,7 @@ def test_a_missing_prompts_file_or_eval_task_file_is_named_before_launch(deepy_m
 
 
 @pytest.mark.fault
+@pytest.mark.attack("a save directory under a file or on a read-only filesystem: a traceback at the first save")
 def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp_path, monkeypatch):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -144,6 +145,8 @@ def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp
 
 
 @pytest.mark.fault
+@pytest.mark.attack("a second run on a save directory another run is writing, to interleave and replace its "
+                    "checkpoints")
 def test_a_save_directory_another_run_is_writing_is_refused(deepy_main, files, tmp_path):
     """The run lock (megatron.checkpoint.run_lock) is held by another process: deepy.py names it and starts nothing."""
     ckpt = tmp_path / "ckpt"
@@ -236,6 +239,8 @@ def test_rank_zero_address_is_found_or_asked_for(deepy_main, files, tmp_path):
 @pytest.mark.parametrize("hostile", ["10.0.0.1;touch /tmp/neox_pwned", "$(touch /tmp/neox_pwned)", "node\nrm -rf x",
                                      "`id`"])
 @pytest.mark.fault
+@pytest.mark.attack("shell metacharacters in master_addr, forwarded variables and slurm's comment, to run a "
+                    "command through a launcher's shell")
 def test_hostile_values_never_reach_a_shell(deepy_main, files, tmp_path, monkeypatch, hostile):
     """Values a launcher would pass to a shell unquoted are refused before anything starts: master_addr for every
     launcher; with pdsh also the script path and the forwarded variables, which DeepSpeed's runner writes into each
