@@ -163,3 +163,38 @@ def test_a_hostile_pytorch_model_bin_is_refused_naming_the_file(tmp_path, capsys
     code, err = _run_converter(tmp_path, hf_dir, capsys)
     assert code == 2 and f"{hf_dir / 'pytorch_model.bin'} holds a Python object" in err, err
     assert "weights_only=False" not in err and not marker.exists()
+
+
+@pytest.mark.attack("convert_hf_to_neox.py writing over a complete checkpoint, a running run's save directory or "
+                    "a user's config file")
+def test_the_converter_replaces_no_checkpoint_and_no_config_it_did_not_write(tmp_path, capsys):
+    from megatron.checkpoint.run_lock import RunLock
+
+    from transformers import GPTNeoXConfig
+
+    hf_dir = tmp_path / "hf"  # refused before its weights are read: a config is enough
+    GPTNeoXConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  vocab_size=64).save_pretrained(hf_dir)
+    out, config_out = tmp_path / "out", tmp_path / "c.yml"
+    (out / "global_step0").mkdir(parents=True)  # a complete checkpoint (of an earlier conversion)
+    (out / "global_step0" / "COMPLETE").write_text("0\n")
+    argv = ["--hf_dir", str(hf_dir), "--output_dir", str(out), "--config_out", str(config_out)]
+    assert load_tool(TOOL).main(argv) == 2
+    assert f"{out / 'global_step0'} exists already (a complete checkpoint); it is not replaced" in \
+        capsys.readouterr().err
+    assert os.listdir(out / "global_step0") == ["COMPLETE"] and not config_out.exists()
+    mine = tmp_path / "mine.yml"
+    mine.write_text("num_layers: 2\n")
+    assert load_tool(TOOL).main(["--hf_dir", str(hf_dir), "--output_dir", str(tmp_path / "new"),
+                                 "--config_out", str(mine)]) == 2
+    assert f"--config_out {str(mine)!r} exists and is not a config this tool wrote" in capsys.readouterr().err
+    assert mine.read_text() == "num_layers: 2\n" and not (tmp_path / "new").exists()
+    lock = RunLock(str(tmp_path / "running"))
+    assert lock.acquire() is None
+    try:
+        assert load_tool(TOOL).main(["--hf_dir", str(hf_dir), "--output_dir", str(tmp_path / "running"),
+                                     "--config_out", str(tmp_path / "r.yml")]) == 2
+        assert "is in use by another training run" in capsys.readouterr().err
+    finally:
+        lock.release()
+    assert not (tmp_path / "running" / "global_step0").exists()
