@@ -293,6 +293,10 @@ def shell_problems(args: NeoXArgsSchema, master_addr: Optional[str], environ=Non
         problems.append(f"master_addr={master_addr!r} is not a host name or address (only letters, digits and "
                         f"'.:-_%[]'); the launchers pass it to shells and to every rank")
     if multi_node_launch(args):
+        hostfile = _hostfile_name(args)
+        if hostfile.startswith("-"):  # DeepSpeed's runner hands it to mpirun as `-hostfile PATH`
+            problems.append(f"hostfile '{hostfile}' begins with '-', which mpirun would read as an option; write "
+                            f"./{hostfile}")
         for host in active_hosts(args):
             if not HOST_ADDRESS.match(host):
                 problems.append(f"hostfile '{_hostfile_name(args)}': host {host!r} is not a host name or address")

@@ -284,6 +284,12 @@ def test_a_host_named_as_an_option_never_reaches_ssh(deepy_main, files, tmp_path
     assert code == 2 and launched == [], err
     assert f"host '-oProxyCommand=touch${{IFS}}{marker}' is not a host name or address" in err
     assert "host '-F.evil' is not a host name or address" in err and "passwordless ssh" not in err
+    monkeypatch.chdir(tmp_path)
+    dashed = tmp_path / "-hostfile"
+    dashed.write_text("node-a slots=1\nnode-b slots=1\n")
+    code, err, launched = deepy_main({**BASE, **files, "num_gpus": None, "hostfile": "-hostfile",
+                                      "launcher": "openmpi", "master_addr": "10.0.0.1", "no_ssh_check": True})
+    assert code == 2 and launched == [] and "hostfile '-hostfile' begins with '-'" in err, err
 
 
 def test_ssh_probes_put_the_host_after_double_dash(monkeypatch):
