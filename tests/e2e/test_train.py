@@ -156,6 +156,7 @@ def test_metrics_tensorboard_debug_values_epochs_and_eval_tasks(data, tmp_path):
 
 
 @pytest.mark.fault
+@pytest.mark.attack("SIGTERM to deepy.py alone, to leave the ranks training orphaned")
 def test_sigterm_to_deepy_alone_reaches_every_rank_which_saves_and_exits_interrupted(data, tmp_path):
     """SIGTERM to deepy.py only (not its process group): it passes the signal to both ranks, which save a
     checkpoint; deepy.py waits for them and exits 143 (interrupted), leaving no process behind (issue 19)."""
