@@ -209,7 +209,7 @@ def test_megatron_schedules_batch_rampup_train_samples_and_exit_duration_resume(
     assert "batch_size 8" in run.result.stdout
     # Megatron-LM's non-persistent checkpoints, saved at 2, 4, 6 and 8 by the loop: only the newest is kept
     non_persistent = os.path.join(run.config["save"], "non_persistent")
-    assert sorted(os.listdir(non_persistent)) == ["global_step8", "latest"]
+    assert sorted(os.listdir(non_persistent)) == [".non_persistent_checkpoints", "global_step8", "latest"]
     assert os.path.isfile(os.path.join(non_persistent, "global_step8", "COMPLETE"))
     assert run.latest() == "global_step9"
     records = {r["iteration"]: r for r in run.records()}  # the resumed run's records win
