@@ -137,7 +137,7 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     rank = process_rank()
     if rank == 0:
         if non_persistent:  # never another run's save directory, whose checkpoints it would delete
-            claim_directory(save_dir)
+            claim_directory(neox_args)
         os.makedirs(save_dir, exist_ok=True)
         if os.path.isdir(path):  # a leftover from a crashed save of the same iteration
             shutil.rmtree(path)

@@ -13,8 +13,10 @@ there and are refused here (megatron.neox_arguments.validation).
 
 Since the directory keeps only its newest checkpoint, it must never be another run's save directory: that run's
 checkpoints would be resumed from and then deleted (issue 32). The first non-persistent save writes MARKER into
-the directory; a directory holding checkpoints without it, or holding a run's lock (megatron.checkpoint.run_lock),
-is refused (directory_problem) before launch, on resume and on saving, and keep_only deletes nothing without it."""
+the directory; a directory set by non_persistent_global_ckpt_dir that holds checkpoints without it, or a run's lock
+(megatron.checkpoint.run_lock), is refused (non_persistent_problem) before launch, on resume and on saving, and
+keep_only deletes nothing without it. The default, `{save}/non_persistent`, is the run's own: its older
+checkpoints (saved before the marker existed) are this run's to replace."""
 
 from __future__ import annotations
 
@@ -55,14 +57,24 @@ def directory_problem(directory: Optional[str]) -> Optional[str]:
     return None
 
 
-def claim_directory(directory: str) -> None:
-    """Rank 0, before a non-persistent save into ``directory``: refuse it (CheckpointError) when directory_problem
-    says so, else create it with its MARKER."""
-    problem = directory_problem(directory)
+def non_persistent_problem(neox_args) -> Optional[str]:
+    """directory_problem of the run's non-persistent directory when non_persistent_global_ckpt_dir sets it (the
+    default, inside the run's own save directory, is the run's)."""
+    if not neox_args.non_persistent_global_ckpt_dir:
+        return None
+    return directory_problem(non_persistent_dir(neox_args))
+
+
+def claim_directory(neox_args) -> str:
+    """Rank 0, before a non-persistent save: refuse the directory (CheckpointError) when non_persistent_problem
+    says so, else create it with its MARKER; returns it."""
+    problem = non_persistent_problem(neox_args)
     if problem:
         raise CheckpointError(problem)
+    directory = os.path.normpath(non_persistent_dir(neox_args))
     os.makedirs(directory, exist_ok=True)
     open(os.path.join(directory, MARKER), "a", encoding="utf-8").close()
+    return directory
 
 
 def non_persistent_dir(neox_args) -> Optional[str]:
@@ -105,7 +117,7 @@ def newer_checkpoint(neox_args, load_dir: str, tag: Optional[str]) -> Tuple[str,
     directory = non_persistent_dir(neox_args)
     if directory is None or os.path.abspath(directory) == os.path.abspath(load_dir):
         return load_dir, tag, None
-    problem = directory_problem(directory)
+    problem = non_persistent_problem(neox_args)
     if problem:
         raise CheckpointError(problem)
     complete = complete_tags(directory)

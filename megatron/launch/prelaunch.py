@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
 from megatron.checkpoint.format import resume_tag
-from megatron.checkpoint.non_persistent import directory_problem, non_persistent_dir
+from megatron.checkpoint.non_persistent import non_persistent_problem
 from megatron.checkpoint.run_lock import lock_problem
 from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists, dataset_path_problem
 from megatron.errors import CheckpointError, DataError
@@ -224,8 +224,8 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
     problems: List[str] = []
     if script in TRAINING_SCRIPTS:
         problems += data_problems(args)
-        transient = directory_problem(non_persistent_dir(args))  # another run's save directory, whose
-        problems += [transient] if transient else []  # checkpoints it would resume from and delete
+        transient = non_persistent_problem(args)  # another run's save directory, whose checkpoints it would
+        problems += [transient] if transient else []  # resume from and delete
     if script in MODEL_SCRIPTS:
         problems += tokenizer_problems(args) + load_problems(args)
     if script == "generate.py":

@@ -25,8 +25,7 @@ def test_saved_apart_atomically_keeping_only_the_newest_and_resumed_when_newer(t
     assert transient == os.path.join(str(tmp_path), "non_persistent")
     engine = FakeEngine()
     save(args, 4, engine)
-    os.makedirs(os.path.join(transient, "global_step5"))  # a non-persistent save that died before COMPLETE,
-    open(os.path.join(transient, MARKER), "w").close()  # having claimed the directory
+    os.makedirs(os.path.join(transient, "global_step5"))  # a non-persistent save that died before COMPLETE
     for it in (6, 8):
         path = _save_transient(args, it, engine)
         assert os.path.isfile(os.path.join(path, "COMPLETE")) and os.path.isfile(os.path.join(path, "checksums.xxh128"))
