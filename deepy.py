@@ -28,6 +28,7 @@ from megatron.neox_arguments.launcher import (ENCODED_CONFIG_ENV, forward_variab
                                               worker_environment)
 from megatron.neox_arguments.loading import resolve_config_paths
 from megatron.neox_arguments.overrides import name_set_options
+from megatron.utils.process_tree import children_end_with_this_process
 
 TRAINING_SCRIPTS = ("train.py",)
 
@@ -94,6 +95,9 @@ def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) 
 
 def _script_problems(ns: argparse.Namespace, args: NeoXArgs) -> List[str]:
     problems = [] if os.path.isfile(ns.user_script) else [f"user script not found: {ns.user_script}"]
+    if ns.user_script.startswith("-"):
+        problems.append(f"user script {ns.user_script!r} begins with '-', which DeepSpeed's runner would read as an "
+                        f"option; write ./{ns.user_script}")
     if os.path.basename(ns.user_script) in TRAINING_SCRIPTS:
         problems += args.training_problems()
     return problems
@@ -228,7 +232,8 @@ def _run_runner(args: NeoXArgs, argv: List[str], forwarding: Optional[ForwardSig
     deepspeed_logger.addFilter(abbreviate)
     forwarding = (forwarding or ForwardSignals()).install()
     try:
-        runner.main(argv)
+        with children_end_with_this_process():  # kill -9 of deepy.py: the launcher and the ranks end too
+            runner.main(argv)
     except (RuntimeError, ValueError) as exc:  # the runner's own refusals, before any worker starts
         print(f"error: DeepSpeed's runner did not start the workers: {exc}", file=sys.stderr)
         return 2

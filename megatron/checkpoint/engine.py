@@ -62,7 +62,7 @@ from megatron.checkpoint.format import (ARCHITECTURE_KEYS, ARGS_FILE, COMPLETE_M
                                         read_saved_args, resume_tag, saved_args, tag_for, yaml_values)
 from megatron.checkpoint.integrity import (verification_problems,  # a seam tests replace
                                            write_atomically as _write_atomically, write_manifest)
-from megatron.checkpoint.non_persistent import keep_only, newer_checkpoint, non_persistent_dir
+from megatron.checkpoint.non_persistent import claim_directory, keep_only, newer_checkpoint, non_persistent_dir
 from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
 from megatron.checkpoint.rng_state import process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
 from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
@@ -105,7 +105,10 @@ def space_problem(save_dir: str, needed: int) -> Optional[str]:
 def _save_failure(path: str, exc: BaseException) -> CheckpointError:
     """What a failed save (disk full, a vanished directory, a failing disk) says; `latest` has not moved."""
     save_dir = os.path.dirname(path)
-    previous = read_latest(save_dir)
+    try:
+        previous = read_latest(save_dir)
+    except CheckpointError:  # a `latest` naming another directory: nothing of it is resumed from
+        previous = None
     try:
         free = shutil.disk_usage(save_dir).free
     except OSError:
@@ -134,6 +137,8 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     path = os.path.join(save_dir, tag)
     rank = process_rank()
     if rank == 0:
+        if non_persistent:  # never another run's save directory, whose checkpoints it would delete
+            claim_directory(neox_args)
         os.makedirs(save_dir, exist_ok=True)
         if os.path.isdir(path):  # a leftover from a crashed save of the same iteration
             shutil.rmtree(path)

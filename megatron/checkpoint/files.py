@@ -136,12 +136,21 @@ def _load_weights_only(path: str, mmap: bool, map_location: Any) -> Any:
 
 def use_safe_loading(engine) -> None:
     """Make DeepSpeed's engine read its checkpoint files (model, optimizer, pipeline layers, experts) through
-    load_checkpoint_file (its default reader unpickles anything), and write its own objects as plain-data records
-    (asynchronous saving does the same: megatron.checkpoint.async_save)."""
+    load_checkpoint_file (its default reader unpickles anything), whatever its checkpoint engine, and the default
+    engine write DeepSpeed's own objects as plain-data records (asynchronous saving does the same:
+    megatron.checkpoint.async_save). An engine told to read universal checkpoints is refused: DeepSpeed reads
+    those past its checkpoint engine, with torch.load(weights_only=False) (the config refuses the setting first:
+    megatron.neox_arguments.deepspeed_config.UNSAFE_LOADING_KEYS)."""
+    universal = getattr(engine, "load_universal_checkpoint", None)
+    if callable(universal) and universal():
+        raise CheckpointError("checkpoint.load_universal is set: DeepSpeed reads universal checkpoints with "
+                              "torch.load(weights_only=False), which runs any code a planted file holds; remove it")
     reader = getattr(engine, "checkpoint_engine", None)
-    if type(reader) is TorchCheckpointEngine:  # other engines (e.g. asynchronous saving) are left as they are
+    if reader is None:
+        return
+    reader.load = lambda path, map_location=None: load_checkpoint_file(path, map_location=map_location)
+    if type(reader) is TorchCheckpointEngine:  # other engines (e.g. asynchronous saving) write as they do
         save = reader.save
-        reader.load = lambda path, map_location=None: load_checkpoint_file(path, map_location=map_location)
         reader.save = lambda state_dict, path: save(savable(state_dict, path), path)
 
 

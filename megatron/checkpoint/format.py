@@ -94,13 +94,39 @@ def tag_for(iteration: int) -> str:
     return f"global_step{iteration}"
 
 
+def _outside_tag(tag: str) -> bool:
+    """Whether ``tag`` names anything but a directory inside its save directory (an absolute path, a path with
+    several parts, `.` or `..`)."""
+    separators = {"/", os.sep, os.altsep} - {None}
+    return tag in (".", "..") or any(sep in tag for sep in separators)
+
+
 def read_latest(save_dir: str) -> Optional[str]:
-    """The tag `latest` names, or None when there is no checkpoint."""
+    """The tag `latest` names, or None when there is no checkpoint. A `latest` naming anything but a directory
+    inside ``save_dir`` (an absolute path, ../other/global_step3) is a CheckpointError naming the file: followed,
+    a run would load another run's state and then overwrite its own complete checkpoints (issue 32)."""
     path = os.path.join(save_dir, LATEST_FILE)
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8", errors="replace") as handle:  # random bytes: a name that is no directory
-        return handle.read().strip() or None
+        tag = handle.read().strip() or None
+    if tag is not None and _outside_tag(tag):
+        raise CheckpointError(f"{path} names {tag[:120]!r}, which is not a directory inside {save_dir}: '{LATEST_FILE}' "
+                              f"holds the name of one of its checkpoint directories (such as global_step1000). It "
+                              f"was not followed, so that no other directory's checkpoint is loaded and none of this "
+                              f"one's is overwritten; write the name of one of {save_dir}'s checkpoints into it, or "
+                              f"delete it to resume from the newest complete checkpoint")
+    return tag
+
+
+def _missing_latest_error(load_dir: str, named: str) -> CheckpointError:
+    """`latest` names a directory that is not there and no complete checkpoint is left to resume from instead."""
+    others = sorted((t for t in os.listdir(load_dir) if tag_iteration(t) >= 0), key=tag_iteration)
+    left = f"it holds {', '.join(others)}, none complete" if others else "it holds no other checkpoint"
+    return CheckpointError(f"{os.path.join(load_dir, LATEST_FILE)} names {named[:80]!r}, which does not exist in "
+                           f"{load_dir} (deleted or moved?), and {left}: there is nothing to resume from. Restore "
+                           f"{named[:80]}, set iteration to a checkpoint to load, or delete "
+                           f"{os.path.join(load_dir, LATEST_FILE)} to start from scratch")
 
 
 def tag_iteration(tag: str) -> int:
@@ -124,9 +150,13 @@ def resume_tag(load_dir: str) -> Tuple[Optional[str], Optional[str]]:
     a crash between those two writes, or with `latest` deleted, emptied or damaged, trusting it would
     resume from an older checkpoint or start over, and the run would overwrite complete checkpoints: the
     newest complete checkpoint wins instead. GPT-NeoX's checkpoints have no COMPLETE marker: for them
-    `latest` decides. To resume from an older checkpoint on purpose, set `iteration`."""
+    `latest` decides. To resume from an older checkpoint on purpose, set `iteration`. A CheckpointError when
+    `latest` names a directory outside ``load_dir`` (read_latest), or one that is missing with no complete
+    checkpoint to take its place (resuming "from" it would start over, or call a finished run finished)."""
     named = read_latest(load_dir)
     complete = complete_tags(load_dir)
+    if named is not None and not complete and not os.path.isdir(os.path.join(load_dir, named)):
+        raise _missing_latest_error(load_dir, named)
     if not complete or named == complete[-1]:
         return named, None
     newest = complete[-1]

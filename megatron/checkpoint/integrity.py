@@ -12,13 +12,18 @@ ones are read back.
 XXH3-128 rather than a cryptographic hash: it guards against damage, not tampering, and at ~10 GB/s (SHA-256:
 1.2 GB/s on the 2-core machine) hashing a checkpoint as it is written or verified costs next to nothing. Checkpoints
 saved before it was adopted carry `checksums.sha256` (`sha256sum`'s format) and are verified with it; checkpoints
-without either (GPT-NeoX's, this project's before checksums) are loaded unverified."""
+without either (GPT-NeoX's, this project's older layout before checksums) are loaded unverified. A checkpoint of the
+current layout (COMPLETE, and a neox_args.json recording `checkpoint_layout`, or none at all) always had one: with
+its manifest deleted it is refused, naming the file (missing_manifest_problem), not loaded unverified as if it
+were GPT-NeoX's (issue 32)."""
 
 import hashlib
 import os
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
+from megatron.checkpoint.format import ARGS_FILE, COMPLETE_MARKER, LAYOUT, LAYOUT_KEY, read_saved_args
 from megatron.checkpoint.hashed_save import new_digest
+from megatron.errors import CheckpointError
 
 MANIFEST = "checksums.xxh128"
 LEGACY_MANIFEST = "checksums.sha256"
@@ -124,14 +129,37 @@ def read_manifest(path: str) -> Optional[Dict[str, str]]:
     return digests
 
 
+def missing_manifest_problem(path: str) -> Optional[str]:
+    """Why checkpoint ``path``, which has no manifest, cannot be loaded unverified, or None. Every save of the
+    current layout writes the manifest before COMPLETE: a directory with COMPLETE whose neox_args.json records
+    `checkpoint_layout` (or is missing too) lost it. GPT-NeoX's checkpoints (no COMPLETE) and this project's older
+    layout (a neox_args.json without `checkpoint_layout`) never had one."""
+    if not os.path.isfile(os.path.join(path, COMPLETE_MARKER)):
+        return None
+    args_file = os.path.join(path, ARGS_FILE)
+    if os.path.isfile(args_file):
+        try:
+            if read_saved_args(args_file).get(LAYOUT_KEY) != LAYOUT:
+                return None
+        except CheckpointError as exc:
+            return str(exc)
+    return (f"its {MANIFEST} is missing, though it is a checkpoint of this project's current layout ({COMPLETE_MARKER}, "
+            f"{ARGS_FILE} {'recording ' + LAYOUT_KEY if os.path.isfile(args_file) else 'missing too'}), whose saves "
+            f"always write it: its files cannot be verified. Restore it; or, if you removed it knowingly and trust "
+            f"the files, write it again: python -c \"from megatron.checkpoint.integrity import write_manifest; "
+            f"write_manifest('{path}')\"")
+
+
 def verification_problems(path: str) -> List[str]:
-    """What is wrong with checkpoint ``path``'s files against its manifest (empty: intact or no manifest)."""
+    """What is wrong with checkpoint ``path``'s files against its manifest (empty: intact, or a layout that never
+    had a manifest: missing_manifest_problem)."""
     try:
         digests = read_manifest(path)
     except ValueError as exc:
         return [f"its {manifest_of(path)} is damaged ({exc})"]
     if digests is None:
-        return []
+        problem = missing_manifest_problem(path)
+        return [problem] if problem else []
     manifest = manifest_of(path)
     problems = []
     for relative, digest in digests.items():

@@ -51,6 +51,7 @@ from megatron.checkpoint.format import (ARGS_FILE, COMPLETE_MARKER, EXPERT_FILE,
                                         gpt_neox_qk_norm_problem, model_files, read_saved_args,
                                         resume_tag, yaml_values)
 from megatron.checkpoint.integrity import verification_problems, write_manifest
+from megatron.checkpoint.run_lock import lock_problem
 from megatron.checkpoint.tensor_parallel import merge_shards, split_full
 from megatron.errors import CheckpointError, ConversionError
 from megatron.model.checkpoint_layout import LAYER, LayoutError, from_neox, slot_kind, to_neox
@@ -86,7 +87,10 @@ def resolve_checkpoint_dir(path: str, verified: bool = False) -> str:
         raise ConversionError(f"--input_dir {path!r} does not exist; pass a checkpoint directory such as "
                               f"save/global_step1000")
     if not model_files(path):
-        tag = resume_tag(path)[0]  # what `latest` names, or the newest complete checkpoint when it is damaged
+        try:  # what `latest` names, or the newest complete checkpoint when it is damaged
+            tag = resume_tag(path)[0]
+        except CheckpointError as exc:
+            raise ConversionError(str(exc)) from None
         if tag:
             path = os.path.join(path, tag)
     if not model_files(path):
@@ -395,6 +399,21 @@ def _engine_metadata(mp_world: int, tp: int, pp: int, iteration: int) -> Dict[st
             "ds_config": {}, "ds_version": deepspeed.__version__}
 
 
+def new_checkpoint_problem(save_dir: str, iteration: int) -> Optional[str]:
+    """Why a tool cannot write checkpoint ``iteration`` into ``save_dir``, or None: a training run holds the
+    directory (megatron.checkpoint.run_lock), or the checkpoint directory exists already (a complete checkpoint
+    would be silently replaced, an interrupted one mixed with the new files)."""
+    held = lock_problem(save_dir)
+    if held:
+        return held
+    path = os.path.join(save_dir, f"global_step{iteration}")
+    if os.path.exists(path):
+        what = "a complete checkpoint" if os.path.isfile(os.path.join(path, COMPLETE_MARKER)) else "a directory"
+        return (f"{path} exists already ({what}); it is not replaced: write to a new output directory, or remove "
+                f"it first")
+    return None
+
+
 def _save(obj: Any, path: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     torch.save(obj, tmp)
@@ -407,10 +426,14 @@ def write_checkpoint(save_dir: str, state: Mapping[str, torch.Tensor], config: M
     """Write ``state`` (the model's full tensors under flat names) as ``save_dir/global_step{iteration}`` in
     GPT-NeoX's layout for ``config``'s model_parallel_size / pipe_parallel_size, with GPT-NeoX's client state
     (plus ``client_state``), neox_args.json (``args`` and the layout marker), configs/, COMPLETE and ``latest``.
-    Returns the checkpoint directory."""
+    Returns the checkpoint directory. Refuses (ConversionError) to replace a checkpoint directory that exists, or
+    to write where a training run holds the lock (new_checkpoint_problem)."""
     tp, pp, num_layers = config.model_parallel_size, config.pipe_parallel_size, config.num_layers
     tag = f"global_step{iteration}"
     path = os.path.join(save_dir, tag)
+    problem = new_checkpoint_problem(save_dir, iteration)
+    if problem:
+        raise ConversionError(problem)
     os.makedirs(os.path.join(path, "configs"), exist_ok=True)
     # slot -> per-rank GPT-NeoX state dicts
     files: Dict[int, List[Dict[str, torch.Tensor]]] = {}

@@ -9,7 +9,14 @@ On resume (load set, no explicit `iteration`) the newest complete non-persistent
 newer than the one the persistent directory would resume from.
 
 Megatron-LM's other types, 'local' (per-rank files on node-local storage) and 'in_memory', are marked TBD
-there and are refused here (megatron.neox_arguments.validation)."""
+there and are refused here (megatron.neox_arguments.validation).
+
+Since the directory keeps only its newest checkpoint, it must never be another run's save directory: that run's
+checkpoints would be resumed from and then deleted (issue 32). The first non-persistent save writes MARKER into
+the directory; a directory set by non_persistent_global_ckpt_dir that holds checkpoints without it, or a run's lock
+(megatron.checkpoint.run_lock), is refused (non_persistent_problem) before launch, on resume and on saving, and
+keep_only deletes nothing without it. The default, `{save}/non_persistent`, is the run's own: its older
+checkpoints (saved before the marker existed) are this run's to replace."""
 
 from __future__ import annotations
 
@@ -17,9 +24,57 @@ import os
 import shutil
 from typing import Iterable, Optional, Tuple
 
-from megatron.checkpoint.format import complete_tags, tag_iteration
+from megatron.checkpoint.format import LATEST_FILE, complete_tags, tag_iteration
+from megatron.checkpoint.run_lock import LOCK_FILE, lock_problem
+from megatron.errors import CheckpointError
 
 NON_PERSISTENT_SUBDIR = "non_persistent"
+
+MARKER = ".non_persistent_checkpoints"
+"""Written into a non-persistent directory by its first save: its checkpoints are non-persistent ones, which
+keep_only may delete."""
+
+
+def directory_problem(directory: Optional[str]) -> Optional[str]:
+    """Why ``directory`` cannot be a non-persistent checkpoint directory (which keeps only its newest checkpoint),
+    or None: it is a training run's save directory (it holds that run's lock file, held now or not), or it holds
+    checkpoints (or a `latest`) without MARKER, e.g. another run's or GPT-NeoX's."""
+    if not directory or not os.path.isdir(directory):
+        return None
+    where = f"non_persistent_global_ckpt_dir='{directory}'"
+    fix = ("; it keeps only its newest checkpoint and deletes the others, so give it a directory of its own "
+           "(default: {save}/non_persistent)")
+    if os.path.exists(os.path.join(directory, LOCK_FILE)):
+        held = lock_problem(directory)
+        return (f"{where} is the save directory of a training run (it holds {LOCK_FILE}"
+                f"{': ' + held if held else ''}){fix}")
+    names = os.listdir(directory)
+    checkpoints = sorted(name for name in names if name.startswith("global_step") or name == LATEST_FILE)
+    if checkpoints and MARKER not in names:
+        return (f"{where} holds checkpoints ({', '.join(checkpoints[:4])}{', ...' if len(checkpoints) > 4 else ''}) "
+                f"that no non-persistent save wrote (no {MARKER} file){fix}. If it is this run's non-persistent "
+                f"directory from before that file existed, create {os.path.join(directory, MARKER)}")
+    return None
+
+
+def non_persistent_problem(neox_args) -> Optional[str]:
+    """directory_problem of the run's non-persistent directory when non_persistent_global_ckpt_dir sets it (the
+    default, inside the run's own save directory, is the run's)."""
+    if not neox_args.non_persistent_global_ckpt_dir:
+        return None
+    return directory_problem(non_persistent_dir(neox_args))
+
+
+def claim_directory(neox_args) -> str:
+    """Rank 0, before a non-persistent save: refuse the directory (CheckpointError) when non_persistent_problem
+    says so, else create it with its MARKER; returns it."""
+    problem = non_persistent_problem(neox_args)
+    if problem:
+        raise CheckpointError(problem)
+    directory = os.path.normpath(non_persistent_dir(neox_args))
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, MARKER), "a", encoding="utf-8").close()
+    return directory
 
 
 def non_persistent_dir(neox_args) -> Optional[str]:
@@ -48,7 +103,9 @@ def in_non_persistent_dir(neox_args, path: str) -> bool:
 
 def keep_only(save_dir: str, tag: str) -> None:
     """Remove every checkpoint directory of ``save_dir`` but ``tag`` (complete or interrupted: only the newest
-    non-persistent checkpoint is ever resumed from)."""
+    non-persistent checkpoint is ever resumed from); nothing in a directory without MARKER (claim_directory)."""
+    if not os.path.isfile(os.path.join(save_dir, MARKER)):
+        return
     for name in os.listdir(save_dir):
         if name.startswith("global_step") and name != tag:
             shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
@@ -60,6 +117,9 @@ def newer_checkpoint(neox_args, load_dir: str, tag: Optional[str]) -> Tuple[str,
     directory = non_persistent_dir(neox_args)
     if directory is None or os.path.abspath(directory) == os.path.abspath(load_dir):
         return load_dir, tag, None
+    problem = non_persistent_problem(neox_args)
+    if problem:
+        raise CheckpointError(problem)
     complete = complete_tags(directory)
     if not complete or (tag is not None and tag_iteration(complete[-1]) <= tag_iteration(tag)):
         return load_dir, tag, None

@@ -12,11 +12,11 @@ state, so train.py loads it with finetune (or no_load_optim); generate.py and ev
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import yaml
 
-from megatron.checkpoint.neox_checkpoint import write_checkpoint
+from megatron.checkpoint.neox_checkpoint import new_checkpoint_problem, write_checkpoint
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
 from megatron.checkpoint_conversion.hf_folder import load_hf_folder
 from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
@@ -58,6 +58,9 @@ def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_para
     """Convert ``hf_dir``; returns the checkpoint directory written."""
     if model_parallel_size < 1 or pipe_parallel_size < 0:
         raise ConversionError("--model_parallel_size must be >= 1 and --pipe_parallel_size >= 0")
+    problem = new_checkpoint_problem(output_dir, 0) or _config_out_problem(config_out)
+    if problem:  # before anything is written
+        raise ConversionError(problem)
     config, hf_state = load_hf_folder(hf_dir)
     model_type = getattr(config, "model_type", None)
     if model_type not in MODEL_TYPES:
@@ -94,8 +97,28 @@ def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_para
     return write_checkpoint(output_dir, state, model, args.to_dict(), args.config_files)
 
 
+CONFIG_HEADER = "# Converted from the Hugging Face model in "
+"""How the YAML this tool writes begins: a --config_out file that begins otherwise is someone's input."""
+
+
+def _config_out_problem(config_out: str) -> Optional[str]:
+    """Why --config_out cannot be written, or None: it exists and is not a config this tool wrote (one of the
+    user's configs would be overwritten)."""
+    if not os.path.exists(config_out):
+        return None
+    try:
+        with open(config_out, encoding="utf-8", errors="replace") as handle:
+            ours = handle.read(len(CONFIG_HEADER)) == CONFIG_HEADER
+    except OSError as exc:
+        return f"--config_out {config_out!r} cannot be read ({exc.strerror or exc}); choose another path"
+    if ours:
+        return None
+    return (f"--config_out {config_out!r} exists and is not a config this tool wrote; it is not overwritten: "
+            f"choose another path, or remove it first")
+
+
 def _yaml_text(values: Dict[str, Any], hf_dir: str) -> str:
-    header = (f"# Converted from the Hugging Face model in {os.path.abspath(hf_dir)}\n"
+    header = (f"{CONFIG_HEADER}{os.path.abspath(hf_dir)}\n"
               "# by tools/ckpts/convert_hf_to_neox.py.\n"
               "# Architecture, parallel layout, tokenizer and where the converted checkpoint is (load, finetune: the\n"
               "# checkpoint has no optimizer state). Combine with data / training / text-generation configs, e.g.\n"

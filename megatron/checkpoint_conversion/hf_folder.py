@@ -8,21 +8,26 @@ from typing import Any, Dict, Mapping, Tuple
 import torch
 from safetensors.torch import load_file, save_file
 
+from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint_conversion.common import transformers_module
-from megatron.errors import ConversionError
+from megatron.errors import CheckpointError, ConversionError
+from megatron.utils.hf_folders import remote_code_problem
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHTS_FILE = "model.safetensors"
 
 
 def load_hf_config(hf_dir: str) -> Any:
-    """The transformers config of ``hf_dir`` (local files only)."""
+    """The transformers config of ``hf_dir`` (local files only, never the folder's own code)."""
     transformers = transformers_module()
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         raise ConversionError(f"--hf_dir {hf_dir!r} has no config.json; pass a local Hugging Face model folder "
                               f"(written by save_pretrained)")
+    problem = remote_code_problem(hf_dir)
+    if problem:
+        raise ConversionError(problem)
     try:
-        return transformers.AutoConfig.from_pretrained(hf_dir, local_files_only=True)
+        return transformers.AutoConfig.from_pretrained(hf_dir, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         raise ConversionError(f"cannot read {os.path.join(hf_dir, 'config.json')}: {exc}") from None
 
@@ -50,7 +55,11 @@ def load_hf_weights(hf_dir: str) -> Dict[str, torch.Tensor]:
 
 
 def _load_bin(path: str) -> Dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """A pickled state dict, through the checkpoint reader that unpickles nothing but tensors and plain data."""
+    try:
+        return load_checkpoint_file(path)
+    except CheckpointError as exc:
+        raise ConversionError(str(exc)) from None
 
 
 def load_hf_folder(hf_dir: str) -> Tuple[Any, Dict[str, torch.Tensor]]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from megatron.errors import DataError
+from megatron.utils.hf_folders import remote_code_problem
 
 IGNORE_INDEX = -100
 
@@ -38,8 +39,11 @@ def load_chat_tokenizer(tokenizer_path: str, chat_template: str | None = None) -
     if not os.path.isdir(tokenizer_path):
         raise DataError(f"--tokenizer-path {tokenizer_path!r} is not a folder (it must hold a Hugging Face "
                         f"tokenizer: tokenizer.json / tokenizer_config.json)")
-    try:
-        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    problem = remote_code_problem(tokenizer_path)
+    if problem:
+        raise DataError(f"--tokenizer-path: {problem}")
+    try:  # never the folder's own code, never the Hub
+        tok = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=False, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise DataError(f"--tokenizer-path {tokenizer_path!r}: transformers could not load a tokenizer: {exc}") from exc
     if chat_template:

@@ -23,9 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
 from megatron.checkpoint.format import resume_tag
+from megatron.checkpoint.non_persistent import non_persistent_problem
 from megatron.checkpoint.run_lock import lock_problem
 from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists, dataset_path_problem
-from megatron.errors import DataError
+from megatron.errors import CheckpointError, DataError
 from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
@@ -122,6 +123,11 @@ def load_problems(args: NeoXArgsSchema) -> List[str]:
         steps = sorted(d for d in os.listdir(load) if d.startswith("global_step"))
         return [f"iteration={args.iteration}: no checkpoint '{os.path.join(load, f'global_step{args.iteration}')}' "
                 f"(load='{load}' holds {', '.join(steps) or 'none'})"]
+    if args.iteration is None:
+        try:
+            resume_tag(load)  # `latest` naming another directory, or a missing one with nothing in its place
+        except CheckpointError as exc:
+            return [str(exc)]
     return []
 
 
@@ -156,7 +162,10 @@ def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
     if not load:
         return None
 
-    tag = resume_tag(load)[0]
+    try:
+        tag = resume_tag(load)[0]
+    except CheckpointError:  # load_problems reports it
+        return None
     match = re.fullmatch(r"global_step(\d+)", tag or "")
     return int(match.group(1)) if match else None
 
@@ -215,6 +224,8 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
     problems: List[str] = []
     if script in TRAINING_SCRIPTS:
         problems += data_problems(args)
+        transient = non_persistent_problem(args)  # another run's save directory, whose checkpoints it would
+        problems += [transient] if transient else []  # resume from and delete
     if script in MODEL_SCRIPTS:
         problems += tokenizer_problems(args) + load_problems(args)
     if script == "generate.py":
@@ -230,9 +241,12 @@ def _ssh(host: str, command: str, ssh_port: Optional[int] = None) -> subprocess.
     argv = ["ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}"]
     if ssh_port:
         argv += ["-p", str(ssh_port)]
+    if not HOST_ADDRESS.match(host):  # shell_problems names it; never handed to ssh
+        return subprocess.CompletedProcess(argv, 2, "", f"{host!r} is not a host name or address")
     try:
-        return subprocess.run(argv + [host, command], capture_output=True, text=True, timeout=SSH_TIMEOUT_S + 5,
-                              stdin=subprocess.DEVNULL)
+        # `--`: a host name is never read as one of ssh's options (-oProxyCommand=... runs a command)
+        return subprocess.run(argv + ["--", host, command], capture_output=True, text=True,
+                              timeout=SSH_TIMEOUT_S + 5, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         return subprocess.CompletedProcess(argv, 127, "", "ssh is not installed on this machine")
     except subprocess.TimeoutExpired:
@@ -248,7 +262,7 @@ def host_problems(args: NeoXArgsSchema) -> List[str]:
     checks the first only, with a raw traceback)."""
     if args.launcher not in SSH_LAUNCHERS or args.no_ssh_check or not multi_node_launch(args):
         return []
-    hosts = active_hosts(args)
+    hosts = [host for host in active_hosts(args) if HOST_ADDRESS.match(host)]  # shell_problems names the others
     with ThreadPoolExecutor(max_workers=min(16, len(hosts) or 1)) as pool:
         results = list(pool.map(lambda h: _ssh(h, "true"), hosts))
     problems = []
@@ -261,8 +275,9 @@ def host_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
-HOST_ADDRESS = re.compile(r"^[A-Za-z0-9._:%\[\]-]+$")
-"""A host name, IPv4 or IPv6 address: nothing a shell would read as more than one word."""
+HOST_ADDRESS = re.compile(r"^(?!-)[A-Za-z0-9._:%\[\]-]+$")
+"""A host name, IPv4 or IPv6 address: nothing a shell would read as more than one word, nothing a command (ssh,
+pdsh, mpirun) would read as an option (no leading '-')."""
 PDSH_WORD = re.compile(r"^[\w@%+=:,./-]*$")
 """What DeepSpeed's pdsh runner leaves unquoted or double-quotes safely (its own test for quoting)."""
 
@@ -278,6 +293,10 @@ def shell_problems(args: NeoXArgsSchema, master_addr: Optional[str], environ=Non
         problems.append(f"master_addr={master_addr!r} is not a host name or address (only letters, digits and "
                         f"'.:-_%[]'); the launchers pass it to shells and to every rank")
     if multi_node_launch(args):
+        hostfile = _hostfile_name(args)
+        if hostfile.startswith("-"):  # DeepSpeed's runner hands it to mpirun as `-hostfile PATH`
+            problems.append(f"hostfile '{hostfile}' begins with '-', which mpirun would read as an option; write "
+                            f"./{hostfile}")
         for host in active_hosts(args):
             if not HOST_ADDRESS.match(host):
                 problems.append(f"hostfile '{_hostfile_name(args)}': host {host!r} is not a host name or address")
@@ -310,7 +329,7 @@ def resolve_master_addr(args: NeoXArgsSchema) -> Tuple[Optional[str], List[str]]
     if os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"], []
     hosts = active_hosts(args)
-    if not hosts:
+    if not hosts or not HOST_ADDRESS.match(hosts[0]):  # shell_problems names a host that is no host name
         return None, []
     fix = (f"set master_addr to the address of '{hosts[0]}' (rank 0's host) that the other nodes reach, or export "
            f"MASTER_ADDR")

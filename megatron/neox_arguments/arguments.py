@@ -44,6 +44,7 @@ from megatron.neox_arguments.validation import (derived_only_problems, fusion_fl
                                                 model_problems, not_supported_problems, not_supported_setting_problems,
                                                 parallelism_problems, post_training_problems, rampup_problems,
                                                 training_problems, unknown_key_problems, validated_model)
+from megatron.utils.process_tree import end_with_parent
 
 
 class NeoXArgs(NeoXArgsSchema):
@@ -192,7 +193,10 @@ class NeoXArgs(NeoXArgsSchema):
                           environ: Optional[Mapping[str, str]] = None) -> "NeoXArgs":
         """In a worker: rebuild the launcher's NeoXArgs (from ENCODED_CONFIG_FLAG, else the ENCODED_CONFIG_ENV
         variable deepy.py sets) and fill this process's rank from the environment. In a DeepSpeed autotuning
-        experiment, `--deepspeed_config` (the experiment's config) sets the batch and ZeRO settings."""
+        experiment, `--deepspeed_config` (the experiment's config) sets the batch and ZeRO settings. A worker
+        started by a launcher (``environ`` not given) ends with it (megatron.utils.process_tree)."""
+        if environ is None:
+            end_with_parent()
         parser = argparse.ArgumentParser(add_help=False)
         parser.add_argument(ENCODED_CONFIG_FLAG, default=None)
         parser.add_argument("--local_rank", type=int, default=None)

@@ -37,6 +37,25 @@ REFUSED_EXTRA_KEYS = {
 }
 """DeepSpeed keys that would change what a NeoX argument decides, refused in deepspeed_extra_args."""
 
+UNSAFE_LOADING_KEYS = {
+    ("checkpoint", "load_universal"):
+        "DeepSpeed reads universal checkpoints with its own loader (runtime/base_optimizer.py, zero/stage3.py, "
+        "checkpoint/universal_checkpoint.py: torch.load(weights_only=False)), which runs any code a planted file "
+        "holds; this project does not read them. Resume from this project's checkpoints (they reshard to another "
+        "parallel layout themselves), or convert: tools/ckpts",
+    ("checkpoint", "writer"):
+        "DeepSpeed's fast and decoupled checkpoint writers read checkpoints back with their own torch.load, past "
+        "this project's safe reader and checksums; use async_save for saving in the background",
+    ("datastates_ckpt",):
+        "the DataStates checkpoint engine reads checkpoints back with its own loader, past this project's safe "
+        "reader and checksums; use async_save for saving in the background",
+}
+"""DeepSpeed config keys (as key paths) that make DeepSpeed's engine read checkpoint files with a loader of its own
+instead of megatron.checkpoint.files' (which unpickles nothing but tensors and plain data): refused wherever they
+are written (the `checkpoint` section or deepspeed_extra_args), with why. Found by reading every torch.load that
+DeepSpeed 0.19's engine.load_checkpoint reaches: the rest go through engine.checkpoint_engine.load, which
+megatron.checkpoint.files.use_safe_loading replaces."""
+
 
 def merge_without_contradiction(base: Mapping[str, Any], extra: Mapping[str, Any], path: str = ""
                                 ) -> Tuple[Dict[str, Any], List[Tuple[str, Any, Any]]]:
@@ -167,4 +186,28 @@ def build_deepspeed_config(args: NeoXArgsSchema) -> Tuple[Dict[str, Any], List[s
     config, contradictions = merge_without_contradiction(config, args.deepspeed_extra_args or {})
     problems = [f"deepspeed_extra_args: {path}={theirs!r} contradicts {path}={ours!r}, which the config sets "
                 f"from its own arguments; set it once, as a top-level argument" for path, ours, theirs in contradictions]
-    return config, problems
+    return config, problems + unsafe_loading_problems(config)
+
+
+_ABSENT = object()
+
+
+def _setting(config: Mapping[str, Any], path: Tuple[str, ...]) -> Any:
+    """The value at key path ``path`` of ``config`` (_ABSENT where a level is missing or not a dict)."""
+    value: Any = config
+    for key in path:
+        value = value.get(key, _ABSENT) if isinstance(value, Mapping) else _ABSENT
+    return value
+
+
+def unsafe_loading_problems(config: Mapping[str, Any]) -> List[str]:
+    """One problem per UNSAFE_LOADING_KEYS key the DeepSpeed config turns on: any value but false, and but null
+    where DeepSpeed reads null as off (datastates_ckpt: null turns DataStates on)."""
+    problems = []
+    for path, why in UNSAFE_LOADING_KEYS.items():
+        value = _setting(config, path)
+        harmless = (_ABSENT, False) if path == ("datastates_ckpt",) else (_ABSENT, False, None)
+        if not any(value is off for off in harmless):
+            problems.append(f"{'.'.join(path)}={value!r} (a DeepSpeed setting, in the checkpoint section or "
+                            f"deepspeed_extra_args) is refused: {why}")
+    return problems

@@ -67,13 +67,17 @@ def deepspeed_runner_argv(args: NeoXArgsSchema) -> List[str]:
     """Runner options, then the user script (the config goes in the environment: worker_environment())."""
     if not args.user_script:
         raise ValueError("user_script is not set; deepy.py sets it from its first argument")
+    if args.user_script.startswith("-"):
+        raise ValueError(f"user_script {args.user_script!r} begins with '-', which DeepSpeed's runner and launcher "
+                         f"would read as an option; write ./{args.user_script}")
     argv: List[str] = []
+    # values the user wrote travel as --option=value: never read as an option, whatever they begin with
     if args.hostfile:
-        argv += ["--hostfile", args.hostfile]
+        argv.append(f"--hostfile={args.hostfile}")
     if args.include:
-        argv += ["--include", args.include]
+        argv.append(f"--include={args.include}")
     if args.exclude:
-        argv += ["--exclude", args.exclude]
+        argv.append(f"--exclude={args.exclude}")
     if args.num_nodes is not None and args.num_nodes > 0:
         argv += ["--num_nodes", str(args.num_nodes)]
     if args.num_gpus is not None:
@@ -85,7 +89,7 @@ def deepspeed_runner_argv(args: NeoXArgsSchema) -> List[str]:
         argv += ["--num_gpus", str(args.global_num_gpus)]
     argv += ["--master_port", str(args.master_port)]
     if args.master_addr:
-        argv += ["--master_addr", args.master_addr]
+        argv.append(f"--master_addr={args.master_addr}")
     argv += ["--launcher", args.launcher]
     launcher_args: List[str] = []
     if args.comment:
@@ -93,7 +97,7 @@ def deepspeed_runner_argv(args: NeoXArgsSchema) -> List[str]:
     if args.account:
         launcher_args += ["--account", args.account]
     if launcher_args:
-        argv += ["--launcher_args", shlex.join(launcher_args)]
+        argv.append(f"--launcher_args={shlex.join(launcher_args)}")
     if forces_multi(args):
         argv.append("--force_multi")
     if args.no_ssh_check:

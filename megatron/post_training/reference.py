@@ -26,6 +26,7 @@ from typing import Dict, Optional
 import deepspeed
 import torch
 
+from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint.format import REFERENCE_FILE
 from megatron.model.gpt2_model import GPT2ModelPipe, GPT2ModelSequential, cast_model, model_dtype
 from megatron.mpu.host_collectives import broadcast_object, gather_object
@@ -85,7 +86,7 @@ class ReferenceModel:
             path = self.file(checkpoint_dir)
             found = os.path.isfile(path)
             if found:
-                self.model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                self.model.load_state_dict(load_checkpoint_file(path))  # a planted object: one error naming it
         if self.parallel_state.get_pipe_parallel_world_size() > 1:
             found = bool(broadcast_object(found, src=self.parallel_state.group_ranks("pipe")[-1],
                                           group=self.parallel_state.get_pipe_parallel_group()))

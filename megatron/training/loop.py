@@ -22,7 +22,7 @@ import torch.distributed as dist
 from megatron.checkpoint.async_save import AsyncCheckpoints
 from megatron.checkpoint.engine import (complete_checkpoint, estimated_checkpoint_bytes, failed_save, load_checkpoint,
                                         restore_rng, save_checkpoint, space_problem)
-from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due
+from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due, non_persistent_problem
 from megatron.checkpoint.run_lock import RunLock
 from megatron.errors import CheckpointError, ConfigError
 from megatron.evaluation.harness import run_eval_tasks
@@ -87,9 +87,13 @@ def _agreed_problem(problem: Optional[str]) -> Optional[str]:
 
 
 def _claim_save_directory(neox_args):
-    """Rank 0 takes `save`'s run lock (megatron.checkpoint.run_lock); CheckpointError on every rank when another run holds it."""
+    """Rank 0 takes `save`'s run lock (megatron.checkpoint.run_lock); CheckpointError on every rank when another run
+    holds it, or when the non-persistent directory is another run's (megatron.checkpoint.non_persistent)."""
     lock = RunLock(neox_args.save)
-    problem = lock.acquire() if not dist.is_initialized() or dist.get_rank() == 0 else None
+    problem = None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        # the non-persistent directory deletes its older checkpoints: never another run's save directory
+        problem = lock.acquire() or non_persistent_problem(neox_args)
     problem = _agreed_problem(problem)
     if problem:
         raise CheckpointError(problem)

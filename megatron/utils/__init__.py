@@ -1,5 +1,6 @@
 """Small helpers every layer may use: optional third-party packages (optional_deps), torch.compile on demand
-(lazy_compile), per-rank log files (rank_logs), the DeepSpeed op-build environment (deepspeed_ops).
+(lazy_compile), per-rank log files (rank_logs), the DeepSpeed op-build environment (deepspeed_ops), refusing a
+Hugging Face folder that asks for its own code (hf_folders), processes that end with their parent (process_tree).
 
 May import: megatron.errors.
 """

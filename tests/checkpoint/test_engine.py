@@ -12,6 +12,7 @@ import megatron.checkpoint.engine
 from megatron.checkpoint.engine import find_checkpoint, load_checkpoint, resolve_checkpoint, restore_rng, save_checkpoint
 from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint.format import complete_tags, read_latest
+from megatron.checkpoint.integrity import write_manifest
 from megatron.errors import CheckpointError
 from megatron.model.config import ModelConfig
 from tests.checkpoint.weights_only import assert_loads_weights_only
@@ -139,7 +140,7 @@ def test_a_checkpoint_whose_rng_file_holds_numpy_arrays_still_resumes(tmp_path):
     torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
                os.path.join(path, "rng_state_rank0.pt"))
     expected = _draws()
-    os.remove(os.path.join(path, "checksums.xxh128"))  # the file changed after the save; its manifest would say so
+    write_manifest(path)  # the file changed after the save; its manifest would say so
     _seed(1)
     load(args, FakeEngine())
     assert _draws() == expected
@@ -186,6 +187,7 @@ def test_pruning_orders_tags_by_iteration_and_keeps_the_one_latest_names(tmp_pat
 
 
 @pytest.mark.fault
+@pytest.mark.attack("`latest` naming an interrupted save, to load a partial checkpoint")
 def test_latest_naming_an_incomplete_directory_is_refused(tmp_path):
     args = args_for(tmp_path)
     save(args, 2, FakeEngine())
@@ -239,6 +241,8 @@ def test_a_crash_between_complete_and_latest_resumes_from_the_newest_complete(tm
 @pytest.mark.parametrize("latest", [None, "", "\x00\x8fgarbage", b"\xff\xfe\x9c\x00\xc3", "global_step99"],
                          ids=["deleted", "empty", "garbage", "random-bytes", "a-missing-directory"])
 @pytest.mark.fault
+@pytest.mark.attack("a deleted, empty or garbage `latest`, to resume from an older checkpoint (or none) and "
+                    "overwrite complete ones")
 def test_a_damaged_latest_resumes_from_the_newest_complete_checkpoint(tmp_path, capsys, latest):
     args = args_for(tmp_path)
     for it in (4, 8):
@@ -452,3 +456,42 @@ def test_resuming_experts_at_another_expert_parallel_size_is_refused_with_the_wa
                                               r"layer keeps its experts stacked.*generate.py, eval.py and the "
                                               r"conversion tools read either"):
         resolve(args_for(tmp_path, no_load_optim=True, **dropless))
+
+
+@pytest.mark.attack("`latest` naming another run's checkpoint (an absolute path, ../other/global_step3), to load "
+                    "its state and then overwrite this run's complete checkpoints")
+@pytest.mark.parametrize("outside", ["absolute", "relative"])
+def test_latest_naming_a_directory_outside_the_save_directory_is_refused(tmp_path, outside):
+    ours, other = tmp_path / "ours", tmp_path / "other"
+    save(args_for(other), 3, FakeEngine())
+    args = args_for(ours)
+    for it in (4, 6):
+        save(args, it, FakeEngine())
+    named = str(other / "global_step3") if outside == "absolute" else "../other/global_step3"
+    (ours / "latest").write_text(named)
+    engine = FakeEngine()
+    with pytest.raises(CheckpointError, match=rf"{ours / 'latest'} names '{named}', which is not a directory "
+                                              rf"inside {ours}"):
+        load(args, engine)
+    assert engine.loaded == [] and complete_tags(str(ours)) == ["global_step4", "global_step6"]
+    from megatron.launch.prelaunch import load_problems
+
+    assert f"{ours / 'latest'} names '{named}'" in "".join(load_problems(args))
+
+
+@pytest.mark.attack("`latest` naming a deleted checkpoint with no complete one left: the run must not be called "
+                    "finished nor the checkpoint 'incomplete'")
+def test_latest_naming_a_deleted_directory_with_nothing_to_resume_is_one_clear_error(tmp_path):
+    import shutil
+
+    from megatron.launch.prelaunch import finished_run_message, load_problems
+
+    args = args_for(tmp_path, train_iters=4)
+    save(args, 4, FakeEngine())
+    shutil.rmtree(tmp_path / "global_step4")
+    message = (f"{tmp_path / 'latest'} names 'global_step4', which does not exist in {tmp_path} (deleted or "
+               f"moved?), and it holds no other checkpoint: there is nothing to resume from")
+    with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        find_checkpoint(args)  # train.py, generate.py and eval.py find their checkpoint here
+    assert message in "".join(load_problems(args))  # deepy.py refuses before launch
+    assert finished_run_message(args) is None  # not "nothing to train ... at iteration 4"

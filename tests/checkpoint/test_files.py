@@ -28,6 +28,7 @@ def plant(path, marker) -> None:
 
 
 @pytest.mark.fault
+@pytest.mark.attack("a checkpoint file holding a pickle that runs a command when loaded")
 def test_a_planted_object_is_refused_and_never_runs(tmp_path):
     marker, path = tmp_path / "ran", tmp_path / "mp_rank_00_model_states.pt"
     torch.save({"module": {"w": torch.ones(2)}}, path)
@@ -87,6 +88,7 @@ def test_deepspeeds_objects_are_written_as_plain_data_and_read_back(tmp_path):
     assert savable(state, "global_step1/mp_rank_00_model_states.pt")["optimizer"]["zero_stage"][DEEPSPEED_OBJECT]
 
 @pytest.mark.fault
+@pytest.mark.attack("a planted RNG-state file (with its checksums rewritten) that runs a command on resume")
 def test_a_planted_rng_state_is_refused_on_resume(tmp_path):
     from megatron.checkpoint.integrity import write_manifest
     from tests.checkpoint.test_engine import FakeEngine, args_for, load, save
@@ -103,6 +105,7 @@ def test_a_planted_rng_state_is_refused_on_resume(tmp_path):
 
 
 @pytest.mark.fault
+@pytest.mark.attack("a planted model file that runs a command when the conversion tools read it")
 def test_conversion_refuses_a_planted_model_file(tmp_path):
     from megatron.errors import ConversionError
     from megatron.checkpoint.neox_checkpoint import _load
@@ -143,9 +146,33 @@ def _engine_round_trip(rank, world_size, directory):
 
 
 @pytest.mark.slow
+@pytest.mark.attack("planted model and ZeRO optimizer files that run a command when DeepSpeed's engine loads them")
 def test_deepspeed_engine_reads_its_files_safely(tmp_path):
     (results, ran), = run_distributed(_engine_round_trip, world_size=1, args=(str(tmp_path),))
     assert results[0] is True  # the files DeepSpeed writes (ZeRO-1 included) load
     assert "mp_rank_00_model_states.pt holds a Python object" in results[1]
     assert "zero_pp_rank_0_mp_rank_00_optim_states.pt holds a Python object" in results[2]
     assert not ran
+
+
+@pytest.mark.attack("an engine told to read universal checkpoints or given another checkpoint engine, reaching "
+                    "DeepSpeed's torch.load(weights_only=False) past the config's check")
+def test_safe_loading_covers_every_checkpoint_engine_and_refuses_universal_loading(tmp_path):
+    from types import SimpleNamespace
+
+    from megatron.checkpoint.files import use_safe_loading
+
+    class OtherEngine:  # e.g. DeepSpeed's FastCheckpointEngine: its own torch.load
+        def load(self, path, map_location=None):
+            return torch.load(path, weights_only=False)
+
+    path = tmp_path / "mp_rank_00_model_states.pt"
+    plant(str(path), tmp_path / "ran")
+    engine = SimpleNamespace(checkpoint_engine=OtherEngine(), load_universal_checkpoint=lambda: False)
+    use_safe_loading(engine)
+    with pytest.raises(CheckpointError, match="holds a Python object"):
+        engine.checkpoint_engine.load(str(path))
+    engine = SimpleNamespace(checkpoint_engine=OtherEngine(), load_universal_checkpoint=lambda: True)
+    with pytest.raises(CheckpointError, match="checkpoint.load_universal is set"):
+        use_safe_loading(engine)
+    assert not (tmp_path / "ran").exists()

@@ -10,7 +10,7 @@ import uuid
 import pytest
 import torch
 
-from megatron.checkpoint.integrity import LEGACY_MANIFEST, MANIFEST, read_manifest, verification_problems
+from megatron.checkpoint.integrity import LEGACY_MANIFEST, MANIFEST, read_manifest, verification_problems, write_manifest
 from megatron.checkpoint.hashed_save import new_digest
 from megatron.checkpoint.engine import estimated_checkpoint_bytes, space_problem
 from megatron.checkpoint.format import read_latest, tag_for
@@ -67,6 +67,7 @@ def _flip_middle_byte(file):
 
 
 @pytest.mark.parametrize("damage", ["middle", "first-bytes", "truncated-rng", "missing-model", "neox-args"])
+@pytest.mark.attack("a checkpoint file damaged, truncated or deleted after its save, to be loaded silently")
 def test_a_damaged_file_is_named_and_nothing_is_loaded(two_checkpoints, damage):
     args, path = two_checkpoints
     if damage == "middle":  # still a readable file: it loaded silently before checksums
@@ -104,9 +105,9 @@ def test_a_checkpoint_without_checksums_still_gets_clean_errors(two_checkpoints)
     with pytest.raises(CheckpointError, match=r"neox_args.json is damaged \(not JSON"):
         resolve(args)
     save(args, 8, FakeEngine())
-    os.remove(path / MANIFEST)
     rng = path / "rng_state_rank0.pt"
     rng.write_bytes(rng.read_bytes()[:50])
+    write_manifest(str(path))  # checksums that agree with the damage (a current-layout checkpoint needs them)
     with pytest.raises(CheckpointError, match="cannot read .*rng_state_rank0.pt"):
         load(args, FakeEngine())
 
@@ -163,3 +164,23 @@ def test_the_space_for_one_checkpoint_is_checked(small_filesystem):
     size = sum(p.stat().st_size for p in (small_filesystem / "global_step4").rglob("*") if p.is_file())
     assert estimated_checkpoint_bytes(str(small_filesystem), parameters, weight_bytes=4) == size
     assert space_problem(str(small_filesystem), size) is None
+
+
+@pytest.mark.attack("a checkpoint of the current layout with its checksum manifest deleted and its weights "
+                    "overwritten, to be loaded unverified as if it were GPT-NeoX's")
+def test_a_current_checkpoint_without_its_manifest_is_refused_naming_it(two_checkpoints):
+    from megatron.checkpoint.neox_checkpoint import resolve_checkpoint_dir
+    from megatron.errors import ConversionError
+
+    args, path = two_checkpoints
+    os.remove(path / MANIFEST)
+    _flip_middle_byte(path / "mp_rank_00_model_states.pt")
+    engine = FakeEngine()
+    with pytest.raises(CheckpointError, match=rf"checkpoint {path} is damaged: its {MANIFEST} is missing, though it "
+                                              rf"is a checkpoint of this project's current layout"):
+        load(args, engine)
+    assert engine.loaded == []
+    with pytest.raises(ConversionError, match=f"its {MANIFEST} is missing"):
+        resolve_checkpoint_dir(str(path))  # conversion, generation and evaluation read it here
+    os.remove(path / "neox_args.json")  # the layout record gone too: still this project's (COMPLETE)
+    assert f"{MANIFEST} is missing" in "".join(verification_problems(str(path)))

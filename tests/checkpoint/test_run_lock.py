@@ -40,6 +40,7 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
     assert (tmp_path / LOCK_FILE).is_file() and lock_problem(str(tmp_path)) is None
 
 
+@pytest.mark.attack("a training run started on a save directory another run holds")
 def test_training_refuses_a_save_directory_in_use(tmp_path):
     from megatron.training.loop import _claim_save_directory
     from tests.checkpoint.test_engine import args_for

@@ -75,3 +75,23 @@ def test_missing_template_is_one_clear_error(tmp_path: Path, capsys) -> None:
     err = capsys.readouterr().err
     assert "has no chat template" in err and "--chat-template" in err
     assert run(tmp_path, bare, [{"messages": CHAT}], "--chat-template", TEMPLATE) == 0
+
+
+@pytest.mark.attack("a tokenizer folder whose tokenizer_config.json has auto_map (custom tokenizer code), "
+                    "preprocessed with the answer 'y' to transformers' prompt")
+def test_a_tokenizer_asking_for_its_own_code_is_refused(tmp_path: Path, capsys, monkeypatch) -> None:
+    custom = hf_folder(tmp_path)
+    marker = tmp_path / "ran"
+    (custom / "tokenization_custom.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+        "from transformers import PreTrainedTokenizerFast\nclass CustomTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    config = json.loads((custom / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": [None, "tokenization_custom.CustomTokenizer"]}
+    (custom / "tokenizer_config.json").write_text(json.dumps(config))
+    monkeypatch.setattr("builtins.input", lambda *_: "y")
+    code = run(tmp_path, custom, [{"messages": CHAT}])
+    assert not marker.exists(), "the folder's code ran"
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{custom / 'tokenizer_config.json'} has auto_map (AutoTokenizer)" in err, err
+    assert not marker.exists() and not list(tmp_path.glob("out_*"))

@@ -239,4 +239,7 @@ COMMANDS: Dict[str, Entry] = {
     "printf w10 w11 w12\\nw50 w51\\nw7 w99 w3\\n > prompts.txt": FINE_TUNING_EXAMPLE,
     "python deepy.py generate.py tiny-llama.yml --num_gpus 2 --load checkpoints/tiny-llama-finetuned -i prompts.txt "
     "-o samples.jsonl --set temperature=0.0 --set maximum_tokens=8": FINE_TUNING_EXAMPLE,
+    # docs/guarantees.md
+    "PYTHONPATH=$PWD DS_ACCELERATOR=cpu python -m pytest -q -m attack tests/": NotRun(
+        "suite", "the attack suite, part of every run of the test suite (its account prints at the end)"),
 }

@@ -56,3 +56,60 @@ def test_help_explains_usage():
     result = run_deepy(["--help"])
     assert result.returncode == 0
     assert "user_script" in result.stdout and "--hostfile" in result.stdout and "--num_gpus" in result.stdout
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.attack("kill -9 of deepy.py, to leave DeepSpeed's launcher and the ranks running and holding the lock")
+def test_kill_9_of_deepy_leaves_no_launcher_no_rank_and_no_lock(tmp_path):
+    """deepy.py killed by SIGKILL cannot pass anything on: the kernel signals its child (DeepSpeed's launcher) and
+    the ranks signal themselves when their parent ends (PR_SET_PDEATHSIG, megatron.utils.process_tree); all end,
+    and the save directory's lock is free for the relaunch. Real processes: deepy.py, the runner, the launcher and
+    two ranks of an idle worker."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from megatron.checkpoint.run_lock import lock_problem
+    from tests.e2e.launch import REPO, deepy_environment
+
+    save = tmp_path / "save"
+    config = tmp_path / "tiny.yml"
+    config.write_text(CONFIG.replace('"num_gpus": 2,', f'"num_gpus": 2, "save": "{save}",'))
+    deepy = subprocess.Popen([sys.executable, "deepy.py", "tests/e2e/workers/idle.py", str(config), "--master_port",
+                              str(free_port())], cwd=REPO, env=deepy_environment({"NEOX_TEST_OUT": str(tmp_path)}),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = []
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not all((tmp_path / f"rank{r}.pid").is_file() for r in (0, 1)):
+            assert deepy.poll() is None, "deepy.py ended before its ranks started"
+            time.sleep(0.2)
+        ranks = [tuple(map(int, (tmp_path / f"rank{r}.pid").read_text().split())) for r in (0, 1)]
+        launcher = ranks[0][1]
+        pids = [launcher, *(pid for pid, _ in ranks)]
+        assert all(map(_alive, pids)) and lock_problem(str(save)) is not None
+        deepy.send_signal(signal.SIGKILL)
+        deepy.wait()
+        deadline = time.time() + 60
+        while time.time() < deadline and any(map(_alive, pids)):
+            time.sleep(0.2)
+        left = [pid for pid in pids if _alive(pid)]
+        assert not left, f"left running after kill -9 of deepy.py: {left} (launcher {launcher})"
+        assert lock_problem(str(save)) is None
+    finally:
+        for pid in pids:  # the processes this test started, if the assertion above failed
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if deepy.poll() is None:
+            deepy.kill()

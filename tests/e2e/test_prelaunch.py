@@ -126,6 +126,7 @@ def test_a_missing_prompts_file_or_eval_task_file_is_named_before_launch(deepy_m
 
 
 @pytest.mark.fault
+@pytest.mark.attack("a save directory under a file or on a read-only filesystem: a traceback at the first save")
 def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp_path, monkeypatch):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -144,6 +145,8 @@ def test_a_save_directory_that_cannot_be_written_is_named(deepy_main, files, tmp
 
 
 @pytest.mark.fault
+@pytest.mark.attack("a second run on a save directory another run is writing, to interleave and replace its "
+                    "checkpoints")
 def test_a_save_directory_another_run_is_writing_is_refused(deepy_main, files, tmp_path):
     """The run lock (megatron.checkpoint.run_lock) is held by another process: deepy.py names it and starts nothing."""
     ckpt = tmp_path / "ckpt"
@@ -229,13 +232,15 @@ def test_rank_zero_address_is_found_or_asked_for(deepy_main, files, tmp_path):
     code, err, launched = deepy_main(config)
     assert code == 0, err
     argv = launched[-1]
-    assert argv[argv.index("--master_addr") + 1] == "10.9.8.7"
+    assert "--master_addr=10.9.8.7" in argv
     assert NeoXArgs.decode(os.environ[ENCODED_CONFIG_ENV]).master_addr == "10.9.8.7"
 
 
 @pytest.mark.parametrize("hostile", ["10.0.0.1;touch /tmp/neox_pwned", "$(touch /tmp/neox_pwned)", "node\nrm -rf x",
                                      "`id`"])
 @pytest.mark.fault
+@pytest.mark.attack("shell metacharacters in master_addr, forwarded variables and slurm's comment, to run a "
+                    "command through a launcher's shell")
 def test_hostile_values_never_reach_a_shell(deepy_main, files, tmp_path, monkeypatch, hostile):
     """Values a launcher would pass to a shell unquoted are refused before anything starts: master_addr for every
     launcher; with pdsh also the script path and the forwarded variables, which DeepSpeed's runner writes into each
@@ -258,8 +263,43 @@ def test_hostile_values_never_reach_a_shell(deepy_main, files, tmp_path, monkeyp
     from shlex import split
 
     argv = launched[0]
-    assert split(argv[argv.index("--launcher_args") + 1]) == ["--comment", hostile]  # as DeepSpeed splits it
+    launcher_args = next(a for a in argv if a.startswith("--launcher_args="))
+    assert split(launcher_args.split("=", 1)[1]) == ["--comment", hostile]  # as DeepSpeed splits it
     assert not os.path.exists("/tmp/neox_pwned")
+
+
+@pytest.mark.attack("hostfile hosts named as ssh options (-oProxyCommand=..., -F.file), probed with the real ssh")
+def test_a_host_named_as_an_option_never_reaches_ssh(deepy_main, files, tmp_path, monkeypatch):
+    """The host names are checked before any ssh probe, and ssh's argv has `--` before the host: a host named
+    -oProxyCommand=touch${IFS}MARKER (which ssh would run through a shell) or -F.evil (an ssh config file) is
+    refused by name and never run (issue 32). The real ssh is on PATH here: the probe of a name that slipped
+    through would run its command."""
+    marker = tmp_path / "ran"
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])  # the real ssh, not the stand-in
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"-oProxyCommand=touch${{IFS}}{marker} slots=1\n-F.evil slots=1\n")
+    code, err, launched = deepy_main({**BASE, **files, "num_gpus": None, "hostfile": str(hostfile),
+                                      "launcher": "pdsh"})
+    assert not marker.exists(), "ssh ran the host name's ProxyCommand"
+    assert code == 2 and launched == [], err
+    assert f"host '-oProxyCommand=touch${{IFS}}{marker}' is not a host name or address" in err
+    assert "host '-F.evil' is not a host name or address" in err and "passwordless ssh" not in err
+    monkeypatch.chdir(tmp_path)
+    dashed = tmp_path / "-hostfile"
+    dashed.write_text("node-a slots=1\nnode-b slots=1\n")
+    code, err, launched = deepy_main({**BASE, **files, "num_gpus": None, "hostfile": "-hostfile",
+                                      "launcher": "openmpi", "master_addr": "10.0.0.1", "no_ssh_check": True})
+    assert code == 2 and launched == [] and "hostfile '-hostfile' begins with '-'" in err, err
+
+
+def test_ssh_probes_put_the_host_after_double_dash(monkeypatch):
+    from megatron.launch import prelaunch
+
+    calls = []
+    monkeypatch.setattr(prelaunch.subprocess, "run", lambda argv, **_: calls.append(argv))
+    prelaunch._ssh("node-a", "true", ssh_port=2222)
+    assert calls[0][-3:] == ["--", "node-a", "true"]
+    assert prelaunch._ssh("-oProxyCommand=x", "true").returncode == 2 and len(calls) == 1
 
 
 def test_a_taken_master_port_is_replaced_by_a_free_one(deepy_main, files):

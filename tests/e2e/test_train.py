@@ -156,6 +156,7 @@ def test_metrics_tensorboard_debug_values_epochs_and_eval_tasks(data, tmp_path):
 
 
 @pytest.mark.fault
+@pytest.mark.attack("SIGTERM to deepy.py alone, to leave the ranks training orphaned")
 def test_sigterm_to_deepy_alone_reaches_every_rank_which_saves_and_exits_interrupted(data, tmp_path):
     """SIGTERM to deepy.py only (not its process group): it passes the signal to both ranks, which save a
     checkpoint; deepy.py waits for them and exits 143 (interrupted), leaving no process behind (issue 19)."""
@@ -208,7 +209,7 @@ def test_megatron_schedules_batch_rampup_train_samples_and_exit_duration_resume(
     assert "batch_size 8" in run.result.stdout
     # Megatron-LM's non-persistent checkpoints, saved at 2, 4, 6 and 8 by the loop: only the newest is kept
     non_persistent = os.path.join(run.config["save"], "non_persistent")
-    assert sorted(os.listdir(non_persistent)) == ["global_step8", "latest"]
+    assert sorted(os.listdir(non_persistent)) == [".non_persistent_checkpoints", "global_step8", "latest"]
     assert os.path.isfile(os.path.join(non_persistent, "global_step8", "COMPLETE"))
     assert run.latest() == "global_step9"
     records = {r["iteration"]: r for r in run.records()}  # the resumed run's records win

@@ -282,3 +282,21 @@ def test_mirrored_config_rederives_to_the_same_values():
     again = NeoXArgs.from_dict({k: v for k, v in args.to_dict().items()
                                 if k not in DERIVED_ONLY})
     assert again.to_dict() == args.to_dict()
+
+
+@pytest.mark.attack("a DeepSpeed section that makes DeepSpeed read checkpoint files with its own unpickling loader "
+                    "(universal checkpoints, its fast / decoupled writers, DataStates)")
+@pytest.mark.parametrize("overrides, key", [
+    ({"checkpoint": {"load_universal": True}}, "checkpoint.load_universal=True"),
+    ({"deepspeed_extra_args": {"checkpoint": {"load_universal": True}}}, "checkpoint.load_universal=True"),
+    ({"checkpoint": {"writer": {"type": "fast"}}}, "checkpoint.writer={'type': 'fast'}"),
+    ({"deepspeed_extra_args": {"datastates_ckpt": None}}, "datastates_ckpt=None"),
+])
+def test_deepspeed_settings_that_load_files_past_the_safe_reader_are_refused(overrides, key):
+    assert f"{key} (a DeepSpeed setting" in problems_of(**overrides)
+
+
+def test_deepspeed_checkpoint_settings_that_load_nothing_pass():
+    config = tiny(checkpoint={"load_universal": False, "tag_validation": "Warn"},
+                  deepspeed_extra_args={"datastates_ckpt": False}).deepspeed_config
+    assert config["checkpoint"] == {"load_universal": False, "tag_validation": "Warn"}

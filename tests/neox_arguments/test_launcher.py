@@ -58,6 +58,22 @@ def test_exclude_num_nodes_and_num_gpus_reach_the_runner(tmp_path):
     assert args.global_num_gpus == 3
 
 
+@pytest.mark.attack("launcher values that begin with '-' (a hostfile path, a slurm comment, a user script), "
+                    "to be read as options of DeepSpeed's runner")
+def test_values_beginning_with_a_dash_reach_the_runner_as_values(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "--no_python").write_text("worker-0 slots=2\nworker-1 slots=2\n")
+    base = {k: v for k, v in TINY.items() if k != "num_gpus"}
+    args = NeoXArgs.from_dict({**base, "hostfile": "--no_python", "user_script": "train.py", "launcher": "slurm",
+                               "comment": "--exclusive", "master_addr": "10.0.0.1"})
+    parsed = runner_options(args.get_deepspeed_main_args())
+    assert parsed.hostfile == "--no_python" and not parsed.no_python
+    assert shlex.split(parsed.launcher_args) == ["--comment", "--exclusive"]
+    dashed = NeoXArgs.from_dict({**base, "num_gpus": 1, "user_script": "--no_python"})
+    with pytest.raises(ValueError, match="user_script '--no_python' begins with '-'.*write ./--no_python"):
+        dashed.get_deepspeed_main_args()
+
+
 def test_slurm_comment_and_account_go_through_launcher_args(tmp_path):
     args, _ = launch_args(tmp_path, launcher="slurm", comment="my run", account="proj1")
     parsed = runner_options(args.get_deepspeed_main_args())

@@ -114,3 +114,22 @@ def test_removed_older_names_are_refused_with_the_fix():
     with pytest.raises(ConfigError, match="detect_nvlink_pairs.*delete the key"):
         NeoXArgs.from_dict({"num_layers": 1, "hidden_size": 8, "num_attention_heads": 1, "seq_length": 8,
                             "train_micro_batch_size_per_gpu": 1, "detect_nvlink_pairs": True})
+
+
+@pytest.mark.attack("a YAML config (or a checkpoint's configs/*.yml) with a python/object tag that runs a command "
+                    "when the file is read")
+def test_yaml_python_tags_are_refused_and_never_run(tmp_path):
+    from megatron.checkpoint.format import yaml_values
+    from megatron.errors import CheckpointError, ConfigError
+    from megatron.neox_arguments import NeoXArgs
+
+    marker = tmp_path / "ran"
+    payload = f"num_layers: !!python/object/apply:os.system ['touch {marker}']\n"
+    (tmp_path / "evil.yml").write_text(payload)
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'evil.yml'}: .*python/object/apply:os.system"):
+        NeoXArgs.from_ymls([str(tmp_path / "evil.yml")])
+    (tmp_path / "global_step1" / "configs").mkdir(parents=True)
+    (tmp_path / "global_step1" / "configs" / "model.yml").write_text(payload)
+    with pytest.raises(CheckpointError, match="python/object/apply:os.system"):
+        yaml_values(str(tmp_path / "global_step1"))
+    assert not marker.exists()

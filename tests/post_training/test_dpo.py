@@ -124,3 +124,17 @@ def test_tensor_parallel_dpo_matches_one_rank() -> None:
     from tests.distributed_helpers import run_distributed
 
     run_distributed(_tensor_parallel_dpo, world_size=2)
+
+
+@pytest.mark.attack("a DPO reference-weights file holding a pickle that runs a command, on resume")
+def test_a_planted_reference_file_is_refused_naming_it(tmp_path) -> None:
+    from megatron.errors import CheckpointError
+    from tests.checkpoint.test_files import plant
+
+    config, state = tiny_config(), SingleProcessState()
+    reference = ReferenceModel(config, state)
+    reference.save(str(tmp_path))
+    plant(reference.file(str(tmp_path)), tmp_path / "ran")
+    with pytest.raises(CheckpointError, match=r"dpo_reference_mp_rank_00.pt holds a Python object .*posix.system"):
+        ReferenceModel(config, state).load(str(tmp_path))
+    assert not (tmp_path / "ran").exists()

@@ -145,3 +145,83 @@ def test_config_out_alone_serves_generate_and_the_reverse_conversion(tmp_path):
     names = {"lm_head.weight": "embed_out.weight"} if "embed_out.weight" in back else {}
     for name, tensor in original.items():
         assert torch.equal(back[names.get(name, name)], tensor), name
+
+
+CUSTOM_CONFIG = '''import pathlib
+pathlib.Path({marker!r}).touch()
+from transformers import PretrainedConfig
+class CustomConfig(PretrainedConfig):
+    model_type = "custom"
+'''
+
+
+def _run_converter(tmp_path, hf_dir, capsys):
+    code = load_tool(TOOL).main(["--hf_dir", str(hf_dir), "--output_dir", str(tmp_path / "o"),
+                                 "--config_out", str(tmp_path / "c.yml")])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.attack("a Hugging Face folder whose config.json has auto_map (custom code), converted with the "
+                    "answer 'y' to transformers' prompt")
+def test_a_folder_asking_for_its_own_code_is_refused_and_its_code_never_runs(tmp_path, capsys, monkeypatch):
+    hf_dir, marker = tmp_path / "hf", tmp_path / "ran"
+    hf_dir.mkdir()
+    (hf_dir / "configuration_custom.py").write_text(CUSTOM_CONFIG.format(marker=str(marker)))
+    (hf_dir / "config.json").write_text(json.dumps(
+        {"model_type": "custom", "auto_map": {"AutoConfig": "configuration_custom.CustomConfig"}}))
+    monkeypatch.setattr("builtins.input", lambda *_: "y")  # a user answering transformers' question
+    code, err = _run_converter(tmp_path, hf_dir, capsys)
+    assert not marker.exists(), "the folder's code ran"
+    assert code == 2 and f"{hf_dir / 'config.json'} has auto_map (AutoConfig)" in err, err
+    assert "trust_remote_code is off" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.attack("a pytorch_model.bin holding a pickle that runs a command, given to convert_hf_to_neox.py")
+def test_a_hostile_pytorch_model_bin_is_refused_naming_the_file(tmp_path, capsys):
+    from transformers import GPTNeoXConfig
+
+    from tests.checkpoint.test_files import plant
+
+    hf_dir, marker = tmp_path / "hf", tmp_path / "ran"
+    GPTNeoXConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  vocab_size=64).save_pretrained(hf_dir)
+    plant(str(hf_dir / "pytorch_model.bin"), marker)
+    code, err = _run_converter(tmp_path, hf_dir, capsys)
+    assert code == 2 and f"{hf_dir / 'pytorch_model.bin'} holds a Python object" in err, err
+    assert "weights_only=False" not in err and not marker.exists()
+
+
+@pytest.mark.attack("convert_hf_to_neox.py writing over a complete checkpoint, a running run's save directory or "
+                    "a user's config file")
+def test_the_converter_replaces_no_checkpoint_and_no_config_it_did_not_write(tmp_path, capsys):
+    from megatron.checkpoint.run_lock import RunLock
+
+    from transformers import GPTNeoXConfig
+
+    hf_dir = tmp_path / "hf"  # refused before its weights are read: a config is enough
+    GPTNeoXConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  vocab_size=64).save_pretrained(hf_dir)
+    out, config_out = tmp_path / "out", tmp_path / "c.yml"
+    (out / "global_step0").mkdir(parents=True)  # a complete checkpoint (of an earlier conversion)
+    (out / "global_step0" / "COMPLETE").write_text("0\n")
+    argv = ["--hf_dir", str(hf_dir), "--output_dir", str(out), "--config_out", str(config_out)]
+    assert load_tool(TOOL).main(argv) == 2
+    assert f"{out / 'global_step0'} exists already (a complete checkpoint); it is not replaced" in \
+        capsys.readouterr().err
+    assert os.listdir(out / "global_step0") == ["COMPLETE"] and not config_out.exists()
+    mine = tmp_path / "mine.yml"
+    mine.write_text("num_layers: 2\n")
+    assert load_tool(TOOL).main(["--hf_dir", str(hf_dir), "--output_dir", str(tmp_path / "new"),
+                                 "--config_out", str(mine)]) == 2
+    assert f"--config_out {str(mine)!r} exists and is not a config this tool wrote" in capsys.readouterr().err
+    assert mine.read_text() == "num_layers: 2\n" and not (tmp_path / "new").exists()
+    lock = RunLock(str(tmp_path / "running"))
+    assert lock.acquire() is None
+    try:
+        assert load_tool(TOOL).main(["--hf_dir", str(hf_dir), "--output_dir", str(tmp_path / "running"),
+                                     "--config_out", str(tmp_path / "r.yml")]) == 2
+        assert "is in use by another training run" in capsys.readouterr().err
+    finally:
+        lock.release()
+    assert not (tmp_path / "running" / "global_step0").exists()

@@ -245,6 +245,8 @@ class NeoXArgsDeepspeedConfig:
     """
     Configuration for using checkpointing. Dictionary as described in Deepspeed documentation:
     https://www.deepspeed.ai/docs/config-json/#checkpoint-options
+    load_universal and writer are refused: DeepSpeed would read checkpoint files with a loader of its own,
+    past this project's safe reader (megatron.neox_arguments.deepspeed_config.UNSAFE_LOADING_KEYS).
     """
 
     data_types: Optional[dict] = None
