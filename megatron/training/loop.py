@@ -15,13 +15,14 @@ import math
 import os
 import signal
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
 from megatron.checkpoint.async_save import AsyncCheckpoints
-from megatron.checkpoint.engine import (complete_checkpoint, estimated_checkpoint_bytes, failed_save, load_checkpoint,
-                                        restore_rng, save_checkpoint, space_problem)
+from megatron.checkpoint.engine import (complete_checkpoint, directory_bytes, estimated_checkpoint_bytes, failed_save,
+                                        load_checkpoint, restore_rng, save_checkpoint, space_problem)
+from megatron.checkpoint.format import read_latest
 from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due
 from megatron.checkpoint.run_lock import RunLock
 from megatron.errors import CheckpointError, ConfigError
@@ -112,15 +113,18 @@ def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
         raise CheckpointError(problem)
 
 
-def _async_checkpoints(neox_args, engine, ctx: RunContext):
-    """async_save's background writer (megatron.checkpoint.async_save), None for synchronous saves."""
+def _async_checkpoints(neox_args, engine, completed: Callable[[str, int], None]):
+    """async_save's background writer (megatron.checkpoint.async_save), None for synchronous saves.
+    ``completed(path, iteration)``: called on rank 0 once a checkpoint is complete."""
     if not (neox_args.async_save and neox_args.save):
         return None
 
-    return AsyncCheckpoints(engine, failure=failed_save,
-                            complete=lambda path, it, digests: complete_checkpoint(
-                                path, it, neox_args.keep_last_n_checkpoints,
-                                only=in_non_persistent_dir(neox_args, path), digests=digests))
+    def complete(path: str, iteration: int, digests: Dict[str, str]) -> None:
+        complete_checkpoint(path, iteration, neox_args.keep_last_n_checkpoints,
+                            only=in_non_persistent_dir(neox_args, path), digests=digests)
+        completed(path, iteration)
+
+    return AsyncCheckpoints(engine, failure=failed_save, complete=complete)
 
 
 def steps_to_next_save(neox_args, schedule: TrainingSchedule, at: int) -> Optional[int]:
@@ -160,15 +164,17 @@ def pretrain(neox_args) -> Dict[str, Any]:
     do_train = neox_args.do_train if neox_args.do_train is not None else True
     lock = _claim_save_directory(neox_args) if do_train and neox_args.save else None
     try:
-        return _train_and_evaluate(neox_args, ctx, do_train, check_space=lock is not None, deadline=deadline)
+        return _train_and_evaluate(neox_args, ctx, do_train, check_space=lock is not None, deadline=deadline,
+                                   started_at=started_at)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space: bool,
-                        deadline: Optional[float]) -> Dict[str, Any]:
-    """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end."""
+                        deadline: Optional[float], started_at: float) -> Dict[str, Any]:
+    """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end,
+    ``started_at`` (time.time()) the run's start (its summary's wall time)."""
     schedule = TrainingSchedule.from_neox_args(neox_args)
     if neox_args.use_mup and (neox_args.save_base_shapes or neox_args.coord_check):
         return base_shapes_and_coord_check(neox_args, ctx, lambda: next(batch_streams(neox_args, ctx, schedule, 0,
@@ -193,16 +199,26 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     restore_rng(neox_args, loaded_from, client_state)
     run = _TrainingRun(neox_args, ctx, (engine, optimizer, lr_scheduler), schedule, state, schedule_of_lengths,
                        streams, reference, stop, deadline, do_train)
+    if loaded_from is not None:
+        run.logger.log_resume(loaded_from, iteration, state.consumed_train_samples, state.consumed_valid_samples,
+                              bool(neox_args.finetune))
     try:
         run.train()
         run.finish()
+        run.summary["iteration"] = state.iteration
+        run.summary["skipped_steps"] = run.overflow.total
+        run.logger.log_summary(run.summary, time.time() - started_at, _latest_checkpoint(neox_args.save))
     finally:
         run.logger.close()
         stop.restore()
-    run.summary["iteration"] = state.iteration
-    run.summary["skipped_steps"] = run.overflow.total
     ctx.destroy()
     return run.summary
+
+
+def _latest_checkpoint(save: Optional[str]) -> Optional[str]:
+    """The directory of the checkpoint `latest` names in ``save`` (None: none there)."""
+    tag = read_latest(save) if save and os.path.isdir(save) else None
+    return os.path.join(save, tag) if tag else None
 
 
 def _training_logger(neox_args, ctx: RunContext, engine, schedule: TrainingSchedule, iteration: int):
@@ -241,7 +257,9 @@ class _TrainingRun:
             self.memory_profiler = MemoryProfiler(neox_args)
         self.last_saved = self.last_moe_report = state.iteration
         self.comms = CommsReporter(neox_args.comms_logger)
-        self.background = _async_checkpoints(neox_args, self.engine, ctx)
+        self.save_started: Dict[str, float] = {}
+        """checkpoint directory -> time.perf_counter() when its save started (its line says how long it took)."""
+        self.background = _async_checkpoints(neox_args, self.engine, self.say_saved_in_background)
 
     def train(self) -> None:
         """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
@@ -344,15 +362,26 @@ class _TrainingRun:
             self.timers("save").start()
             if background is not None:
                 background.wait()  # the previous checkpoint is complete before the next one starts
+            started = time.perf_counter()
             path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
                                    run_state(self.state, self.curriculum),
                                    write_extra=self.reference.save if self.reference is not None else None,
                                    complete=background is None, non_persistent=non_persistent)
             if background is not None:
+                self.save_started[path] = started
+                self.logger.log_save_started(path, at)
                 background.started(path, at, steps_to_next_save(neox_args, self.schedule, at))
+            elif self.logger.is_logging_rank:
+                self.logger.log_save(path, at, time.perf_counter() - started, directory_bytes(path))
             self.timers("save").stop()
             if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
                 self.last_saved = at
+
+    def say_saved_in_background(self, path: str, iteration: int) -> None:
+        """async_save's completion (rank 0, on the writer's thread): the save's line, from its start."""
+        started = self.save_started.pop(path, None)
+        seconds = time.perf_counter() - started if started is not None else 0.0
+        self.logger.log_save(path, iteration, seconds, directory_bytes(path), background=True)
 
     def stopped(self) -> bool:
         """A signal on any rank, or exit_duration_in_mins passed: saved, recorded in the summary and said."""
