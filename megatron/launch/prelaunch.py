@@ -9,11 +9,19 @@ unreachable host is reported in a second instead of by every worker half a minut
   is known (master_addr, MASTER_ADDR, or `hostname -I` on the first host, as DeepSpeed's runner finds it);
 - the master port, where rank 0 runs on this machine: one that is taken is replaced by a free one;
 - a run whose checkpoint is already at train_iters, or at the end of train_epochs (nothing to train);
-- more CPU ranks than this machine has cores (a warning).
+- more CPU ranks than this machine has cores (a warning);
+- a machine without CUDA whose ranks all run here: fp16 is refused (it needs a CUDA GPU; choosing bf16 or fp32
+  changes the numbers, so it is the user's choice), distributed_backend nccl is replaced by gloo with one note
+  (the transport changes, the results do not; configs are shared with GPU clusters). Both are said once, here,
+  instead of by every rank (several nodes: this machine's hardware says nothing about theirs, so the workers
+  check it, megatron.initialize);
+- the optional packages the enabled features need (tensorboard_dir, use_wandb, use_comet, eval_tasks, the
+  tokenizer's...), found without importing them.
 
 Each check returns messages naming the key and the file or host, so that deepy.py reports them all at once."""
 
 import errno
+import importlib.util
 import os
 import re
 import socket
@@ -225,6 +233,64 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
+# ---- packages ----------------------------------------------------------------------------------------------------
+LOGGING_SCRIPTS = ("train.py", "eval.py")
+"""Worker scripts that write metrics to tensorboard / wandb / comet (megatron.observability.training_logger)."""
+TOKENIZER_PACKAGES = {"SPMTokenizer": ("sentencepiece", "sentencepiece"), "TiktokenTokenizer": ("tiktoken", "tiktoken")}
+"""tokenizer_type -> (the package it imports, its requirements/requirements-<extra>.txt)."""
+
+
+def _enabled(section) -> bool:
+    return isinstance(section, dict) and bool(section.get("enabled"))
+
+
+def wanted_packages(args: NeoXArgsSchema) -> List[Tuple[str, str, str]]:
+    """(package, the setting that needs it, its extra) for every optional package the config's features need in
+    the workers of its script."""
+    script = script_name(args)
+    wanted: List[Tuple[str, str, str]] = []
+    if script in LOGGING_SCRIPTS:
+        if args.tensorboard_dir:
+            wanted.append(("tensorboard", f"tensorboard_dir={args.tensorboard_dir!r}", "tensorboard"))
+        if args.use_wandb:
+            wanted.append(("wandb", "use_wandb: true", "wandb"))
+        if args.use_comet:
+            wanted.append(("comet_ml", "use_comet: true", "comet"))
+    if script in TRAINING_SCRIPTS:  # DeepSpeed's monitors (its engine's config sections)
+        if _enabled(args.tensorboard):
+            wanted.append(("tensorboard", "the DeepSpeed section tensorboard: {enabled: true}", "tensorboard"))
+        if _enabled(args.wandb):
+            wanted.append(("wandb", "the DeepSpeed section wandb: {enabled: true}", "wandb"))
+    if args.eval_tasks and script in ("eval.py", *TRAINING_SCRIPTS):
+        wanted.append(("lm_eval", "eval_tasks", "eval"))
+    if script in MODEL_SCRIPTS and args.tokenizer_type in TOKENIZER_PACKAGES:
+        package, extra = TOKENIZER_PACKAGES[args.tokenizer_type]
+        wanted.append((package, f"tokenizer_type={args.tokenizer_type}", extra))
+    return wanted
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (found, not imported: the launcher stays fast)."""
+    return importlib.util.find_spec(package) is not None
+
+
+def package_problems(args: NeoXArgsSchema) -> List[str]:
+    """The optional packages the enabled features need and this Python does not have (found without importing
+    them; the workers' own check, megatron.utils.optional_deps.require, stays for several nodes' other
+    environments). One message per package, naming every setting that needs it."""
+    missing = {}
+    for package, setting, extra in wanted_packages(args):
+        if not installed(package):
+            missing.setdefault((package, extra), []).append(setting)
+    problems = []
+    for (package, extra), settings in missing.items():
+        settings = list(dict.fromkeys(settings))
+        problems.append(f"{' and '.join(settings)} need{'s' if len(settings) == 1 else ''} the Python package "
+                        f"'{package}', which is not installed: pip install -r requirements/requirements-{extra}.txt "
+                        f"(or turn {'it' if len(settings) == 1 else 'them'} off)")
+    return problems
+
+
 # ---- hosts -----------------------------------------------------------------------------------------------------
 def _ssh(host: str, command: str, ssh_port: Optional[int] = None) -> subprocess.CompletedProcess:
     argv = ["ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}"]
@@ -366,6 +432,35 @@ def master_port_note(args: NeoXArgsSchema, master_addr: Optional[str]) -> Tuple[
 
 
 # ---- CPU ----------------------------------------------------------------------------------------------------------
+def all_ranks_here(args: NeoXArgsSchema) -> bool:
+    """Whether every rank runs on this machine (no hostfile, or one that is this machine only)."""
+    return is_local_launch(args.hostfile) and not multi_node_launch(args)
+
+
+def _cuda_available() -> bool:
+    import torch  # only for the configs that need the answer: the launcher starts without torch
+
+    return torch.cuda.is_available()
+
+
+def device_problems(args: NeoXArgsSchema, has_cuda: Optional[bool] = None) -> List[str]:
+    """fp16 where every rank runs on this machine and it has no CUDA GPU (``has_cuda``: default, torch's answer)."""
+    if not (args.precision == "fp16" or _enabled(args.fp16)) or not all_ranks_here(args):
+        return []
+    if has_cuda if has_cuda is not None else _cuda_available():
+        return []
+    return ["fp16 needs a CUDA GPU and this machine, where the ranks would run, has none; on CPU use "
+            "bf16: {enabled: true} or fp32 (remove the fp16 dict)"]
+
+
+def cpu_backend_note(args: NeoXArgsSchema, has_cuda: bool) -> Optional[str]:
+    """The one line saying that CPU ranks use gloo where the config asks for nccl (megatron.initialize switches)."""
+    if args.distributed_backend != "nccl" or has_cuda or not all_ranks_here(args):
+        return None
+    return ("distributed_backend=nccl needs CUDA and this machine has none: the ranks communicate with gloo "
+            "(the results are the same; set distributed_backend: gloo to say so in the config)")
+
+
 def cpu_oversubscription_warning(args: NeoXArgsSchema, has_cuda: bool) -> Optional[str]:
     if has_cuda or not is_local_launch(args.hostfile) or multi_node_launch(args):
         return None
