@@ -12,9 +12,9 @@ unreachable host is reported in a second instead of by every worker half a minut
 - more CPU ranks than this machine has cores (a warning);
 - a machine without CUDA whose ranks all run here: fp16 is refused (it needs a CUDA GPU; choosing bf16 or fp32
   changes the numbers, so it is the user's choice), distributed_backend nccl is replaced by gloo with one note
-  (the transport changes, the results do not; configs are shared with GPU clusters). Both are said once, here,
-  instead of by every rank (several nodes: this machine's hardware says nothing about theirs, so the workers
-  check it, megatron.initialize);
+  (the transport changes, not what the model computes; configs are shared with GPU clusters). Both are said
+  once, here, instead of by every rank (several nodes: this machine's hardware says nothing about theirs, so
+  the workers check it, megatron.initialize);
 - the optional packages the enabled features need (tensorboard_dir, use_wandb, use_comet, eval_tasks, the
   tokenizer's...), found without importing them.
 
@@ -458,7 +458,7 @@ def cpu_backend_note(args: NeoXArgsSchema, has_cuda: bool) -> Optional[str]:
     if args.distributed_backend != "nccl" or has_cuda or not all_ranks_here(args):
         return None
     return ("distributed_backend=nccl needs CUDA and this machine has none: the ranks communicate with gloo "
-            "(the results are the same; set distributed_backend: gloo to say so in the config)")
+            "(set distributed_backend: gloo to say so in the config)")
 
 
 def cpu_oversubscription_warning(args: NeoXArgsSchema, has_cuda: bool) -> Optional[str]:
