@@ -21,7 +21,6 @@ unreachable host is reported in a second instead of by every worker half a minut
 Each check returns messages naming the key and the file or host, so that deepy.py reports them all at once."""
 
 import errno
-import importlib.util
 import os
 import re
 import socket
@@ -41,6 +40,7 @@ from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES, active_hosts, 
 from megatron.post_training.data_paths import precomputed_path, reference_paths
 from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
 from megatron.training_schedule import iterations_for_epochs, training_iterations
+from megatron.utils.optional_deps import missing_feature_packages
 
 TRAINING_SCRIPTS = ("train.py",)
 MODEL_SCRIPTS = ("train.py", "generate.py", "eval.py")
@@ -234,61 +234,10 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
 
 
 # ---- packages ----------------------------------------------------------------------------------------------------
-LOGGING_SCRIPTS = ("train.py", "eval.py")
-"""Worker scripts that write metrics to tensorboard / wandb / comet (megatron.observability.training_logger)."""
-TOKENIZER_PACKAGES = {"SPMTokenizer": ("sentencepiece", "sentencepiece"), "TiktokenTokenizer": ("tiktoken", "tiktoken")}
-"""tokenizer_type -> (the package it imports, its requirements/requirements-<extra>.txt)."""
-
-
-def _enabled(section) -> bool:
-    return isinstance(section, dict) and bool(section.get("enabled"))
-
-
-def wanted_packages(args: NeoXArgsSchema) -> List[Tuple[str, str, str]]:
-    """(package, the setting that needs it, its extra) for every optional package the config's features need in
-    the workers of its script."""
-    script = script_name(args)
-    wanted: List[Tuple[str, str, str]] = []
-    if script in LOGGING_SCRIPTS:
-        if args.tensorboard_dir:
-            wanted.append(("tensorboard", f"tensorboard_dir={args.tensorboard_dir!r}", "tensorboard"))
-        if args.use_wandb:
-            wanted.append(("wandb", "use_wandb: true", "wandb"))
-        if args.use_comet:
-            wanted.append(("comet_ml", "use_comet: true", "comet"))
-    if script in TRAINING_SCRIPTS:  # DeepSpeed's monitors (its engine's config sections)
-        if _enabled(args.tensorboard):
-            wanted.append(("tensorboard", "the DeepSpeed section tensorboard: {enabled: true}", "tensorboard"))
-        if _enabled(args.wandb):
-            wanted.append(("wandb", "the DeepSpeed section wandb: {enabled: true}", "wandb"))
-    if args.eval_tasks and script in ("eval.py", *TRAINING_SCRIPTS):
-        wanted.append(("lm_eval", "eval_tasks", "eval"))
-    if script in MODEL_SCRIPTS and args.tokenizer_type in TOKENIZER_PACKAGES:
-        package, extra = TOKENIZER_PACKAGES[args.tokenizer_type]
-        wanted.append((package, f"tokenizer_type={args.tokenizer_type}", extra))
-    return wanted
-
-
-def installed(package: str) -> bool:
-    """Whether ``package`` can be imported here (found, not imported: the launcher stays fast)."""
-    return importlib.util.find_spec(package) is not None
-
-
 def package_problems(args: NeoXArgsSchema) -> List[str]:
     """The optional packages the enabled features need and this Python does not have (found without importing
-    them; the workers' own check, megatron.utils.optional_deps.require, stays for several nodes' other
-    environments). One message per package, naming every setting that needs it."""
-    missing = {}
-    for package, setting, extra in wanted_packages(args):
-        if not installed(package):
-            missing.setdefault((package, extra), []).append(setting)
-    problems = []
-    for (package, extra), settings in missing.items():
-        settings = list(dict.fromkeys(settings))
-        problems.append(f"{' and '.join(settings)} need{'s' if len(settings) == 1 else ''} the Python package "
-                        f"'{package}', which is not installed: pip install -r requirements/requirements-{extra}.txt "
-                        f"(or turn {'it' if len(settings) == 1 else 'them'} off)")
-    return problems
+    them; each training worker checks its own environment again before it starts, for nodes set up otherwise)."""
+    return missing_feature_packages(args, script_name(args))
 
 
 # ---- hosts -----------------------------------------------------------------------------------------------------
@@ -445,7 +394,8 @@ def _cuda_available() -> bool:
 
 def device_problems(args: NeoXArgsSchema, has_cuda: Optional[bool] = None) -> List[str]:
     """fp16 where every rank runs on this machine and it has no CUDA GPU (``has_cuda``: default, torch's answer)."""
-    if not (args.precision == "fp16" or _enabled(args.fp16)) or not all_ranks_here(args):
+    fp16 = args.precision == "fp16" or (isinstance(args.fp16, dict) and bool(args.fp16.get("enabled")))
+    if not fp16 or not all_ranks_here(args):
         return []
     if has_cuda if has_cuda is not None else _cuda_available():
         return []

@@ -39,6 +39,7 @@ from megatron.training.setup import setup_model_and_optimizer
 from megatron.training.state import TrainState, run_state
 from megatron.training.step import _moe_metrics, current_lr, evaluate, set_batch_size, train_step
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
+from megatron.utils.optional_deps import MissingOptionalDependency, missing_feature_packages
 
 
 class StopRequested:
@@ -158,6 +159,11 @@ def pretrain(neox_args) -> Dict[str, Any]:
     problems = neox_args.training_problems()
     if problems:
         raise ConfigError(problems)
+    missing = missing_feature_packages(neox_args, "train.py")
+    if missing:  # deepy.py checked its own environment; this worker's (another node's) may differ. Said by every
+        # rank before any of them waits in a collective, not after the model is built, when the others are left
+        # waiting for the one that failed and report it as lost
+        raise MissingOptionalDependency("; ".join(missing))
     started_at = time.time()
     deadline = None if neox_args.exit_duration_in_mins is None else started_at + 60.0 * neox_args.exit_duration_in_mins
     ctx = initialize_megatron(neox_args)

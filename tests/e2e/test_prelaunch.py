@@ -371,8 +371,9 @@ def test_config_file_package_and_device_problems_in_one_report(deepy_main, files
     Now one report before any worker starts, and a data path written as preprocess_data.py's --output-prefix
     names the file it wrote."""
     import megatron.launch.prelaunch as prelaunch
+    import megatron.utils.optional_deps as optional_deps
 
-    monkeypatch.setattr(prelaunch, "installed", lambda package: package not in ("tensorboard", "wandb"))
+    monkeypatch.setattr(optional_deps, "installed", lambda package: package not in ("tensorboard", "wandb"))
     monkeypatch.setattr(prelaunch, "_cuda_available", lambda: False)
     prefix = files["data_path"][:-len("_text_document")]
     config = {**BASE, **files, "num_attention_heads": 5, "data_path": prefix,
