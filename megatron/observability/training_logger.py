@@ -459,7 +459,7 @@ class TrainingLogger:
         ran = last - first
         stopped = summary.get("stopped_by")
         how = f"stopped by {stopped}" if stopped else (
-            "stopped at exit_interval" if summary.get("exited_at_interval") else "finished")
+            "stopped by exit_interval" if summary.get("exited_at_interval") else "finished")
         speed = (f", {self.run_tokens / self.run_step_seconds:,.0f} tokens/s over the training steps"
                  if self.run_step_seconds > 0 else "")
         lines = [f"run summary: {how} at iteration {last} ({ran} iteration{'s' if ran != 1 else ''} run, from "

@@ -138,6 +138,8 @@ def test_checkpoint_resume_and_summary_lines(tmp_path):
         f"  no checkpoint in {ckpt}; metrics {tmp_path / 'logs' / 'metrics.jsonl'}",
     ]
     assert silent.getvalue() == ""
+    logger.log_summary({**summary, "exited_at_interval": True}, 3.0, None)
+    assert console.getvalue().splitlines()[-3].startswith("run summary: stopped by exit_interval at iteration 4 ")
 
 
 def test_mfu_iteration_times_and_skipped(tmp_path):
