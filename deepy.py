@@ -10,7 +10,10 @@
 The YAML files are merged, validated and derived here, and the files, hosts and ports the workers will
 need are checked (megatron/launch/prelaunch.py), before any process starts; every problem is
 printed at once and the exit status is 2. The validated config travels to every worker encoded in one
-environment variable, which the worker turns back into NeoXArgs with NeoXArgs.consume_neox_args()."""
+environment variable, which the worker turns back into NeoXArgs with NeoXArgs.consume_neox_args().
+
+DeepSpeed's runner and launcher are quiet unless --verbose is given; when a launch ends with anything but
+success, the last line says how, in words (megatron/launch/outcome.py, which also lists the exit statuses)."""
 
 import argparse
 import logging
@@ -21,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from megatron.launch.autotuner import missing_packages
 from megatron.launch.signals import ForwardSignals, interrupted_exit_code
 from megatron.launch import prelaunch
+from megatron.launch.outcome import latest_checkpoint, outcome_message, runner_log_level
 from megatron.neox_arguments import NeoXArgs
 from megatron.errors import ConfigError
 from megatron.neox_arguments.hostfile import is_local_launch
@@ -46,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "configs/neox_arguments.md, dots reach into a dict-valued one; VALUE is read as YAML "
                              "after 'KEY:'; checked like the files' values, and saved with the checkpoint's "
                              "configs as command_line_overrides.yml")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show DeepSpeed's runner and launcher log (the command line, the world info, each "
+                             "process it starts); hidden by default")
     runner = parser.add_argument_group("launching (override the config)")
     runner.add_argument("-H", "--hostfile", help="MPI-style hostfile: one 'HOSTNAME slots=N' line per node "
                         "(default: the config's hostfile, DLTS_HOSTFILE, /job/hostfile)")
@@ -83,14 +90,19 @@ OVERRIDE_KEYS = ("hostfile", "include", "exclude", "num_nodes", "num_gpus", "mas
                  "eval_tasks", "load", "iteration", "eval_results_prefix")
 
 
-def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> NeoXArgs:
-    paths = resolve_config_paths(ns.conf_file, ns.conf_dir)
+def _overrides(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The config values the command line sets."""
     overrides: Dict[str, Any] = {k: getattr(ns, k) for k in OVERRIDE_KEYS if getattr(ns, k) is not None}
     overrides["user_script"] = ns.user_script
     if "hostfile" not in overrides and os.environ.get("DLTS_HOSTFILE"):  # GPT-NeoX's sbatch recipes export it
         overrides["hostfile"] = os.environ["DLTS_HOSTFILE"]
     overrides.update(extra or {})
-    return NeoXArgs.from_ymls(paths, overwrite_values=overrides, set_options=ns.set_options)
+    return overrides
+
+
+def _build_args(ns: argparse.Namespace, extra: Optional[Dict[str, Any]] = None) -> NeoXArgs:
+    return NeoXArgs.from_ymls(resolve_config_paths(ns.conf_file, ns.conf_dir), overwrite_values=_overrides(ns, extra),
+                              set_options=ns.set_options)
 
 
 def _script_problems(ns: argparse.Namespace, args: NeoXArgs) -> List[str]:
@@ -113,13 +125,34 @@ def load_args(argv: Optional[List[str]] = None) -> NeoXArgs:
     return args
 
 
+def launch_problems(args: NeoXArgs) -> List[str]:
+    """What this machine can tell about the launch before any worker starts: files, optional packages, the
+    device (megatron/launch/prelaunch.py), the autotuner's packages."""
+    return (prelaunch.file_problems(args) + prelaunch.package_problems(args) + prelaunch.device_problems(args)
+            + missing_packages(args))
+
+
+def _config_and_file_problems(ns: argparse.Namespace, err: ConfigError) -> ConfigError:
+    """A config that does not validate (``err``), with the launch_problems of the values the YAML gives
+    (NeoXArgs.as_given), so that one round shows them all instead of one launch per kind."""
+    try:
+        given = NeoXArgs.as_given(resolve_config_paths(ns.conf_file, ns.conf_dir), _overrides(ns), ns.set_options)
+    except ConfigError:  # the files themselves could not be read: err says so
+        return err
+    more = [p for p in launch_problems(given) if p not in err.problems]
+    return ConfigError(err.problems + more) if more else err
+
+
 def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Optional[str]]:
-    """The validated args, then everything prelaunch checks on this machine (files, hosts, master address and
-    port), all problems raised together. Returns (args ready to launch, notes to print, finished-run message)."""
+    """The validated args, then everything prelaunch checks on this machine (files, packages, the device, hosts,
+    master address and port), all problems raised together, with a config's problems too. Returns (args ready
+    to launch, notes to print, finished-run message)."""
     ns = build_parser().parse_args(argv)
-    args = _build_args(ns)
-    problems = _script_problems(ns, args) + prelaunch.file_problems(args) + prelaunch.host_problems(args)
-    problems += missing_packages(args)
+    try:
+        args = _build_args(ns)
+    except ConfigError as err:
+        raise _config_and_file_problems(ns, err) from None
+    problems = _script_problems(ns, args) + launch_problems(args) + prelaunch.host_problems(args)
     master_addr, addr_problems = prelaunch.resolve_master_addr(args)
     problems += addr_problems + prelaunch.shell_problems(args, master_addr)
     if problems:
@@ -166,23 +199,47 @@ class _AbbreviateEncodedConfig(logging.Filter):
         return True
 
 
-def launch(args: NeoXArgs) -> int:
+def _cpu_accelerator_for_local_ranks(args: NeoXArgs, has_cuda: bool) -> None:
+    """On a machine without CUDA whose ranks all run here, DeepSpeed falls back to its CPU accelerator in every
+    process it is imported in, each saying so in a warning ("Setting accelerator to CPU..."); naming it in
+    DS_ACCELERATOR is the same choice, made once. Left alone when set, when CUDA is here, and for several nodes
+    (this machine's hardware says nothing about theirs)."""
+    if "DS_ACCELERATOR" in os.environ or has_cuda or not is_local_launch(args.hostfile) or multi_node_launch(args):
+        return
+    os.environ["DS_ACCELERATOR"] = "cpu"
+
+
+def launch(args: NeoXArgs, verbose: bool = False) -> int:
     """Hand the validated args to DeepSpeed's runner (which starts the workers and waits for them); with
-    autotuning_run, to DeepSpeed's autotuner first (autotune)."""
+    autotuning_run, to DeepSpeed's autotuner first (autotune). ``verbose``: DeepSpeed's runner and launcher log
+    at their own level (info) instead of only critical errors. A launch that does not finish says how it ended
+    in one line (megatron.launch.outcome)."""
     import torch
 
+    has_cuda = torch.cuda.is_available()
     _cap_cpu_threads(args)
-    warning = prelaunch.cpu_oversubscription_warning(args, torch.cuda.is_available())
+    _cpu_accelerator_for_local_ranks(args, has_cuda)
+    warning = prelaunch.cpu_oversubscription_warning(args, has_cuda)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    note = prelaunch.cpu_backend_note(args, has_cuda)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     if args.autotuning_run is not None:
-        return autotune(args)
-    return _run_runner(args, args.get_deepspeed_main_args())
+        return autotune(args, verbose)
+    before = latest_checkpoint(args)
+    forwarding = ForwardSignals()
+    code = _run_runner(args, runner_log_level(verbose) + args.get_deepspeed_main_args(), forwarding)
+    message = outcome_message(args, code, forwarding.received, before)
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    return code
 
 
-def autotune(args: NeoXArgs) -> int:
+def autotune(args: NeoXArgs, verbose: bool = False) -> int:
     """Run DeepSpeed's autotuner over the config's search space (megatron/neox_arguments/autotuning.py); with
-    autotuning_run 'run', then train with the optimal DeepSpeed config it wrote."""
+    autotuning_run 'run', then train with the optimal DeepSpeed config it wrote. The tuning logs at DeepSpeed's
+    level (its experiments and their results are what was asked for); the training run after it as launch's."""
     import json
     import tempfile
 
@@ -216,7 +273,7 @@ def autotune(args: NeoXArgs) -> int:
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    return _run_runner(tuned, tuned.get_deepspeed_main_args())
+    return _run_runner(tuned, runner_log_level(verbose) + tuned.get_deepspeed_main_args())
 
 
 def _run_runner(args: NeoXArgs, argv: List[str], forwarding: Optional[ForwardSignals] = None) -> int:
@@ -237,16 +294,16 @@ def _run_runner(args: NeoXArgs, argv: List[str], forwarding: Optional[ForwardSig
     except (RuntimeError, ValueError) as exc:  # the runner's own refusals, before any worker starts
         print(f"error: DeepSpeed's runner did not start the workers: {exc}", file=sys.stderr)
         return 2
-    except SystemExit:  # the runner passes on a failed launcher's status; a rank signalled early has no own code
-        if forwarding.received:
-            return interrupted_exit_code(forwarding.received)
-        raise
+    except SystemExit as stop:  # the runner passes on a failed launcher's status
+        code = stop.code if isinstance(stop.code, int) else 1
+    else:
+        code = 0
     finally:
         forwarding.restore()
         deepspeed_logger.removeFilter(abbreviate)
-    if forwarding.received:  # the ranks exited 0 all the same (e.g. they had just finished): still interrupted
+    if forwarding.received:  # a rank signalled early has no own code; ranks that had just finished exit 0
         return interrupted_exit_code(forwarding.received)
-    return 0
+    return code
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -260,7 +317,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if finished:
         print(finished, file=sys.stderr)
         return 0
-    return launch(args)
+    return launch(args, verbose=build_parser().parse_args(argv).verbose)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ GPT-NeoX / Megatron-LM and theirs load here.
 
 from __future__ import annotations
 
+import glob
 import os
 import struct
 from array import array
@@ -70,9 +71,20 @@ def dataset_path_problem(prefix: str | os.PathLike, option: str) -> str | None:
         return None
     hint = "create the dataset with tools/datasets/preprocess_data.py"
     stem, suffix = os.path.splitext(prefix)
+    written = written_datasets(prefix)
     if suffix in (".bin", ".idx") and dataset_exists(stem):
         hint = f"data paths are prefixes without .bin/.idx: write '{stem}'"
+    elif written:
+        hint = (f"preprocess_data.py names its output <output-prefix>_<json key>_document: write "
+                f"{' or '.join(repr(p) for p in written)}")
     return f"{option}: {' and '.join(repr(p) for p in missing)} not found ({hint})"
+
+
+def written_datasets(output_prefix: str) -> list[str]:
+    """The datasets tools/datasets/preprocess_data.py wrote for ``output_prefix`` (one per JSON key:
+    <output_prefix>_<key>_document), for the data path written as the --output-prefix it was given."""
+    found = glob.glob(index_file_path(f"{glob.escape(output_prefix)}_*_document"))
+    return sorted(p[:-len(".idx")] for p in found if dataset_exists(p[:-len(".idx")]))
 
 
 def _read_index(idx_path: str) -> tuple[np.dtype, np.ndarray, np.ndarray, np.ndarray, np.memmap]:

@@ -9,7 +9,14 @@ unreachable host is reported in a second instead of by every worker half a minut
   is known (master_addr, MASTER_ADDR, or `hostname -I` on the first host, as DeepSpeed's runner finds it);
 - the master port, where rank 0 runs on this machine: one that is taken is replaced by a free one;
 - a run whose checkpoint is already at train_iters, or at the end of train_epochs (nothing to train);
-- more CPU ranks than this machine has cores (a warning).
+- more CPU ranks than this machine has cores (a warning);
+- a machine without CUDA whose ranks all run here: fp16 is refused (it needs a CUDA GPU; choosing bf16 or fp32
+  changes the numbers, so it is the user's choice), distributed_backend nccl is replaced by gloo with one note
+  (the transport changes, not what the model computes; configs are shared with GPU clusters). Both are said
+  once, here, instead of by every rank (several nodes: this machine's hardware says nothing about theirs, so
+  the workers check it, megatron.initialize);
+- the optional packages the enabled features need (tensorboard_dir, use_wandb, use_comet, eval_tasks, the
+  tokenizer's...), found without importing them.
 
 Each check returns messages naming the key and the file or host, so that deepy.py reports them all at once."""
 
@@ -34,6 +41,7 @@ from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES, active_hosts, 
 from megatron.post_training.data_paths import precomputed_path, reference_paths
 from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
 from megatron.training_schedule import iterations_for_epochs, training_iterations
+from megatron.utils.optional_deps import missing_feature_packages
 
 TRAINING_SCRIPTS = ("train.py",)
 MODEL_SCRIPTS = ("train.py", "generate.py", "eval.py")
@@ -236,6 +244,13 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
     return problems
 
 
+# ---- packages ----------------------------------------------------------------------------------------------------
+def package_problems(args: NeoXArgsSchema) -> List[str]:
+    """The optional packages the enabled features need and this Python does not have (found without importing
+    them; each training worker checks its own environment again before it starts, for nodes set up otherwise)."""
+    return missing_feature_packages(args, script_name(args))
+
+
 # ---- hosts -----------------------------------------------------------------------------------------------------
 def _ssh(host: str, command: str, ssh_port: Optional[int] = None) -> subprocess.CompletedProcess:
     argv = ["ssh", "-o", "PasswordAuthentication=no", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}"]
@@ -385,6 +400,36 @@ def master_port_note(args: NeoXArgsSchema, master_addr: Optional[str]) -> Tuple[
 
 
 # ---- CPU ----------------------------------------------------------------------------------------------------------
+def all_ranks_here(args: NeoXArgsSchema) -> bool:
+    """Whether every rank runs on this machine (no hostfile, or one that is this machine only)."""
+    return is_local_launch(args.hostfile) and not multi_node_launch(args)
+
+
+def _cuda_available() -> bool:
+    import torch  # only for the configs that need the answer: the launcher starts without torch
+
+    return torch.cuda.is_available()
+
+
+def device_problems(args: NeoXArgsSchema, has_cuda: Optional[bool] = None) -> List[str]:
+    """fp16 where every rank runs on this machine and it has no CUDA GPU (``has_cuda``: default, torch's answer)."""
+    fp16 = args.precision == "fp16" or (isinstance(args.fp16, dict) and bool(args.fp16.get("enabled")))
+    if not fp16 or not all_ranks_here(args):
+        return []
+    if has_cuda if has_cuda is not None else _cuda_available():
+        return []
+    return ["fp16 needs a CUDA GPU and this machine, where the ranks would run, has none; on CPU use "
+            "bf16: {enabled: true} or fp32 (remove the fp16 dict)"]
+
+
+def cpu_backend_note(args: NeoXArgsSchema, has_cuda: bool) -> Optional[str]:
+    """The one line saying that CPU ranks use gloo where the config asks for nccl (megatron.initialize switches)."""
+    if args.distributed_backend != "nccl" or has_cuda or not all_ranks_here(args):
+        return None
+    return ("distributed_backend=nccl needs CUDA and this machine has none: the ranks communicate with gloo "
+            "(set distributed_backend: gloo to say so in the config)")
+
+
 def cpu_oversubscription_warning(args: NeoXArgsSchema, has_cuda: bool) -> Optional[str]:
     if has_cuda or not is_local_launch(args.hostfile) or multi_node_launch(args):
         return None

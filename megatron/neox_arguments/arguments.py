@@ -91,26 +91,21 @@ class NeoXArgs(NeoXArgsSchema):
             raise ConfigError(name_set_options(err.problems, set_options)) from None
 
     @classmethod
+    def as_given(cls, paths: Sequence[str], overwrite_values: Optional[Mapping[str, Any]] = None,
+                 set_options: Sequence[str] = ()) -> "NeoXArgs":
+        """The YAML files' values as given, neither validated nor derived: those of known keys with a valid type
+        (the rest left at their defaults). For checks that need only what the user wrote (deepy.py's file checks,
+        reported beside the problems of a config that from_ymls refuses), `--set` options applied; raises
+        ConfigError only for files (or --set options) that cannot be read."""
+        values, origin, _texts = read_config_files(paths)
+        apply_set_options(values, origin, _defaults(), set_options)
+        _problems, clean, _provided, _folded = _typed_values(merge_overrides(values, overwrite_values), origin)
+        return cls(**clean).freeze()
+
+    @classmethod
     def from_dict(cls, values: Mapping[str, Any], origin: Optional[Dict[str, str]] = None) -> "NeoXArgs":
         """Validate and derive from a flat dict of arguments (keys with - or _)."""
-        values = {normalize_key(k): v for k, v in values.items()}
-        origin = dict(origin or {})
-        problems = apply_aliases(values, origin)
-        known = set(argument_types())
-        deepspeed_group = [f.name for f in dataclasses.fields(NeoXArgsDeepspeedConfig)]
-        folded_problems, folded = fold_deepspeed_extra_args(values, origin, deepspeed_group, known)
-        problems += folded_problems
-        problems += unknown_key_problems(values, known, origin)
-        provided = set(values) & known
-        problems += derived_only_problems(provided)
-        clean: Dict[str, Any] = {}
-        for key in sorted(provided):
-            ok, value = coerce(values[key], argument_types()[key])
-            if ok:
-                clean[key] = value
-            else:
-                where = f" (in {origin[key]})" if key in origin else ""
-                problems.append(f"{key}={values[key]!r}{where} must be {describe(argument_types()[key])}")
+        problems, clean, provided, folded = _typed_values(values, origin)
         if problems:
             raise ConfigError(problems + _problems_besides(problems, clean, provided, folded))
         args = cls(**clean)
@@ -232,6 +227,31 @@ class NeoXArgs(NeoXArgsSchema):
     # ---- conversions --------------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _typed_values(values: Mapping[str, Any], origin: Optional[Dict[str, str]] = None
+                  ) -> Tuple[List[str], Dict[str, Any], Set[str], Dict[str, Any]]:
+    """(problems with the keys and types, the values of known keys that have a valid type, the known keys given,
+    the keys folded in from deepspeed_extra_args): the first step of from_dict."""
+    values = {normalize_key(k): v for k, v in values.items()}
+    origin = dict(origin or {})
+    problems = apply_aliases(values, origin)
+    known = set(argument_types())
+    deepspeed_group = [f.name for f in dataclasses.fields(NeoXArgsDeepspeedConfig)]
+    folded_problems, folded = fold_deepspeed_extra_args(values, origin, deepspeed_group, known)
+    problems += folded_problems
+    problems += unknown_key_problems(values, known, origin)
+    provided = set(values) & known
+    problems += derived_only_problems(provided)
+    clean: Dict[str, Any] = {}
+    for key in sorted(provided):
+        ok, value = coerce(values[key], argument_types()[key])
+        if ok:
+            clean[key] = value
+        else:
+            where = f" (in {origin[key]})" if key in origin else ""
+            problems.append(f"{key}={values[key]!r}{where} must be {describe(argument_types()[key])}")
+    return problems, clean, provided, folded
 
 
 def _problems_besides(first: List[str], clean: Dict[str, Any], provided: Set[str],

@@ -25,6 +25,12 @@ PASSTHROUGH_SECTIONS = ("optimizer", "scheduler", "flops_profiler", "tensorboard
                         "comms_logger", "checkpoint", "data_types", "autotuning")
 """NeoXArgs fields that are DeepSpeed config sections of the same name, copied when set."""
 
+QUIET_STEPS_PER_PRINT = 2 ** 31 - 1
+"""DeepSpeed's steps_per_print without wall_clock_breakdown: an interval no run reaches. What DeepSpeed prints at
+that interval is then only its PipelineEngine's `steps: N loss: X` line, which repeats the loss line this
+project's logger writes every log_interval steps (its other reports there are timings, wall_clock_breakdown's,
+and INFO logs the workers do not show)."""
+
 NOT_DEEPSPEED_KEYS = ("deepspeed", "curriculum_seqlen", "deepspeed_extra_args")
 """Fields of the DeepSpeed argument group that are not keys of DeepSpeed's config."""
 
@@ -163,7 +169,7 @@ def build_deepspeed_config(args: NeoXArgsSchema) -> Tuple[Dict[str, Any], List[s
         "train_micro_batch_size_per_gpu": args.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "gradient_clipping": args.clip_grad,  # one setting with gradient_clipping (derive_optimizer_and_zero)
-        "steps_per_print": args.steps_per_print,
+        "steps_per_print": args.steps_per_print if args.wall_clock_breakdown else QUIET_STEPS_PER_PRINT,
         "wall_clock_breakdown": args.wall_clock_breakdown,
         "prescale_gradients": args.prescale_gradients,
         "gradient_predivide_factor": args.gradient_predivide_factor,

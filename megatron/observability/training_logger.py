@@ -17,6 +17,11 @@ TFLOP/s and MFU use megatron.observability.flops (stated formula there). The fun
 debugging values (log_grad_norm, log_param_norm, log_grad_pct_zeros, log_optimizer_states,
 memory_profiling) to pass as `extras`.
 
+The logging rank also says what the run did with its checkpoints, one console line each: a save (tag, seconds,
+size on disk; with async_save, when it starts in the background and when it is complete), the resume (tag,
+iteration, samples consumed), and at the end a summary (iterations, wall time, tokens/s, the last losses, where
+the checkpoints and metrics are). docs/running.md shows them.
+
 A feature whose package is missing fails with one clear error from megatron.utils.optional_deps.require."""
 
 import datetime
@@ -235,6 +240,23 @@ def format_eta(seconds: float) -> str:
     return str(datetime.timedelta(seconds=int(round(max(seconds, 0.0)))))
 
 
+def format_bytes(size: int) -> str:
+    """1536 -> '1.5 KiB' (binary units, as `du -h`)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds under a minute as '0.42 s' / '42.1 s', longer as h:mm:ss."""
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    return f"{seconds:.1f} s" if seconds < 60 else format_eta(seconds)
+
+
 class TrainingLogger:
     """Aggregates per-iteration values and writes them every log_interval iterations.
 
@@ -262,6 +284,9 @@ class TrainingLogger:
         self.peak = peak if peak is not None else peak_tflops(neox_args.precision, neox_args.peak_theoretical_tflops)
         self.console = console if console is not None else sys.stdout
         self._clock = clock
+        self.run_tokens = 0
+        self.run_step_seconds = 0.0
+        """Tokens and seconds of the training steps this process ran (its summary's tokens/s)."""
         self._reset_interval(start_iteration)
         self.out = MetricSinks(neox_args, self.rank, self.is_logging_rank)
         if self.is_logging_rank and self.peak is None:
@@ -295,7 +320,10 @@ class TrainingLogger:
         loss = _number(lm_loss)
         self._batch_size = batch_size if batch_size is not None else self.args.train_batch_size
         self._samples += self._batch_size
-        self._tokens += self._batch_size * (seq_length if seq_length is not None else self.args.seq_length)
+        tokens = self._batch_size * (seq_length if seq_length is not None else self.args.seq_length)
+        self._tokens += tokens
+        self.run_tokens += tokens
+        self.run_step_seconds += step_time or 0.0
         if skipped:
             self._skipped += 1
         elif loss is not None:
@@ -395,6 +423,67 @@ class TrainingLogger:
         if "eta_s" in record:
             parts.append(f"ETA {format_eta(record['eta_s'])}")
         return " | ".join(parts)
+
+    def say(self, line: str) -> None:
+        """One line on the console of the logging rank (checkpoints, resume, summary)."""
+        if self.is_logging_rank:
+            self.console.write(line + "\n")
+            self.console.flush()
+
+    def log_save(self, path: str, iteration: int, seconds: float, size: Optional[int], background: bool = False
+                 ) -> None:
+        """A checkpoint complete on disk (``background``: written by async_save while training went on)."""
+        how = f"written in the background in {format_seconds(seconds)}" if background else \
+            f"in {format_seconds(seconds)}"
+        self.say(f"saved checkpoint {path} (iteration {iteration}) {how}"
+                 f"{f', {format_bytes(size)}' if size is not None else ''}")
+
+    def log_save_started(self, path: str, iteration: int) -> None:
+        """async_save: the checkpoint's files are being written in the background (log_save when complete)."""
+        self.say(f"saving checkpoint {path} (iteration {iteration}) in the background")
+
+    def log_resume(self, path: str, iteration: int, consumed_train: int, consumed_valid: int,
+                   finetune: bool) -> None:
+        """The checkpoint the run starts from."""
+        if finetune:
+            self.say(f"loaded the weights of checkpoint {path} (finetune: training starts at iteration 0)")
+            return
+        self.say(f"resumed from checkpoint {path}: iteration {iteration}, {consumed_train} training samples "
+                 f"consumed ({consumed_valid} validation)")
+
+    def log_summary(self, summary: Dict[str, Any], wall_seconds: float, checkpoint: Optional[str]) -> None:
+        """The end of the run, a few lines: what ran (or why it stopped), how fast, the last losses, where things
+        are. ``summary``: pretrain's (start_iteration, iteration, losses, eval, stopped_by); ``checkpoint``: the
+        latest checkpoint directory in save, None when nothing was saved."""
+        first, last = summary["start_iteration"], summary["iteration"]
+        ran = last - first
+        stopped = summary.get("stopped_by")
+        how = f"stopped by {stopped}" if stopped else (
+            "stopped by exit_interval" if summary.get("exited_at_interval") else "finished")
+        speed = (f", {self.run_tokens / self.run_step_seconds:,.0f} tokens/s over the training steps"
+                 if self.run_step_seconds > 0 else "")
+        lines = [f"run summary: {how} at iteration {last} ({ran} iteration{'s' if ran != 1 else ''} run, from "
+                 f"{first}), wall time {format_seconds(wall_seconds)}{speed}"]
+        losses = []
+        if summary["losses"]:
+            losses.append(f"train {summary['losses'][-1]:.6E} (iteration {last})")
+        latest_eval: Dict[str, Tuple[int, float]] = {}
+        for iteration, split, value in summary["eval"]:
+            if isinstance(value, (int, float)):
+                latest_eval[split] = (iteration, float(value))
+        losses += [f"{split} {value:.6E} (iteration {iteration})" for split, (iteration, value) in latest_eval.items()]
+        if losses:
+            lines.append(f"  last lm_loss: {', '.join(losses)}")
+        save = self.args.save
+        places = [f"checkpoint {checkpoint}" if checkpoint else
+                  f"no checkpoint in {save}" if save else "no checkpoint saved (save is not set)"]
+        if self.args.log_dir:
+            places.append(f"metrics {os.path.join(self.args.log_dir, METRICS_FILE)}")
+        if self.args.tensorboard_dir:
+            places.append(f"tensorboard {self.args.tensorboard_dir}")
+        lines.append(f"  {'; '.join(places)}")
+        for line in lines:
+            self.say(line)
 
     def close(self) -> None:
         self.out.close()

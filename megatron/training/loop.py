@@ -15,13 +15,14 @@ import math
 import os
 import signal
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 
 from megatron.checkpoint.async_save import AsyncCheckpoints
-from megatron.checkpoint.engine import (complete_checkpoint, estimated_checkpoint_bytes, failed_save, load_checkpoint,
-                                        restore_rng, save_checkpoint, space_problem)
+from megatron.checkpoint.engine import (complete_checkpoint, directory_bytes, estimated_checkpoint_bytes, failed_save,
+                                        load_checkpoint, restore_rng, save_checkpoint, space_problem)
+from megatron.checkpoint.format import read_latest
 from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due, non_persistent_problem
 from megatron.checkpoint.run_lock import RunLock
 from megatron.errors import CheckpointError, ConfigError
@@ -38,6 +39,7 @@ from megatron.training.setup import setup_model_and_optimizer
 from megatron.training.state import TrainState, run_state
 from megatron.training.step import _moe_metrics, current_lr, evaluate, set_batch_size, train_step
 from megatron.training_schedule import OverflowGuard, TrainingSchedule
+from megatron.utils.optional_deps import MissingOptionalDependency, missing_feature_packages
 
 
 class StopRequested:
@@ -116,15 +118,18 @@ def _check_space_for_a_checkpoint(neox_args, engine, ctx: RunContext) -> None:
         raise CheckpointError(problem)
 
 
-def _async_checkpoints(neox_args, engine, ctx: RunContext):
-    """async_save's background writer (megatron.checkpoint.async_save), None for synchronous saves."""
+def _async_checkpoints(neox_args, engine, completed: Callable[[str, int], None]):
+    """async_save's background writer (megatron.checkpoint.async_save), None for synchronous saves.
+    ``completed(path, iteration)``: called on rank 0 once a checkpoint is complete."""
     if not (neox_args.async_save and neox_args.save):
         return None
 
-    return AsyncCheckpoints(engine, failure=failed_save,
-                            complete=lambda path, it, digests: complete_checkpoint(
-                                path, it, neox_args.keep_last_n_checkpoints,
-                                only=in_non_persistent_dir(neox_args, path), digests=digests))
+    def complete(path: str, iteration: int, digests: Dict[str, str]) -> None:
+        complete_checkpoint(path, iteration, neox_args.keep_last_n_checkpoints,
+                            only=in_non_persistent_dir(neox_args, path), digests=digests)
+        completed(path, iteration)
+
+    return AsyncCheckpoints(engine, failure=failed_save, complete=complete)
 
 
 def steps_to_next_save(neox_args, schedule: TrainingSchedule, at: int) -> Optional[int]:
@@ -158,21 +163,28 @@ def pretrain(neox_args) -> Dict[str, Any]:
     problems = neox_args.training_problems()
     if problems:
         raise ConfigError(problems)
+    missing = missing_feature_packages(neox_args, "train.py")
+    if missing:  # deepy.py checked its own environment; this worker's (another node's) may differ. Said by every
+        # rank before any of them waits in a collective, not after the model is built, when the others are left
+        # waiting for the one that failed and report it as lost
+        raise MissingOptionalDependency("; ".join(missing))
     started_at = time.time()
     deadline = None if neox_args.exit_duration_in_mins is None else started_at + 60.0 * neox_args.exit_duration_in_mins
     ctx = initialize_megatron(neox_args)
     do_train = neox_args.do_train if neox_args.do_train is not None else True
     lock = _claim_save_directory(neox_args) if do_train and neox_args.save else None
     try:
-        return _train_and_evaluate(neox_args, ctx, do_train, check_space=lock is not None, deadline=deadline)
+        return _train_and_evaluate(neox_args, ctx, do_train, check_space=lock is not None, deadline=deadline,
+                                   started_at=started_at)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space: bool,
-                        deadline: Optional[float]) -> Dict[str, Any]:
-    """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end."""
+                        deadline: Optional[float], started_at: float) -> Dict[str, Any]:
+    """pretrain's body, with `save` locked: ``deadline`` (time.time()) is exit_duration_in_mins's end,
+    ``started_at`` (time.time()) the run's start (its summary's wall time)."""
     schedule = TrainingSchedule.from_neox_args(neox_args)
     if neox_args.use_mup and (neox_args.save_base_shapes or neox_args.coord_check):
         return base_shapes_and_coord_check(neox_args, ctx, lambda: next(batch_streams(neox_args, ctx, schedule, 0,
@@ -197,16 +209,26 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     restore_rng(neox_args, loaded_from, client_state)
     run = _TrainingRun(neox_args, ctx, (engine, optimizer, lr_scheduler), schedule, state, schedule_of_lengths,
                        streams, reference, stop, deadline, do_train)
+    if loaded_from is not None:
+        run.logger.log_resume(loaded_from, iteration, state.consumed_train_samples, state.consumed_valid_samples,
+                              bool(neox_args.finetune))
     try:
         run.train()
         run.finish()
+        run.summary["iteration"] = state.iteration
+        run.summary["skipped_steps"] = run.overflow.total
+        run.logger.log_summary(run.summary, time.time() - started_at, _latest_checkpoint(neox_args.save))
     finally:
         run.logger.close()
         stop.restore()
-    run.summary["iteration"] = state.iteration
-    run.summary["skipped_steps"] = run.overflow.total
     ctx.destroy()
     return run.summary
+
+
+def _latest_checkpoint(save: Optional[str]) -> Optional[str]:
+    """The directory of the checkpoint `latest` names in ``save`` (None: none there)."""
+    tag = read_latest(save) if save and os.path.isdir(save) else None
+    return os.path.join(save, tag) if tag else None
 
 
 def _training_logger(neox_args, ctx: RunContext, engine, schedule: TrainingSchedule, iteration: int):
@@ -245,7 +267,9 @@ class _TrainingRun:
             self.memory_profiler = MemoryProfiler(neox_args)
         self.last_saved = self.last_moe_report = state.iteration
         self.comms = CommsReporter(neox_args.comms_logger)
-        self.background = _async_checkpoints(neox_args, self.engine, ctx)
+        self.save_started: Dict[str, float] = {}
+        """checkpoint directory -> time.perf_counter() when its save started (its line says how long it took)."""
+        self.background = _async_checkpoints(neox_args, self.engine, self.say_saved_in_background)
 
     def train(self) -> None:
         """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
@@ -348,15 +372,26 @@ class _TrainingRun:
             self.timers("save").start()
             if background is not None:
                 background.wait()  # the previous checkpoint is complete before the next one starts
+            started = time.perf_counter()
             path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
                                    run_state(self.state, self.curriculum),
                                    write_extra=self.reference.save if self.reference is not None else None,
                                    complete=background is None, non_persistent=non_persistent)
             if background is not None:
+                self.save_started[path] = started
+                self.logger.log_save_started(path, at)
                 background.started(path, at, steps_to_next_save(neox_args, self.schedule, at))
+            elif self.logger.is_logging_rank:
+                self.logger.log_save(path, at, time.perf_counter() - started, directory_bytes(path))
             self.timers("save").stop()
             if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
                 self.last_saved = at
+
+    def say_saved_in_background(self, path: str, iteration: int) -> None:
+        """async_save's completion (rank 0, on the writer's thread): the save's line, from its start."""
+        started = self.save_started.pop(path, None)
+        seconds = time.perf_counter() - started if started is not None else 0.0
+        self.logger.log_save(path, iteration, seconds, directory_bytes(path), background=True)
 
     def stopped(self) -> bool:
         """A signal on any rank, or exit_duration_in_mins passed: saved, recorded in the summary and said."""

@@ -56,6 +56,7 @@ def test_help_explains_usage():
     result = run_deepy(["--help"])
     assert result.returncode == 0
     assert "user_script" in result.stdout and "--hostfile" in result.stdout and "--num_gpus" in result.stdout
+    assert "--verbose" in result.stdout
 
 
 def _alive(pid: int) -> bool:
@@ -113,3 +114,20 @@ def test_kill_9_of_deepy_leaves_no_launcher_no_rank_and_no_lock(tmp_path):
                 os.kill(pid, signal.SIGKILL)
         if deepy.poll() is None:
             deepy.kill()
+
+
+@pytest.mark.slow
+def test_a_failing_worker_shows_its_traceback_and_deepy_names_its_status(tmp_path):
+    """DeepSpeed's launcher is quiet by default (issue 31), the worker's own traceback is not: it is the workers'
+    stderr, which the runner never touches. deepy.py's last line says the launch failed, with the status."""
+    config = tmp_path / "tiny.yml"
+    config.write_text(CONFIG.replace('"num_gpus": 2', '"num_gpus": 1'))
+    script = tmp_path / "broken_worker.py"
+    script.write_text("print('worker started', flush=True)\nraise ValueError('the worker broke')\n")
+    result = run_deepy([str(script), str(config), "--master_port", str(free_port())])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "worker started" in result.stdout
+    assert "Traceback" in result.stderr and "ValueError: the worker broke" in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == \
+        "deepy.py: broken_worker.py failed: a rank exited with status 1 (its error is printed above)"
+    assert "exits with return code" not in result.stderr + result.stdout and "[INFO]" not in result.stdout

@@ -64,6 +64,11 @@ def _stop_and_resume(run: TrainingRun, runner, first: dict, second: dict, expect
     assert [r["iteration"] for r in run.records()] == list(range(1, 9))
 
 
+def _verbose(cluster):
+    """cluster.deepy with --verbose: DeepSpeed's runner logs the command it starts (hidden by default)."""
+    return lambda argv, **kwargs: cluster.deepy([*argv, "--verbose"], **kwargs)
+
+
 def _assert_quiet(output: str) -> None:
     """The runner's command line shows the encoded config as its size, not its ~5 KB."""
     assert not re.search(r"[A-Za-z0-9_=-]{1000,}", output)
@@ -77,7 +82,7 @@ def test_pdsh_two_hosts(cluster, data, tmp_path, one_node_losses):
     hostfile = cluster.hostfile(slots=1)
     run = TrainingRun(tmp_path, data, hostfile=hostfile, launcher="pdsh", master_addr=cluster_module.HOSTS[0],
                       **SCHEDULE)
-    _stop_and_resume(run, cluster.deepy, {}, {}, one_node_losses)
+    _stop_and_resume(run, _verbose(cluster), {}, {}, one_node_losses)
     output = run.result.stdout + run.result.stderr
     for host in cluster_module.HOSTS:  # pdsh prefixes each line with its host
         assert f"{host}: " in output
@@ -97,7 +102,7 @@ def test_openmpi_two_hosts(cluster, data, tmp_path, one_node_losses):
     hostfile = cluster.hostfile(slots=1)
     run = TrainingRun(tmp_path, data, hostfile=hostfile, launcher="openmpi", master_addr=cluster_module.HOSTS[0],
                       **SCHEDULE)
-    _stop_and_resume(run, cluster.deepy, {"deepspeed_mpi": False}, {"deepspeed_mpi": True}, one_node_losses)
+    _stop_and_resume(run, _verbose(cluster), {"deepspeed_mpi": False}, {"deepspeed_mpi": True}, one_node_losses)
     assert "mpirun -n 2 -hostfile" in run.result.stdout + run.result.stderr
 
 
@@ -117,7 +122,7 @@ def test_slurm_sbatch_one_node_then_two_nodes(cluster, data, tmp_path, one_node_
     def sbatch(nodes: int, ranks_per_node: int):
         def submit(argv, extra_env=None, timeout=600):
             script, config, *rest = argv
-            return cluster.sbatch("tools/slurm/train.sbatch", [config, str(setup), *rest],
+            return cluster.sbatch("tools/slurm/train.sbatch", [config, str(setup), *rest, "--verbose"],
                                   options=[f"--nodes={nodes}", f"--ntasks-per-node={ranks_per_node}"],
                                   extra_env={"SCRIPT": script, "PYTHON": sys.executable, **(extra_env or {})},
                                   timeout=timeout)

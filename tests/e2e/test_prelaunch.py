@@ -403,3 +403,54 @@ def test_training_settings_and_files_in_one_round(deepy_main, files, tmp_path):
     code, err, launched = deepy_main(config)
     assert code == 2 and launched == []
     assert "an optimizer dict is required for training" in err and "vocab_file file not found" in err
+
+
+def test_config_file_package_and_device_problems_in_one_report(deepy_main, files, tmp_path, monkeypatch):
+    """Issue 31: a config problem used to hide the file problems until the next launch; a missing extra failed
+    after the model was built (then 'rank 1 lost another rank'); fp16 on CPU was an error printed by every rank.
+    Now one report before any worker starts, and a data path written as preprocess_data.py's --output-prefix
+    names the file it wrote."""
+    import megatron.launch.prelaunch as prelaunch
+    import megatron.utils.optional_deps as optional_deps
+
+    monkeypatch.setattr(optional_deps, "installed", lambda package: package not in ("tensorboard", "wandb"))
+    monkeypatch.setattr(prelaunch, "_cuda_available", lambda: False)
+    prefix = files["data_path"][:-len("_text_document")]
+    config = {**BASE, **files, "num_attention_heads": 5, "data_path": prefix,
+              "vocab_file": str(tmp_path / "gone.json"), "tensorboard_dir": str(tmp_path / "tb"),
+              "tensorboard": {"enabled": True, "output_path": str(tmp_path / "ds_tb")}, "use_wandb": True,
+              "fp16": {"enabled": True}}
+    code, err, launched = deepy_main(config)
+    assert code == 2 and launched == [] and "Traceback" not in err
+    assert "hidden_size=64 must be divisible by num_attention_heads=5" in err
+    assert f"data_path: '{prefix}.idx' and '{prefix}.bin' not found (preprocess_data.py names its output " \
+           f"<output-prefix>_<json key>_document: write '{files['data_path']}')" in err
+    assert f"vocab_file file not found: '{tmp_path / 'gone.json'}'" in err
+    assert f"tensorboard_dir={str(tmp_path / 'tb')!r} and the DeepSpeed section tensorboard: {{enabled: true}} need " \
+           f"the Python package 'tensorboard', which is not installed: pip install -r " \
+           f"requirements/requirements-tensorboard.txt (or turn them off)" in err
+    assert "use_wandb: true needs the Python package 'wandb'" in err
+    assert "fp16 needs a CUDA GPU and this machine, where the ranks would run, has none" in err
+    assert "(6 problems)" in err
+    # the config fixed: the same file, package and device problems, from the validated config
+    code, err, launched = deepy_main({**config, "num_attention_heads": 4})
+    assert code == 2 and launched == [] and "(5 problems)" in err and "fp16 needs a CUDA GPU" in err
+
+
+def test_nccl_on_a_machine_without_cuda_is_said_once_and_the_launcher_is_quiet(deepy_main, files, monkeypatch):
+    """distributed_backend nccl on CPU ranks: gloo, said once by deepy.py (not silently by each rank). DeepSpeed's
+    runner and launcher log only critical errors unless --verbose; DeepSpeed's CPU accelerator is named for
+    local CPU ranks instead of each process warning that it fell back to it."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU ranks only")
+    monkeypatch.setenv("DS_ACCELERATOR", "")
+    monkeypatch.delenv("DS_ACCELERATOR")
+    code, err, launched = deepy_main({**BASE, **files, "distributed_backend": "nccl"})
+    assert code == 0 and len(launched) == 1
+    assert err.count("note: distributed_backend=nccl needs CUDA and this machine has none: the ranks communicate "
+                     "with gloo") == 1
+    assert launched[0][:2] == ["--log_level", "critical"] and os.environ["DS_ACCELERATOR"] == "cpu"
+    code, err, launched = deepy_main({**BASE, **files, "distributed_backend": "gloo"}, "--verbose")
+    assert code == 0 and launched[1][:2] == ["--log_level", "info"] and "distributed_backend" not in err

@@ -3,6 +3,7 @@ pipeline parallelism reproduce the single-rank losses."""
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,9 +64,11 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
     norm DeepSpeed clips with."""
     run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=12, train_batch_size=8, gradient_accumulation_steps=2,
                       checkpoint_factor=12, pipe_parallel_size=2, zero_optimization={"stage": 1},
-                      log_grad_norm=True, log_grad_pct_zeros=True, log_optimizer_states=True)
+                      log_grad_norm=True, log_grad_pct_zeros=True, log_optimizer_states=True, steps_per_print=1)
     run.launch()
     run.assert_ok()
+    # one loss line per logged step: not DeepSpeed's pipeline engine's `steps: N loss: X` beside it (issue 31)
+    assert run.result.stdout.count("lm_loss") >= 12 and "steps: " not in run.result.stdout, run.result.stdout
     losses = run.losses()
     for it, loss in single_rank_losses.items():
         assert losses[it] == pytest.approx(loss, rel=2e-4, abs=2e-4), it
@@ -110,6 +113,19 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
     resumed = straight.resumed_from(4, tmp_path / "resumed")
     resumed.launch()
     resumed.assert_ok()
+    # the runs say what they did (issue 31): each save, the resume, a summary; and nothing of DeepSpeed's launcher
+    ckpt, again = tmp_path / "straight" / "ckpt", tmp_path / "resumed" / "ckpt"
+    for step in (4, 8):
+        assert re.search(rf"^saved checkpoint {ckpt}/global_step{step} \(iteration {step}\) in [\d.]+ s, [\d.]+ "
+                         rf"[KM]iB$", straight.result.stdout, re.M), straight.result.stdout
+    assert f"resumed from checkpoint {ckpt}/global_step4: iteration 4, 16 training samples consumed (8 validation)" \
+        in resumed.result.stdout
+    assert re.search(r"^run summary: finished at iteration 8 \(4 iterations run, from 4\), wall time [\d.]+ s, "
+                     r"[\d,]+ tokens/s", resumed.result.stdout, re.M), resumed.result.stdout
+    assert f"checkpoint {again}/global_step8; metrics {tmp_path / 'resumed' / 'logs' / 'metrics.jsonl'}" in \
+        resumed.result.stdout
+    for output in (straight.result.stdout + straight.result.stderr, resumed.result.stdout + resumed.result.stderr):
+        assert not re.search(r"\[(runner|launch|real_accelerator)\.py:|Unable to find hostfile|exits with", output)
     losses = straight.losses()
     assert resumed.losses() == {i: losses[i] for i in range(5, 9)}
     assert resumed.records("eval") == [e for e in evals if e["iteration"] > 4]  # validation, too, is exact
@@ -187,6 +203,12 @@ def test_sigterm_to_deepy_alone_reaches_every_rank_which_saves_and_exits_interru
     latest = run.latest()
     assert latest is not None and int(latest[len("global_step"):]) >= 3
     assert "SIGTERM" in output and "saved a checkpoint" in output
+    # one last line says it was a stop, with its checkpoint (not DeepSpeed's "[ERROR] ... exits with return code")
+    assert output.rstrip().splitlines()[-1] == (
+        f"deepy.py: train.py stopped by SIGTERM: saved checkpoint {tmp_path / 'ckpt' / latest} (iteration "
+        f"{latest[len('global_step'):]}); run the same command to resume (exit status 143)"), output[-3000:]
+    assert "exits with return code" not in output and "[ERROR]" not in output
+    assert f"run summary: stopped by SIGTERM at iteration {latest[len('global_step'):]}" in output
 
 
 def test_megatron_schedules_batch_rampup_train_samples_and_exit_duration_resume(data, tmp_path):

@@ -66,6 +66,17 @@ def test_extra_args_are_merged_at_top_level():
     assert config["zero_force_ds_cpu_optimizer"] is False
 
 
+def test_deepspeed_prints_at_steps_per_print_only_its_wall_clock_breakdown(single_process_group):
+    """Issue 31: with a pipeline DeepSpeed printed `steps: N loss: X` every steps_per_print steps beside the
+    logger's lm_loss line. Its only visible report at that interval besides the timings of wall_clock_breakdown:
+    without those, DeepSpeed gets an interval no run reaches."""
+    from megatron.neox_arguments.deepspeed_config import QUIET_STEPS_PER_PRINT
+
+    assert _parsed(tiny(steps_per_print=10, pipe_parallel_size=2, num_gpus=2)).steps_per_print == \
+        QUIET_STEPS_PER_PRINT
+    assert _parsed(tiny(steps_per_print=10, wall_clock_breakdown=True)).steps_per_print == 10
+
+
 def _parsed(args):
     from deepspeed.runtime.config import DeepSpeedConfig
 

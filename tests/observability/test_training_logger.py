@@ -100,6 +100,48 @@ def test_metrics_jsonl_and_console(tmp_path, monkeypatch):
     assert lines[2].startswith("validation at iteration 4 | lm_loss 2.000000E+00")
 
 
+def test_checkpoint_resume_and_summary_lines(tmp_path):
+    """What the run did, in words, on the logging rank only: each save (seconds, size), the resume (iteration,
+    samples), and the summary (iterations, wall time, tokens/s of the steps, the last losses, where things are)."""
+    console = io.StringIO()
+    args = _args(log_dir=str(tmp_path / "logs"), save=str(tmp_path / "ckpt"), log_interval=1)
+    logger = _logger(args, console=console, clock=FakeClock())
+    logger.log_resume(str(tmp_path / "ckpt" / "global_step2"), 2, 4, 8, finetune=False)
+    for iteration in (3, 4):
+        logger.log_train(iteration, 2.0 + iteration, lr=0.1, step_time=0.5)
+    logger.log_save(str(tmp_path / "ckpt" / "global_step4"), 4, 0.25, 3 * 1024 ** 2)
+    logger.log_save_started(str(tmp_path / "ckpt" / "global_step4"), 4)
+    logger.log_save(str(tmp_path / "ckpt" / "global_step4"), 4, 12.5, 1536, background=True)
+    summary = {"start_iteration": 2, "iteration": 4, "losses": [5.0, 6.0],
+               "eval": [(4, "validation", 3.5), (4, "eval_tasks", {"acc": 0.5}), (4, "test", 3.25)]}
+    logger.log_summary(summary, 75.0, str(tmp_path / "ckpt" / "global_step4"))
+    logger.log_summary({**summary, "stopped_by": "SIGTERM", "eval": []}, 3.0, None)
+    silent = io.StringIO()
+    _logger(args, console=silent, clock=FakeClock(), is_logging_rank=False).log_summary(summary, 1.0, None)
+    logger.close()
+    lines = [line for line in console.getvalue().splitlines() if not line.startswith(("iteration", "MFU"))]
+    ckpt = tmp_path / "ckpt"
+    assert lines == [
+        f"resumed from checkpoint {ckpt}/global_step2: iteration 2, 4 training samples consumed (8 validation)",
+        f"saved checkpoint {ckpt}/global_step4 (iteration 4) in 0.25 s, 3.0 MiB",
+        f"saving checkpoint {ckpt}/global_step4 (iteration 4) in the background",
+        f"saved checkpoint {ckpt}/global_step4 (iteration 4) written in the background in 12.5 s, 1.5 KiB",
+        # 2 steps of 2 x 32 tokens in 2 x 0.5 s
+        "run summary: finished at iteration 4 (2 iterations run, from 2), wall time 0:01:15, 128 tokens/s over the "
+        "training steps",
+        "  last lm_loss: train 6.000000E+00 (iteration 4), validation 3.500000E+00 (iteration 4), test 3.250000E+00 "
+        "(iteration 4)",
+        f"  checkpoint {ckpt}/global_step4; metrics {tmp_path / 'logs' / 'metrics.jsonl'}",
+        "run summary: stopped by SIGTERM at iteration 4 (2 iterations run, from 2), wall time 3.00 s, 128 tokens/s "
+        "over the training steps",
+        "  last lm_loss: train 6.000000E+00 (iteration 4)",
+        f"  no checkpoint in {ckpt}; metrics {tmp_path / 'logs' / 'metrics.jsonl'}",
+    ]
+    assert silent.getvalue() == ""
+    logger.log_summary({**summary, "exited_at_interval": True}, 3.0, None)
+    assert console.getvalue().splitlines()[-3].startswith("run summary: stopped by exit_interval at iteration 4 ")
+
+
 def test_mfu_iteration_times_and_skipped(tmp_path):
     clock = FakeClock()
     logger = _logger(

@@ -137,7 +137,10 @@ class NeoXArgsDeepspeedConfig:
 
     steps_per_print: int = 10
     """
-    Print train loss every N steps.
+    With wall_clock_breakdown: how often DeepSpeed prints its timings (forward, backward, step...; with a pipeline
+    also its own `steps: N loss: X` line). Without it DeepSpeed is given an interval no run reaches, so that the
+    pipeline engine's loss line does not repeat this project's: the training loss, throughput and (with
+    wall_clock_breakdown) timings are logged every log_interval steps.
     """
 
     wall_clock_breakdown: bool = False
