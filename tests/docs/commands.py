@@ -242,4 +242,8 @@ COMMANDS: Dict[str, Entry] = {
     # docs/guarantees.md
     "PYTHONPATH=$PWD DS_ACCELERATOR=cpu python -m pytest -q -m attack tests/": NotRun(
         "suite", "the attack suite, part of every run of the test suite (its account prints at the end)"),
+    # docs/running.md
+    "python deepy.py train.py configs/quickstart.yml --verbose": Mapped(
+        {"tests/e2e/test_prelaunch.py": ("--verbose", "log_level"), "tests/e2e/test_multinode.py": ("--verbose",)},
+        "the flag's effect on DeepSpeed's runner in-process; the multi-node launches read the runner's log with it"),
 }
