@@ -163,3 +163,56 @@ def test_the_space_for_one_checkpoint_is_checked(small_filesystem):
     size = sum(p.stat().st_size for p in (small_filesystem / "global_step4").rglob("*") if p.is_file())
     assert estimated_checkpoint_bytes(str(small_filesystem), parameters, weight_bytes=4) == size
     assert space_problem(str(small_filesystem), size) is None
+
+
+class DeepSpeedLikeEngine(FakeEngine):
+    """Creates the checkpoint's directory as DeepSpeed's engine does (_create_checkpoint_file): a failure is logged
+    and swallowed, and torch.save then says "Parent directory ... does not exist"."""
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        try:
+            os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+        except OSError:
+            pass
+        torch.save({"module": {}, **client_state}, os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """Sets the immutable attribute on a directory (root, on a filesystem that has it; CI runs as root)."""
+    marked = []
+
+    def mark(path):
+        result = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot set the immutable attribute here: {result.stderr.strip()}")
+        marked.append(path)
+
+    yield mark
+    for path in marked:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+@pytest.mark.attack("an immutable save directory (chattr +i): named as a permission problem, not a missing parent "
+                    "directory or free space")
+def test_an_immutable_save_directory_is_named_as_a_permission_problem(tmp_path, immutable):
+    args = args_for(tmp_path)
+    save(args, 4, FakeEngine())
+    immutable(tmp_path)
+    with pytest.raises(CheckpointError) as caught:
+        save(args, 8, DeepSpeedLikeEngine())
+    message = str(caught.value)
+    assert f"saving checkpoint {tmp_path / 'global_step8'} failed: '{tmp_path}' cannot be written (Operation not " \
+           f"permitted): a permission problem" in message, message
+    assert "Parent directory" not in message and "GiB free" not in message, message
+    assert "chattr -i" in message and "'latest' still names global_step4" in message
+    assert read_latest(str(tmp_path)) == "global_step4"
+
+
+@pytest.mark.attack("a checkpoint's neox_args.json nested 200,000 levels deep")
+def test_a_deeply_nested_neox_args_json_is_named_as_damaged(two_checkpoints):
+    args, path = two_checkpoints
+    os.remove(path / MANIFEST)
+    (path / "neox_args.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(CheckpointError, match=r"neox_args.json is damaged \(nested thousands of levels deep"):
+        resolve(args)
