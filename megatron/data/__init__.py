@@ -2,5 +2,5 @@
 
 Submodules import numpy/torch; import them directly (e.g. `megatron.data.indexed_dataset`).
 
-May import: megatron.errors, mpu, tokenizer.
+May import: megatron.errors, utils, tokenizer, mpu.
 """

@@ -1,5 +1,5 @@
 """Starting and stopping runs: DeepSpeed's autotuner run (autotuner) and signal forwarding from deepy.py to the
 ranks, with the exit codes workers stop with (signals).
 
-May import: megatron.errors, tokenizer, data, training_schedule, checkpoint, neox_arguments, post_training, evaluation.
+May import: megatron.errors, utils, tokenizer, data, training_schedule, checkpoint, neox_arguments, post_training, evaluation.
 """

@@ -32,6 +32,7 @@ from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
 from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES, active_hosts, multi_node_launch
 from megatron.post_training.data_paths import precomputed_path, reference_paths
 from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
+from megatron.utils.text_files import utf8_problem
 from megatron.training_schedule import iterations_for_epochs, training_iterations
 
 TRAINING_SCRIPTS = ("train.py",)
@@ -192,8 +193,11 @@ def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
 def sample_input_problems(args: NeoXArgsSchema) -> List[str]:
     """generate.py's prompts file (text_gen_type input-file), as the worker words it (generate.py)."""
     path = args.sample_input_file
-    if args.text_gen_type != "input-file" or not path or os.path.isfile(path):
+    if args.text_gen_type != "input-file" or not path:
         return []
+    if os.path.isfile(path):
+        problem = utf8_problem(path)
+        return [f"sample_input_file: {problem}"] if problem else []
     return [f"sample_input_file not found: {path!r} (set sample_input_file or -i to a text file with one prompt per "
             f"line)"]
 

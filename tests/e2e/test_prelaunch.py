@@ -363,3 +363,27 @@ def test_training_settings_and_files_in_one_round(deepy_main, files, tmp_path):
     code, err, launched = deepy_main(config)
     assert code == 2 and launched == []
     assert "an optimizer dict is required for training" in err and "vocab_file file not found" in err
+
+
+@pytest.mark.attack("a config file that is not UTF-8, and one holding a YAML alias bomb, handed to deepy.py")
+def test_a_config_that_is_not_utf8_or_explodes_is_named_before_launch(deepy_main, files, tmp_path, capsys):
+    from tests.utils.test_text_files import alias_bomb
+
+    latin1, bomb = tmp_path / "latin1.yml", tmp_path / "bomb.yml"
+    latin1.write_bytes(b"# r\xe9glages\nnum_layers: 2\n")
+    bomb.write_text(alias_bomb())
+    for path, expected in ((latin1, f"{latin1} is not UTF-8 text: the byte (0xe9) at byte offset 3, line 1"),
+                           (bomb, f"{bomb}: YAML value refused at line 8, column 7: its aliases (*name) expand")):
+        code, err, launched = deepy_main({**BASE, **files}, str(path))
+        assert code == 2 and launched == [] and "Traceback" not in err, err
+        assert expected in err, err
+
+
+@pytest.mark.attack("generate.py's -i prompt file is not UTF-8")
+def test_a_prompts_file_that_is_not_utf8_is_named_before_launch(deepy_main, files, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"first prompt\nsecond \xff prompt\n")
+    code, err, launched = deepy_main({**BASE, **files}, "-i", str(prompts), script="generate.py")
+    assert code == 2 and launched == [] and "Traceback" not in err
+    assert f"sample_input_file: {prompts} is not UTF-8 text: the byte (0xff) at byte offset 20, line 2 does not " \
+           f"decode" in err, err
