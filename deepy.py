@@ -17,7 +17,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.launch.autotuner import missing_packages
-from megatron.launch.signals import ForwardSignals, interrupted_exit_code
+from megatron.launch.signals import ForwardSignals, interrupted_exit_code, killed_rank_message
 from megatron.launch import prelaunch
 from megatron.neox_arguments import NeoXArgs
 from megatron.errors import ConfigError
@@ -223,9 +223,13 @@ def _run_runner(args: NeoXArgs, argv: List[str], forwarding: Optional[ForwardSig
     except (RuntimeError, ValueError) as exc:  # the runner's own refusals, before any worker starts
         print(f"error: DeepSpeed's runner did not start the workers: {exc}", file=sys.stderr)
         return 2
-    except SystemExit:  # the runner passes on a failed launcher's status; a rank signalled early has no own code
+    except SystemExit as stop:  # the runner passes on a failed launcher's status; a rank signalled early has no own code
         if forwarding.received:
             return interrupted_exit_code(forwarding.received)
+        killed = killed_rank_message(stop.code)
+        if killed is not None:  # exit 1, as a surviving rank does when it finds its peer gone
+            print(f"error: {killed}", file=sys.stderr, flush=True)
+            return 1
         raise
     finally:
         forwarding.restore()

@@ -387,3 +387,25 @@ def test_a_prompts_file_that_is_not_utf8_is_named_before_launch(deepy_main, file
     assert code == 2 and launched == [] and "Traceback" not in err
     assert f"sample_input_file: {prompts} is not UTF-8 text: the byte (0xff) at byte offset 20, line 2 does not " \
            f"decode" in err, err
+
+
+@pytest.mark.fault
+def test_a_rank_killed_by_a_signal_makes_deepy_exit_1_with_one_line(deepy_main, files, monkeypatch):
+    """DeepSpeed's launcher exits with a killed rank's returncode, -9, which reached the shell as 247; README promises
+    exit 1 and one error line for a lost rank. A rank's own failure status (2) still passes through as it is."""
+    def runner(code):
+        def main(argv=None):
+            raise SystemExit(code)
+        return main
+
+    monkeypatch.setattr("deepspeed.launcher.runner.main", runner(247))
+    code, err, _ = deepy_main({**BASE, **files})
+    assert code == 1, err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: a rank was killed by SIGKILL (the machine's out-of-memory killer, or someone; its log says how far "
+        "it got), and DeepSpeed's launcher stopped the other ranks. The run stopped here; relaunch it to resume "
+        "from its last checkpoint"], err
+    monkeypatch.setattr("deepspeed.launcher.runner.main", runner(2))
+    with pytest.raises(SystemExit) as stopped:
+        deepy_main({**BASE, **files})
+    assert stopped.value.code == 2
