@@ -6,7 +6,7 @@
 
 import sys
 
-from megatron.errors import CheckpointError, ConfigError, DataError, TokenizerError
+from megatron.errors import EXIT_DIVERGED, CheckpointError, ConfigError, DataError, TokenizerError, TrainingDiverged
 from megatron.neox_arguments import NeoXArgs
 
 
@@ -23,6 +23,9 @@ def main() -> int:
     except (ConfigError, CheckpointError, DataError, TokenizerError, MissingOptionalDependency) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except TrainingDiverged as err:
+        print(f"error: training diverged at {err}", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
     except SystemExit as stop:
         if neox_args is None or neox_args.autotuning_run is None or stop.code not in (None, 0):
             raise
