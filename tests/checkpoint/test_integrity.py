@@ -16,6 +16,7 @@ from megatron.checkpoint.engine import estimated_checkpoint_bytes, space_problem
 from megatron.checkpoint.format import read_latest, tag_for
 from megatron.errors import CheckpointError
 from tests.checkpoint.test_engine import FakeEngine, args_for, load, resolve, save
+from tests.immutable_dirs import immutable  # noqa: F401 (a fixture)
 
 
 pytestmark = pytest.mark.fault
@@ -175,22 +176,6 @@ class DeepSpeedLikeEngine(FakeEngine):
         except OSError:
             pass
         torch.save({"module": {}, **client_state}, os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
-
-
-@pytest.fixture
-def immutable(tmp_path):
-    """Sets the immutable attribute on a directory (root, on a filesystem that has it; CI runs as root)."""
-    marked = []
-
-    def mark(path):
-        result = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-        if result.returncode != 0:
-            pytest.skip(f"cannot set the immutable attribute here: {result.stderr.strip()}")
-        marked.append(path)
-
-    yield mark
-    for path in marked:
-        subprocess.run(["chattr", "-i", str(path)], check=False)
 
 
 @pytest.mark.attack("an immutable save directory (chattr +i): named as a permission problem, not a missing parent "
