@@ -106,6 +106,7 @@ def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Op
     ns = build_parser().parse_args(argv)
     args = _build_args(ns)
     problems = _script_problems(ns, args) + prelaunch.file_problems(args) + prelaunch.host_problems(args)
+    problems += prelaunch.memory_problems(args)
     problems += missing_packages(args)
     master_addr, addr_problems = prelaunch.resolve_master_addr(args)
     problems += addr_problems + prelaunch.shell_problems(args, master_addr)

@@ -9,7 +9,9 @@ unreachable host is reported in a second instead of by every worker half a minut
   is known (master_addr, MASTER_ADDR, or `hostname -I` on the first host, as DeepSpeed's runner finds it);
 - the master port, where rank 0 runs on this machine: one that is taken is replaced by a free one;
 - a run whose checkpoint is already at train_iters, or at the end of train_epochs (nothing to train);
-- more CPU ranks than this machine has cores (a warning).
+- more CPU ranks than this machine has cores (a warning);
+- a model that cannot fit one rank's memory (megatron.neox_arguments.memory's lower bound against this machine's
+  GPU memory, or the CPU ranks' share of its RAM).
 
 Each check returns messages naming the key and the file or host, so that deepy.py reports them all at once."""
 
@@ -22,6 +24,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
+import psutil
+
 from megatron.checkpoint.format import resume_tag
 from megatron.checkpoint.run_lock import lock_problem
 from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists, dataset_path_problem
@@ -30,6 +34,7 @@ from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
 from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES, active_hosts, multi_node_launch
+from megatron.neox_arguments.memory import memory_problem
 from megatron.post_training.data_paths import precomputed_path, reference_paths
 from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
 from megatron.utils.text_files import utf8_problem
@@ -379,3 +384,33 @@ def cpu_oversubscription_warning(args: NeoXArgsSchema, has_cuda: bool) -> Option
         return None
     return (f"num_gpus={ranks}: {ranks} CPU ranks on this machine's {cores} cores; they will compete for the "
             f"cores and run many times slower than {cores} ranks would (lower num_gpus to {cores} or fewer)")
+
+
+def gpu_memory_bytes() -> Optional[int]:
+    """The memory of the smallest GPU on this machine (nvidia-smi; torch is not imported here), None without one."""
+    try:
+        result = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sizes = [int(line) for line in result.stdout.split() if line.strip().isdigit()] if result.returncode == 0 else []
+    return min(sizes) * 2 ** 20 if sizes else None
+
+
+def memory_problems(args: NeoXArgsSchema, gpu_bytes: Optional[int] = None,
+                    ram_bytes: Optional[int] = None) -> List[str]:
+    """A model that cannot fit one rank's memory (megatron.neox_arguments.memory), before any process starts: on
+    this machine's GPUs, or for CPU ranks in their share of its RAM. Only for a launch on this machine (other
+    nodes' memory is not known here). ``gpu_bytes`` / ``ram_bytes``: measured here when not given (tests)."""
+    if not is_local_launch(args.hostfile) or multi_node_launch(args):
+        return []
+    training = script_name(args) in TRAINING_SCRIPTS
+    gpu_bytes = gpu_memory_bytes() if gpu_bytes is None and ram_bytes is None else gpu_bytes
+    if gpu_bytes is not None:
+        problem = memory_problem(args, training, gpu_bytes, "the memory of the smallest GPU here", on_gpu=True)
+    else:
+        ranks = max(args.global_num_gpus or 1, 1)
+        total = ram_bytes if ram_bytes is not None else psutil.virtual_memory().total
+        problem = memory_problem(args, training, total // ranks, f"its share of this machine's "
+                                 f"{total / 2 ** 30:,.1f} GiB of RAM over {ranks} CPU rank(s)", on_gpu=False)
+    return [problem] if problem else []

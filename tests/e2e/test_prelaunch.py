@@ -409,3 +409,13 @@ def test_a_rank_killed_by_a_signal_makes_deepy_exit_1_with_one_line(deepy_main, 
     with pytest.raises(SystemExit) as stopped:
         deepy_main({**BASE, **files})
     assert stopped.value.code == 2
+
+
+@pytest.mark.attack("hidden_size: 1048576 (a typo for 1024): terabytes of parameters")
+def test_a_model_that_cannot_fit_is_refused_before_launch_with_the_numbers(deepy_main, files):
+    code, err, launched = deepy_main({**BASE, **files, "hidden_size": 1048576})
+    assert code == 2 and launched == [] and "Traceback" not in err, err
+    assert "the model cannot fit: each rank needs at least 327,688.5 GiB (21,990,232,555,520 parameters with " \
+           "hidden_size=1048576, num_layers=2: weights 81,920.0 GiB, gradients 81,920.0 GiB, optimizer states " \
+           "163,840.0 GiB, activations 8.5 GiB" in err, err
+    assert "Check hidden_size and num_layers for a typo" in err
