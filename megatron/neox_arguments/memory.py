@@ -105,6 +105,6 @@ def memory_problem(args: Any, training: bool, device_bytes: int, device: str, on
     return (f"the model cannot fit: each rank needs at least {_gib(need.total)} ({need.parameters:,} parameters with "
             f"hidden_size={args.hidden_size}, num_layers={args.num_layers}: {', '.join(parts)}; after "
             f"model_parallel_size={args.model_parallel_size}, pipe_parallel_size={args.pipe_parallel_size}, ZeRO "
-            f"stage {int(args.zero_stage or 0)}), and each rank has {_gib(device_bytes)} ({device}). Check hidden_size and "
-            f"num_layers for a typo, or shard further (model_parallel_size, pipe_parallel_size, ZeRO stage 3, "
-            f"offload_optimizer / offload_param), checkpoint_activations, or a smaller micro-batch")
+            f"stage {int(args.zero_stage or 0)}), and each rank has {_gib(device_bytes)} ({device}). Check "
+            f"hidden_size and num_layers for a typo, or shard further (model_parallel_size, pipe_parallel_size, ZeRO "
+            f"stage 3, offload_optimizer / offload_param), checkpoint_activations, or a smaller micro-batch")
