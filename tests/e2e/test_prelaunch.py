@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -387,6 +388,11 @@ def test_a_prompts_file_that_is_not_utf8_is_named_before_launch(deepy_main, file
     assert code == 2 and launched == [] and "Traceback" not in err
     assert f"sample_input_file: {prompts} is not UTF-8 text: the byte (0xff) at byte offset 20, line 2 does not " \
            f"decode" in err, err
+    import generate  # the worker reads it the same way (a file changed after launch)
+    from megatron.inference.text_generation import GenerationError
+
+    with pytest.raises(GenerationError, match=f"{prompts} is not UTF-8 text: the byte \\(0xff\\) at byte offset 20"):
+        generate._file_prompts(SimpleNamespace(sample_input_file=str(prompts), prompt_end="\n"))
 
 
 @pytest.mark.fault
