@@ -5,8 +5,8 @@ number, and a key set twice refused (PyYAML silently keeps the last). Used for t
 Aliases (`*name`) are YAML's, and PyYAML shares the aliased object, so a few hundred bytes can describe a value of
 billions of nodes ("billion laughs") that only explodes later, when the config is copied or encoded for the
 workers (3.5 GB, then MemoryError). The composed document is therefore measured as it would be written out,
-and refused above MAX_EXPANDED_NODES or when an alias refers to itself; a document nested deeper than PyYAML can
-compose is refused by name too."""
+and refused above MAX_EXPANDED_NODES or when an alias refers to itself; a document nested deeper than MAX_DEPTH is
+refused by name too (PyYAML's own recursion would end in a RecursionError)."""
 
 import re
 from typing import Any, Dict, List, Tuple
@@ -17,11 +17,27 @@ from megatron.errors import ConfigError
 
 
 MAX_EXPANDED_NODES = 1_000_000  # the largest config in configs/ has ~1,000 nodes; a run's config is not a data set
+MAX_DEPTH = 100  # configs nest 3 or 4 levels (deepspeed dicts); PyYAML's recursion would fail near 1,000, slowly
 
 
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key repeated inside one mapping (PyYAML keeps the last silently) and a document
-    whose aliases expand beyond MAX_EXPANDED_NODES or into a cycle."""
+    whose aliases expand beyond MAX_EXPANDED_NODES or into a cycle, or that nests deeper than MAX_DEPTH."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"values nested more than {MAX_DEPTH} levels deep; a config is never nested like "
+                    f"this: the file is damaged or not a config", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def get_single_node(self):
         node = super().get_single_node()

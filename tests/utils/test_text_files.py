@@ -9,7 +9,7 @@ import pytest
 from megatron.data.document_readers import iter_documents, iter_json_records
 from megatron.errors import ConfigError, DataError
 from megatron.utils.text_files import decode_utf8, parse_json, read_json, read_utf8
-from megatron.utils.yaml_text import MAX_EXPANDED_NODES, parse_yaml_text
+from megatron.utils.yaml_text import MAX_DEPTH, MAX_EXPANDED_NODES, parse_yaml_text
 
 
 def alias_bomb(levels: int = 9, width: int = 9) -> str:
@@ -46,8 +46,11 @@ def test_a_recursive_yaml_alias_is_refused():
 
 @pytest.mark.attack("a YAML config nested 20,000 levels deep")
 def test_a_deeply_nested_yaml_config_is_refused_by_name():
-    with pytest.raises(ConfigError, match="deep.yml: nested deeper than the YAML reader can follow"):
+    with pytest.raises(ConfigError, match=f"deep.yml: YAML value refused at line 1, column 103: values nested more "
+                                          f"than {MAX_DEPTH} levels deep"):
         parse_yaml_text("x: " + "[" * 20_000 + "]" * 20_000, "deep.yml")
+    depth = MAX_DEPTH - 1  # the document mapping is the first level
+    assert parse_yaml_text("x: " + "[" * depth + "]" * depth, "ok.yml")  # the bound itself still reads
 
 
 @pytest.mark.attack("a JSON file nested 200,000 levels deep")
