@@ -2,6 +2,9 @@
 """Worker entry point for training; launch it through deepy.py:
 
     python deepy.py train.py configs/quickstart.yml
+
+Exit status: 0 finished, 1 another rank was lost, 2 bad input (config, data, checkpoint, tokenizer), 3 training
+diverged (a non-finite loss, fp16 overflow without end), 128 + N stopped by signal N (relaunch to resume).
 """
 
 import sys

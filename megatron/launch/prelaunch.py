@@ -138,23 +138,40 @@ def save_problems(args: NeoXArgsSchema) -> List[str]:
     save = args.save
     if not save or script_name(args) not in TRAINING_SCRIPTS:
         return []
-    if os.path.exists(save) and not os.path.isdir(save):
-        return [f"save='{save}' is a file; it must be a directory (each checkpoint is written inside it)"]
-    existing = os.path.abspath(save)
+    problem = directory_write_problem("save", save, "each checkpoint is written inside it")
+    if problem:
+        return [problem]
+    in_use = lock_problem(save)
+    return [in_use] if in_use else []
+
+
+def directory_write_problem(key: str, path: str, why: str) -> Optional[str]:
+    """Why directory ``path`` (config key ``key``) cannot be created or written, or None. Probed by creating a
+    file in it, or in its nearest existing parent: root ignores permission bits, not a read-only mount or an
+    immutable attribute."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{key}='{path}' is a file; it must be a directory ({why})"
+    existing = os.path.abspath(path)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        return [f"save='{save}' cannot be created: '{existing}' is a file"]
+        return f"{key}='{path}' cannot be created: '{existing}' is a file"
     try:
         handle, probe = tempfile.mkstemp(prefix=".neox_write_probe", dir=existing)
         os.close(handle)
         os.remove(probe)
     except OSError as exc:
-        return [f"save='{save}' is not writable: creating a file in '{existing}' failed ({exc.strerror or exc}); "
-                f"choose a directory this user can write, on a writable filesystem"]
+        return (f"{key}='{path}' is not writable: creating a file in '{existing}' failed ({exc.strerror or exc}); "
+                f"choose a directory this user can write, on a writable filesystem")
+    return None
 
-    in_use = lock_problem(save)
-    return [in_use] if in_use else []
+
+def data_cache_problems(args: NeoXArgsSchema) -> List[str]:
+    """data_cache_path, where train.py caches the index maps when it is set, must be writable."""
+    if not args.data_cache_path or script_name(args) not in TRAINING_SCRIPTS:
+        return []
+    problem = directory_write_problem("data_cache_path", args.data_cache_path, "the index maps are cached in it")
+    return [problem] if problem else []
 
 
 def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
@@ -230,7 +247,7 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
         problems += sample_input_problems(args)
     if script in ("eval.py", *TRAINING_SCRIPTS):
         problems += eval_task_problems(args)
-    problems += save_problems(args)
+    problems += save_problems(args) + data_cache_problems(args)
     return problems
 
 

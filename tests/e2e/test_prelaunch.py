@@ -425,3 +425,21 @@ def test_a_model_that_cannot_fit_is_refused_before_launch_with_the_numbers(deepy
            "hidden_size=1048576, num_layers=2: weights 81,920.0 GiB, gradients 81,920.0 GiB, optimizer states " \
            "163,840.0 GiB, activations 8.5 GiB" in err, err
     assert "Check hidden_size and num_layers for a typo" in err
+
+
+@pytest.mark.attack("data_cache_path naming a file, or a read-only directory")
+def test_a_data_cache_path_that_cannot_be_written_is_named_before_launch(deepy_main, files, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code, err, launched = deepy_main({**BASE, **files, "data_cache_path": str(blocker)})
+    assert code == 2 and launched == []
+    assert f"data_cache_path='{blocker}' is a file; it must be a directory (the index maps are cached in it)" in err
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)
+    code, err, launched = deepy_main({**BASE, **files, "data_cache_path": str(tmp_path / "maps")})
+    assert code == 2 and launched == []
+    assert f"data_cache_path='{tmp_path / 'maps'}' is not writable: creating a file in '{tmp_path}' failed " \
+           f"(Read-only file system)" in err, err
