@@ -22,7 +22,7 @@ import sys
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.launch.autotuner import missing_packages
-from megatron.launch.signals import ForwardSignals, interrupted_exit_code
+from megatron.launch.signals import ForwardSignals, interrupted_exit_code, killed_rank_message
 from megatron.launch import prelaunch
 from megatron.launch.outcome import latest_checkpoint, outcome_message, runner_log_level
 from megatron.neox_arguments import NeoXArgs
@@ -153,6 +153,7 @@ def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Op
     except ConfigError as err:
         raise _config_and_file_problems(ns, err) from None
     problems = _script_problems(ns, args) + launch_problems(args) + prelaunch.host_problems(args)
+    problems += prelaunch.memory_problems(args)
     master_addr, addr_problems = prelaunch.resolve_master_addr(args)
     problems += addr_problems + prelaunch.shell_problems(args, master_addr)
     if problems:
@@ -303,6 +304,10 @@ def _run_runner(args: NeoXArgs, argv: List[str], forwarding: Optional[ForwardSig
         deepspeed_logger.removeFilter(abbreviate)
     if forwarding.received:  # a rank signalled early has no own code; ranks that had just finished exit 0
         return interrupted_exit_code(forwarding.received)
+    killed = killed_rank_message(code)
+    if killed is not None:  # exit 1, as a surviving rank does when it finds its peer gone
+        print(f"error: {killed}", file=sys.stderr, flush=True)
+        return 1
     return code
 
 

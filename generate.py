@@ -29,6 +29,7 @@ from typing import IO, Iterator, List, Optional
 
 from megatron.neox_arguments import NeoXArgs
 from megatron.errors import ConfigError
+from megatron.utils.text_files import read_utf8
 
 
 def _rank() -> int:
@@ -62,8 +63,7 @@ def _file_prompts(neox_args) -> List[str]:
     if not os.path.isfile(path):
         raise GenerationError(f"sample_input_file not found: {path!r} (set sample_input_file or -i to a text "
                               "file with one prompt per line)")
-    with open(path, encoding="utf-8") as handle:
-        prompts = split_prompts(handle.read(), neox_args.prompt_end)
+    prompts = split_prompts(read_utf8(path, GenerationError), neox_args.prompt_end)
     if not prompts:
         raise GenerationError(f"sample_input_file {path!r} holds no prompts")
     return prompts

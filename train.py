@@ -2,11 +2,14 @@
 """Worker entry point for training; launch it through deepy.py:
 
     python deepy.py train.py configs/quickstart.yml
+
+Exit status: 0 finished, 1 another rank was lost, 2 bad input (config, data, checkpoint, tokenizer), 3 training
+diverged (a non-finite loss, fp16 overflow without end), 128 + N stopped by signal N (relaunch to resume).
 """
 
 import sys
 
-from megatron.errors import CheckpointError, ConfigError, DataError, TokenizerError
+from megatron.errors import EXIT_DIVERGED, CheckpointError, ConfigError, DataError, TokenizerError, TrainingDiverged
 from megatron.neox_arguments import NeoXArgs
 
 
@@ -23,6 +26,9 @@ def main() -> int:
     except (ConfigError, CheckpointError, DataError, TokenizerError, MissingOptionalDependency) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except TrainingDiverged as err:
+        print(f"error: training diverged at {err}", file=sys.stderr, flush=True)
+        return EXIT_DIVERGED
     except SystemExit as stop:
         if neox_args is None or neox_args.autotuning_run is None or stop.code not in (None, 0):
             raise

@@ -7,6 +7,7 @@ catches them from one place. Each names the file, key or flag that is wrong and 
 * CheckpointError: a checkpoint that cannot be loaded into this run.
 * DataError: a data file or data option that is missing, corrupt or inconsistent.
 * TokenizerError: a tokenizer that cannot be built from the given arguments.
+* TrainingDiverged: a non-finite loss, or fp16 overflow that never ends (train.py exits EXIT_DIVERGED, 3).
 * ConversionError: a checkpoint or configuration that cannot be converted (the command-line tools print it and exit 2).
 
 May import: nothing of megatron."""
@@ -44,6 +45,14 @@ class DataError(ValueError):
 
 class TokenizerError(ValueError):
     """A tokenizer cannot be built from the given arguments (bad type, missing or unreadable file)."""
+
+
+class TrainingDiverged(FloatingPointError):
+    """Training cannot make progress numerically (a non-finite loss, the fp16 loss scale overflowing step after
+    step): train.py prints the message, without a traceback, and exits with EXIT_DIVERGED."""
+
+
+EXIT_DIVERGED = 3  # train.py's (and so deepy.py's) exit status for TrainingDiverged: 0 done, 1 lost rank, 2 bad input
 
 
 class ConversionError(ValueError):

@@ -23,7 +23,7 @@ Rules (as GPT-NeoX documents them):
 * samples: train train_iters x B, valid (train_iters // eval_interval + 1) x eval_iters x B, test
   eval_iters x B (B = train_batch_size).
 
-May import: megatron.data."""
+May import: megatron.errors, data."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence, Set, Tuple
 
 from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.errors import TrainingDiverged
 from megatron.data.splits import split_document_ranges
 
 MAX_CONSECUTIVE_SKIPPED_STEPS = 50
@@ -227,7 +228,7 @@ class OverflowGuard:
         self.in_a_row += 1
         self.total += 1
         if self.in_a_row >= self.limit:
-            raise FloatingPointError(
+            raise TrainingDiverged(
                 f"iteration {iteration}: {self.in_a_row} optimizer steps in a row were skipped because the fp16 "
                 f"loss scale overflowed; the run cannot make progress. Lower lr, raise min_loss_scale in the fp16 "
                 f"dict, or train in bf16")

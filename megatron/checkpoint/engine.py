@@ -45,9 +45,11 @@ Which checkpoint a directory holds (``checkpoint_kind``):
 """
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
+import tempfile
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -102,21 +104,56 @@ def space_problem(save_dir: str, needed: int) -> Optional[str]:
             f"checkpoints) or set save to a larger filesystem")
 
 
+def write_refusal(directory: str) -> Optional[OSError]:
+    """The error creating (and removing) a file in ``directory`` gives, or None when it can be written. Probed,
+    not judged from permission bits: root ignores those, but not an immutable attribute or a read-only mount."""
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".neox_write_probe", dir=directory)
+        os.close(handle)
+        os.remove(probe)
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _permission_cause(save_dir: str, path: str) -> Optional[str]:
+    """Why the save failed when the cause is permission (a mode, an owner, `chattr +i`, a read-only mount): DeepSpeed
+    logs and swallows the failure to create the checkpoint's directory, and torch then reports "Parent directory ...
+    does not exist", which reads like a missing directory or a full disk."""
+    for directory in (path, save_dir):
+        if not os.path.isdir(directory):
+            continue
+        refused = write_refusal(directory)
+        if refused is not None and refused.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return (f"'{directory}' cannot be written ({refused.strerror}): a permission problem (the directory's "
+                    f"mode or owner, an immutable attribute set with chattr +i, or a read-only mount), not a "
+                    f"missing directory or free space")
+        if refused is None:
+            return None
+    return None
+
+
 def _save_failure(path: str, exc: BaseException) -> CheckpointError:
-    """What a failed save (disk full, a vanished directory, a failing disk) says; `latest` has not moved."""
+    """What a failed save (disk full, a directory that cannot be written, a vanished directory, a failing disk)
+    says; `latest` has not moved."""
     save_dir = os.path.dirname(path)
     try:
         previous = read_latest(save_dir)
     except CheckpointError:  # a `latest` naming another directory: nothing of it is resumed from
         previous = None
+    keeps = (f"'{LATEST_FILE}' still names {previous}, which is complete and will be resumed from" if previous
+             else "no checkpoint was completed before it")
+    permission = _permission_cause(save_dir, path)
+    if permission is not None:
+        return CheckpointError(f"saving checkpoint {path} failed: {permission}; the partial checkpoint was removed "
+                               f"and {keeps}. Make it writable for this user (chmod / chown, chattr -i, remount "
+                               f"read-write) or set save to a directory you can write, and relaunch to resume")
     try:
         free = shutil.disk_usage(save_dir).free
     except OSError:
         free = None
     full = free is not None and (free < 1 << 20 or "No space left" in str(exc))
     cause = "the disk is full" if full else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc}"
-    keeps = (f"'{LATEST_FILE}' still names {previous}, which is complete and will be resumed from" if previous
-             else "no checkpoint was completed before it")
     return CheckpointError(f"saving checkpoint {path} failed: {cause}"
                            f"{f' ({_gib(free)} free)' if free is not None else ''}; the partial checkpoint was "
                            f"removed and {keeps}. Free space (or fix the disk) and relaunch to resume")

@@ -11,6 +11,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from megatron.errors import CheckpointError, ConfigError
+from megatron.utils.text_files import read_utf8
 from megatron.utils.yaml_text import COMMAND_LINE_OVERRIDES_FILE, parse_yaml_text
 
 COMPLETE_MARKER = "COMPLETE"
@@ -194,12 +195,21 @@ def model_files(path: str) -> List[str]:
 
 def read_saved_args(args_file: str) -> Dict[str, Any]:
     """A checkpoint's neox_args.json; CheckpointError when it is not a JSON object."""
+    with open(args_file, "rb") as handle:
+        data = handle.read()
     try:
-        with open(args_file, encoding="utf-8") as handle:
-            saved = json.load(handle)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{args_file} is damaged (not JSON: {exc}); this checkpoint cannot be checked against "
-                              f"the config. Restore the file, or set iteration to another checkpoint") from None
+        saved = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        problem = f"not JSON: not UTF-8 text at byte offset {exc.start}"
+    except ValueError as exc:
+        problem = f"not JSON: {exc}"
+    except RecursionError:
+        problem = "nested thousands of levels deep, which no checkpoint is"
+    else:
+        problem = None
+    if problem is not None:
+        raise CheckpointError(f"{args_file} is damaged ({problem}); this checkpoint cannot be checked against "
+                              f"the config. Restore the file, or set iteration to another checkpoint")
     if not isinstance(saved, dict):
         raise CheckpointError(f"{args_file} is damaged (not a JSON object); restore it, or set iteration to "
                               f"another checkpoint")
@@ -225,11 +235,10 @@ def yaml_values(path: str) -> Dict[str, Any]:
     names = sorted(glob.glob(os.path.join(path, "configs", "*")),
                    key=lambda name: (os.path.basename(name) == COMMAND_LINE_OVERRIDES_FILE, name))
     for name in names:
-        with open(name, encoding="utf-8") as handle:
-            try:
-                values.update(parse_yaml_text(handle.read(), name))
-            except ConfigError as exc:
-                raise CheckpointError(str(exc)) from None
+        try:
+            values.update(parse_yaml_text(read_utf8(name, lambda message: ConfigError([message])), name))
+        except ConfigError as exc:
+            raise CheckpointError(str(exc)) from None
     return values
 
 

@@ -19,6 +19,22 @@ def transformers_module() -> Any:
     return require("transformers", "Hugging Face checkpoint conversion (tools/ckpts)", "transformers")
 
 
+def check_output_dir(output_dir: str, flag: str = "--output_dir") -> None:
+    """Refuse, before any checkpoint is read, an output directory that is a file, lies under a file, or cannot be
+    created or written (the conversion would otherwise fail at its end with FileExistsError / NotADirectoryError)."""
+    path = os.path.abspath(output_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConversionError(f"{flag} {output_dir} is an existing file, not a directory; name a new directory (or "
+                              f"an existing one) to write into")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConversionError(f"{flag} {output_dir} cannot be created: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConversionError(f"{flag} {output_dir} cannot be written: this user may not write in {existing}")
+
+
 def refuse_unrepresentable(target: str, problems: List[str]) -> None:
     """One ConversionError listing everything ``target`` cannot represent."""
     if problems:

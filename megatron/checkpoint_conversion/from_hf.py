@@ -18,6 +18,7 @@ import yaml
 
 from megatron.checkpoint.neox_checkpoint import new_checkpoint_problem, write_checkpoint
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
+from megatron.checkpoint_conversion.common import check_output_dir
 from megatron.checkpoint_conversion.hf_folder import load_hf_folder
 from megatron.checkpoint_conversion.tokenizer_files import copy_hf_tokenizer
 from megatron.errors import ConfigError, ConversionError
@@ -58,6 +59,7 @@ def convert_hf_to_neox(hf_dir: str, output_dir: str, config_out: str, model_para
     """Convert ``hf_dir``; returns the checkpoint directory written."""
     if model_parallel_size < 1 or pipe_parallel_size < 0:
         raise ConversionError("--model_parallel_size must be >= 1 and --pipe_parallel_size >= 0")
+    check_output_dir(output_dir)
     problem = new_checkpoint_problem(output_dir, 0) or _config_out_problem(config_out)
     if problem:  # before anything is written
         raise ConversionError(problem)

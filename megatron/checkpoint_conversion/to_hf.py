@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from megatron.checkpoint.neox_checkpoint import read_checkpoint
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama, hf_mamba
+from megatron.checkpoint_conversion.common import check_output_dir
 from megatron.checkpoint_conversion.hf_folder import save_hf_folder
 from megatron.checkpoint_conversion.tokenizer_files import run_tokenizer, special_token_ids, write_hf_tokenizer
 from megatron.errors import ConfigError, ConversionError
@@ -34,6 +35,7 @@ def convert_neox_to_hf(input_dir: str, output_dir: str, config_files: Optional[S
     which scores the last token that is not ``pad_token_id``."""
     if architecture not in ARCHITECTURES:
         raise ConversionError(f"--architecture {architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
+    check_output_dir(output_dir)
     args = args_from_config_files(config_files) if config_files else None
     ckpt = read_checkpoint(input_dir, args)
     reward_model = ckpt.config.value_head

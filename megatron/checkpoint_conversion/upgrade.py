@@ -17,6 +17,7 @@ import shutil
 from megatron.checkpoint.files import load_lazily
 from megatron.checkpoint.format import MP_FILE, OURS_OLD, model_files
 from megatron.checkpoint.neox_checkpoint import read_checkpoint, write_checkpoint
+from megatron.checkpoint_conversion.common import check_output_dir
 from megatron.errors import ConversionError
 
 CARRIED = ("consumed_train_samples", "consumed_valid_samples", "lr_scheduler")
@@ -26,6 +27,7 @@ CARRIED = ("consumed_train_samples", "consumed_valid_samples", "lr_scheduler")
 def upgrade_checkpoint(input_dir: str, output_dir: str) -> str:
     """Rewrite the old-layout checkpoint ``input_dir`` (global_stepN, or a save directory with ``latest``) as
     ``output_dir/global_stepN``; returns that directory."""
+    check_output_dir(output_dir)
     ckpt = read_checkpoint(input_dir)
     if ckpt.kind != OURS_OLD:
         raise ConversionError(f"{ckpt.path} is {ckpt.kind} checkpoint in GPT-NeoX's layout already: nothing to "

@@ -66,6 +66,7 @@ def _gpt2_dataset(
         group=group,
         reward_dataset=rewards,
         reference_dataset=reference,
+        cache_dir=neox_args.data_cache_path,
     )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from megatron.errors import DataError
+from megatron.utils.text_files import decode_utf8, too_deep_message
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
 
@@ -43,9 +44,11 @@ def expand_input_paths(inputs: str | Sequence[str]) -> list[str]:
     return out
 
 
-def _open_text(path: str) -> IO[str]:
+def _open_bytes(path: str) -> IO[bytes]:
+    """The file's (decompressed) bytes; decoded line by line by the readers, so that a byte that is not UTF-8 is
+    named with its offset (of the decompressed text, for .gz / .zst) instead of a UnicodeDecodeError."""
     if path.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
+        return gzip.open(path, "rb")
     if path.endswith(".zst"):
         try:
             import zstandard
@@ -53,8 +56,17 @@ def _open_text(path: str) -> IO[str]:
             raise DataError(f"reading '{path}' needs the `zstandard` package: "
                             "pip install -r requirements/requirements-data.txt") from exc
         fh = open(path, "rb")
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(fh, closefd=True), encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(fh, closefd=True))
+    return open(path, "rb")
+
+
+def _text_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of `path`; a line that is not UTF-8 raises DataError naming the byte."""
+    offset = 0
+    with _open_bytes(path) as fh:
+        for lineno, raw in enumerate(fh, 1):
+            yield lineno, decode_utf8(raw, path, DataError, base_offset=offset, base_line=lineno)
+            offset += len(raw)
 
 
 def is_jsonl(path: str) -> bool:
@@ -65,17 +77,18 @@ def is_jsonl(path: str) -> bool:
 def iter_json_records(paths: Sequence[str]) -> Iterator[dict]:
     """Yield each JSON object of each jsonl file in order; a bad line raises naming file and line."""
     for path in paths:
-        with _open_text(path) as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from exc
-                if not isinstance(rec, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object per line.")
-                yield rec
+        for lineno, line in _text_lines(path):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from exc
+            except RecursionError:
+                raise DataError(f"{path}:{lineno}: {too_deep_message('this line')}.") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object per line.")
+            yield rec
 
 
 def iter_documents(paths: Sequence[str], jsonl_keys: Sequence[str] = ("text",)) -> Iterator[dict[str, str]]:
@@ -90,8 +103,8 @@ def iter_documents(paths: Sequence[str], jsonl_keys: Sequence[str] = ("text",)) 
                     doc[key] = str(rec[key])
                 yield doc
         else:
-            with _open_text(path) as fh:
-                text = fh.read()
+            with _open_bytes(path) as fh:
+                text = decode_utf8(fh.read(), path, DataError)
             yield {key: text for key in jsonl_keys}
 
 

@@ -1,8 +1,9 @@
 """GPT2Dataset: samples of seq_length + 1 tokens over document-shuffled epochs of an indexed dataset.
 
 The index maps are built once per (data prefix, split name, document range, num_samples, seq_length,
-seed, pack_impl, allow_chopped) and cached as .npy files beside the data; rank 0 builds them and the
-other ranks wait, then every rank memory-maps them.
+seed, pack_impl, allow_chopped) and cached as .npy files beside the data, or in data_cache_path when it is set
+(a read-only data directory: the error says to set it); rank 0 builds them and the other ranks wait, then every
+rank memory-maps them.
 """
 
 from __future__ import annotations
@@ -33,14 +34,21 @@ def index_map_paths(
     seed: int,
     pack_impl: str,
     allow_chopped: bool,
+    cache_dir: str | None = None,
 ) -> dict[str, str]:
     """Cache file per map; every input that changes the maps is in the name, including a digest of the
-    split's document sizes so that regenerated data never reuses stale maps."""
+    split's document sizes so that regenerated data never reuses stale maps. Beside the data, or in
+    ``cache_dir`` under the data's file name and a digest of its full path (two data sets with one name in
+    different directories do not share maps)."""
     first, last = (int(documents[0]), int(documents[-1])) if len(documents) else (0, -1)
     digest = hashlib.sha1(np.ascontiguousarray(sizes[documents], dtype=np.int32).tobytes()).hexdigest()[:10]
     chopped = "_ac" if allow_chopped and pack_impl != "packed" else ""
+    base = data_prefix
+    if cache_dir:
+        where = hashlib.sha1(os.path.abspath(data_prefix).encode("utf-8")).hexdigest()[:8]
+        base = os.path.join(cache_dir, f"{os.path.basename(data_prefix)}_{where}")
     stem = (
-        f"{data_prefix}_{name}_indexmap_{first}-{last}d_{digest}_{num_samples}ns_{seq_length}sl_"
+        f"{base}_{name}_indexmap_{first}-{last}d_{digest}_{num_samples}ns_{seq_length}sl_"
         f"{seed}s_{pack_impl}pi{chopped}"
     )
     return {m: f"{stem}_{m}.npy" for m in MAP_NAMES}
@@ -50,6 +58,24 @@ def _save_atomically(path: str, array: np.ndarray) -> None:
     tmp = f"{path}.{os.getpid()}.tmp.npy"
     np.save(tmp, array, allow_pickle=False)
     os.replace(tmp, path)
+
+
+def _save_maps(maps: IndexMaps, paths: dict[str, str], data_prefix: str, cache_dir: str | None) -> None:
+    """Write the maps; a directory that cannot be written is a DataError naming data_cache_path, the way out."""
+    folder = os.path.dirname(paths["doc_idx"]) or "."
+    try:
+        if cache_dir:
+            os.makedirs(folder, exist_ok=True)
+        for m in MAP_NAMES:
+            _save_atomically(paths[m], getattr(maps, m))
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if cache_dir:
+            raise DataError(f"data_cache_path='{cache_dir}': the index maps of '{data_prefix}' cannot be written "
+                            f"there ({reason}); set data_cache_path to a directory this user can write") from None
+        raise DataError(f"the index maps of '{data_prefix}' are cached beside the data, and '{folder}' cannot be "
+                        f"written ({reason}); set data_cache_path to a writable directory to cache them there "
+                        f"instead") from None
 
 
 def _load_maps(paths: dict[str, str]) -> IndexMaps:
@@ -83,6 +109,7 @@ class GPT2Dataset(torch.utils.data.Dataset):
         group: Any = None,
         reward_dataset: MMapIndexedDataset | None = None,
         reference_dataset: MMapIndexedDataset | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         self.name = name
         self.indexed_dataset = indexed_dataset
@@ -123,6 +150,7 @@ class GPT2Dataset(torch.utils.data.Dataset):
             seed,
             pack_impl,
             allow_chopped,
+            cache_dir,
         )
         self.index_map_files = paths
 
@@ -130,8 +158,7 @@ class GPT2Dataset(torch.utils.data.Dataset):
             maps = build_index_maps(
                 indexed_dataset.sizes, documents, num_samples, seq_length, seed, pack_impl, allow_chopped
             )
-            for m in MAP_NAMES:
-                _save_atomically(paths[m], getattr(maps, m))
+            _save_maps(maps, paths, data_prefix, cache_dir)
 
         def exists() -> bool:
             return all(os.path.isfile(p) for p in paths.values())

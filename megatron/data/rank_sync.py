@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from megatron.errors import DataError
 from megatron.mpu.host_collectives import all_gather_object
 
 
@@ -56,7 +57,10 @@ def build_once(
         failures = [m for m in messages if m]
         if error is not None:
             raise error
-        if failures:
+        if failures:  # a DataError (e.g. a read-only data directory) reaches every rank as one, named the same way
+            kind, _, message = failures[0].partition(": ")
+            if kind == DataError.__name__:
+                raise DataError(message)
             raise RuntimeError(f"building shared data files failed on another rank: {failures[0]}")
     if not exists():
         raise RuntimeError(

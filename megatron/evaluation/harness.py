@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 import torch
 
-from megatron.evaluation.tasks import resolve_tasks, task_manager
+from megatron.evaluation.tasks import EvalTaskError, first_task_problem, resolve_tasks, task_manager
 from megatron.inference.text_generation import build_runner, max_sequence_length
 from megatron.mpu.host_collectives import broadcast_object
 from megatron.observability.training_logger import MetricSinks
@@ -121,11 +121,17 @@ def run_eval_tasks(neox_args, engine, ctx, iteration: int, limit: Optional[int] 
                     max_length=max_sequence_length(ctx.model_config),
                     batch_size=int(neox_args.train_micro_batch_size_per_gpu or 1), device=ctx.device,
                     seed=int(neox_args.seed))
-        with _untouched_rng(), no_forked_pool():
-            raw = simple_evaluate(model=lm, tasks=selection.names, task_manager=manager, limit=limit,
-                                  bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False, random_seed=None,
-                                  numpy_random_seed=None, torch_random_seed=None,
-                                  fewshot_random_seed=int(neox_args.seed))
+        try:
+            with _untouched_rng(), no_forked_pool():
+                raw = simple_evaluate(model=lm, tasks=selection.names, task_manager=manager, limit=limit,
+                                      bootstrap_iters=BOOTSTRAP_ITERS, log_samples=False, random_seed=None,
+                                      numpy_random_seed=None, torch_random_seed=None,
+                                      fewshot_random_seed=int(neox_args.seed))
+        except Exception:  # a task lm-eval cannot build (missing data file, hub data offline): named, else re-raised
+            problem = first_task_problem(manager, selection.names)
+            if problem is None:
+                raise
+            raise EvalTaskError(problem) from None
     finally:
         module.train(was_training)
     if raw is not None:

@@ -14,13 +14,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import yaml
 
+from megatron.errors import DataError
+from megatron.utils.text_files import read_utf8
 
-class EvalTaskError(ValueError):
-    """An eval_tasks entry that cannot be resolved; the message names it and what is allowed."""
+
+class EvalTaskError(DataError):
+    """An eval_tasks entry that cannot be resolved, or a task whose data cannot be loaded; the message names it
+    and what to do (a DataError, so train.py's evaluation during training reports it the same way)."""
 
 
 class _LenientLoader(yaml.SafeLoader):
@@ -38,8 +42,18 @@ class TaskSelection:
 
 
 def _task_name(path: str) -> str:
-    with open(path, encoding="utf-8") as handle:
-        config = yaml.load(handle, Loader=_LenientLoader) or {}
+    """The ``task:`` name of task YAML ``path`` ("" when it has none); a file that is not YAML is named."""
+    text = read_utf8(path, lambda problem: EvalTaskError(f"eval_tasks: task file {problem}"))
+    try:
+        config = yaml.load(text, Loader=_LenientLoader) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise EvalTaskError(f"eval_tasks: task file {path} is not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise EvalTaskError(f"eval_tasks: task file {path} is nested thousands of levels deep; it is damaged or not "
+                            f"a task file") from None
     name = config.get("task") if isinstance(config, dict) else None
     return name if isinstance(name, str) else ""
 
@@ -97,3 +111,29 @@ def task_manager(selection: TaskSelection):
         detail = "; ".join(f"{n!r}" + (f" (did you mean {', '.join(h)}?)" if h else "") for n, h in hints.items())
         raise EvalTaskError(f"eval_tasks: unknown lm-eval task(s) {detail}")
     return manager
+
+
+def task_load_problem(manager, name: str) -> Optional[str]:
+    """Why lm-eval cannot build task ``name`` (its YAML, its data), in one sentence naming it, or None. lm-eval reads
+    a task's data when it builds the task: a data file that is missing, a hub data set while offline."""
+    try:
+        build = getattr(manager, "load", None) or manager.load_task_or_group  # lm-eval 0.4.13 renamed it
+        build([name])
+    except Exception as exc:  # anything lm-eval or datasets raise while building the task: named, not a traceback
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else type(exc).__name__
+        if isinstance(exc, ConnectionError) or "offline" in text.lower():
+            return (f"eval_tasks: task {name!r} cannot load its data: {first}. Its data set is on the Hugging Face "
+                    f"hub and this run is offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE, which eval.py sets unless "
+                    f"the environment does): run once with HF_DATASETS_OFFLINE=0 HF_HUB_OFFLINE=0 on a machine with "
+                    f"the network to fill the datasets cache, or point the task at local data files")
+        if isinstance(exc, FileNotFoundError):
+            return (f"eval_tasks: task {name!r}: a data file it names is missing ({first}); fix the task YAML's "
+                    f"dataset_path / dataset_kwargs, or restore the file")
+        return f"eval_tasks: lm-eval cannot build task {name!r}: {type(exc).__name__}: {first}"
+    return None
+
+
+def first_task_problem(manager, names: Sequence[str]) -> Optional[str]:
+    """task_load_problem of the first of ``names`` that lm-eval cannot build, or None."""
+    return next(filter(None, (task_load_problem(manager, name) for name in names)), None)

@@ -16,7 +16,9 @@ unreachable host is reported in a second instead of by every worker half a minut
   once, here, instead of by every rank (several nodes: this machine's hardware says nothing about theirs, so
   the workers check it, megatron.initialize);
 - the optional packages the enabled features need (tensorboard_dir, use_wandb, use_comet, eval_tasks, the
-  tokenizer's...), found without importing them.
+  tokenizer's...), found without importing them;
+- a model that cannot fit one rank's memory (megatron.neox_arguments.memory's lower bound against this machine's
+  GPU memory, or the CPU ranks' share of its RAM).
 
 Each check returns messages naming the key and the file or host, so that deepy.py reports them all at once."""
 
@@ -29,6 +31,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, Optional, Tuple
 
+import psutil
+
 from megatron.checkpoint.format import resume_tag
 from megatron.checkpoint.non_persistent import non_persistent_problem
 from megatron.checkpoint.run_lock import lock_problem
@@ -38,8 +42,10 @@ from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import DEFAULT_HOSTFILE, is_local_launch
 from megatron.neox_arguments.launcher import WORKER_ENV_PREFIXES, active_hosts, multi_node_launch
+from megatron.neox_arguments.memory import memory_problem
 from megatron.post_training.data_paths import precomputed_path, reference_paths
 from megatron.tokenizer.build_tokenizer import tokenizer_file_problems
+from megatron.utils.text_files import utf8_problem
 from megatron.training_schedule import iterations_for_epochs, training_iterations
 from megatron.utils.optional_deps import missing_feature_packages
 
@@ -146,23 +152,40 @@ def save_problems(args: NeoXArgsSchema) -> List[str]:
     save = args.save
     if not save or script_name(args) not in TRAINING_SCRIPTS:
         return []
-    if os.path.exists(save) and not os.path.isdir(save):
-        return [f"save='{save}' is a file; it must be a directory (each checkpoint is written inside it)"]
-    existing = os.path.abspath(save)
+    problem = directory_write_problem("save", save, "each checkpoint is written inside it")
+    if problem:
+        return [problem]
+    in_use = lock_problem(save)
+    return [in_use] if in_use else []
+
+
+def directory_write_problem(key: str, path: str, why: str) -> Optional[str]:
+    """Why directory ``path`` (config key ``key``) cannot be created or written, or None. Probed by creating a
+    file in it, or in its nearest existing parent: root ignores permission bits, not a read-only mount or an
+    immutable attribute."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{key}='{path}' is a file; it must be a directory ({why})"
+    existing = os.path.abspath(path)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        return [f"save='{save}' cannot be created: '{existing}' is a file"]
+        return f"{key}='{path}' cannot be created: '{existing}' is a file"
     try:
         handle, probe = tempfile.mkstemp(prefix=".neox_write_probe", dir=existing)
         os.close(handle)
         os.remove(probe)
     except OSError as exc:
-        return [f"save='{save}' is not writable: creating a file in '{existing}' failed ({exc.strerror or exc}); "
-                f"choose a directory this user can write, on a writable filesystem"]
+        return (f"{key}='{path}' is not writable: creating a file in '{existing}' failed ({exc.strerror or exc}); "
+                f"choose a directory this user can write, on a writable filesystem")
+    return None
 
-    in_use = lock_problem(save)
-    return [in_use] if in_use else []
+
+def data_cache_problems(args: NeoXArgsSchema) -> List[str]:
+    """data_cache_path, where train.py caches the index maps when it is set, must be writable."""
+    if not args.data_cache_path or script_name(args) not in TRAINING_SCRIPTS:
+        return []
+    problem = directory_write_problem("data_cache_path", args.data_cache_path, "the index maps are cached in it")
+    return [problem] if problem else []
 
 
 def checkpoint_iteration(load: Optional[str]) -> Optional[int]:
@@ -209,8 +232,11 @@ def finished_run_message(args: NeoXArgsSchema) -> Optional[str]:
 def sample_input_problems(args: NeoXArgsSchema) -> List[str]:
     """generate.py's prompts file (text_gen_type input-file), as the worker words it (generate.py)."""
     path = args.sample_input_file
-    if args.text_gen_type != "input-file" or not path or os.path.isfile(path):
+    if args.text_gen_type != "input-file" or not path:
         return []
+    if os.path.isfile(path):
+        problem = utf8_problem(path)
+        return [f"sample_input_file: {problem}"] if problem else []
     return [f"sample_input_file not found: {path!r} (set sample_input_file or -i to a text file with one prompt per "
             f"line)"]
 
@@ -240,7 +266,7 @@ def file_problems(args: NeoXArgsSchema) -> List[str]:
         problems += sample_input_problems(args)
     if script in ("eval.py", *TRAINING_SCRIPTS):
         problems += eval_task_problems(args)
-    problems += save_problems(args)
+    problems += save_problems(args) + data_cache_problems(args)
     return problems
 
 
@@ -439,3 +465,33 @@ def cpu_oversubscription_warning(args: NeoXArgsSchema, has_cuda: bool) -> Option
         return None
     return (f"num_gpus={ranks}: {ranks} CPU ranks on this machine's {cores} cores; they will compete for the "
             f"cores and run many times slower than {cores} ranks would (lower num_gpus to {cores} or fewer)")
+
+
+def gpu_memory_bytes() -> Optional[int]:
+    """The memory of the smallest GPU on this machine (nvidia-smi; torch is not imported here), None without one."""
+    try:
+        result = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sizes = [int(line) for line in result.stdout.split() if line.strip().isdigit()] if result.returncode == 0 else []
+    return min(sizes) * 2 ** 20 if sizes else None
+
+
+def memory_problems(args: NeoXArgsSchema, gpu_bytes: Optional[int] = None,
+                    ram_bytes: Optional[int] = None) -> List[str]:
+    """A model that cannot fit one rank's memory (megatron.neox_arguments.memory), before any process starts: on
+    this machine's GPUs, or for CPU ranks in their share of its RAM. Only for a launch on this machine (other
+    nodes' memory is not known here). ``gpu_bytes`` / ``ram_bytes``: measured here when not given (tests)."""
+    if not is_local_launch(args.hostfile) or multi_node_launch(args):
+        return []
+    training = script_name(args) in TRAINING_SCRIPTS
+    gpu_bytes = gpu_memory_bytes() if gpu_bytes is None and ram_bytes is None else gpu_bytes
+    if gpu_bytes is not None:
+        problem = memory_problem(args, training, gpu_bytes, "the memory of the smallest GPU here", on_gpu=True)
+    else:
+        ranks = max(args.global_num_gpus or 1, 1)
+        total = ram_bytes if ram_bytes is not None else psutil.virtual_memory().total
+        problem = memory_problem(args, training, total // ranks, f"its share of this machine's "
+                                 f"{total / 2 ** 30:,.1f} GiB of RAM over {ranks} CPU rank(s)", on_gpu=False)
+    return [problem] if problem else []

@@ -90,3 +90,19 @@ class ForwardSignals:
         print(f"deepy.py: {self.received} passed on to {len(targets)} process(es) "
               f"({', '.join(str(p.pid) for p in targets)}); waiting for them to save and exit", file=sys.stderr,
               flush=True)
+
+
+def killed_rank_message(runner_code: Any) -> Optional[str]:
+    """What deepy.py says when DeepSpeed's runner ends with the status of a rank killed by a signal, or None.
+    DeepSpeed's launcher stops the other ranks and exits with the dead rank's returncode, -signum, which the shell
+    sees as 256 - signum (247 for SIGKILL, 250 for SIGUSR1...): a number that names nothing. Ranks themselves exit 0,
+    1, 2 or 128 + signum (129..159), so 225..255 can only be a rank killed by signal 256 - code."""
+    if not isinstance(runner_code, int) or not 256 - 31 <= runner_code <= 255:
+        return None
+    try:
+        name = signal.Signals(256 - runner_code).name
+    except ValueError:
+        return None
+    return (f"a rank was killed by {name} (the machine's out-of-memory killer, or someone; its log says how far it "
+            f"got), and DeepSpeed's launcher stopped the other ranks. The run stopped here; relaunch it to resume "
+            f"from its last checkpoint")

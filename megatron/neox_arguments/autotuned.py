@@ -11,15 +11,15 @@ from typing import Any, Dict, Mapping, Optional
 from megatron.errors import ConfigError
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.validation import parallelism_problems
+from megatron.utils.text_files import parse_json, read_json
 
 
 def read_deepspeed_config(value: str) -> Dict[str, Any]:
     """A `--deepspeed_config` argument: a JSON file, or the base64 JSON that the autotuner's experiments pass."""
+    if value.endswith(".json") and os.path.isfile(value):
+        return read_json(value, lambda problem: ConfigError([f"--deepspeed_config: {problem}"]))
     try:
-        if value.endswith(".json") and os.path.isfile(value):
-            with open(value, encoding="utf-8") as handle:
-                return json.load(handle)
-        return json.loads(base64.urlsafe_b64decode(value.encode("ascii")))
+        return parse_json(base64.urlsafe_b64decode(value.encode("ascii")).decode("utf-8"), "the base64 config")
     except (OSError, ValueError, binascii.Error) as exc:
         raise ConfigError([f"--deepspeed_config {value[:60]!r} is neither a DeepSpeed config JSON file nor the "
                            f"base64 config of an autotuning experiment ({exc})"]) from None

@@ -8,6 +8,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from megatron.errors import ConfigError
+from megatron.utils.text_files import read_utf8
 from megatron.utils.yaml_text import normalize_key, parse_yaml_text
 
 CONFIG_SUFFIXES = (".yml", ".yaml", ".json")
@@ -36,8 +37,11 @@ def read_config_files(paths: Sequence[str]) -> Tuple[Dict[str, Any], Dict[str, s
         if not os.path.isfile(path):
             problems.append(f"config file not found: {path}")
             continue
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        try:
+            text = read_utf8(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
         name = os.path.basename(path)
         texts[name if name not in texts else path] = text
         try:

@@ -25,7 +25,7 @@ from megatron.checkpoint.engine import (complete_checkpoint, directory_bytes, es
 from megatron.checkpoint.format import read_latest
 from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due, non_persistent_problem
 from megatron.checkpoint.run_lock import RunLock
-from megatron.errors import CheckpointError, ConfigError
+from megatron.errors import CheckpointError, ConfigError, TrainingDiverged
 from megatron.evaluation.harness import run_eval_tasks
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.mpu.host_collectives import all_reduce, broadcast_object
@@ -305,7 +305,8 @@ class _TrainingRun:
         if self.background is not None:
             self.background.poll()
         if not math.isfinite(loss):
-            raise FloatingPointError(f"iteration {iteration}: the loss is {loss}; lower lr or check the data")
+            raise TrainingDiverged(f"iteration {iteration}: the loss is {loss}; lower lr or check the data (the last "
+                                   f"checkpoint in save, if any, is from before this step; relaunching resumes there)")
         if self.memory_profiler is not None and debug:
             self.memory_profiler.dump(iteration)
         self.state.consumed_train_samples += batch_size

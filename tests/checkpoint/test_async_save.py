@@ -274,3 +274,56 @@ def test_an_async_checkpoint_loads_with_weights_only(tmp_path):
     saves.wait()
     assert read_latest(str(tmp_path)) == "global_step3" and verification_problems(path) == []
     assert assert_loads_weights_only(path) == ["mp_rank_00_model_states.pt", "rng_state_rank0.pt"]
+
+
+def _two_ranks_finish_at_different_times(rank: int, world_size: int, save_dir: str) -> dict:
+    """Rank 1's disk is slow: its file is written only after rank 0 has polled twice. What rank 0 sees after each
+    poll (collective: both ranks poll at the same points)."""
+    import torch.distributed as dist
+
+    saves = AsyncCheckpoints(Engine(), failure=failed_save,
+                             complete=lambda path, it, digests: complete_checkpoint(path, it, None, digests=digests))
+    path = os.path.join(save_dir, "global_step2")
+    if rank == 0:
+        os.makedirs(path)
+    dist.barrier()
+    gate = threading.Event()
+    if rank == 1:
+        saves.writer.submit(gate.wait)  # rank 1's writes wait behind this
+    saves.writer.save({"w": torch.full((4,), float(rank))}, os.path.join(path, f"mp_rank_0{rank}_model_states.pt"))
+    saves.started(path, 2)
+    if rank == 0:
+        saves.writer.wait()  # rank 0's file is on disk before the first poll
+    seen = []
+    for _ in range(2):
+        completed = saves.poll()
+        if rank == 0:
+            saves.writer.wait()  # its completion job, if one was queued, has run
+        dist.barrier()
+        seen.append({"completed": completed, "complete": os.path.exists(os.path.join(path, COMPLETE_MARKER)),
+                     "latest": read_latest(save_dir), "rank1_file": os.path.exists(
+                         os.path.join(path, "mp_rank_01_model_states.pt"))})
+        dist.barrier()
+    gate.set()
+    saves.wait()
+    dist.barrier()
+    seen.append({"complete": os.path.exists(os.path.join(path, COMPLETE_MARKER)), "latest": read_latest(save_dir),
+                 "rank1_file": os.path.exists(os.path.join(path, "mp_rank_01_model_states.pt"))})
+    return {"seen": seen}
+
+
+@pytest.mark.slow
+@pytest.mark.fault
+def test_two_ranks_finishing_their_writes_at_different_times_complete_only_after_both(tmp_path):
+    """The ranks agree on completion with MIN over their writers' status (FAILED < WRITING < DONE): while rank 1 is
+    still writing, rank 0 (done) must not write COMPLETE or move `latest` (issue 32's missed bug: MAX completed the
+    checkpoint before rank 1's file existed)."""
+    from tests.distributed_helpers import run_distributed
+
+    results = run_distributed(_two_ranks_finish_at_different_times, world_size=2, args=(str(tmp_path),))
+    seen = results[0]["seen"]
+    while_writing = {"completed": False, "complete": False, "latest": None, "rank1_file": False}
+    assert seen[:2] == [while_writing, while_writing], seen
+    assert seen[2] == {"complete": True, "latest": "global_step2", "rank1_file": True}, seen
+    assert sorted(read_manifest(str(tmp_path / "global_step2"))) == ["mp_rank_00_model_states.pt",
+                                                                     "mp_rank_01_model_states.pt"]

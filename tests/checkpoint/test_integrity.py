@@ -16,6 +16,7 @@ from megatron.checkpoint.engine import estimated_checkpoint_bytes, space_problem
 from megatron.checkpoint.format import read_latest, tag_for
 from megatron.errors import CheckpointError
 from tests.checkpoint.test_engine import FakeEngine, args_for, load, resolve, save
+from tests.immutable_dirs import immutable  # noqa: F401 (a fixture)
 
 
 pytestmark = pytest.mark.fault
@@ -184,3 +185,40 @@ def test_a_current_checkpoint_without_its_manifest_is_refused_naming_it(two_chec
         resolve_checkpoint_dir(str(path))  # conversion, generation and evaluation read it here
     os.remove(path / "neox_args.json")  # the layout record gone too: still this project's (COMPLETE)
     assert f"{MANIFEST} is missing" in "".join(verification_problems(str(path)))
+
+
+class DeepSpeedLikeEngine(FakeEngine):
+    """Creates the checkpoint's directory as DeepSpeed's engine does (_create_checkpoint_file): a failure is logged
+    and swallowed, and torch.save then says "Parent directory ... does not exist"."""
+
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        try:
+            os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+        except OSError:
+            pass
+        torch.save({"module": {}, **client_state}, os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
+
+
+@pytest.mark.attack("an immutable save directory (chattr +i): named as a permission problem, not a missing parent "
+                    "directory or free space")
+def test_an_immutable_save_directory_is_named_as_a_permission_problem(tmp_path, immutable):
+    args = args_for(tmp_path)
+    save(args, 4, FakeEngine())
+    immutable(tmp_path)
+    with pytest.raises(CheckpointError) as caught:
+        save(args, 8, DeepSpeedLikeEngine())
+    message = str(caught.value)
+    assert f"saving checkpoint {tmp_path / 'global_step8'} failed: '{tmp_path}' cannot be written (Operation not " \
+           f"permitted): a permission problem" in message, message
+    assert "Parent directory" not in message and "GiB free" not in message, message
+    assert "chattr -i" in message and "'latest' still names global_step4" in message
+    assert read_latest(str(tmp_path)) == "global_step4"
+
+
+@pytest.mark.attack("a checkpoint's neox_args.json nested 200,000 levels deep")
+def test_a_deeply_nested_neox_args_json_is_named_as_damaged(two_checkpoints):
+    args, path = two_checkpoints
+    os.remove(path / MANIFEST)
+    (path / "neox_args.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(CheckpointError, match=r"neox_args.json is damaged \(nested thousands of levels deep"):
+        resolve(args)

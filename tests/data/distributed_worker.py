@@ -16,6 +16,7 @@ def build_dataset_on_rank(rank: int, world_size: int, workdir: str) -> None:
     from megatron.data.gpt2_dataset import GPT2Dataset
     from megatron.data.indexed_dataset import MMapIndexedDataset
     from megatron.data.rank_sync import build_once
+    from megatron.errors import DataError
 
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=world_size)
     try:
@@ -26,6 +27,11 @@ def build_dataset_on_rank(rank: int, world_size: int, workdir: str) -> None:
             build_once(lambda: (_ for _ in ()).throw(OSError("disk full")), lambda: False)
         except Exception as exc:  # every rank must see rank 0's failure instead of hanging
             failure = f"{type(exc).__name__}: {exc}"
+        data_failure = ""
+        try:  # a DataError (a read-only data directory) stays a DataError on every rank, for train.py to print
+            build_once(lambda: (_ for _ in ()).throw(DataError("set data_cache_path")), lambda: False)
+        except Exception as exc:
+            data_failure = f"{type(exc).__name__}: {exc}"
         # Only rank 1 loads data here (as when only some model-parallel ranks do): its own group.
         loaders_only = dist.new_group([1])
         subgroup_built = None
@@ -39,6 +45,7 @@ def build_dataset_on_rank(rank: int, world_size: int, workdir: str) -> None:
             "built": ds.built_index_maps,
             "first": [ds[i]["text"].tolist() for i in range(4)],
             "failure": failure,
+            "data_failure": data_failure,
         }
         Path(f"{workdir}/rank{rank}.json").write_text(json.dumps(report))
         dist.barrier()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,9 @@ def test_datasets_from_data_path_and_split(tmp_path: Path) -> None:
         assert ds[0]["text"].shape == (17,)
     none_valid = datasets(**{**config, "split": "100,0,0"})
     assert none_valid[1] is None and none_valid[2] is None
+    cached = datasets(**config, data_cache_path=str(tmp_path / "cache"))  # the index maps go there (issue 32)
+    assert all(f.startswith(str(tmp_path / "cache" / "corpus_")) for ds in cached for f in ds.index_map_files.values())
+    assert all(np.array_equal(a[0]["text"], b[0]["text"]) for a, b in zip(cached, (train, valid, test)))
 
 
 def test_blending_prefixes_follow_weights() -> None:
@@ -58,9 +62,12 @@ def test_blending_prefixes_follow_weights() -> None:
     assert np.allclose(weights_by_num_documents([100, 400], alpha=1.0), [0.2, 0.8])
 
 
-def test_blended_train_paths_realise_weights(tmp_path: Path) -> None:
+@pytest.mark.parametrize("weights", [[2, 1, 1], [0.2, 0.1, 0.1]])
+def test_blended_train_paths_realise_weights(tmp_path: Path, weights) -> None:
+    """Weights summing above or below 1 are normalised before each dataset is sized for its share (raw weights
+    summing to 0.4 sized every dataset at 40% of its share: issue 32's missed bug)."""
     paths = [write_dataset(tmp_path / f"p{k}", make_docs(30, seed=k, base=100_000 * k)) for k in range(3)]
-    config = dict(train_data_paths=paths, train_data_weights=[2, 1, 1], valid_data_paths=paths[:1],
+    config = dict(train_data_paths=paths, train_data_weights=weights, valid_data_paths=paths[:1],
                   test_data_paths=paths[:1], seq_length=8, train_iters=10_000, train_batch_size=2,
                   train_micro_batch_size_per_gpu=2, eval_iters=0, eval_interval=10_000)
     train, valid, test = datasets(**config)
@@ -68,6 +75,10 @@ def test_blended_train_paths_realise_weights(tmp_path: Path) -> None:
     source = np.array([int(train[i]["text"][0]) // 100_000 for i in range(20_000)])
     fractions = np.bincount(source, minlength=3) / 20_000
     assert np.abs(fractions - [0.5, 0.25, 0.25]).max() < 0.01
+    sized = [int(re.search(r"_(\d+)ns_", part.index_map_files["doc_idx"]).group(1)) for part in train.datasets]
+    assert [s >= share * 20_000 for s, share in zip(sized, (0.5, 0.25, 0.25))] == [True] * 3, sized
+    if weights[0] != 2:
+        return
     by_docs = {**config, "weight_by_num_documents": True, "train_data_weights": None, "train_iters": 100}
     assert np.allclose(datasets(**by_docs)[0].weights, 1 / 3)
     with pytest.raises(ConfigError, match="train_data_weights has 2 entries but train_data_paths has 3"):

@@ -12,6 +12,7 @@ from megatron.errors import DataError
 from megatron.data.gpt2_dataset import PAD_TOKEN, GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from tests.data.dataset_factory import make_docs, write_dataset
+from tests.immutable_dirs import immutable  # noqa: F401 (a fixture)
 
 
 def _dataset(tmp_path: Path, docs, **kw) -> GPT2Dataset:
@@ -106,3 +107,28 @@ def test_pickles_by_path_for_spawned_workers(tmp_path: Path) -> None:
     assert len(blob) < 4000  # paths, not the mapped arrays
     again = pickle.loads(blob)
     assert all(np.array_equal(ds[i]["text"], again[i]["text"]) for i in range(len(ds)))
+
+
+@pytest.mark.attack("training data in a read-only directory: the index maps cannot be cached beside it")
+def test_a_read_only_data_directory_names_data_cache_path_which_then_works(tmp_path: Path, immutable) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    docs = make_docs(20)
+    prefix = write_dataset(data / "d", docs)
+    immutable(data)
+    kw = dict(name="train", data_prefix=prefix, documents=np.arange(len(docs)),
+              indexed_dataset=MMapIndexedDataset(prefix), num_samples=50, seq_length=10, seed=7)
+    with pytest.raises(DataError) as caught:
+        GPT2Dataset(**kw)
+    assert str(caught.value) == (f"the index maps of '{prefix}' are cached beside the data, and '{data}' cannot be "
+                                 f"written (Operation not permitted); set data_cache_path to a writable directory "
+                                 f"to cache them there instead")
+    cache = tmp_path / "cache" / "maps"
+    ds = GPT2Dataset(**kw, cache_dir=str(cache))
+    assert ds.built_index_maps and all(f.startswith(f"{cache}/d_") for f in ds.index_map_files.values())
+    assert not GPT2Dataset(**kw, cache_dir=str(cache)).built_index_maps  # reused from the cache
+    beside = _dataset(tmp_path, docs)  # the same data elsewhere, maps beside it: the same samples
+    assert all(np.array_equal(ds[i]["text"], beside[i]["text"]) for i in range(len(ds)))
+    with pytest.raises(DataError, match=f"data_cache_path='{data}': the index maps of '{prefix}' cannot be written "
+                                        f"there \\(Operation not permitted\\)"):
+        GPT2Dataset(**kw, cache_dir=str(data))

@@ -39,3 +39,4 @@ def test_two_gloo_ranks_share_one_build(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("corpus_train_indexmap_*.npy"))) == 3
     assert len(list(tmp_path.glob("corpus_valid_indexmap_*.npy"))) == 3
     assert "disk full" in r0["failure"] and "another rank" in r1["failure"] and "disk full" in r1["failure"]
+    assert r0["data_failure"] == r1["data_failure"] == "DataError: set data_cache_path"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -454,3 +455,81 @@ def test_nccl_on_a_machine_without_cuda_is_said_once_and_the_launcher_is_quiet(d
     assert launched[0][:2] == ["--log_level", "critical"] and os.environ["DS_ACCELERATOR"] == "cpu"
     code, err, launched = deepy_main({**BASE, **files, "distributed_backend": "gloo"}, "--verbose")
     assert code == 0 and launched[1][:2] == ["--log_level", "info"] and "distributed_backend" not in err
+
+
+@pytest.mark.attack("a config file that is not UTF-8, and one holding a YAML alias bomb, handed to deepy.py")
+def test_a_config_that_is_not_utf8_or_explodes_is_named_before_launch(deepy_main, files, tmp_path, capsys):
+    from tests.utils.test_text_files import alias_bomb
+
+    latin1, bomb = tmp_path / "latin1.yml", tmp_path / "bomb.yml"
+    latin1.write_bytes(b"# r\xe9glages\nnum_layers: 2\n")
+    bomb.write_text(alias_bomb())
+    for path, expected in ((latin1, f"{latin1} is not UTF-8 text: the byte (0xe9) at byte offset 3, line 1"),
+                           (bomb, f"{bomb}: YAML value refused at line 8, column 7: its aliases (*name) expand")):
+        code, err, launched = deepy_main({**BASE, **files}, str(path))
+        assert code == 2 and launched == [] and "Traceback" not in err, err
+        assert expected in err, err
+
+
+@pytest.mark.attack("generate.py's -i prompt file is not UTF-8")
+def test_a_prompts_file_that_is_not_utf8_is_named_before_launch(deepy_main, files, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"first prompt\nsecond \xff prompt\n")
+    code, err, launched = deepy_main({**BASE, **files}, "-i", str(prompts), script="generate.py")
+    assert code == 2 and launched == [] and "Traceback" not in err
+    assert f"sample_input_file: {prompts} is not UTF-8 text: the byte (0xff) at byte offset 20, line 2 does not " \
+           f"decode" in err, err
+    import generate  # the worker reads it the same way (a file changed after launch)
+    from megatron.inference.text_generation import GenerationError
+
+    with pytest.raises(GenerationError, match=f"{prompts} is not UTF-8 text: the byte \\(0xff\\) at byte offset 20"):
+        generate._file_prompts(SimpleNamespace(sample_input_file=str(prompts), prompt_end="\n"))
+
+
+@pytest.mark.fault
+def test_a_rank_killed_by_a_signal_makes_deepy_exit_1_with_one_line(deepy_main, files, monkeypatch):
+    """DeepSpeed's launcher exits with a killed rank's returncode, -9, which reached the shell as 247; README promises
+    exit 1 and one error line for a lost rank. A rank's own failure status (2) still passes through as it is."""
+    def runner(code):
+        def main(argv=None):
+            raise SystemExit(code)
+        return main
+
+    monkeypatch.setattr("deepspeed.launcher.runner.main", runner(247))
+    code, err, _ = deepy_main({**BASE, **files})
+    assert code == 1, err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: a rank was killed by SIGKILL (the machine's out-of-memory killer, or someone; its log says how far "
+        "it got), and DeepSpeed's launcher stopped the other ranks. The run stopped here; relaunch it to resume "
+        "from its last checkpoint"], err
+    monkeypatch.setattr("deepspeed.launcher.runner.main", runner(2))
+    code, err, _ = deepy_main({**BASE, **files})
+    assert code == 2 and "error: a rank was killed" not in err, err
+
+
+@pytest.mark.attack("hidden_size: 1048576 (a typo for 1024): terabytes of parameters")
+def test_a_model_that_cannot_fit_is_refused_before_launch_with_the_numbers(deepy_main, files):
+    code, err, launched = deepy_main({**BASE, **files, "hidden_size": 1048576})
+    assert code == 2 and launched == [] and "Traceback" not in err, err
+    assert "the model cannot fit: each rank needs at least 327,688.5 GiB (21,990,232,555,520 parameters with " \
+           "hidden_size=1048576, num_layers=2: weights 81,920.0 GiB, gradients 81,920.0 GiB, optimizer states " \
+           "163,840.0 GiB, activations 8.5 GiB" in err, err
+    assert "Check hidden_size and num_layers for a typo" in err
+
+
+@pytest.mark.attack("data_cache_path naming a file, or a read-only directory")
+def test_a_data_cache_path_that_cannot_be_written_is_named_before_launch(deepy_main, files, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code, err, launched = deepy_main({**BASE, **files, "data_cache_path": str(blocker)})
+    assert code == 2 and launched == []
+    assert f"data_cache_path='{blocker}' is a file; it must be a directory (the index maps are cached in it)" in err
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("tempfile.mkstemp", read_only)
+    code, err, launched = deepy_main({**BASE, **files, "data_cache_path": str(tmp_path / "maps")})
+    assert code == 2 and launched == []
+    assert f"data_cache_path='{tmp_path / 'maps'}' is not writable: creating a file in '{tmp_path}' failed " \
+           f"(Read-only file system)" in err, err

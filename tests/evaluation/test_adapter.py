@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
 from megatron.evaluation.harness import flat_metrics, log_eval_results, results_path, run_eval_tasks, write_results
@@ -191,3 +192,48 @@ def test_results_are_written_and_logged(tmp_path):
     events.Reload()
     scalars = events.Scalars("eval_tasks/t/acc")
     assert [(e.step, e.value) for e in scalars] == [(12, 0.25)]
+
+
+@pytest.mark.attack("eval_tasks naming a task YAML that is not YAML, or not UTF-8")
+def test_a_malformed_local_task_yaml_is_named_with_its_line(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("task: broken\ndoc_to_text: [unclosed\n")
+    with pytest.raises(EvalTaskError, match=f"eval_tasks: task file {broken} is not valid YAML at line 3, column 1: "):
+        resolve_tasks([str(broken)])
+    write_local_tasks(tmp_path / "tasks", docs=2)
+    (tmp_path / "tasks" / "latin1.yaml").write_bytes(b"task: caf\xe9\n")
+    with pytest.raises(EvalTaskError, match=f"eval_tasks: task file {tmp_path / 'tasks' / 'latin1.yaml'} is not UTF-8 "
+                                            f"text: the byte \\(0xe9\\) at byte offset 9"):
+        resolve_tasks([str(tmp_path / "tasks")])
+
+
+def _task_copy(tiny, tmp_path, name, **changes):
+    """A copy of the fixture's task ``name`` under a new name (lm-eval caches tasks by name), with ``changes``."""
+    config = yaml.safe_load(tiny.tasks[name].read_text())
+    config.update(task=f"{name}_{tmp_path.name[-12:]}", **changes)
+    path = tmp_path / "task.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, config["task"]
+
+
+@pytest.mark.attack("eval_tasks naming a task whose data file is missing")
+def test_a_task_whose_data_file_is_missing_is_named(tiny, tmp_path):
+    missing = tmp_path / "gone.jsonl"
+    path, name = _task_copy(tiny, tmp_path, "neox_mc_local", dataset_kwargs={"data_files": {"test": str(missing)}})
+    args = tiny_args(train_micro_batch_size_per_gpu=3, eval_tasks=[str(path)])
+    with pytest.raises(EvalTaskError) as caught:
+        run_eval_tasks(args, tiny.model, tiny.ctx, iteration=1, limit=2)
+    assert str(caught.value).startswith(f"eval_tasks: task {name!r}: a data file it names is missing (") and \
+        str(missing) in str(caught.value), str(caught.value)
+
+
+@pytest.mark.attack("eval_tasks naming a hub task while offline, its data not in the cache")
+def test_a_hub_task_offline_is_named_with_the_way_out(tiny, tmp_path):
+    path, name = _task_copy(tiny, tmp_path, "neox_mc_local", dataset_path="EleutherAI/no_such_dataset_here",
+                            dataset_kwargs={})
+    args = tiny_args(train_micro_batch_size_per_gpu=3, eval_tasks=[str(path)])
+    with pytest.raises(EvalTaskError) as caught:
+        run_eval_tasks(args, tiny.model, tiny.ctx, iteration=1, limit=2)
+    message = str(caught.value)
+    assert message.startswith(f"eval_tasks: task {name!r} cannot load its data: ") and \
+        "this run is offline" in message and "HF_DATASETS_OFFLINE=0" in message, message

@@ -21,9 +21,13 @@ from megatron.model.config import context_parallel_problems
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import tiny_config
 from tests.model.tp_helpers import expected_local
+from tests.parity import assert_parity
 
 SEQ = 32
 STEPS = 10
+CP_RTOL = 1e-5
+"""fp32 losses of 10 steps against CP=1, measured at most 2.1e-7 relative (9.5e-7 absolute) in every layout; the runs
+that continue from a checkpoint in another layout measured 0 (the same sums)."""
 MODEL = dict(seq_length=SEQ, pos_emb="rotary", num_kv_heads=2, activation="swiglu", norm="rmsnorm")
 
 
@@ -243,12 +247,12 @@ def test_context_parallel_matches_cp1_on_four_ranks(tmp_path):
     for layout, reference_rank in (("cp2_tp2", 0), ("cp2_dp2", 1), ("cp2_pp2", 2)):
         ref = torch.tensor(results[reference_rank][layout]["ref"])
         assert ref[-1] < ref[0] - 0.1, f"{layout}: the reference did not train"
-        for r in results:
-            torch.testing.assert_close(torch.tensor(r[layout]["losses"]), ref, rtol=0, atol=2e-3, msg=layout)
+        for rank, r in enumerate(results):
+            assert_parity(r[layout]["losses"], ref, rtol=CP_RTOL, what=f"{layout}, rank {rank}")
             if "resumed" in r[layout]:
                 assert r[layout]["resumed"] == r[layout]["losses"][STEPS // 2:], f"{layout}: resume"
     uninterrupted = torch.tensor(results[0]["cp2_dp2"]["losses"])
     for layout, first in (("cp1_dp4", 5), ("cp2_dp2_zero2", 7), ("cp2_dp2_zero3", 7)):
-        for r in results:
-            torch.testing.assert_close(torch.tensor(r[layout]), uninterrupted[first:], rtol=0, atol=2e-3, msg=layout)
+        for rank, r in enumerate(results):
+            assert_parity(r[layout], uninterrupted[first:], rtol=CP_RTOL, what=f"{layout} resharded, rank {rank}")
     assert all(r["cp2_dp2_zero3_resumed"] == r["cp2_dp2_zero3"][1:] for r in results), "ZeRO-3 x CP=2: resume"

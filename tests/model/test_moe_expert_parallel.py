@@ -15,11 +15,20 @@ import torch
 from megatron.mpu.parallel_state import expert_parallel_ranks
 from tests.checkpoint.counts import Counts, manifest_files
 from tests.distributed_helpers import run_distributed
+from tests.parity import assert_parity
 from tests.model.helpers import random_batch, stacked_expert_logs
 
 STEPS = 10
 LOGGED = ("log_grad_norm", "log_param_norm", "log_grad_pct_zeros", "log_optimizer_states")
 LOGGED_ON = {flag: True for flag in LOGGED}
+EP_RTOL = 1e-5
+"""fp32 losses and gradient norms of 10 steps against every expert on every rank: measured at most 1.1e-6 relative
+(DeepSpeed's split experts, TP=2; 4.8e-7 absolute on the losses elsewhere), the sums taken in another order. A
+wrong-rank exchange moved the first gradient norm by 2.3e-3 (issue 32), which 2e-3 let through."""
+LOGS_RTOL, LOGS_ATOL = 3e-5, 0.0
+"""Per-parameter logs, name for name: measured at most 1.14e-5 relative, on the Adam exp_avg_sq of a tiny bias
+(mlp.coefficient.bias): it squares a gradient whose own sum-order difference is 5.9e-6, doubling it; every other
+entry within 6e-6."""
 
 
 @pytest.mark.parametrize("world,tp,pp,ep", [(8, 1, 1, 2), (8, 1, 1, 4), (16, 2, 1, 4), (16, 2, 2, 2), (8, 2, 2, 2)])
@@ -181,7 +190,8 @@ def test_experts_over_two_ranks_train_as_with_all_experts_and_resume(expert_para
         reference = torch.tensor(out[(layer, 1, 0)])  # [step, (loss, gradient norm)]
         assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
         for zero in (0, 2):
-            torch.testing.assert_close(torch.tensor(out[(layer, 2, zero)]), reference, rtol=2e-3, atol=0)
+            assert_parity(torch.tensor(out[(layer, 2, zero)]), reference, rtol=EP_RTOL,
+                          what=f"{layer} EP=2 ZeRO {zero}, rank {rank}")
         saved = out[(layer, "saved")]
         assert all(torch.equal(saved[key], weight) for key, weight in out[(layer, "reloaded")].items())
         assert out[(layer, "resumed")] == out[(layer, 2, 2)][4:7]
@@ -331,7 +341,8 @@ def test_experts_over_expert_and_tensor_parallel_ranks_train_as_over_tensor_para
         assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
         torch.testing.assert_close(reference, torch.tensor(tensor_parallel_runs[0][(layer, 2, 1, 0)]), rtol=0, atol=0)
         for zero in (0, 2):
-            torch.testing.assert_close(torch.tensor(out[(layer, 2, 2, zero)]), reference, rtol=2e-3, atol=0)
+            assert_parity(torch.tensor(out[(layer, 2, 2, zero)]), reference, rtol=EP_RTOL,
+                          what=f"{layer} TP=2 EP=2 ZeRO {zero}, rank {rank}")
         _check_resume_and_inference(out, layer, (layer, 2, 2, 2), {2 * tp_rank, 2 * tp_rank + 1})
     files = tensor_parallel_runs[0][(layer, "files")]
     assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
@@ -353,7 +364,7 @@ def test_deepspeed_layer_with_tensor_parallelism_trains_as_without(tensor_parall
         for key, weight in out[(layer, "experts", 2, 2)].items():  # the same experts as with every one on a rank
             torch.testing.assert_close(weight, out[(layer, "experts", 1, 1)][key], rtol=0, atol=0)
         for run in ((2, 1, 0), (2, 2, 2)):
-            torch.testing.assert_close(torch.tensor(out[(layer, *run)]), reference, rtol=2e-3, atol=0)
+            assert_parity(torch.tensor(out[(layer, *run)]), reference, rtol=EP_RTOL, what=f"{layer} {run}, rank {rank}")
         _check_resume_and_inference(out, layer, (layer, 2, 2, 2), set(range(4)))
     files = tensor_parallel_runs[0][(layer, "files")]
     assert [f for f in files if f.startswith("layer_")] == [f"layer_0_expert_{e}_mp_rank_0{tp}_model_states.pt"
@@ -371,9 +382,13 @@ def _assert_logs_equal(logs: list, reference: list, what) -> None:
         "param_norm_total"}
     for step, (values, want) in enumerate(zip(logs, reference)):
         assert set(values) == set(want), (what, step, set(values) ^ set(want))
-        wrong = [(key, values[key], value) for key, value in want.items()
-                 if values[key] != pytest.approx(value, rel=2e-3, abs=1e-6)
-                 and not (key.startswith("gradient_pct_zeros/") and key.endswith("query_key_value.bias"))]
+        compared = {key: value for key, value in want.items()
+                    if not (key.startswith("gradient_pct_zeros/") and key.endswith("query_key_value.bias"))}
+        worst = max(compared, key=lambda key: abs(values[key] - compared[key]) / max(abs(compared[key]), 1e-30))
+        print(f"parity logs {what} step {step}: max rel diff "
+              f"{abs(values[worst] - compared[worst]) / max(abs(compared[worst]), 1e-30):.3g} ({worst})")
+        wrong = [(key, values[key], value) for key, value in compared.items()
+                 if values[key] != pytest.approx(value, rel=LOGS_RTOL, abs=LOGS_ATOL)]
         assert not wrong, (what, step, wrong)
 
 
@@ -417,7 +432,7 @@ def test_deepspeed_layer_with_split_experts_trains_as_with_replicated_experts(te
             want = weight if dim is None else weight.chunk(2, dim)[tp_rank]
             torch.testing.assert_close(split[(prefix, e, tensor)], want, rtol=0, atol=0)
         for run in ((2, 1, 0), (2, 2, 2)):
-            torch.testing.assert_close(torch.tensor(out[(layer, *run)]), reference, rtol=2e-3, atol=0)
+            assert_parity(torch.tensor(out[(layer, *run)]), reference, rtol=EP_RTOL, what=f"{layer} {run}, rank {rank}")
             _assert_logs_equal(out[(layer, "logs", *run)], out[("deepspeed", "logs", 1, 1, 0)], (rank, layer, run))
         _check_resume_and_inference(out, layer, (layer, 2, 2, 2), set(range(4)))
         split_logits, whole_logits, whole = out[(layer, "inference logits")]
@@ -550,10 +565,12 @@ def test_experts_in_a_pipeline_train_as_with_all_experts_resume_and_load_for_inf
             torch.testing.assert_close(weight, everything[key], rtol=0, atol=0)
         reference = torch.tensor(out[(layer, 1, 0)])  # [step, (loss, gradient norm)], equal on every rank
         torch.testing.assert_close(reference, torch.tensor(runs[0][(layer, 1, 0)]), rtol=0, atol=0)
-        torch.testing.assert_close(reference, torch.tensor(out[(layer, "no pipeline")]), rtol=2e-3, atol=0)
+        assert_parity(torch.tensor(out[(layer, "no pipeline")]), reference, rtol=EP_RTOL,
+                      what=f"{layer} no pipeline")
         assert reference[-1, 0] < reference[0, 0] - 0.5 and (reference[:, 1] > 1.0).any()  # learns; clipping acts
         for zero in (0, 1):
-            torch.testing.assert_close(torch.tensor(out[(layer, 2, zero)]), reference, rtol=2e-3, atol=0)
+            assert_parity(torch.tensor(out[(layer, 2, zero)]), reference, rtol=EP_RTOL,
+                          what=f"{layer} EP=2 ZeRO {zero}, rank {rank}")
         saved = out[(layer, "saved")]
         assert all(torch.equal(saved[key], weight) for key, weight in out[(layer, "reloaded")].items())
         assert out[(layer, "resumed")] == out[(layer, 2, 1)][3:]
@@ -612,7 +629,7 @@ def test_deepspeed_layer_in_a_pipeline_with_tensor_parallelism(four_rank_runs, l
     for rank, out in enumerate(runs):
         stage, tp_rank, dp = out["coords"]
         assert (stage, tp_rank, dp) == (rank // 2, rank % 2, 1)
-        torch.testing.assert_close(torch.tensor(out[(layer, "run")]), reference, rtol=2e-3, atol=0)
+        assert_parity(torch.tensor(out[(layer, "run")]), reference, rtol=EP_RTOL, what=f"{layer} run")
         _assert_logs_equal(out[(layer, "logs")], reference_logs, (rank, layer))
         saved = out[(layer, "saved")]
         assert {(p, e) for p, e, _ in saved} == {(f"{2 + stage}.mlp.", e) for e in range(4)}

@@ -27,10 +27,18 @@ from tests.data.dataset_factory import write_dataset
 from tests.distributed_helpers import run_distributed
 from tests.model.helpers import random_batch, tiny_config
 from tests.neox_arguments.helpers import tiny
+from tests.parity import assert_parity
 
 STEPS, SAVE_AT, ROWS = 4, 2, 4
 REWARDS = torch.tensor([1, -1, -1, 1])  # KTO: desirable / undesirable completion of each row
 IMPLS = ("dpo", "kto", "rm")
+ZERO3_RTOL = 1e-5
+"""ZeRO-3 against the data-parallel computation by hand, fp32: losses measured at most 2.9e-6 relative (DPO, rank 1)."""
+ZERO3_METRIC_RTOL, ZERO3_METRIC_ATOL = 6e-5, 1e-5
+"""The logged metrics (rewards, margins, KL), measured at most 2.8e-5 relative (the reward model's raw rewards, ~0.8,
+at steps 3-4) and 3e-6 absolute (KTO's KL, near 0): the losses agree to 3e-6, but Adam's update m / sqrt(v) is about
+lr for a parameter whose gradient is tiny, so a sum-order difference in such a gradient moves the weight by a
+fraction of lr, and the value head's raw outputs with it (the loss, a function of the margin, barely moves)."""
 
 
 def _loss_function(impl: str):
@@ -201,11 +209,12 @@ def test_zero3_training_and_pipeline_precompute(tmp_path) -> None:
             plain, plain_metrics = expected[impl][rank]
             zero3, zero3_metrics = result[impl]["zero3"]
             assert plain[0] != plain[-1], impl  # it trains
-            torch.testing.assert_close(torch.tensor(zero3), torch.tensor(plain), rtol=0, atol=2e-3)
+            assert_parity(zero3, plain, rtol=ZERO3_RTOL, what=f"{impl} ZeRO-3 losses, rank {rank}")
             for got, want in zip(zero3_metrics, plain_metrics):
                 assert set(got) == set(want) and got, (impl, got)
-                for name in want:
-                    assert math.isclose(got[name], want[name], abs_tol=2e-3), (impl, rank, name, got, want)
+                names = sorted(want)
+                assert_parity([got[n] for n in names], [want[n] for n in names], rtol=ZERO3_METRIC_RTOL,
+                              atol=ZERO3_METRIC_ATOL, what=f"{impl} ZeRO-3 metrics {names}, rank {rank}")
             if impl == "dpo":  # the gathered reference equals the policy at the first step
                 assert math.isclose(zero3[0], math.log(2), abs_tol=1e-6)
                 assert zero3_metrics[0]["reward_margin"] == 0.0

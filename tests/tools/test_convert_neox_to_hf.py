@@ -96,3 +96,22 @@ def test_missing_input_dir_exits_2(tmp_path, capsys):
     tool = load_tool("tools/ckpts/convert_neox_to_hf.py")
     assert tool.main(["--input_dir", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "hf")]) == 2
     assert "--input_dir" in capsys.readouterr().err
+
+
+@pytest.mark.attack("convert_neox_to_hf.py / convert_hf_to_neox.py / upgrade_checkpoint.py --output_dir naming an "
+                    "existing file, or a path under a file")
+def test_an_output_dir_that_is_a_file_exits_2_before_reading_the_checkpoint(tmp_path, capsys):
+    existing = tmp_path / "model.safetensors"
+    existing.write_bytes(b"keep me")
+    for script, source in (("convert_neox_to_hf.py", "--input_dir"), ("convert_hf_to_neox.py", "--hf_dir"),
+                           ("upgrade_checkpoint.py", "--input_dir")):
+        tool = load_tool(f"tools/ckpts/{script}")
+        extra = ["--config_out", str(tmp_path / "out.yml")] if script == "convert_hf_to_neox.py" else []
+        for output, expected in ((existing, f"--output_dir {existing} is an existing file, not a directory"),
+                                 (existing / "hf", f"--output_dir {existing / 'hf'} cannot be created: {existing} "
+                                                   f"is a file")):
+            assert tool.main([source, str(tmp_path / "nope"), "--output_dir", str(output), *extra]) == 2, script
+            err = capsys.readouterr().err
+            assert err == f"error: {expected}; name a new directory (or an existing one) to write into\n" \
+                if output == existing else err == f"error: {expected}\n", (script, err)
+    assert existing.read_bytes() == b"keep me"

@@ -22,6 +22,13 @@ class NeoXArgsTraining:
     megatron/data/gpt2_dataset.py::_build_index_mappings.
     """
 
+    data_cache_path: Optional[str] = None
+    """
+    Directory for the cached index maps (Megatron-LM's data_cache_path). Unset, they are written beside the data,
+    as GPT-NeoX does; set it when the data directory is read-only (a shared data set, a read-only mount). Created
+    when missing.
+    """
+
     train_data_paths: Optional[list] = None
     """
     List of paths to train datasets.
