@@ -203,6 +203,8 @@ class ModelConfig:
     gpt_j_tied: bool = False
     no_weight_tying: bool = False
     train_impl: str = "normal"  # "rm": a scalar value head replaces the output head (reward models)
+    z_loss: float = 0.0
+    """A reward model's z-loss coefficient: z_loss x mean(r_chosen^2 + r_rejected^2) is added to its loss (GPT-NeoX)."""
     soft_prompt_tokens: Optional[int] = None
     soft_prompt_init_range: float = 0.5
     # recurrent layers: mamba (megatron.model.mamba) and rwkv (megatron.model.rwkv), GPT-NeoX's keys

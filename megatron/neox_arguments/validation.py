@@ -92,7 +92,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
 NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("REINFORCE training (train_impl 'reinforce')",
      ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
-    ("reward-model training (train_impl 'rm'), where GPT-NeoX implements z_loss", ("z_loss",)),
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
     ("gradient noise scale logging (log_gradient_noise_scale)",
@@ -389,6 +388,10 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
             problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl '{impl}'; set train_impl: "
                          f"{impl} or remove it" for name in settings if getattr(args, name) != defaults[name]]
     problems += _kto_problems(args) + _precompute_problems(args)
+    if args.z_loss < 0 or (args.z_loss and args.train_impl != "rm"):
+        problems.append(f"z_loss={args.z_loss} (with train_impl={args.train_impl!r}): z_loss is the reward model's "
+                        f"z-loss coefficient (train_impl 'rm', as in GPT-NeoX) and must be >= 0; set train_impl: rm "
+                        f"or remove z_loss")
     if args.dataset_impl != "pairwise":
         problems += [f"{name} is pairwise data: set dataset_impl: pairwise or remove it"
                      for name in PAIRWISE_PATHS if getattr(args, name)]

@@ -256,7 +256,9 @@ class NeoXArgsTraining:
 
     z_loss: float = 0.0
     """
-    Z-loss coefficient (arXiv 2204.02311); GPT-NeoX implements it for reward-model training only.
+    Z-loss coefficient of reward-model training (train_impl 'rm'; arXiv 2204.02311): z_loss x mean(r_chosen^2 +
+    r_rejected^2) is added to the Bradley-Terry loss, keeping the rewards near 0, as GPT-NeoX does. Must be >= 0;
+    refused with another train_impl.
     """
 
     allow_chopped: bool = True
