@@ -268,6 +268,8 @@ class ModelConfig:
     rmsnorm_fusion: bool = False
     rope_fusion: bool = False
     bias_gelu_fusion: bool = False
+    onnx_safe: bool = False
+    """GeLU written out from erf (megatron.model.activations.erf_gelu), exportable to any ONNX opset."""
     bias_dropout_fusion: bool = False
     use_flashattn_swiglu: bool = False
     scaled_upper_triang_masked_softmax_fusion: bool = False
@@ -634,6 +636,9 @@ def fusion_flag_problems(config: ModelConfig) -> List[str]:
     if config.bias_gelu_fusion and config.activation != "gelu":
         problems.append(f"bias_gelu_fusion=true fuses activation='gelu', but activation={config.activation!r}; "
                         "set bias_gelu_fusion to false")
+    if config.onnx_safe and config.bias_gelu_fusion:
+        problems.append("onnx_safe=true writes the GeLU out from erf for the ONNX exporter, which a fused bias-GeLU "
+                        "kernel would bypass (GPT-NeoX refuses the pair too); set bias_gelu_fusion to false")
     if config.use_flashattn_swiglu and config.activation != "swiglu":
         problems.append(f"use_flashattn_swiglu=true replaces activation='swiglu', but activation="
                         f"{config.activation!r}; set use_flashattn_swiglu to false")

@@ -54,7 +54,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("s3_path", lambda v: v is not None, "uploading checkpoints to S3 (s3_path) is not supported yet"),
     ("adlr_autoresume", bool, "adlr_autoresume is not supported yet"),
     ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    ("onnx_safe", bool, "onnx_safe is not supported yet"),
     ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
     ("log_gradient_noise_scale", bool, "log_gradient_noise_scale is not supported yet"),
     ("profile", bool, "nsys profiling (profile) is not supported yet"),

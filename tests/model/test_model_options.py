@@ -92,6 +92,40 @@ def test_activation_families(activation):
         torch.testing.assert_close(fn(x), base(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "geglu"])
+def test_onnx_safe_writes_the_gelu_out_from_erf_with_the_same_logits(activation):
+    """onnx_safe (from the config: NeoXArgs -> ModelConfig) traces to erf and elementwise ops, never aten::gelu (the
+    op ONNX opsets below 20 lack), and the model computes the same logits."""
+    from megatron.model.config import ModelConfig
+    from tests.neox_arguments.helpers import tiny
+
+    config = ModelConfig.from_neox_args(tiny(activation=activation, onnx_safe=True, hidden_dropout=0.0,
+                                             attention_dropout=0.0), padded_vocab_size=128)
+    assert config.onnx_safe
+    inputs, _ = random_batch()
+    logits = {}
+    for safe in (False, True):
+        torch.manual_seed(0)
+        model = build_model(config.replace(onnx_safe=safe), SingleProcessState()).eval()
+        with torch.no_grad():
+            logits[safe] = model(inputs)
+        activations = [m.activation for m in model.modules() if callable(getattr(m, "activation", None))]
+        assert len(activations) == config.num_layers
+        for act in activations:
+            graph = str(torch.jit.trace(act, torch.randn(2, 16)).graph)
+            assert ("aten::gelu" in graph) != safe and ("aten::erf" in graph) == safe, (safe, graph)
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
+    x = torch.linspace(-6, 6, 101, dtype=torch.float64)
+    torch.testing.assert_close(get_activation("gelu", onnx_safe=True)[0](x), torch.nn.functional.gelu(x),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_onnx_safe_with_bias_gelu_fusion_is_refused():
+    from tests.neox_arguments.helpers import problems_of
+
+    assert "onnx_safe=true writes the GeLU out from erf" in problems_of(onnx_safe=True, bias_gelu_fusion=True)
+
+
 def test_mlp_width_rules():
     assert tiny_config(hidden_size=32).ffn_width == 128
     assert tiny_config(hidden_size=32, expansion_factor=2.0).ffn_width == 64
