@@ -8,7 +8,7 @@ attention types, the padded vocabulary) is computed here, in ``__post_init__``, 
 
 Field names are GPT-NeoX's argument names with the schema's defaults (a test checks they agree), except
 where a GPT-NeoX dict is flattened into plain values: ``soft_prompt_tuning`` becomes ``soft_prompt_tokens``
-/ ``soft_prompt_init_range``, ``sparsity_config``'s local-window keys become ``local_attention_block``
+/ ``soft_prompt_init_range`` (its ``init_string`` becomes ``soft_prompt_init_tokens`` where the tokenizer is known), ``sparsity_config``'s local-window keys become ``local_attention_block``
 / ``local_attention_window_blocks`` (``sparsity_config`` itself is kept as sorted pairs for the block-sparse
 layers), DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes ``number_checkpoints``, and the
 muP base model's width in ``base_shapes_file`` becomes ``mup_width_mult`` (megatron.mup.shapes).
@@ -207,6 +207,9 @@ class ModelConfig:
     """A reward model's z-loss coefficient: z_loss x mean(r_chosen^2 + r_rejected^2) is added to its loss (GPT-NeoX)."""
     soft_prompt_tokens: Optional[int] = None
     soft_prompt_init_range: float = 0.5
+    soft_prompt_init_tokens: Optional[Tuple[int, ...]] = None
+    """The token ids of soft_prompt_tuning.init_string (the worker's tokenizer fills them in, megatron.initialize):
+    the soft prompt starts as their word embeddings, repeated or cut to its length (GPT-NeoX's SoftEmbedding)."""
     # recurrent layers: mamba (megatron.model.mamba) and rwkv (megatron.model.rwkv), GPT-NeoX's keys
     mamba_selective_scan_fusion: bool = False
     mamba_causal_conv_fusion: bool = False

@@ -74,8 +74,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
-    ("soft_prompt_tuning", lambda v: v is not None and v.get("init_string"),
-     "soft_prompt_tuning.init_string is not supported yet; use init_range"),
     ("no_save_optim", bool, "no_save_optim is not supported yet (DeepSpeed always saves optimizer states)"),
     ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
     *((key, bool, f"Transformer Engine layers ({key}) are not supported yet") for key in TRANSFORMER_ENGINE_LAYERS),
@@ -175,6 +173,10 @@ def model_problems(args: NeoXArgsSchema, config: Optional[ModelConfig]) -> List[
         extra = set(args.soft_prompt_tuning) - allowed
         if extra:
             problems.append(f"soft_prompt_tuning has unknown keys {sorted(extra)}; allowed: {sorted(allowed)}")
+        init_string = args.soft_prompt_tuning.get("init_string")
+        if init_string is not None and not isinstance(init_string, str):
+            problems.append(f"soft_prompt_tuning.init_string={init_string!r} must be a string (its tokens' "
+                            f"embeddings start the soft prompt)")
     return problems
 
 

@@ -337,6 +337,50 @@ def test_soft_prompt_tuning_trains_only_the_prompt():
     torch.testing.assert_close(hidden[:, :3], model.embedding.soft_prompt.weight.expand(2, 3, 32))
 
 
+@pytest.mark.parametrize("text,n_tokens", [("abcdefgh", 3), ("ab", 5)])
+def test_soft_prompt_init_string_starts_from_its_tokens_embeddings(text, n_tokens):
+    """soft_prompt_tuning.init_string (deepy.py's path: NeoXArgs, the worker's tokenizer, ModelConfig): the soft
+    prompt starts as the word embeddings of the string's tokens, cut or repeated to n_tokens (GPT-NeoX's
+    SoftEmbedding); an empty tokenization is a ConfigError naming the key."""
+    from megatron.initialize import soft_prompt_init_tokens
+    from megatron.model.config import ModelConfig
+    from megatron.tokenizer import build_tokenizer
+    from tests.neox_arguments.helpers import tiny
+
+    args = tiny(tokenizer_type="CharLevelTokenizer", soft_prompt_tuning={"enabled": True, "n_tokens": n_tokens,
+                                                                          "init_string": text})
+    tokenizer = build_tokenizer(args)
+    changes = soft_prompt_init_tokens(args, tokenizer)
+    ids = tokenizer.tokenize(text)
+    assert changes == {"soft_prompt_init_tokens": tuple(ids)}
+    config = ModelConfig.from_neox_args(args, padded_vocab_size=512, **changes)
+    model = build_model(config, SingleProcessState())
+    embedding = model.embedding
+    expected = embedding.word_embeddings.weight.detach()[(ids * n_tokens)[:n_tokens]]
+    torch.testing.assert_close(embedding.soft_prompt.weight.detach(), expected, rtol=0, atol=0)
+    blank = tiny(tokenizer_type="CharLevelTokenizer", soft_prompt_tuning={"enabled": True, "init_string": "x"})
+    with pytest.raises(ConfigError, match="soft_prompt_tuning.init_string='x' has no tokens"):
+        soft_prompt_init_tokens(blank, type("Empty", (), {"tokenize": staticmethod(lambda text: [])})())
+
+
+def _soft_prompt_of_tensor_parallel_model(rank: int, world_size: int, config) -> torch.Tensor:
+    from megatron.mpu import ParallelState
+
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=world_size)
+    return build_model(config, state).embedding.soft_prompt.weight.detach()
+
+
+@pytest.mark.slow
+def test_soft_prompt_init_string_rows_are_whole_on_every_tensor_parallel_rank():
+    """Tokens of both halves of a vocabulary split over 2 ranks: each rank's soft prompt is the one-rank model's."""
+    from tests.distributed_helpers import run_distributed
+
+    config = tiny_config(soft_prompt_tokens=4, soft_prompt_init_tokens=(3, 100, 64, 127))
+    single = build_model(config, SingleProcessState()).embedding.soft_prompt.weight.detach()
+    for weight in run_distributed(_soft_prompt_of_tensor_parallel_model, world_size=2, args=(config,)):
+        torch.testing.assert_close(weight, single, rtol=0, atol=0)
+
+
 def test_custom_attention_mask_is_honoured():
     model = build_model(tiny_config(pos_emb="rotary"), SingleProcessState())
     inputs, _ = random_batch()
