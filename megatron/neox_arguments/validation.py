@@ -74,7 +74,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
-    ("no_save_optim", bool, "no_save_optim is not supported yet (DeepSpeed always saves optimizer states)"),
     ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
     *((key, bool, f"Transformer Engine layers ({key}) are not supported yet") for key in TRANSFORMER_ENGINE_LAYERS),
     *((key, _not_default(key),
@@ -216,6 +215,10 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
     problems += non_persistent_problems(args)
+    if args.no_save_optim and args.zero_stage == 3:
+        problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
+                        "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
+                        "the optimizer state")
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)

@@ -326,7 +326,10 @@ class NeoXArgsTraining:
 
     no_save_optim: bool = False
     """
-    Do not save current optimizer.
+    Do not save current optimizer: checkpoints keep the weights, the LR schedule, the iteration and the data position
+    but no optimizer state (megatron.checkpoint.weights_only). A run resuming from one loads those and starts the
+    optimizer afresh, with a note saying so (16-bit runs take their fp32 master weights from the saved 16-bit ones).
+    Not with ZeRO stage 3, which keeps the weights in its optimizer partitions.
     """
 
     no_save_rng: bool = False
