@@ -451,13 +451,18 @@ def load_checkpoint(neox_args, model_config, engine, checkpoint: Optional[FoundC
 
     load_dir, tag = checkpoint.load_dir, checkpoint.tag
     finetune = neox_args.finetune
-    weights_only_saved = saved_without_optimizer(checkpoint)
-    load_optim = not (neox_args.no_load_optim or finetune or weights_only_saved)
-    if weights_only_saved and not (finetune or neox_args.no_load_optim) and process_rank() == 0:
+    # a checkpoint saved with no_save_optim resumes its weights and LR schedule, with the optimizer afresh
+    schedule_only = saved_without_optimizer(checkpoint) and not (finetune or neox_args.no_load_optim)
+    load_optim = not (neox_args.no_load_optim or finetune or schedule_only)
+    if schedule_only and process_rank() == 0:
         print(f"note: checkpoint {checkpoint.path} was saved with no_save_optim (no optimizer state): its weights, "
               f"iteration, LR schedule and data position are loaded and the optimizer starts afresh", flush=True)
     resharded = _load_resharded(neox_args, model_config, engine, checkpoint, load_optim)
     if resharded is not None:
+        if not load_optim:
+            _master_weights_from_loaded(engine)
+        if schedule_only and engine.lr_scheduler is not None and resharded[1].get("lr_scheduler") is not None:
+            engine.lr_scheduler.load_state_dict(resharded[1]["lr_scheduler"])
         return (*resharded, os.path.join(load_dir, tag))
     if load_optim and checkpoint.kind == GPT_NEOX:
         _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
@@ -466,7 +471,7 @@ def load_checkpoint(neox_args, model_config, engine, checkpoint: Optional[FoundC
         lenient = {"load_module_strict": False} if finetune and model_config.value_head else {}
         loaded_path, client_state = engine.load_checkpoint(
             load_dir, tag=tag, load_optimizer_states=load_optim,
-            load_lr_scheduler_states=load_optim or (weights_only_saved and not (finetune or neox_args.no_load_optim)),
+            load_lr_scheduler_states=load_optim or schedule_only,
             load_module_only=finetune, **lenient)
     except (RuntimeError, KeyError, OSError, EOFError, ValueError, ZeRORuntimeException) as exc:
         raise CheckpointError(f"checkpoint {os.path.join(load_dir, tag)} could not be loaded: {exc}") from exc

@@ -18,6 +18,10 @@ LAYOUTS = {"zero0": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage
            "zero1": dict(model_parallel_size=1, pipe_parallel_size=0, zero_stage=1, bf16={"enabled": True})}
 """bf16 without ZeRO trains through DeepSpeed's bf16 optimizer (fp32 master weights and Adam's state in its own
 zero_pp_rank_* files), with ZeRO 1 through ZeRO's (its partitions)."""
+TP2 = dict(model_parallel_size=2, pipe_parallel_size=0, zero_stage=1, bf16={"enabled": True})
+"""Another split than the checkpoint's: its weights are resharded (megatron.checkpoint.resharding)."""
+CLOSE_BF16 = 5e-4
+"""bf16 sums in another order (tensor-parallel) round otherwise (tests/checkpoint/test_resharding.py)."""
 
 
 def _master_weights_are_the_weights(engine) -> bool:
@@ -68,6 +72,8 @@ def _runs(rank: int, world_size: int, root: str) -> dict:
         save = os.path.join(root, name)
         results[name] = _train(world_size, {**layout, "no_save_optim": True}, save, None, 1)
         results[f"{name}_resumed"] = _train(world_size, layout, save + "-resumed", save, SAVED_AT + 1)
+    results["zero1_into_tp2"] = _train(world_size, TP2, os.path.join(root, "tp2"), os.path.join(root, "zero1"),
+                                       SAVED_AT + 1)
     return results
 
 
@@ -97,6 +103,14 @@ def test_a_run_resumes_its_weights_and_schedule_with_a_fresh_optimizer(runs, nam
     assert resumed["lrs"] == pytest.approx(straight["lrs"][SAVED_AT:], rel=1e-9)
     # Adam starting afresh takes another step than Adam with two steps' moments: the losses part
     assert resumed["losses"][1] != pytest.approx(straight["losses"][SAVED_AT + 1], rel=1e-6), (resumed, straight)
+
+
+def test_a_weights_only_checkpoint_resumes_into_another_split_with_its_schedule(runs):
+    _, results = runs
+    straight, resumed = results["zero1"], results["zero1_into_tp2"]
+    assert resumed["iteration"] == SAVED_AT and resumed["masters"] is True
+    assert resumed["losses"][0] == pytest.approx(straight["losses"][SAVED_AT], abs=CLOSE_BF16), (resumed, straight)
+    assert resumed["lrs"] == pytest.approx(straight["lrs"][SAVED_AT:], rel=1e-9)
 
 
 def test_no_save_optim_with_zero_3_is_refused():
