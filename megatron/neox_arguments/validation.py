@@ -69,8 +69,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("sparse_attention", lambda v: v is not None, "DeepSpeed's sparse_attention section is not supported yet; "
                                                   "set sparsity_config and name the sparse layer types (sparse_fixed, "
                                                   "sparse_variable, bigbird, bslongformer) in attention_config"),
-    ("checkpoint_validation_with_forward_pass", bool,
-     "checkpoint_validation_with_forward_pass is not supported yet"),
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
@@ -215,6 +213,11 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
     problems += non_persistent_problems(args)
+    if args.checkpoint_validation_with_forward_pass and args.train_impl != "normal":
+        problems.append(f"checkpoint_validation_with_forward_pass with train_impl={args.train_impl!r} is not "
+                        f"supported yet: the check compares the language-model loss of a fixed sequence, and this "
+                        f"objective's loss needs preference pairs (and reference log-probabilities) that it does not "
+                        f"have; set it to false")
     if args.no_save_optim and args.zero_stage == 3:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "

@@ -33,6 +33,7 @@ from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
 from megatron.post_training.reference import ReferenceModel, start_reference
 from megatron.training.batches import ModelBatches, batch_streams, curriculum_step, start_curriculum
+from megatron.training.checkpoint_validation import check_loaded_checkpoint, validation_state
 from megatron.training.mup_run import base_shapes_and_coord_check
 from megatron.training.setup import setup_model_and_optimizer
 from megatron.training.state import TrainState, run_state
@@ -183,6 +184,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         stop.restore()
         raise
     iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine, ctx.checkpoint)
+    check_loaded_checkpoint(neox_args, engine, ctx, loaded_from, client_state,
+                            is_logging_rank=not dist.is_initialized() or dist.get_rank() == 0)
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
     streams = batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,
@@ -345,7 +348,8 @@ class _TrainingRun:
             if background is not None:
                 background.wait()  # the previous checkpoint is complete before the next one starts
             path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
-                                   run_state(self.state, self.curriculum),
+                                   {**run_state(self.state, self.curriculum),
+                                    **validation_state(neox_args, self.engine, self.ctx)},
                                    write_extra=self.reference.save if self.reference is not None else None,
                                    complete=background is None, non_persistent=non_persistent)
             if background is not None:

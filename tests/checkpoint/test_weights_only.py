@@ -1,4 +1,4 @@
-"""no_save_optim on real DeepSpeed engines (two gloo ranks, bf16, ZeRO 0 and 1): the checkpoint holds the weights
+"""no_save_optim (and checkpoint_validation_with_forward_pass, which every run here has on) on real DeepSpeed engines (two gloo ranks, bf16, ZeRO 0 and 1): the checkpoint holds the weights
 and the LR schedule but no optimizer state, and a run resumed from it continues with the saved weights (its first
 loss is the straight run's), the schedule where it was, a fresh optimizer whose fp32 master weights are the saved
 16-bit weights, and a note saying so."""
@@ -45,13 +45,15 @@ def _train(world: int, layout: dict, save: str, load, first_step: int) -> dict:
     from megatron.checkpoint.engine import load_checkpoint, restore_rng, save_checkpoint
     from megatron.initialize import initialize_megatron
     from megatron.training.setup import setup_model_and_optimizer
+    from megatron.training.checkpoint_validation import check_loaded_checkpoint
     from megatron.training.step import current_lr, train_step
     from megatron.training_schedule import TrainingSchedule
 
-    args = _args(world, layout, save, load)
+    args = _args(world, {**layout, "checkpoint_validation_with_forward_pass": True}, save, load)
     ctx = initialize_megatron(args, build_tokenizer_fn=lambda _: SimpleNamespace(vocab_size=VOCAB, eod=0))
     engine, optimizer, lr_scheduler = setup_model_and_optimizer(args, ctx, TrainingSchedule.from_neox_args(args))
     iteration, client, loaded = load_checkpoint(args, ctx.model_config, engine, ctx.checkpoint)
+    validated = check_loaded_checkpoint(args, engine, ctx, loaded, client, is_logging_rank=True)
     restore_rng(args, loaded, client)
     masters = _master_weights_are_the_weights(engine) if loaded else None
     ps = ctx.parallel_state
@@ -63,7 +65,8 @@ def _train(world: int, layout: dict, save: str, load, first_step: int) -> dict:
         if step == SAVED_AT and load is None:
             save_checkpoint(args, ctx.model_config, step, engine, {"consumed_train_samples": step * GLOBAL_BATCH})
     ps.destroy()
-    return {"losses": losses, "lrs": lrs, "iteration": iteration, "masters": masters}
+    return {"losses": losses, "lrs": lrs, "iteration": iteration, "masters": masters, "validated": validated,
+            "saved_validation": client.get("checkpoint_validation_loss")}
 
 
 def _runs(rank: int, world_size: int, root: str) -> dict:
@@ -99,6 +102,7 @@ def test_a_run_resumes_its_weights_and_schedule_with_a_fresh_optimizer(runs, nam
     _, results = runs
     straight, resumed = results[name], results[f"{name}_resumed"]
     assert resumed["iteration"] == SAVED_AT and resumed["masters"] is True
+    assert resumed["validated"] == resumed["saved_validation"]  # checkpoint_validation_with_forward_pass: exact
     assert resumed["losses"][0] == pytest.approx(straight["losses"][SAVED_AT], rel=1e-6), (resumed, straight)
     assert resumed["lrs"] == pytest.approx(straight["lrs"][SAVED_AT:], rel=1e-9)
     # Adam starting afresh takes another step than Adam with two steps' moments: the losses part
@@ -109,6 +113,8 @@ def test_a_weights_only_checkpoint_resumes_into_another_split_with_its_schedule(
     _, results = runs
     straight, resumed = results["zero1"], results["zero1_into_tp2"]
     assert resumed["iteration"] == SAVED_AT and resumed["masters"] is True
+    # checkpoint_validation_with_forward_pass passes in another split, within bf16's rounding
+    assert resumed["validated"] == pytest.approx(resumed["saved_validation"], abs=CLOSE_BF16)
     assert resumed["losses"][0] == pytest.approx(straight["losses"][SAVED_AT], abs=CLOSE_BF16), (resumed, straight)
     assert resumed["lrs"] == pytest.approx(straight["lrs"][SAVED_AT:], rel=1e-9)
 

@@ -91,9 +91,11 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
 
 def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path):
     """A DeepSpeed `scheduler` dict replaces the built-in schedule: DeepSpeed builds it, the logged lr is the one
-    it sets, and it resumes from the checkpoint. Evaluation also reports the character-level perplexity."""
+    it sets, and it resumes from the checkpoint. Evaluation also reports the character-level perplexity, and the
+    resumed run finds its checkpoint's loss on the fixed sequence again (checkpoint_validation_with_forward_pass)."""
     peak = TINY_MODEL["optimizer"]["params"]["lr"]
     settings = dict(num_gpus=1, train_iters=8, eval_interval=4, char_level_ppl=True,
+                    checkpoint_validation_with_forward_pass=True,
                     lr_decay_style="linear", min_lr=0.0, warmup=0.01,  # the built-in schedule's defaults
                     scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 8,
                                                                     "warmup_type": "linear"}})
@@ -110,6 +112,7 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
     resumed = straight.resumed_from(4, tmp_path / "resumed")
     resumed.launch()
     resumed.assert_ok()
+    assert "reproduces its saved loss" in resumed.result.stdout + resumed.result.stderr
     losses = straight.losses()
     assert resumed.losses() == {i: losses[i] for i in range(5, 9)}
     assert resumed.records("eval") == [e for e in evals if e["iteration"] > 4]  # validation, too, is exact

@@ -300,7 +300,11 @@ class NeoXArgsTraining:
 
     checkpoint_validation_with_forward_pass: bool = False
     """
-    save input and output of a forward pass with the checkpoint and validate after load
+    save input and output of a forward pass with the checkpoint and validate after load: each checkpoint keeps the
+    model's loss on GPT-NeoX's fixed sequence (tokens 0..seq_length, eval mode) in its client state, and a run that
+    loads it (train.py) computes it again and stops with a CheckpointError naming both losses when they differ by
+    more than 1e-4 (fp32) or 2e-2 (bf16 / fp16) relative (megatron.training.checkpoint_validation). Language models
+    (train_impl normal) only.
     """
 
     checkpoint_scale: Literal['linear', 'log'] = 'linear'
