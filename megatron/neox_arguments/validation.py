@@ -55,7 +55,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("adlr_autoresume", bool, "adlr_autoresume is not supported yet"),
     ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
-    ("log_gradient_noise_scale", bool, "log_gradient_noise_scale is not supported yet"),
     ("profile", bool, "nsys profiling (profile) is not supported yet"),
     ("amp", lambda v: v is not None and v.get("enabled", False),
      "apex AMP (amp) is not supported; use the bf16 or fp16 dicts"),
@@ -88,8 +87,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
      ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
-    ("gradient noise scale logging (log_gradient_noise_scale)",
-     ("gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload")),
     ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
     ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
@@ -218,6 +215,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         f"supported yet: the check compares the language-model loss of a fixed sequence, and this "
                         f"objective's loss needs preference pairs (and reference log-probabilities) that it does not "
                         f"have; set it to false")
+    problems += gradient_noise_scale_problems(args)
     if args.no_save_optim and args.zero_stage == 3:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
@@ -238,6 +236,26 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
     elif args.optimizer_type not in ("adam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"):
         problems.append(f"optimizer.type={args.optimizer_type!r} must be one of Adam, CPU_Adam, CPU_torch_Adam, SM3, "
                         f"madgrad_wd, SGD, Lion")
+    return problems
+
+
+def gradient_noise_scale_problems(args: NeoXArgsSchema) -> List[str]:
+    """log_gradient_noise_scale (megatron.observability.gradient_noise_scale): its settings need it on; the large
+    batch is at least two steps, and the small one a fixed train_batch_size."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    if not args.log_gradient_noise_scale:
+        return [f"{name}={getattr(args, name)!r} is a setting of log_gradient_noise_scale; set "
+                f"log_gradient_noise_scale: true or remove it"
+                for name in ("gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload")
+                if getattr(args, name) != defaults[name]]
+    problems = []
+    if args.gradient_noise_scale_n_batches < 2:
+        problems.append(f"gradient_noise_scale_n_batches={args.gradient_noise_scale_n_batches} must be >= 2: the "
+                        f"large batch of the gradient noise scale is that many steps' gradients")
+    if args.rampup_batch_size is not None:
+        problems.append("log_gradient_noise_scale with rampup_batch_size is not supported yet: the estimate compares "
+                        "gradients of a fixed train_batch_size with their mean over gradient_noise_scale_n_batches "
+                        "steps; remove one of them")
     return problems
 
 

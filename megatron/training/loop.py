@@ -29,6 +29,7 @@ from megatron.evaluation.harness import run_eval_tasks
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.mpu.host_collectives import all_reduce, broadcast_object
 from megatron.observability.comms_logging import CommsReporter
+from megatron.observability.gradient_noise_scale import GradientNoiseScale
 from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
 from megatron.post_training.reference import ReferenceModel, start_reference
@@ -122,6 +123,16 @@ def _async_checkpoints(neox_args, engine, ctx: RunContext):
                             complete=lambda path, it, digests: complete_checkpoint(
                                 path, it, neox_args.keep_last_n_checkpoints,
                                 only=in_non_persistent_dir(neox_args, path), digests=digests))
+
+
+def _gradient_noise_scale(neox_args) -> Optional[GradientNoiseScale]:
+    """log_gradient_noise_scale's estimator (megatron.observability.gradient_noise_scale), None when off: the squared
+    norms of each rank's share of the gradient are summed over all ranks (the replicas give zeros)."""
+    if not neox_args.log_gradient_noise_scale:
+        return None
+    return GradientNoiseScale(neox_args.train_batch_size, neox_args.gradient_noise_scale_n_batches,
+                              sum_over_model=lambda values: all_reduce(list(values)).tolist(),
+                              cpu_offload=neox_args.gradient_noise_scale_cpu_offload)
 
 
 def steps_to_next_save(neox_args, schedule: TrainingSchedule, at: int) -> Optional[int]:
@@ -245,6 +256,7 @@ class _TrainingRun:
         self.last_saved = self.last_moe_report = state.iteration
         self.comms = CommsReporter(neox_args.comms_logger)
         self.background = _async_checkpoints(neox_args, self.engine, ctx)
+        self.noise_scale = _gradient_noise_scale(neox_args)
 
     def train(self) -> None:
         """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
@@ -267,7 +279,8 @@ class _TrainingRun:
             set_batch_size(self.engine, self.lr_scheduler, batch_size)
         seqlen = curriculum_step(self.curriculum, self.train_batches, iteration) if self.curriculum else None
         self.timers("train_step").start()
-        result = train_step(neox_args, self.engine, self.train_batches, self.ctx, self.optimizer, debug)
+        result = train_step(neox_args, self.engine, self.train_batches, self.ctx, self.optimizer, debug,
+                            self.noise_scale)
         self.timers("train_step").stop()
         self.count_step(result[0], result[1], batch_size, debug)
         self.log_step(result, batch_size, seqlen, started)

@@ -127,13 +127,17 @@ class NeoXArgsLogging:
 
     log_gradient_noise_scale: bool = False
     """
-    Whether to log the gradient noise scale when training (cf. https://arxiv.org/abs/1812.06162 for
-    explanation)
+    Whether to log the gradient noise scale when training (cf. https://arxiv.org/abs/1812.06162 for explanation):
+    McCandlish et al.'s simple noise scale tr(Sigma) / |G|^2, estimated as GPT-NeoX does from each step's gradient
+    (B_small = train_batch_size) and their mean over gradient_noise_scale_n_batches steps, smoothed by moving
+    averages, and logged as noise_scale (metrics.jsonl, TensorBoard, W&B) from the first complete window on
+    (megatron.observability.gradient_noise_scale). Every parallel layout; not with rampup_batch_size.
     """
 
     gradient_noise_scale_n_batches: int = 5
     """
-    Number of batches to accumulate gradients for in the gradient noise scale logger.
+    Number of batches to accumulate gradients for in the gradient noise scale logger (>= 2; one copy of the
+    gradient is buffered meanwhile).
     """
 
     gradient_noise_scale_cpu_offload: bool = False
