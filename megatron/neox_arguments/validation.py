@@ -55,7 +55,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("adlr_autoresume", bool, "adlr_autoresume is not supported yet"),
     ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
-    ("profile", bool, "nsys profiling (profile) is not supported yet"),
     ("amp", lambda v: v is not None and v.get("enabled", False),
      "apex AMP (amp) is not supported; use the bf16 or fp16 dicts"),
     ("curriculum_seqlen", lambda v: v != 0,
@@ -87,7 +86,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
      ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
-    ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
     ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
 )
@@ -215,7 +213,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         f"supported yet: the check compares the language-model loss of a fixed sequence, and this "
                         f"objective's loss needs preference pairs (and reference log-probabilities) that it does not "
                         f"have; set it to false")
-    problems += gradient_noise_scale_problems(args)
+    problems += gradient_noise_scale_problems(args) + profile_problems(args)
     if args.no_save_optim and args.zero_stage == 3:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
@@ -256,6 +254,27 @@ def gradient_noise_scale_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append("log_gradient_noise_scale with rampup_batch_size is not supported yet: the estimate compares "
                         "gradients of a fixed train_batch_size with their mean over gradient_noise_scale_n_batches "
                         "steps; remove one of them")
+    return problems
+
+
+def profile_problems(args: NeoXArgsSchema) -> List[str]:
+    """profile (megatron.observability.profiler): its steps need it on, are in order, and the traces a directory."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    steps = ("profile_step_start", "profile_step_stop")
+    if not args.profile:
+        return [f"{name}={getattr(args, name)!r} is a setting of profile; set profile: true or remove it"
+                for name in steps if getattr(args, name) != defaults[name]]
+    problems = []
+    start, stop = args.profile_step_start, args.profile_step_stop
+    if not 0 <= start <= stop:
+        problems.append(f"profile_step_start={start} and profile_step_stop={stop}: need 0 <= start <= stop (the "
+                        f"steps taken before the first and the last profiled step)")
+    elif args.train_iters is not None and start >= args.train_iters:
+        problems.append(f"profile_step_start={start} is not below train_iters={args.train_iters}: no step would be "
+                        f"profiled; lower it")
+    if not (args.tensorboard_dir or args.log_dir):
+        problems.append("profile=true writes one torch.profiler trace per rank into <tensorboard_dir>/profile or "
+                        "<log_dir>/profile; set tensorboard_dir or log_dir")
     return problems
 
 

@@ -30,6 +30,7 @@ from megatron.initialize import RunContext, initialize_megatron
 from megatron.mpu.host_collectives import all_reduce, broadcast_object
 from megatron.observability.comms_logging import CommsReporter
 from megatron.observability.gradient_noise_scale import GradientNoiseScale
+from megatron.observability.profiler import step_profiler
 from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
 from megatron.post_training.reference import ReferenceModel, start_reference
@@ -211,6 +212,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         run.train()
         run.finish()
     finally:
+        if run.profiler is not None:  # a run that ended inside the profiled steps writes what it recorded
+            run.profiler.close()
         run.logger.close()
         stop.restore()
     run.summary["iteration"] = state.iteration
@@ -257,6 +260,7 @@ class _TrainingRun:
         self.comms = CommsReporter(neox_args.comms_logger)
         self.background = _async_checkpoints(neox_args, self.engine, ctx)
         self.noise_scale = _gradient_noise_scale(neox_args)
+        self.profiler = step_profiler(neox_args, dist.get_rank() if dist.is_initialized() else 0)
 
     def train(self) -> None:
         """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
@@ -278,10 +282,14 @@ class _TrainingRun:
         if self.schedule.rampup is not None:
             set_batch_size(self.engine, self.lr_scheduler, batch_size)
         seqlen = curriculum_step(self.curriculum, self.train_batches, iteration) if self.curriculum else None
+        if self.profiler is not None:
+            self.profiler.begin(iteration)
         self.timers("train_step").start()
         result = train_step(neox_args, self.engine, self.train_batches, self.ctx, self.optimizer, debug,
                             self.noise_scale)
         self.timers("train_step").stop()
+        if self.profiler is not None:
+            self.profiler.end(iteration)
         self.count_step(result[0], result[1], batch_size, debug)
         self.log_step(result, batch_size, seqlen, started)
 

@@ -1,6 +1,7 @@
 """Training end to end through deepy.py on CPU ranks: it learns, saves, resumes exactly, and tensor and
 pipeline parallelism reproduce the single-rank losses."""
 
+import json
 import math
 import os
 import signal
@@ -63,7 +64,9 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
     norm DeepSpeed clips with."""
     run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=12, train_batch_size=8, gradient_accumulation_steps=2,
                       checkpoint_factor=12, pipe_parallel_size=2, zero_optimization={"stage": 1},
-                      log_grad_norm=True, log_grad_pct_zeros=True, log_optimizer_states=True)
+                      log_grad_norm=True, log_grad_pct_zeros=True, log_optimizer_states=True,
+                      log_gradient_noise_scale=True, gradient_noise_scale_n_batches=3, profile=True,
+                      profile_step_start=0, profile_step_stop=0)
     run.launch()
     run.assert_ok()
     losses = run.losses()
@@ -84,7 +87,14 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
         # before the first optimizer step there are no states; after it, Adam's two for every parameter
         assert states == (set() if record["iteration"] == 1 else
                           {f"{name}/{key}" for name in norms for key in ("exp_avg", "exp_avg_sq")})
-    run.launch(train_iters=14, override_lr_scheduler=True)
+    # the gradient noise scale of both stages' gradients, the same on every rank (the logging rank is stage 0's);
+    # one profiler trace per rank of the first step
+    assert [("noise_scale" in r) for r in train[:3]] == [False, False, True]
+    assert all(math.isfinite(r["noise_scale"]) for r in train[2:])
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "logs" / "profile").glob("*.pt.trace.json")) == \
+        ["rank0", "rank1"]
+    run.launch(train_iters=14, override_lr_scheduler=True, profile=False, profile_step_start=10,
+               profile_step_stop=12)
     run.assert_ok()
     assert max(run.losses()) == 14
 
@@ -131,7 +141,8 @@ def test_metrics_tensorboard_debug_values_epochs_and_eval_tasks(data, tmp_path):
     tasks = write_local_tasks(tmp_path / "tasks", docs=4)
     run = TrainingRun(tmp_path, data, num_gpus=1, train_epochs=1, eval_interval=10, split="4,90,6",
                       tensorboard_dir=str(tmp_path / "tb"), save=None, load=None, log_grad_norm=True,
-                      log_param_norm=True, memory_profiling=True,
+                      log_param_norm=True, memory_profiling=True, log_gradient_noise_scale=True,
+                      gradient_noise_scale_n_batches=2, profile=True, profile_step_start=1, profile_step_stop=2,
                       eval_tasks=[str(tasks["neox_mc_local"]), str(tasks["neox_ll_local"])])
     expected_iters = iterations_for_epochs(NeoXArgs.from_dict(run.config))
     run.launch(extra_env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -149,6 +160,12 @@ def test_metrics_tensorboard_debug_values_epochs_and_eval_tasks(data, tmp_path):
     assert train[-1]["grad_norm"] == pytest.approx(train[-1]["grad_norm_total"], rel=1e-4)
     assert train[-1]["tokens_per_sec"] > 0
     assert (tmp_path / "logs" / "memory" / "memory_iter1.json").is_file()
+    # log_gradient_noise_scale: from the first window of two steps on
+    assert "noise_scale" not in train[0] and all(math.isfinite(r["noise_scale"]) for r in train[1:])
+    # profile: torch.profiler's trace of the steps logged as iterations 2 and 3, one file for the one rank
+    [trace] = (tmp_path / "tb" / "profile").glob("rank0.*.pt.trace.json")
+    names = {e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert len({n for n in names if n.startswith("ProfilerStep#")}) == 2
     evals = run.records("eval")
     assert [e["iteration"] for e in evals][:2] == [10, 20]
     events = [f for f in (tmp_path / "tb").rglob("events.out.tfevents.*")]

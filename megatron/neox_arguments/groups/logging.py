@@ -159,17 +159,23 @@ class NeoXArgsLogging:
     """
     Enable nsys profiling. When using this option, nsys options should be specified in commandline. An
     example nsys commandline is ``` nsys profile -s none -t nvtx,cuda -o <path/to/output_file> --force-
-    overwrite true --capture-range=cudaProfilerApi --capture-range-end=stop ```
+    overwrite true --capture-range=cudaProfilerApi --capture-range-end=stop ```. Here, on any device, the steps
+    from profile_step_start to profile_step_stop are also recorded by torch.profiler: each rank writes
+    rank{R}.<timestamp>.pt.trace.json into <tensorboard_dir>/profile (else <log_dir>/profile; one of them must be
+    set), for TensorBoard's profiler plugin, Perfetto or chrome://tracing; with CUDA each of those steps is an NVTX
+    range inside cudaProfilerStart / cudaProfilerStop (megatron.observability.profiler).
     """
 
     profile_step_start: int = 10
     """
-    Step to start profiling at.
+    Step to start profiling at: the first profiled step is the one taken after this many steps (logged as
+    iteration profile_step_start + 1), as in GPT-NeoX.
     """
 
     profile_step_stop: int = 12
     """
-    Step to stop profiling at.
+    Step to stop profiling at: the last profiled step is the one taken after this many steps (logged as iteration
+    profile_step_stop + 1); >= profile_step_start.
     """
 
     peak_theoretical_tflops: Optional[float] = None
