@@ -66,7 +66,7 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
                       checkpoint_factor=12, pipe_parallel_size=2, zero_optimization={"stage": 1},
                       log_grad_norm=True, log_grad_pct_zeros=True, log_optimizer_states=True,
                       log_gradient_noise_scale=True, gradient_noise_scale_n_batches=3, profile=True,
-                      profile_step_start=0, profile_step_stop=0)
+                      profile_step_start=0, profile_step_stop=0, checkpoint_validation_with_forward_pass=True)
     run.launch()
     run.assert_ok()
     losses = run.losses()
@@ -97,6 +97,8 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
                profile_step_stop=12)
     run.assert_ok()
     assert max(run.losses()) == 14
+    # checkpoint_validation_with_forward_pass through the pipeline engine's evaluation
+    assert "reproduces its saved loss" in run.result.stdout + run.result.stderr
 
 
 def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path):
