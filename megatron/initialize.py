@@ -14,7 +14,7 @@ import dataclasses
 import datetime
 import os
 import random
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 import torch
@@ -125,10 +125,25 @@ def initialize_megatron(neox_args, build_tokenizer_fn=None, model_changes: Optio
     checkpoint = find_checkpoint(neox_args)
     vocab = _checkpoint_vocabulary(neox_args, checkpoint, tokenizer.vocab_size, vocab)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    changes = {**soft_prompt_init_tokens(neox_args, tokenizer), **(model_changes or {})}
     return RunContext(parallel_state=parallel_state, rng_tracker=tracker, tokenizer=tokenizer, device=device,
-                      model_config=ModelConfig.from_neox_args(neox_args, padded_vocab_size=vocab,
-                                                              **(model_changes or {})),
+                      model_config=ModelConfig.from_neox_args(neox_args, padded_vocab_size=vocab, **changes),
                       checkpoint=checkpoint)
+
+
+def soft_prompt_init_tokens(neox_args, tokenizer) -> Dict[str, Any]:
+    """{'soft_prompt_init_tokens': the token ids of soft_prompt_tuning.init_string} when a soft prompt starts from
+    a string's embeddings (megatron.model.embedding.SoftPrompt), else {}. ConfigError when the string has no
+    tokens."""
+    settings = neox_args.soft_prompt_tuning or {}
+    text = settings.get("init_string")
+    if not text or not settings.get("enabled", True):
+        return {}
+    tokens = tuple(int(t) for t in tokenizer.tokenize(text))
+    if not tokens:
+        raise ConfigError([f"soft_prompt_tuning.init_string={text!r} has no tokens for tokenizer_type="
+                           f"{neox_args.tokenizer_type!r}; give a string that tokenizes, or remove init_string"])
+    return {"soft_prompt_init_tokens": tokens}
 
 
 def _checkpoint_vocabulary(neox_args, checkpoint: Optional[FoundCheckpoint], tokenizer_vocab: int, vocab: int) -> int:

@@ -67,6 +67,7 @@ from megatron.checkpoint.integrity import (verification_problems,  # a seam test
 from megatron.checkpoint.non_persistent import claim_directory, keep_only, newer_checkpoint, non_persistent_dir
 from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
 from megatron.checkpoint.rng_state import process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
+from megatron.checkpoint.weights_only import weights_only
 from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
 from megatron.model.config import expand_attention_config
 from megatron.mpu.host_collectives import barrier, broadcast_object
@@ -184,7 +185,8 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
                     LAYOUT_KEY: LAYOUT,
                     RESHARD_KEY: optimizer_layout(engine), **(extra_state or {})}
     try:
-        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+        with weights_only(engine, enabled=neox_args.no_save_optim):
+            engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
         os.makedirs(path, exist_ok=True)
         if not neox_args.no_save_rng:
             torch.save(_rng_states(), rng_file(path, rank))
@@ -493,9 +495,18 @@ def load_checkpoint(neox_args, model_config, engine, checkpoint: Optional[FoundC
 
     load_dir, tag = checkpoint.load_dir, checkpoint.tag
     finetune = neox_args.finetune
-    load_optim = not (neox_args.no_load_optim or finetune)
+    # a checkpoint saved with no_save_optim resumes its weights and LR schedule, with the optimizer afresh
+    schedule_only = saved_without_optimizer(checkpoint) and not (finetune or neox_args.no_load_optim)
+    load_optim = not (neox_args.no_load_optim or finetune or schedule_only)
+    if schedule_only and process_rank() == 0:
+        print(f"note: checkpoint {checkpoint.path} was saved with no_save_optim (no optimizer state): its weights, "
+              f"iteration, LR schedule and data position are loaded and the optimizer starts afresh", flush=True)
     resharded = _load_resharded(neox_args, model_config, engine, checkpoint, load_optim)
     if resharded is not None:
+        if not load_optim:
+            _master_weights_from_loaded(engine)
+        if schedule_only and engine.lr_scheduler is not None and resharded[1].get("lr_scheduler") is not None:
+            engine.lr_scheduler.load_state_dict(resharded[1]["lr_scheduler"])
         return (*resharded, os.path.join(load_dir, tag))
     if load_optim and checkpoint.kind == GPT_NEOX:
         _check_gpt_neox_optimizer_state(os.path.join(load_dir, tag), model_config)
@@ -503,15 +514,35 @@ def load_checkpoint(neox_args, model_config, engine, checkpoint: Optional[FoundC
         # a reward model fine-tuned from a language model keeps its new value head and drops the vocabulary head
         lenient = {"load_module_strict": False} if finetune and model_config.value_head else {}
         loaded_path, client_state = engine.load_checkpoint(
-            load_dir, tag=tag, load_optimizer_states=load_optim, load_lr_scheduler_states=load_optim,
+            load_dir, tag=tag, load_optimizer_states=load_optim,
+            load_lr_scheduler_states=load_optim or schedule_only,
             load_module_only=finetune, **lenient)
     except (RuntimeError, KeyError, OSError, EOFError, ValueError, ZeRORuntimeException) as exc:
         raise CheckpointError(f"checkpoint {os.path.join(load_dir, tag)} could not be loaded: {exc}") from exc
     if loaded_path is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint files in {os.path.join(load_dir, tag)}")
+    if not load_optim:
+        _master_weights_from_loaded(engine)
     client_state = client_state or {}
     iteration = 0 if finetune else int(client_state.get("iteration", 0))
     return iteration, client_state, os.path.join(load_dir, tag)
+
+
+def saved_without_optimizer(checkpoint: FoundCheckpoint) -> bool:
+    """Whether ``checkpoint`` (of this project) was saved with no_save_optim: weights without optimizer state
+    (megatron.checkpoint.weights_only)."""
+    args_file = os.path.join(checkpoint.path, ARGS_FILE)
+    return checkpoint.kind == OURS and os.path.isfile(args_file) and bool(read_saved_args(args_file).get(
+        "no_save_optim"))
+
+
+def _master_weights_from_loaded(engine) -> None:
+    """The fp32 master weights of a 16-bit run taken from the weights just loaded, when the optimizer state was not.
+    DeepSpeed does it for ZeRO and for load_module_only, but not for its fp16 / bf16 optimizers without ZeRO, whose
+    master weights would stay those of the freshly built model."""
+    optimizer = getattr(engine, "optimizer", None)
+    if not engine.zero_optimization() and hasattr(optimizer, "refresh_fp32_params"):
+        optimizer.refresh_fp32_params()
 
 
 def _load_resharded(neox_args, model_config, engine, checkpoint: FoundCheckpoint, load_optim: bool

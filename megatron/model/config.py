@@ -8,7 +8,7 @@ attention types, the padded vocabulary) is computed here, in ``__post_init__``, 
 
 Field names are GPT-NeoX's argument names with the schema's defaults (a test checks they agree), except
 where a GPT-NeoX dict is flattened into plain values: ``soft_prompt_tuning`` becomes ``soft_prompt_tokens``
-/ ``soft_prompt_init_range``, ``sparsity_config``'s local-window keys become ``local_attention_block``
+/ ``soft_prompt_init_range`` (its ``init_string`` becomes ``soft_prompt_init_tokens`` where the tokenizer is known), ``sparsity_config``'s local-window keys become ``local_attention_block``
 / ``local_attention_window_blocks`` (``sparsity_config`` itself is kept as sorted pairs for the block-sparse
 layers), DeepSpeed's ``activation_checkpointing.number_checkpoints`` becomes ``number_checkpoints``, and the
 muP base model's width in ``base_shapes_file`` becomes ``mup_width_mult`` (megatron.mup.shapes).
@@ -208,8 +208,13 @@ class ModelConfig:
     gpt_j_tied: bool = False
     no_weight_tying: bool = False
     train_impl: str = "normal"  # "rm": a scalar value head replaces the output head (reward models)
+    z_loss: float = 0.0
+    """A reward model's z-loss coefficient: z_loss x mean(r_chosen^2 + r_rejected^2) is added to its loss (GPT-NeoX)."""
     soft_prompt_tokens: Optional[int] = None
     soft_prompt_init_range: float = 0.5
+    soft_prompt_init_tokens: Optional[Tuple[int, ...]] = None
+    """The token ids of soft_prompt_tuning.init_string (the worker's tokenizer fills them in, megatron.initialize):
+    the soft prompt starts as their word embeddings, repeated or cut to its length (GPT-NeoX's SoftEmbedding)."""
     # recurrent layers: mamba (megatron.model.mamba) and rwkv (megatron.model.rwkv), GPT-NeoX's keys
     mamba_selective_scan_fusion: bool = False
     mamba_causal_conv_fusion: bool = False
@@ -271,6 +276,8 @@ class ModelConfig:
     rmsnorm_fusion: bool = False
     rope_fusion: bool = False
     bias_gelu_fusion: bool = False
+    onnx_safe: bool = False
+    """GeLU written out from erf (megatron.model.activations.erf_gelu), exportable to any ONNX opset."""
     bias_dropout_fusion: bool = False
     use_flashattn_swiglu: bool = False
     scaled_upper_triang_masked_softmax_fusion: bool = False
@@ -652,6 +659,9 @@ def fusion_flag_problems(config: ModelConfig) -> List[str]:
     if config.bias_gelu_fusion and config.activation != "gelu":
         problems.append(f"bias_gelu_fusion=true fuses activation='gelu', but activation={config.activation!r}; "
                         "set bias_gelu_fusion to false")
+    if config.onnx_safe and config.bias_gelu_fusion:
+        problems.append("onnx_safe=true writes the GeLU out from erf for the ONNX exporter, which a fused bias-GeLU "
+                        "kernel would bypass (GPT-NeoX refuses the pair too); set bias_gelu_fusion to false")
     if config.use_flashattn_swiglu and config.activation != "swiglu":
         problems.append(f"use_flashattn_swiglu=true replaces activation='swiglu', but activation="
                         f"{config.activation!r}; set use_flashattn_swiglu to false")

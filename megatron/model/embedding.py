@@ -26,18 +26,26 @@ from megatron.model.parameter_marks import EMBEDDING_OR_OUTPUT_FLAG
 from megatron.model.positional import sinusoidal_embedding
 from megatron.model.transformer import sequence_parallel_on
 from megatron.mpu import VocabParallelEmbedding, scatter_to_sequence_parallel_region
+from megatron.mpu.host_collectives import all_reduce
 
 EMBEDDING_LAYER_INDEX = -1
 
 
 class SoftPrompt(nn.Module):
-    """``num_tokens`` learned vectors that replace the first positions' embeddings (prompt tuning)."""
+    """``num_tokens`` learned vectors that replace the first positions' embeddings (prompt tuning): uniform in
+    [-init_range, init_range], or ``rows`` (the word embeddings of init_string's tokens) repeated or cut to
+    ``num_tokens``, as GPT-NeoX's SoftEmbedding starts them."""
 
-    def __init__(self, num_tokens: int, init_range: float, hidden: int, seed: int) -> None:
+    def __init__(self, num_tokens: int, init_range: float, hidden: int, seed: int,
+                 rows: Optional[torch.Tensor] = None) -> None:
         super().__init__()
         self.num_tokens = num_tokens
-        weight = torch.empty(self.num_tokens, hidden)
-        torch.nn.init.uniform_(weight, -init_range, init_range, generator=torch.Generator().manual_seed(seed))
+        if rows is not None:
+            repeats = -(-num_tokens // rows.shape[0])
+            weight = rows.detach().to(torch.float32).repeat(repeats, 1)[:num_tokens].clone()
+        else:
+            weight = torch.empty(self.num_tokens, hidden)
+            torch.nn.init.uniform_(weight, -init_range, init_range, generator=torch.Generator().manual_seed(seed))
         self.weight = nn.Parameter(weight)
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
@@ -77,8 +85,11 @@ class Embedding(nn.Module):
         self.readout_mult = readout_mult(config)
         self.soft_prompt = None
         if config.soft_prompt_tokens is not None:
+            rows = None
+            if config.soft_prompt_init_tokens:
+                rows = word_embedding_rows(self.word_embeddings, config.soft_prompt_init_tokens, self.group)
             self.soft_prompt = SoftPrompt(config.soft_prompt_tokens, config.soft_prompt_init_range, hidden,
-                                          initializer.seed)
+                                          initializer.seed, rows)
         install_hooks(self, EMBEDDING, config, parallel_state)
 
     @property
@@ -107,6 +118,20 @@ class Embedding(nn.Module):
     @staticmethod
     def _scaled(x: torch.Tensor, mult: float) -> torch.Tensor:
         return x if mult == 1.0 else x * mult
+
+
+def word_embedding_rows(embedding: VocabParallelEmbedding, tokens: Tuple[int, ...], group) -> torch.Tensor:
+    """[len(tokens), hidden] the rows of ``tokens`` in a vocabulary-parallel embedding, whole on every rank: each
+    rank takes the rows it holds and the tensor-parallel ranks sum them (through host_collectives, since the model
+    is still on the host while it is built)."""
+    ids = torch.tensor(tokens, dtype=torch.long)
+    outside = (ids < embedding.vocab_start) | (ids >= embedding.vocab_end)
+    with torch.no_grad():
+        rows = embedding.weight[(ids - embedding.vocab_start).masked_fill(outside, 0)].float()
+        rows = rows.masked_fill(outside.unsqueeze(-1), 0.0)
+    if embedding.world > 1:
+        rows = all_reduce(rows, group=group)
+    return rows
 
 
 def readout_mult(config: ModelConfig) -> float:

@@ -141,7 +141,7 @@ class GMLPBlock(nn.Module):
         self.input_linear = ColumnParallelLinear(hidden, 2 * ff, parallel_state,
                                                  initializer.weight(layer_number, "gmlp.input_linear"), bias=False,
                                                  chunks=2)
-        self.activation, _ = get_activation(config.activation)
+        self.activation, _ = get_activation(config.activation, config.onnx_safe)
         self.sgu = SpatialGatingUnit(config, parallel_state, initializer, layer_number, ff,
                                      use_attention=config.attention_types[layer_number] == "amlp")
         self.output_linear = RowParallelLinear(ff, hidden, parallel_state,

@@ -103,7 +103,7 @@ def loss_function(config: ModelConfig, parallel_state, averaged_over_context: bo
     on pairs (megatron.model.reward_model). ``averaged_over_context``: the engine averages gradients over
     data x context ranks (as DeepSpeed's pipeline engine always does: cross_entropy_loss's context_grad_scale)."""
     if config.value_head:
-        return RewardLoss()
+        return RewardLoss(config.z_loss)
     cp = parallel_state.get_context_parallel_world_size()
     context_group = parallel_state.get_context_parallel_group() if cp > 1 else None
     return partial(cross_entropy_loss, group=parallel_state.get_model_parallel_group(),

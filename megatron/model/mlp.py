@@ -34,7 +34,7 @@ class ParallelMLP(nn.Module):
 
     def __init__(self, config: ModelConfig, parallel_state, initializer, layer_number: int) -> None:
         super().__init__()
-        self.activation, gated = get_activation(config.activation)
+        self.activation, gated = get_activation(config.activation, config.onnx_safe)
         ops = model_fused_ops(config)  # refuses fusion flags that do not fit the activation
         self.bias_gelu = ops.bias_gelu if config.bias_gelu_fusion else None
         self.fused_swiglu = ops.swiglu if config.use_flashattn_swiglu else None

@@ -1,5 +1,7 @@
 """Reward models (train_impl 'rm'): the model ends in a scalar value head (megatron.model.head.ValueHead) and is
-trained with the Bradley-Terry loss on preference pairs, -log sigmoid(r_chosen - r_rejected).
+trained with the Bradley-Terry loss on preference pairs, -log sigmoid(r_chosen - r_rejected), plus GPT-NeoX's z-loss
+``z_loss x mean(r_chosen^2 + r_rejected^2)`` when z_loss is set: it keeps the rewards near 0, where the Bradley-Terry
+loss alone only sees their differences (GPT-NeoX's megatron/training.py, train_impl 'rm').
 
 A sequence's reward is the value head's output at its last position with loss mask 1: with data from
 `preprocess_data_with_chat_template.py --for-rm` that is the end-of-sequence token after the conversation
@@ -31,7 +33,11 @@ def sequence_rewards(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Ten
 
 class RewardLoss(MetricSums):
     """The reward model's ``loss_fn(values, (labels, loss_mask))``; keeps rewards, accuracy and margin until
-    ``take_metrics``."""
+    ``take_metrics``. ``z_loss``: the coefficient of the z-loss (0: none)."""
+
+    def __init__(self, z_loss: float = 0.0) -> None:
+        super().__init__()
+        self.z_loss = z_loss
 
     def __call__(self, values: torch.Tensor, labels_and_mask: Tuple[torch.Tensor, ...]) -> torch.Tensor:
         rewards = sequence_rewards(values, labels_and_mask[1])
@@ -39,4 +45,7 @@ class RewardLoss(MetricSums):
             raise ValueError(f"a reward model trains on chosen / rejected pairs, got {rewards.numel()} rows")
         chosen, rejected = rewards.chunk(2)
         self.add(preference_metrics(chosen, rejected))
-        return -F.logsigmoid(chosen - rejected).mean()
+        loss = -F.logsigmoid(chosen - rejected).mean()
+        if self.z_loss:
+            loss = loss + (self.z_loss * (chosen ** 2 + rejected ** 2)).mean()
+        return loss

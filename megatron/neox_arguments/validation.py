@@ -54,10 +54,7 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("s3_path", lambda v: v is not None, "uploading checkpoints to S3 (s3_path) is not supported yet"),
     ("adlr_autoresume", bool, "adlr_autoresume is not supported yet"),
     ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    ("onnx_safe", bool, "onnx_safe is not supported yet"),
     ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
-    ("log_gradient_noise_scale", bool, "log_gradient_noise_scale is not supported yet"),
-    ("profile", bool, "nsys profiling (profile) is not supported yet"),
     ("amp", lambda v: v is not None and v.get("enabled", False),
      "apex AMP (amp) is not supported; use the bf16 or fp16 dicts"),
     ("curriculum_seqlen", lambda v: v != 0,
@@ -70,14 +67,9 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("sparse_attention", lambda v: v is not None, "DeepSpeed's sparse_attention section is not supported yet; "
                                                   "set sparsity_config and name the sparse layer types (sparse_fixed, "
                                                   "sparse_variable, bigbird, bslongformer) in attention_config"),
-    ("checkpoint_validation_with_forward_pass", bool,
-     "checkpoint_validation_with_forward_pass is not supported yet"),
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
-    ("soft_prompt_tuning", lambda v: v is not None and v.get("init_string"),
-     "soft_prompt_tuning.init_string is not supported yet; use init_range"),
-    ("no_save_optim", bool, "no_save_optim is not supported yet (DeepSpeed always saves optimizer states)"),
     ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
     *((key, bool, f"Transformer Engine layers ({key}) are not supported yet") for key in TRANSFORMER_ENGINE_LAYERS),
     *((key, _not_default(key),
@@ -92,12 +84,8 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
 NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("REINFORCE training (train_impl 'reinforce')",
      ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
-    ("reward-model training (train_impl 'rm'), where GPT-NeoX implements z_loss", ("z_loss",)),
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
-    ("gradient noise scale logging (log_gradient_noise_scale)",
-     ("gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload")),
-    ("nsys profiling (profile)", ("profile_step_start", "profile_step_stop")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
     ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
 )
@@ -177,6 +165,10 @@ def model_problems(args: NeoXArgsSchema, config: Optional[ModelConfig]) -> List[
         extra = set(args.soft_prompt_tuning) - allowed
         if extra:
             problems.append(f"soft_prompt_tuning has unknown keys {sorted(extra)}; allowed: {sorted(allowed)}")
+        init_string = args.soft_prompt_tuning.get("init_string")
+        if init_string is not None and not isinstance(init_string, str):
+            problems.append(f"soft_prompt_tuning.init_string={init_string!r} must be a string (its tokens' "
+                            f"embeddings start the soft prompt)")
     return problems
 
 
@@ -216,6 +208,16 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
     problems += non_persistent_problems(args)
+    if args.checkpoint_validation_with_forward_pass and args.train_impl != "normal":
+        problems.append(f"checkpoint_validation_with_forward_pass with train_impl={args.train_impl!r} is not "
+                        f"supported yet: the check compares the language-model loss of a fixed sequence, and this "
+                        f"objective's loss needs preference pairs (and reference log-probabilities) that it does not "
+                        f"have; set it to false")
+    problems += gradient_noise_scale_problems(args) + profile_problems(args)
+    if args.no_save_optim and args.zero_stage == 3:
+        problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
+                        "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
+                        "the optimizer state")
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)
@@ -232,6 +234,47 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
     elif args.optimizer_type not in ("adam", "cpu_adam", "cpu_torch_adam", "sm3", "madgrad_wd", "sgd", "lion"):
         problems.append(f"optimizer.type={args.optimizer_type!r} must be one of Adam, CPU_Adam, CPU_torch_Adam, SM3, "
                         f"madgrad_wd, SGD, Lion")
+    return problems
+
+
+def gradient_noise_scale_problems(args: NeoXArgsSchema) -> List[str]:
+    """log_gradient_noise_scale (megatron.observability.gradient_noise_scale): its settings need it on; the large
+    batch is at least two steps, and the small one a fixed train_batch_size."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    if not args.log_gradient_noise_scale:
+        return [f"{name}={getattr(args, name)!r} is a setting of log_gradient_noise_scale; set "
+                f"log_gradient_noise_scale: true or remove it"
+                for name in ("gradient_noise_scale_n_batches", "gradient_noise_scale_cpu_offload")
+                if getattr(args, name) != defaults[name]]
+    problems = []
+    if args.gradient_noise_scale_n_batches < 2:
+        problems.append(f"gradient_noise_scale_n_batches={args.gradient_noise_scale_n_batches} must be >= 2: the "
+                        f"large batch of the gradient noise scale is that many steps' gradients")
+    if args.rampup_batch_size is not None:
+        problems.append("log_gradient_noise_scale with rampup_batch_size is not supported yet: the estimate compares "
+                        "gradients of a fixed train_batch_size with their mean over gradient_noise_scale_n_batches "
+                        "steps; remove one of them")
+    return problems
+
+
+def profile_problems(args: NeoXArgsSchema) -> List[str]:
+    """profile (megatron.observability.profiler): its steps need it on, are in order, and the traces a directory."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    steps = ("profile_step_start", "profile_step_stop")
+    if not args.profile:
+        return [f"{name}={getattr(args, name)!r} is a setting of profile; set profile: true or remove it"
+                for name in steps if getattr(args, name) != defaults[name]]
+    problems = []
+    start, stop = args.profile_step_start, args.profile_step_stop
+    if not 0 <= start <= stop:
+        problems.append(f"profile_step_start={start} and profile_step_stop={stop}: need 0 <= start <= stop (the "
+                        f"steps taken before the first and the last profiled step)")
+    elif args.train_iters is not None and start >= args.train_iters:
+        problems.append(f"profile_step_start={start} is not below train_iters={args.train_iters}: no step would be "
+                        f"profiled; lower it")
+    if not (args.tensorboard_dir or args.log_dir):
+        problems.append("profile=true writes one torch.profiler trace per rank into <tensorboard_dir>/profile or "
+                        "<log_dir>/profile; set tensorboard_dir or log_dir")
     return problems
 
 
@@ -389,6 +432,10 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
             problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl '{impl}'; set train_impl: "
                          f"{impl} or remove it" for name in settings if getattr(args, name) != defaults[name]]
     problems += _kto_problems(args) + _precompute_problems(args)
+    if args.z_loss < 0 or (args.z_loss and args.train_impl != "rm"):
+        problems.append(f"z_loss={args.z_loss} (with train_impl={args.train_impl!r}): z_loss is the reward model's "
+                        f"z-loss coefficient (train_impl 'rm', as in GPT-NeoX) and must be >= 0; set train_impl: rm "
+                        f"or remove z_loss")
     if args.dataset_impl != "pairwise":
         problems += [f"{name} is pairwise data: set dataset_impl: pairwise or remove it"
                      for name in PAIRWISE_PATHS if getattr(args, name)]

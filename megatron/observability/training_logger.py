@@ -39,6 +39,7 @@ from torch import nn
 
 from megatron.model.config import ModelConfig
 from megatron.model.moe.naming import global_expert_names, is_expert_name
+from megatron.model.parameter_marks import MOE_EXPERT_FLAG
 from megatron.mpu.host_collectives import all_gather_object, all_reduce
 from megatron.observability.flops import mfu, peak_tflops, tflops_per_device, training_flops_per_token
 from megatron.utils.optional_deps import require
@@ -643,6 +644,24 @@ def counted_here(param: nn.Parameter, parallel_state: Any = None) -> bool:
         return False
     tp_rank = parallel_state.get_model_parallel_rank() if parallel_state is not None else 0
     return bool(getattr(param, "model_parallel", False)) or tp_rank == 0
+
+
+def replica_gradients(model: nn.Module, parallel_state: Any = None) -> List[torch.Tensor]:
+    """This rank's share of one model replica's gradient (the gradient noise scale's): the gradients of the
+    parameters counted_here, on data-parallel rank 0 (an expert's on expert-data-parallel rank 0); the other
+    replicas hold the same values and give none. Every rank must call it where debug_sums is called (ZeRO / bf16
+    gradients are gathered across data-parallel ranks)."""
+    first = parallel_state is None or parallel_state.get_data_parallel_rank() == 0
+    first_of_experts = parallel_state is None or parallel_state.get_expert_data_parallel_rank() == 0
+    out = []
+    for name, param in model.named_parameters():
+        if not counted_here(param, parallel_state):
+            continue
+        grad = _full_grad(param)
+        expert = is_expert_name(name) or getattr(param, MOE_EXPERT_FLAG, False)
+        if grad is not None and (first_of_experts if expert else first):
+            out.append(grad)
+    return out
 
 
 def debug_sums(neox_args: Any, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,

@@ -30,10 +30,13 @@ from megatron.evaluation.harness import run_eval_tasks
 from megatron.initialize import RunContext, initialize_megatron
 from megatron.mpu.host_collectives import all_reduce, broadcast_object
 from megatron.observability.comms_logging import CommsReporter
+from megatron.observability.gradient_noise_scale import GradientNoiseScale
+from megatron.observability.profiler import step_profiler
 from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
 from megatron.post_training.reference import ReferenceModel, start_reference
 from megatron.training.batches import ModelBatches, batch_streams, curriculum_step, start_curriculum
+from megatron.training.checkpoint_validation import check_loaded_checkpoint, validation_state
 from megatron.training.mup_run import base_shapes_and_coord_check
 from megatron.training.setup import setup_model_and_optimizer
 from megatron.training.state import TrainState, run_state
@@ -132,6 +135,16 @@ def _async_checkpoints(neox_args, engine, completed: Callable[[str, int], None])
     return AsyncCheckpoints(engine, failure=failed_save, complete=complete)
 
 
+def _gradient_noise_scale(neox_args) -> Optional[GradientNoiseScale]:
+    """log_gradient_noise_scale's estimator (megatron.observability.gradient_noise_scale), None when off: the squared
+    norms of each rank's share of the gradient are summed over all ranks (the replicas give zeros)."""
+    if not neox_args.log_gradient_noise_scale:
+        return None
+    return GradientNoiseScale(neox_args.train_batch_size, neox_args.gradient_noise_scale_n_batches,
+                              sum_over_model=lambda values: all_reduce(list(values)).tolist(),
+                              cpu_offload=neox_args.gradient_noise_scale_cpu_offload)
+
+
 def steps_to_next_save(neox_args, schedule: TrainingSchedule, at: int) -> Optional[int]:
     """Steps from a save at ``at`` to the next save of any kind or the run's end or exit (async_save spreads its
     writes over them), None when there are none."""
@@ -199,6 +212,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         stop.restore()
         raise
     iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine, ctx.checkpoint)
+    check_loaded_checkpoint(neox_args, engine, ctx, loaded_from, client_state,
+                            is_logging_rank=not dist.is_initialized() or dist.get_rank() == 0)
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
     streams = batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,
@@ -219,6 +234,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
         run.summary["skipped_steps"] = run.overflow.total
         run.logger.log_summary(run.summary, time.time() - started_at, _latest_checkpoint(neox_args.save))
     finally:
+        if run.profiler is not None:  # a run that ended inside the profiled steps writes what it recorded
+            run.profiler.close()
         run.logger.close()
         stop.restore()
     ctx.destroy()
@@ -270,6 +287,8 @@ class _TrainingRun:
         self.save_started: Dict[str, float] = {}
         """checkpoint directory -> time.perf_counter() when its save started (its line says how long it took)."""
         self.background = _async_checkpoints(neox_args, self.engine, self.say_saved_in_background)
+        self.noise_scale = _gradient_noise_scale(neox_args)
+        self.profiler = step_profiler(neox_args, dist.get_rank() if dist.is_initialized() else 0)
 
     def train(self) -> None:
         """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
@@ -291,9 +310,14 @@ class _TrainingRun:
         if self.schedule.rampup is not None:
             set_batch_size(self.engine, self.lr_scheduler, batch_size)
         seqlen = curriculum_step(self.curriculum, self.train_batches, iteration) if self.curriculum else None
+        if self.profiler is not None:
+            self.profiler.begin(iteration)
         self.timers("train_step").start()
-        result = train_step(neox_args, self.engine, self.train_batches, self.ctx, self.optimizer, debug)
+        result = train_step(neox_args, self.engine, self.train_batches, self.ctx, self.optimizer, debug,
+                            self.noise_scale)
         self.timers("train_step").stop()
+        if self.profiler is not None:
+            self.profiler.end(iteration)
         self.count_step(result[0], result[1], batch_size, debug)
         self.log_step(result, batch_size, seqlen, started)
 
@@ -375,7 +399,8 @@ class _TrainingRun:
                 background.wait()  # the previous checkpoint is complete before the next one starts
             started = time.perf_counter()
             path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
-                                   run_state(self.state, self.curriculum),
+                                   {**run_state(self.state, self.curriculum),
+                                    **validation_state(neox_args, self.engine, self.ctx)},
                                    write_extra=self.reference.save if self.reference is not None else None,
                                    complete=background is None, non_persistent=non_persistent)
             if background is not None:

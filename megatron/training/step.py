@@ -12,8 +12,9 @@ from megatron.model.gpt2_model import GPT2ModelSequential
 from megatron.model.moe import moe_metrics, set_aux_loss_scale
 from megatron.mpu.grad_norm import global_grad_norm
 from megatron.mpu.host_collectives import all_reduce, broadcast_object, world_size
+from megatron.observability.gradient_noise_scale import GradientNoiseScale
 from megatron.observability.training_logger import (PPL_LOSS_CAP, debug_metrics, debug_sums, debug_values,
-                                                    gather_debug_sums, memory_stats)
+                                                    gather_debug_sums, memory_stats, replica_gradients)
 from megatron.optim.learning_rates import AnnealingLR
 from megatron.training.batches import ModelBatches
 
@@ -53,19 +54,23 @@ def aux_loss_scale(engine, neox_args) -> float:
     return scale
 
 
-def train_step(neox_args, engine, batches: ModelBatches, ctx: RunContext, optimizer, debug: bool = False
+def train_step(neox_args, engine, batches: ModelBatches, ctx: RunContext, optimizer, debug: bool = False,
+               noise_scale: Optional[GradientNoiseScale] = None
                ) -> Tuple[float, bool, Union[torch.Tensor, float, None], Dict[str, float]]:
     """One optimizer step; returns (mean loss over the global batch, whether the step was skipped, the
-    global gradient norm before clipping, the log_* / memory_profiling values when `debug`). The norm is left as
-    the engine keeps it (a device tensor: reading it waits for the device, so the logger reads it only when it
-    writes a record)."""
+    global gradient norm before clipping, the log_* / memory_profiling values when `debug`, and the gradient noise
+    scale once ``noise_scale`` has one). The norm is left as the engine keeps it (a device tensor: reading it
+    waits for the device, so the logger reads it only when it writes a record). ``noise_scale`` takes the step's
+    gradient where the debug values are taken (reduced, not yet clipped)."""
     grad_norm = None
     extras: Dict[str, float] = {}
+    gradient = None
     if neox_args.moe_num_experts > 1:
         set_aux_loss_scale(engine.module, aux_loss_scale(engine, neox_args))
     if neox_args.is_pipe_parallel:
-        if debug:
-            loss, extras = _pipeline_debug_step(neox_args, engine, batches, ctx, optimizer)
+        if debug or noise_scale is not None:
+            loss, extras, gradient = _pipeline_debug_step(neox_args, engine, batches, ctx, optimizer, debug,
+                                                          noise_scale)
         else:
             loss = engine.train_batch(data_iter=batches)
     else:
@@ -83,6 +88,8 @@ def train_step(neox_args, engine, batches: ModelBatches, ctx: RunContext, optimi
                     grad_norm = _replicated_grad_norm(engine.module, ctx.parallel_state)
                 if debug:
                     extras = debug_metrics(neox_args, engine.module, optimizer, ctx.parallel_state)
+                if noise_scale is not None:
+                    gradient = noise_scale.flatten(replica_gradients(engine.module, ctx.parallel_state))
             engine.step()
             losses.append(loss.detach().float())
         loss = torch.stack(losses).mean()
@@ -90,6 +97,10 @@ def train_step(neox_args, engine, batches: ModelBatches, ctx: RunContext, optimi
     if ds_norm is not None:
         grad_norm = ds_norm
     skipped = not engine.was_step_applied()
+    if noise_scale is not None:
+        noise_scale.update(None if skipped else gradient)
+        if noise_scale.noise_scale is not None:
+            extras["noise_scale"] = noise_scale.noise_scale
     extras.update(objective_metrics(engine))
     return data_parallel_mean(loss, engine), skipped, grad_norm, extras
 
@@ -121,10 +132,12 @@ def _moe_metrics(neox_args, ctx: RunContext, engine, iterations: int) -> Dict[st
                        iterations, tensor_parallel_size=ctx.parallel_state.get_model_parallel_world_size())
 
 
-def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
-                         ) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """engine.train_batch, with the log_* values of the whole model taken where the sequential model takes
-    them: after the last backward and the gradient reduction, before clipping and the optimizer step.
+def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer, debug: bool = True,
+                         noise_scale: Optional[GradientNoiseScale] = None
+                         ) -> Tuple[torch.Tensor, Dict[str, float], Optional[torch.Tensor]]:
+    """engine.train_batch, with the log_* values of the whole model (when ``debug``) and this rank's gradient for
+    ``noise_scale`` taken where the sequential model takes them: after the last backward and the gradient
+    reduction, before clipping and the optimizer step.
 
     The pipeline engine runs ReduceTiedGrads, ReduceGrads and OptimizerStep at the end of its schedule;
     OptimizerStep calls engine._take_model_step, which clips (fp32 without ZeRO; ZeRO and bf16 clip inside
@@ -132,12 +145,15 @@ def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
     _take_model_step first records this stage's values (debug_sums, under the sequential model's names); after
     train_batch the stages' values are combined on every rank (gather_debug_sums)."""
     captured: List[Dict[str, List[float]]] = []
+    gradients: List[torch.Tensor] = []
     take_model_step = engine._take_model_step
     overridden = "_take_model_step" in vars(engine)  # already replaced on this engine (by a caller)
 
     def record_then_step(*args, **kwargs):
         captured.append(debug_sums(neox_args, engine.module, optimizer, ctx.parallel_state,
-                                   names=engine.module.sequential_name))
+                                   names=engine.module.sequential_name) if debug else {})
+        if noise_scale is not None:
+            gradients.append(noise_scale.flatten(replica_gradients(engine.module, ctx.parallel_state)))
         return take_model_step(*args, **kwargs)
 
     engine._take_model_step = record_then_step
@@ -151,10 +167,12 @@ def _pipeline_debug_step(neox_args, engine, batches, ctx: RunContext, optimizer
     if len(captured) != 1:
         raise RuntimeError(f"DeepSpeed's pipeline engine took {len(captured)} optimizer steps in one train_batch "
                            f"(expected 1 call of _take_model_step); cannot log log_* values")
+    if not debug:
+        return loss, {}, gradients[0] if gradients else None
     extras = debug_values(neox_args, gather_debug_sums(captured[0], ctx.parallel_state))
     if neox_args.memory_profiling:
         extras.update(memory_stats())
-    return loss, extras
+    return loss, extras, gradients[0] if gradients else None
 
 
 def _replicated_grad_norm(module: torch.nn.Module, parallel_state) -> torch.Tensor:

@@ -30,6 +30,10 @@ class FakeEngine:
         torch.save({"module": {}, **client_state}, os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"))
         self.saved.append(tag)
 
+    @staticmethod
+    def zero_optimization():
+        return False
+
     def load_checkpoint(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states, load_module_only):
         self.loaded.append((tag, load_optimizer_states, load_module_only))
         state = load_checkpoint_file(os.path.join(load_dir, tag, "mp_rank_00_model_states.pt"))  # use_safe_loading

@@ -1,6 +1,7 @@
 """Training end to end through deepy.py on CPU ranks: it learns, saves, resumes exactly, and tensor and
 pipeline parallelism reproduce the single-rank losses."""
 
+import json
 import math
 import os
 import re
@@ -64,7 +65,9 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
     norm DeepSpeed clips with."""
     run = TrainingRun(tmp_path, data, num_gpus=2, train_iters=12, train_batch_size=8, gradient_accumulation_steps=2,
                       checkpoint_factor=12, pipe_parallel_size=2, zero_optimization={"stage": 1},
-                      log_grad_norm=True, log_grad_pct_zeros=True, log_optimizer_states=True, steps_per_print=1)
+                      log_grad_norm=True, log_grad_pct_zeros=True, log_optimizer_states=True, steps_per_print=1,
+                      log_gradient_noise_scale=True, gradient_noise_scale_n_batches=3, profile=True,
+                      profile_step_start=0, profile_step_stop=0, checkpoint_validation_with_forward_pass=True)
     run.launch()
     run.assert_ok()
     # one loss line per logged step: not DeepSpeed's pipeline engine's `steps: N loss: X` beside it (issue 31)
@@ -87,16 +90,27 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
         # before the first optimizer step there are no states; after it, Adam's two for every parameter
         assert states == (set() if record["iteration"] == 1 else
                           {f"{name}/{key}" for name in norms for key in ("exp_avg", "exp_avg_sq")})
-    run.launch(train_iters=14, override_lr_scheduler=True)
+    # the gradient noise scale of both stages' gradients, the same on every rank (the logging rank is stage 0's);
+    # one profiler trace per rank of the first step
+    assert [("noise_scale" in r) for r in train[:3]] == [False, False, True]
+    assert all(math.isfinite(r["noise_scale"]) for r in train[2:])
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "logs" / "profile").glob("*.pt.trace.json")) == \
+        ["rank0", "rank1"]
+    run.launch(train_iters=14, override_lr_scheduler=True, profile=False, profile_step_start=10,
+               profile_step_stop=12)
     run.assert_ok()
     assert max(run.losses()) == 14
+    # checkpoint_validation_with_forward_pass through the pipeline engine's evaluation
+    assert "reproduces its saved loss" in run.result.stdout + run.result.stderr
 
 
 def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path):
     """A DeepSpeed `scheduler` dict replaces the built-in schedule: DeepSpeed builds it, the logged lr is the one
-    it sets, and it resumes from the checkpoint. Evaluation also reports the character-level perplexity."""
+    it sets, and it resumes from the checkpoint. Evaluation also reports the character-level perplexity, and the
+    resumed run finds its checkpoint's loss on the fixed sequence again (checkpoint_validation_with_forward_pass)."""
     peak = TINY_MODEL["optimizer"]["params"]["lr"]
     settings = dict(num_gpus=1, train_iters=8, eval_interval=4, char_level_ppl=True,
+                    checkpoint_validation_with_forward_pass=True,
                     lr_decay_style="linear", min_lr=0.0, warmup=0.01,  # the built-in schedule's defaults
                     scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 8,
                                                                     "warmup_type": "linear"}})
@@ -126,6 +140,7 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
         resumed.result.stdout
     for output in (straight.result.stdout + straight.result.stderr, resumed.result.stdout + resumed.result.stderr):
         assert not re.search(r"\[(runner|launch|real_accelerator)\.py:|Unable to find hostfile|exits with", output)
+    assert "reproduces its saved loss" in resumed.result.stdout + resumed.result.stderr
     losses = straight.losses()
     assert resumed.losses() == {i: losses[i] for i in range(5, 9)}
     assert resumed.records("eval") == [e for e in evals if e["iteration"] > 4]  # validation, too, is exact
@@ -144,7 +159,8 @@ def test_metrics_tensorboard_debug_values_epochs_and_eval_tasks(data, tmp_path):
     tasks = write_local_tasks(tmp_path / "tasks", docs=4)
     run = TrainingRun(tmp_path, data, num_gpus=1, train_epochs=1, eval_interval=10, split="4,90,6",
                       tensorboard_dir=str(tmp_path / "tb"), save=None, load=None, log_grad_norm=True,
-                      log_param_norm=True, memory_profiling=True,
+                      log_param_norm=True, memory_profiling=True, log_gradient_noise_scale=True,
+                      gradient_noise_scale_n_batches=2, profile=True, profile_step_start=1, profile_step_stop=2,
                       eval_tasks=[str(tasks["neox_mc_local"]), str(tasks["neox_ll_local"])])
     expected_iters = iterations_for_epochs(NeoXArgs.from_dict(run.config))
     run.launch(extra_env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
@@ -162,6 +178,12 @@ def test_metrics_tensorboard_debug_values_epochs_and_eval_tasks(data, tmp_path):
     assert train[-1]["grad_norm"] == pytest.approx(train[-1]["grad_norm_total"], rel=1e-4)
     assert train[-1]["tokens_per_sec"] > 0
     assert (tmp_path / "logs" / "memory" / "memory_iter1.json").is_file()
+    # log_gradient_noise_scale: from the first window of two steps on
+    assert "noise_scale" not in train[0] and all(math.isfinite(r["noise_scale"]) for r in train[1:])
+    # profile: torch.profiler's trace of the steps logged as iterations 2 and 3, one file for the one rank
+    [trace] = (tmp_path / "tb" / "profile").glob("rank0.*.pt.trace.json")
+    names = {e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert len({n for n in names if n.startswith("ProfilerStep#")}) == 2
     evals = run.records("eval")
     assert [e["iteration"] for e in evals][:2] == [10, 20]
     events = [f for f in (tmp_path / "tb").rglob("events.out.tfevents.*")]

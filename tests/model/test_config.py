@@ -16,7 +16,7 @@ from megatron.neox_arguments import NeoXArgs
 from tests.neox_arguments.helpers import tiny
 
 SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32)
-FLATTENED = {"soft_prompt_tokens", "soft_prompt_init_range", "local_attention_block", "local_attention_window_blocks",
+FLATTENED = {"soft_prompt_tokens", "soft_prompt_init_range", "soft_prompt_init_tokens", "local_attention_block", "local_attention_window_blocks",
              "number_checkpoints", "mup_width_mult"}
 
 

@@ -105,6 +105,40 @@ def test_activation_families(activation):
         torch.testing.assert_close(fn(x), base(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "geglu"])
+def test_onnx_safe_writes_the_gelu_out_from_erf_with_the_same_logits(activation):
+    """onnx_safe (from the config: NeoXArgs -> ModelConfig) traces to erf and elementwise ops, never aten::gelu (the
+    op ONNX opsets below 20 lack), and the model computes the same logits."""
+    from megatron.model.config import ModelConfig
+    from tests.neox_arguments.helpers import tiny
+
+    config = ModelConfig.from_neox_args(tiny(activation=activation, onnx_safe=True, hidden_dropout=0.0,
+                                             attention_dropout=0.0), padded_vocab_size=128)
+    assert config.onnx_safe
+    inputs, _ = random_batch()
+    logits = {}
+    for safe in (False, True):
+        torch.manual_seed(0)
+        model = build_model(config.replace(onnx_safe=safe), SingleProcessState()).eval()
+        with torch.no_grad():
+            logits[safe] = model(inputs)
+        activations = [m.activation for m in model.modules() if callable(getattr(m, "activation", None))]
+        assert len(activations) == config.num_layers
+        for act in activations:
+            graph = str(torch.jit.trace(act, torch.randn(2, 16)).graph)
+            assert ("aten::gelu" in graph) != safe and ("aten::erf" in graph) == safe, (safe, graph)
+    torch.testing.assert_close(logits[True], logits[False], rtol=1e-5, atol=1e-5)
+    x = torch.linspace(-6, 6, 101, dtype=torch.float64)
+    torch.testing.assert_close(get_activation("gelu", onnx_safe=True)[0](x), torch.nn.functional.gelu(x),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_onnx_safe_with_bias_gelu_fusion_is_refused():
+    from tests.neox_arguments.helpers import problems_of
+
+    assert "onnx_safe=true writes the GeLU out from erf" in problems_of(onnx_safe=True, bias_gelu_fusion=True)
+
+
 def test_mlp_width_rules():
     assert tiny_config(hidden_size=32).ffn_width == 128
     assert tiny_config(hidden_size=32, expansion_factor=2.0).ffn_width == 64
@@ -320,6 +354,50 @@ def test_soft_prompt_tuning_trains_only_the_prompt():
     inputs, _ = random_batch()
     hidden, _ = model.embedding(inputs)
     torch.testing.assert_close(hidden[:, :3], model.embedding.soft_prompt.weight.expand(2, 3, 32))
+
+
+@pytest.mark.parametrize("text,n_tokens", [("abcdefgh", 3), ("ab", 5)])
+def test_soft_prompt_init_string_starts_from_its_tokens_embeddings(text, n_tokens):
+    """soft_prompt_tuning.init_string (deepy.py's path: NeoXArgs, the worker's tokenizer, ModelConfig): the soft
+    prompt starts as the word embeddings of the string's tokens, cut or repeated to n_tokens (GPT-NeoX's
+    SoftEmbedding); an empty tokenization is a ConfigError naming the key."""
+    from megatron.initialize import soft_prompt_init_tokens
+    from megatron.model.config import ModelConfig
+    from megatron.tokenizer import build_tokenizer
+    from tests.neox_arguments.helpers import tiny
+
+    args = tiny(tokenizer_type="CharLevelTokenizer", soft_prompt_tuning={"enabled": True, "n_tokens": n_tokens,
+                                                                          "init_string": text})
+    tokenizer = build_tokenizer(args)
+    changes = soft_prompt_init_tokens(args, tokenizer)
+    ids = tokenizer.tokenize(text)
+    assert changes == {"soft_prompt_init_tokens": tuple(ids)}
+    config = ModelConfig.from_neox_args(args, padded_vocab_size=512, **changes)
+    model = build_model(config, SingleProcessState())
+    embedding = model.embedding
+    expected = embedding.word_embeddings.weight.detach()[(ids * n_tokens)[:n_tokens]]
+    torch.testing.assert_close(embedding.soft_prompt.weight.detach(), expected, rtol=0, atol=0)
+    blank = tiny(tokenizer_type="CharLevelTokenizer", soft_prompt_tuning={"enabled": True, "init_string": "x"})
+    with pytest.raises(ConfigError, match="soft_prompt_tuning.init_string='x' has no tokens"):
+        soft_prompt_init_tokens(blank, type("Empty", (), {"tokenize": staticmethod(lambda text: [])})())
+
+
+def _soft_prompt_of_tensor_parallel_model(rank: int, world_size: int, config) -> torch.Tensor:
+    from megatron.mpu import ParallelState
+
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=world_size)
+    return build_model(config, state).embedding.soft_prompt.weight.detach()
+
+
+@pytest.mark.slow
+def test_soft_prompt_init_string_rows_are_whole_on_every_tensor_parallel_rank():
+    """Tokens of both halves of a vocabulary split over 2 ranks: each rank's soft prompt is the one-rank model's."""
+    from tests.distributed_helpers import run_distributed
+
+    config = tiny_config(soft_prompt_tokens=4, soft_prompt_init_tokens=(3, 100, 64, 127))
+    single = build_model(config, SingleProcessState()).embedding.soft_prompt.weight.detach()
+    for weight in run_distributed(_soft_prompt_of_tensor_parallel_model, world_size=2, args=(config,)):
+        torch.testing.assert_close(weight, single, rtol=0, atol=0)
 
 
 def test_custom_attention_mask_is_honoured():

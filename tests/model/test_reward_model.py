@@ -32,6 +32,23 @@ def test_rewards_are_read_at_the_last_scored_position_and_the_loss_is_bradley_te
         sequence_rewards(values, torch.zeros(4, 6))
 
 
+def test_z_loss_adds_its_coefficient_times_the_mean_squared_rewards_as_gpt_neox() -> None:
+    """z_loss from the config (deepy.py's path: NeoXArgs -> ModelConfig -> the model's loss) adds GPT-NeoX's
+    z_loss x mean(r_chosen^2 + r_rejected^2) to the Bradley-Terry loss."""
+    from megatron.model.config import ModelConfig
+    from megatron.model.gpt2_model import loss_function
+    from tests.neox_arguments.helpers import RM_ARGS, tiny
+
+    values = torch.tensor([[1.5], [-0.5], [0.25], [2.0]]).view(4, 1, 1)
+    mask = torch.ones(4, 1)
+    config = ModelConfig.from_neox_args(tiny(**RM_ARGS, z_loss=0.1), padded_vocab_size=128)
+    loss = loss_function(config, SingleProcessState())(values, (None, mask))
+    chosen, rejected = (1.5, -0.5), (0.25, 2.0)
+    bradley_terry = sum(math.log1p(math.exp(-(c - r))) for c, r in zip(chosen, rejected)) / 2
+    z = 0.1 * sum(c * c + r * r for c, r in zip(chosen, rejected)) / 2
+    assert float(loss) == pytest.approx(bradley_terry + z, rel=1e-6), (float(loss), bradley_terry, z)
+
+
 def pairs(seed: int = 0, rows: int = 8, seq: int = 12):
     """Separable pairs: chosen rows end in token 7, rejected rows in token 9; random lengths (padded)."""
     gen = torch.Generator().manual_seed(seed)

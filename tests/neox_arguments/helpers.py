@@ -15,6 +15,11 @@ def tiny(**overrides: Any) -> NeoXArgs:
     return NeoXArgs.from_dict({**TINY, **overrides})
 
 
+RM_ARGS = {"train_impl": "rm", "dataset_impl": "pairwise", "pack_impl": "unpacked", "pos_train_data_paths": ["data/pos"],
+           "neg_train_data_paths": ["data/neg"]}
+"""What a reward-model run needs besides TINY (pairwise data paths; the files are not read)."""
+
+
 def problems_of(**overrides: Any) -> str:
     """The text of the ConfigError the overrides cause (fails the test if none is raised)."""
     try:

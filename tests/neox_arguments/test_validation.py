@@ -8,7 +8,7 @@ from megatron.model.config import ModelConfig
 from megatron.neox_arguments import NeoXArgs
 from megatron.errors import ConfigError, NeoXConfigWarning
 from megatron.neox_arguments.validation import DERIVED_ONLY
-from tests.neox_arguments.helpers import TINY, problems_of, tiny
+from tests.neox_arguments.helpers import RM_ARGS, TINY, problems_of, tiny
 
 
 def test_all_problems_are_reported_at_once():
@@ -366,7 +366,7 @@ def test_softmax_fusion_with_a_softmax_to_fuse_gives_no_warning(config):
 
 
 @pytest.mark.parametrize("key,value", [
-    ("z_loss", 0.1), ("kl_div_beta", 0.5), ("kl_impl", "abs"), ("fp32_reinforce", False),
+    ("kl_div_beta", 0.5), ("kl_impl", "abs"), ("fp32_reinforce", False),
     ("reinforce_leave_one_out", True),
     ("serve_model_weights", True), ("weight_server_port", [6000, 6001]), ("online_dataserver_ips", "10.0.0.1"),
     ("online_dataserver_ports", 10001), ("train_impl", "reinforce"), ("dataset_impl", "online"),
@@ -374,6 +374,12 @@ def test_softmax_fusion_with_a_softmax_to_fuse_gives_no_warning(config):
 def test_newer_gpt_neox_keys_are_known_and_refused_until_built(key, value):
     text = problems_of(**{key: value})
     assert "not supported yet" in text and "unknown argument" not in text
+
+
+def test_z_loss_is_a_reward_model_setting():
+    assert tiny(**RM_ARGS, z_loss=0.1).z_loss == 0.1
+    for settings in ({"z_loss": 0.1}, {**RM_ARGS, "z_loss": -1.0}):
+        assert "z_loss is the reward model's z-loss coefficient" in problems_of(**settings)
 
 
 def test_newer_gpt_neox_keys_that_act_or_do_nothing_here():

@@ -32,21 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron.model.activations import _GATED, _PLAIN
-from megatron.model.config import GATED_ACTIVATIONS, ModelConfig
+from megatron.model.activations import elementwise_activation
+from megatron.model.config import ModelConfig
 from megatron.model.moe.router import Router, expert_counts
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model.parameter_marks import MOE_EXPERT_FLAG
 from megatron.mpu import (copy_to_model_parallel_region, gather_from_sequence_parallel_region,
                           reduce_from_model_parallel_region, reduce_scatter_to_sequence_parallel_region)
 from megatron.mpu.collectives import group_size
-
-
-def expert_activation(name: str):
-    """(the elementwise function, whether the expert is gated) of an expert activation name."""
-    if name in GATED_ACTIVATIONS:
-        return _GATED[name], True
-    return _PLAIN[name], False
 
 
 class GroupedExperts(nn.Module):
@@ -59,7 +52,7 @@ class GroupedExperts(nn.Module):
         super().__init__()
         self.num_experts, self.width, self.hidden = config.moe_num_experts // tp, config.expert_ffn_width, \
             config.hidden_size
-        self.act, self.gated = expert_activation(config.expert_activation)
+        self.act, self.gated = elementwise_activation(config.expert_activation, config.onnx_safe)
         rows = self.num_experts * self.width
         local = slice(tp_rank * rows, (tp_rank + 1) * rows)
         names = ["w1", "w3", "w2"] if self.gated else ["w1", "w2"]

@@ -127,13 +127,17 @@ class NeoXArgsLogging:
 
     log_gradient_noise_scale: bool = False
     """
-    Whether to log the gradient noise scale when training (cf. https://arxiv.org/abs/1812.06162 for
-    explanation)
+    Whether to log the gradient noise scale when training (cf. https://arxiv.org/abs/1812.06162 for explanation):
+    McCandlish et al.'s simple noise scale tr(Sigma) / |G|^2, estimated as GPT-NeoX does from each step's gradient
+    (B_small = train_batch_size) and their mean over gradient_noise_scale_n_batches steps, smoothed by moving
+    averages, and logged as noise_scale (metrics.jsonl, TensorBoard, W&B) from the first complete window on
+    (megatron.observability.gradient_noise_scale). Every parallel layout; not with rampup_batch_size.
     """
 
     gradient_noise_scale_n_batches: int = 5
     """
-    Number of batches to accumulate gradients for in the gradient noise scale logger.
+    Number of batches to accumulate gradients for in the gradient noise scale logger (>= 2; one copy of the
+    gradient is buffered meanwhile).
     """
 
     gradient_noise_scale_cpu_offload: bool = False
@@ -155,17 +159,23 @@ class NeoXArgsLogging:
     """
     Enable nsys profiling. When using this option, nsys options should be specified in commandline. An
     example nsys commandline is ``` nsys profile -s none -t nvtx,cuda -o <path/to/output_file> --force-
-    overwrite true --capture-range=cudaProfilerApi --capture-range-end=stop ```
+    overwrite true --capture-range=cudaProfilerApi --capture-range-end=stop ```. Here, on any device, the steps
+    from profile_step_start to profile_step_stop are also recorded by torch.profiler: each rank writes
+    rank{R}.<timestamp>.pt.trace.json into <tensorboard_dir>/profile (else <log_dir>/profile; one of them must be
+    set), for TensorBoard's profiler plugin, Perfetto or chrome://tracing; with CUDA each of those steps is an NVTX
+    range inside cudaProfilerStart / cudaProfilerStop (megatron.observability.profiler).
     """
 
     profile_step_start: int = 10
     """
-    Step to start profiling at.
+    Step to start profiling at: the first profiled step is the one taken after this many steps (logged as
+    iteration profile_step_start + 1), as in GPT-NeoX.
     """
 
     profile_step_stop: int = 12
     """
-    Step to stop profiling at.
+    Step to stop profiling at: the last profiled step is the one taken after this many steps (logged as iteration
+    profile_step_stop + 1); >= profile_step_start.
     """
 
     peak_theoretical_tflops: Optional[float] = None

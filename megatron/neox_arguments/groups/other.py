@@ -66,7 +66,9 @@ class NeoXArgsOther:
 
     onnx_safe: bool = False
     """
-    Use workarounds for known problems with Torch ONNX exporter
+    Use workarounds for known problems with Torch ONNX exporter: as in GPT-NeoX, the GeLU (activation gelu, and
+    geglu's and the experts' here) is computed as x * 0.5 * (1 + erf(x / sqrt(2))), the same function from ops every
+    ONNX opset has (ONNX's Gelu operator needs opset 20). Not with bias_gelu_fusion.
     """
 
     deepscale: bool = False

@@ -263,7 +263,9 @@ class NeoXArgsTraining:
 
     z_loss: float = 0.0
     """
-    Z-loss coefficient (arXiv 2204.02311); GPT-NeoX implements it for reward-model training only.
+    Z-loss coefficient of reward-model training (train_impl 'rm'; arXiv 2204.02311): z_loss x mean(r_chosen^2 +
+    r_rejected^2) is added to the Bradley-Terry loss, keeping the rewards near 0, as GPT-NeoX does. Must be >= 0;
+    refused with another train_impl.
     """
 
     allow_chopped: bool = True
@@ -305,7 +307,11 @@ class NeoXArgsTraining:
 
     checkpoint_validation_with_forward_pass: bool = False
     """
-    save input and output of a forward pass with the checkpoint and validate after load
+    save input and output of a forward pass with the checkpoint and validate after load: each checkpoint keeps the
+    model's loss on GPT-NeoX's fixed sequence (tokens 0..seq_length, eval mode) in its client state, and a run that
+    loads it (train.py) computes it again and stops with a CheckpointError naming both losses when they differ by
+    more than 1e-4 (fp32) or 2e-2 (bf16 / fp16) relative (megatron.training.checkpoint_validation). Language models
+    (train_impl normal) only.
     """
 
     checkpoint_scale: Literal['linear', 'log'] = 'linear'
@@ -331,7 +337,10 @@ class NeoXArgsTraining:
 
     no_save_optim: bool = False
     """
-    Do not save current optimizer.
+    Do not save current optimizer: checkpoints keep the weights, the LR schedule, the iteration and the data position
+    but no optimizer state (megatron.checkpoint.weights_only). A run resuming from one loads those and starts the
+    optimizer afresh, with a note saying so (16-bit runs take their fp32 master weights from the saved 16-bit ones).
+    Not with ZeRO stage 3, which keeps the weights in its optimizer partitions.
     """
 
     no_save_rng: bool = False
