@@ -246,4 +246,9 @@ COMMANDS: Dict[str, Entry] = {
     "python deepy.py train.py configs/quickstart.yml --verbose": Mapped(
         {"tests/e2e/test_prelaunch.py": ("--verbose", "log_level"), "tests/e2e/test_multinode.py": ("--verbose",)},
         "the flag's effect on DeepSpeed's runner in-process; the multi-node launches read the runner's log with it"),
+    # docs/gpt-neox-extras.md
+    "nsys profile -s none -t nvtx,cuda -o out --force-overwrite true --capture-range=cudaProfilerApi "
+    "--capture-range-end=stop python deepy.py train.py ...": NotRun(
+        "gpu", "NVIDIA's nsys on a CUDA machine; the NVTX ranges and cudaProfilerStart/Stop calls it captures are "
+               "checked in order with CUDA faked (tests/observability/test_profiler.py)"),
 }
