@@ -53,6 +53,10 @@ the fused softmax: they call flash-attn 2 where it is installed and can do the c
 see megatron.model.flash), and otherwise attend like "global" layers without the fusion flags.
 Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
 
+A batch of packed documents (the attention_mask slot holding each token's document number, megatron.model.batch)
+attends within each document as if it were run alone, without an s x s mask: ``_documents_context``, after the QK
+norm and before the rotation (rotary positions restart per document), megatron.model.packed_attention.
+
 With context_parallel_size > 1 this rank holds two load-balanced chunks of each sequence: rotary rotates q and k
 at the chunks' global positions and the core is ring attention (megatron.model.ring_attention), causal by
 position (the batch carries no mask then); the layer types, positions and options it does not serve are
@@ -68,13 +72,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.activation_checkpointing import checkpoint_function
-from megatron.model.batch import is_causal_only
+from megatron.model.batch import is_causal_only, is_document_ids
 from megatron.model.block_sparse import BlockSparseMask, layer_seed
 from megatron.model.config import ModelConfig, sparsity_settings
 from megatron.model.flash import FlashAttention
 from megatron.model.fused import model_fused_ops
 from megatron.model.kv_cache import KVCache
 from megatron.model.norms import build_norm
+from megatron.model.packed_attention import cumulative_lengths, document_lengths, restarted_positions
 from megatron.model.positional import RelativePositionBias, RotaryEmbedding, alibi_bias, alibi_slopes
 from megatron.model.ring_attention import ring_attention
 from megatron.model.sparsity_config import SPARSE_TYPES
@@ -237,6 +242,8 @@ class ParallelSelfAttention(nn.Module):
             k, v = k.view(b, s, self.local_kv_heads, d), v.view(b, s, self.local_kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if is_document_ids(attention_mask):
+            return self._documents_context(q, k, v, attention_mask, kv_cache)
         offset = kv_cache.length if kv_cache is not None else 0
         if self.cp_size > 1 and kv_cache is not None:
             raise ValueError("KV-cache decoding with context_parallel_size > 1 is not supported; build the inference "
@@ -252,11 +259,41 @@ class ParallelSelfAttention(nn.Module):
             context = ring_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), self.cp_group,
                                      self.cp_rank, self.cp_size)
             return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
+        return self._attend(q, k, v, attention_mask, kv_cache)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor],
+                kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+        """``_core``, under selective recomputation where it applies."""
         if self.selective_recompute and self.training and kv_cache is None and torch.is_grad_enabled():
             # recompute_granularity 'selective': keep only q, k, v for the backward pass; DeepSpeed's checkpoint
             # replays the dropout streams of its RNG tracker, which the model uses in this mode
             return checkpoint_function()(self._core, q, k, v, attention_mask)
         return self._core(q, k, v, attention_mask, kv_cache)
+
+    def _documents_context(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: torch.Tensor,
+                           kv_cache: Optional[KVCache]) -> torch.Tensor:
+        """Packed documents (megatron.model.packed_attention): each document attends to itself alone, at
+        positions restarting from 0, as if it were run alone; no s x s mask. q, k, v [batch, seq, heads,
+        head_dim] before the rotation; ``documents`` int [batch, seq]."""
+        if kv_cache is not None or self.cp_size > 1:
+            raise ValueError("packed documents (inter_document_attention_masking) are for training and scoring: "
+                             "KV-cache decoding and context_parallel_size > 1 take one document per sequence")
+        b, s, d = q.size(0), q.size(1), self.head_dim
+        lengths = document_lengths(documents)
+        q, k, v = (t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))  # documents one after another
+        if self.pos_emb == "rotary":
+            cos, sin = self.rotary_emb.tables_at(restarted_positions(lengths, q.device), max(lengths))
+            q, k = (self.ops.rotary(t.unsqueeze(0), cos, sin).squeeze(0) for t in (q, k))
+        if self._flash_applies(q, None) and self.flash.varlen_func is not None:
+            slopes = self.alibi_slopes(q.device) if self.pos_emb == "alibi" else None
+            with self.rng_tracker.fork():
+                context = self.flash.varlen(q, k, v, cumulative_lengths(lengths, q.device), max(lengths),
+                                            dropout_p=self.dropout_p if self.training else 0.0, window=self.window,
+                                            alibi_slopes=slopes)
+            return context.reshape(b, s, self.local_heads * d)
+        pieces = [self._attend(qd.unsqueeze(0), kd.unsqueeze(0), vd.unsqueeze(0), None)
+                  for qd, kd, vd in zip(q.split(lengths), k.split(lengths), v.split(lengths))]
+        return torch.cat(pieces, dim=1).reshape(b, s, self.local_heads * d)
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention_mask: Optional[torch.Tensor],
               kv_cache: Optional[KVCache] = None) -> torch.Tensor:

@@ -9,7 +9,11 @@
 With a label dataset ('label' [b, s + 1], BatchOptions.labels) labels come from it.
 reset_position_ids restarts positions after each end-of-document token; reset_attention_mask keeps tokens
 from attending across documents (a per-sample [b, 1, s, s] mask: the strict upper triangle and the other
-documents).
+documents). Packed documents (BatchOptions.documents: inter_document_attention_masking, or reset_attention_mask
+with reset_position_ids, megatron.training.batches.packs_documents) keep them apart without an s x s mask: the
+attention_mask slot carries each token's document number, int32 [b, s] (an end-of-document token belongs to the
+document it ends; ``is_document_ids`` tells it from a bool mask by its dtype), positions restart per document, and
+the attention layers attend within each document (megatron.model.packed_attention).
 
 Why plain causality has a mask of its own shape: the attention layers decide from the mask's shape alone
 (``is_causal_only``, host metadata) that they may take the causal kernels (SDPA's is_causal, flash-attn's causal,
@@ -54,6 +58,13 @@ def is_causal_only(attention_mask: Optional[torch.Tensor]) -> bool:
     return attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[-2:] == (1, 1))
 
 
+def is_document_ids(attention_mask: Optional[torch.Tensor]) -> bool:
+    """True when the attention_mask slot carries per-token document numbers ([b, s] int32)
+    rather than a bool mask (see the module docstring). Read from the dtype only (host metadata)."""
+    return attention_mask is not None and not attention_mask.dtype.is_floating_point and \
+        attention_mask.dtype != torch.bool
+
+
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` on ``device`` without the host waiting for the copy: a host tensor bound for a GPU is copied
     from page-locked memory (the DataLoader's pinned batches as they are, others pinned first), which is what
@@ -67,14 +78,18 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_mask_loss: bool,
-                           reset_position_ids: bool = False, reset_attention_mask: bool = False
-                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(attention_mask, loss_mask, position_ids) for left-to-right language modelling."""
+                           reset_position_ids: bool = False, reset_attention_mask: bool = False,
+                           documents: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(attention_mask, loss_mask, position_ids) for left-to-right language modelling; with ``documents`` the
+    attention_mask is the int32 [b, s] document numbers and the positions restart per document."""
     b, s = tokens.shape
     attention_mask = causal_only_mask(tokens.device)
     loss_mask = torch.ones(b, s, dtype=torch.float32, device=tokens.device)
-    if (eod_mask_loss or reset_position_ids or reset_attention_mask) and eod_token is None:
-        raise ValueError("eod_mask_loss / reset_position_ids / reset_attention_mask need the tokenizer's eod token id")
+    if (eod_mask_loss or reset_position_ids or reset_attention_mask or documents) and eod_token is None:
+        raise ValueError("eod_mask_loss / reset_position_ids / reset_attention_mask / inter_document_attention_masking "
+                         "need the tokenizer's eod token id")
+    reset_position_ids = reset_position_ids or documents
+    reset_attention_mask = reset_attention_mask and not documents
     if eod_mask_loss:
         loss_mask[tokens == eod_token] = 0.0
     index = torch.arange(s, dtype=torch.long, device=tokens.device).unsqueeze(0).expand(b, s)
@@ -86,6 +101,8 @@ def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_m
             last_eod = torch.cummax(torch.where(is_eod.bool(), index, torch.full_like(index, -1)), dim=1).values
             start = torch.cat([torch.zeros_like(last_eod[:, :1]), last_eod[:, :-1] + 1], dim=1)
             position_ids = index - start
+        if documents:
+            attention_mask = document.int()
         if reset_attention_mask:
             attention_mask = causal_attention_mask(s, tokens.device) | \
                 (document[:, None, :, None] != document[:, None, None, :])
@@ -103,6 +120,7 @@ class BatchOptions:
     eod_mask_loss: bool = False
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
+    documents: bool = False  # packed documents attend only to themselves, without an s x s mask
 
 
 def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], parallel_state,
@@ -114,7 +132,8 @@ def get_batch(options: BatchOptions, data: Optional[Dict[str, torch.Tensor]], pa
     tokens = text[:, :-1].clamp(min=0)  # -100 padding is never attended to as a label; any id embeds
     labels = (sample["label"] if "label" in sample else text)[:, 1:].contiguous()
     attention_mask, loss_mask, position_ids = masks_and_position_ids(
-        tokens, eod_token, options.eod_mask_loss, options.reset_position_ids, options.reset_attention_mask)
+        tokens, eod_token, options.eod_mask_loss, options.reset_position_ids, options.reset_attention_mask,
+        options.documents)
     negative = labels < 0  # masked and clamped whether or not there are any: asking would sync with the device
     loss_mask = loss_mask.masked_fill(negative, 0.0)
     labels = labels.clamp(min=0)
@@ -137,6 +156,8 @@ def truncate_batch(batch, seqlen: int):
     if seqlen >= tokens.size(1):
         return batch
     cut = lambda t: t[:, :seqlen].contiguous()
-    if not is_causal_only(attention_mask):
+    if is_document_ids(attention_mask):
+        attention_mask = cut(attention_mask)
+    elif not is_causal_only(attention_mask):
         attention_mask = attention_mask[..., :seqlen, :seqlen].contiguous()
     return ((cut(tokens), cut(position_ids), attention_mask), (cut(labels), cut(loss_mask), *rest))

@@ -42,6 +42,8 @@ GMLP_FF_MULT = 4
 """GPT-NeoX's GMLPBlock width: F = 4 x hidden_size (its ff_mult, not configurable)."""
 RECURRENT_TYPES = ("mamba", "rwkv")
 """Layer types that carry a recurrent state (no attention: no heads, no positions, no attention mask)."""
+NO_PACKED_DOCUMENT_TYPES = GMLP_TYPES + RECURRENT_TYPES
+"""Layers that cannot keep packed documents apart without a dense mask (megatron.model.packed_attention)."""
 PLAIN_ACTIVATIONS = ("gelu", "relu", "softsign", "swish", "mish", "silu")
 GATED_ACTIVATIONS = ("geglu", "reglu", "swiglu", "bilinear", "glu")
 """GLU-family activations: the MLP's first projection is a fused [up | gate] pair."""

@@ -6,8 +6,9 @@ flash-attn only runs on CUDA in fp16/bf16 with head_dim <= 256, and takes no arb
 the bottom-right alignment that incremental decoding needs (query i of s sees keys up to i + k_len - s),
 grouped-query attention without repeating keys, ``sliding_window_width`` as ``window_size=(w, 0)`` and
 ALiBi as ``alibi_slopes`` (flash-attn's bias -slope * |i + k_len - s - j| equals our -slope * (q_pos -
-k_pos) on every visible key). Every other call (CPU, fp32, packed-document masks from
-reset_attention_mask, rpe) uses PyTorch SDPA, which computes the same attention. Where flash-attn does
+k_pos) on every visible key). Packed documents (inter_document_attention_masking) go through
+``flash_attn_varlen_func``, all documents of the batch in one call from their cumulative lengths, where the installed
+flash-attn has it. Every other call (CPU, fp32, dense masks from reset_attention_mask alone, rpe) uses PyTorch SDPA, which computes the same attention. Where flash-attn does
 not import on a CUDA machine, every 'flash' layer uses SDPA: FlashAttnUnavailableWarning says so once, and
 ``flash_attention_backend()`` names what runs (benchmarks label their runs with it). flash-attn soft-maxes in
 fp32 internally, so attention_softmax_in_fp32 and apply_query_key_layer_scaling hold on this path too.
@@ -54,8 +55,9 @@ def flash_attention_backend() -> str:
 class FlashAttention:
     """flash_attn_func for the calls it can do; ``supports`` tells the layer which those are."""
 
-    def __init__(self, flash_attn_func: Callable, head_dim: int) -> None:
+    def __init__(self, flash_attn_func: Callable, head_dim: int, varlen_func: Optional[Callable] = None) -> None:
         self.flash_attn_func = flash_attn_func
+        self.varlen_func = varlen_func
         self.head_dim = head_dim
 
     @classmethod
@@ -70,7 +72,11 @@ class FlashAttention:
                               "requirements/requirements-flashattention.txt for them)",
                               FlashAttnUnavailableWarning, stacklevel=2)
             return None
-        return cls(func, head_dim)
+        try:
+            from flash_attn import flash_attn_varlen_func
+        except ImportError:  # an older flash-attn: packed documents then attend through SDPA, document by document
+            flash_attn_varlen_func = None
+        return cls(func, head_dim, flash_attn_varlen_func)
 
     def supports(self, q: torch.Tensor) -> bool:
         return q.is_cuda and q.dtype in HALF_DTYPES and self.head_dim <= MAX_HEAD_DIM
@@ -80,5 +86,15 @@ class FlashAttention:
         """Causal attention; q [b, s, heads, d], k/v [b, k_len, kv_heads, d] -> [b, s, heads, d]."""
         return self.flash_attn_func(
             q, k, v, dropout_p=dropout_p, causal=True,
+            window_size=(-1, -1) if window is None else (int(window), 0),
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous())
+
+    def varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+               *, dropout_p: float, window: Optional[int], alibi_slopes: Optional[torch.Tensor]) -> torch.Tensor:
+        """Causal attention within each of the documents laid one after another in q [total, heads, d] and k/v
+        [total, kv_heads, d], which ``cu_seqlens`` (int32 [documents + 1]) delimits -> [total, heads, d]."""
+        return self.varlen_func(
+            q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+            max_seqlen_k=max_seqlen, dropout_p=dropout_p, causal=True,
             window_size=(-1, -1) if window is None else (int(window), 0),
             alibi_slopes=None if alibi_slopes is None else alibi_slopes.float().contiguous())

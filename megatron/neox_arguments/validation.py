@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable, Iterable, List, Optional, Set, Tuple
 
 from megatron.data.curriculum import curriculum_problems, enabled as curriculum_enabled
-from megatron.model.config import ModelConfig, recurrent_only_warning, softmax_fusion_warning
+from megatron.model.config import NO_PACKED_DOCUMENT_TYPES, ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.mup.rules import mup_run_problems
 from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_space_problems
 from megatron.neox_arguments.groups import NeoXArgsSchema
@@ -158,6 +158,7 @@ def model_problems(args: NeoXArgsSchema, config: Optional[ModelConfig]) -> List[
         return [f"'{name}' is required (the model shape); set it in a config file"
                 for name in REQUIRED_MODEL_FIELDS if getattr(args, name) is None]
     problems = config.problems()
+    problems += packed_document_problems(args, config)
     if args.make_vocab_size_divisible_by < 1:
         problems.append(f"make_vocab_size_divisible_by={args.make_vocab_size_divisible_by} must be >= 1")
     if args.soft_prompt_tuning is not None:
@@ -169,6 +170,24 @@ def model_problems(args: NeoXArgsSchema, config: Optional[ModelConfig]) -> List[
         if init_string is not None and not isinstance(init_string, str):
             problems.append(f"soft_prompt_tuning.init_string={init_string!r} must be a string (its tokens' "
                             f"embeddings start the soft prompt)")
+    return problems
+
+
+def packed_document_problems(args: NeoXArgsSchema, config: ModelConfig) -> List[str]:
+    """inter_document_attention_masking: what packed documents (megatron.model.packed_attention) do not serve."""
+    if not args.inter_document_attention_masking:
+        return []
+    why = "with inter_document_attention_masking is not supported"
+    problems = []
+    other = sorted(set(config.attention_types) & set(NO_PACKED_DOCUMENT_TYPES))
+    if other:
+        problems.append(f"attention_config layer types {other} {why} (they do not attend by document); use "
+                        f"attention layers or set inter_document_attention_masking to false")
+    if args.context_parallel_size > 1:
+        problems.append(f"context_parallel_size={args.context_parallel_size} {why} (ring attention masks by position "
+                        f"only); set context_parallel_size to 1")
+    if config.soft_prompt_tokens is not None:
+        problems.append(f"soft_prompt_tuning {why} (the prompt would join the first document only); disable it")
     return problems
 
 

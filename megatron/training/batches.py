@@ -11,6 +11,7 @@ from megatron.data.pairwise_dataset import as_text_and_labels
 from megatron.errors import DataError
 from megatron.initialize import RunContext
 from megatron.model.batch import BatchOptions, causal_only_mask, get_batch, to_device, truncate_batch
+from megatron.model.config import NO_PACKED_DOCUMENT_TYPES
 from megatron.mpu import broadcast_data
 from megatron.training_schedule import TrainingSchedule
 
@@ -50,7 +51,17 @@ def batch_options(neox_args):
     return BatchOptions(labels=bool(neox_args.train_label_data_paths) or neox_args.dataset_impl == "pairwise",
                         rewards=neox_args.train_impl == "kto", eod_mask_loss=neox_args.eod_mask_loss,
                         reset_position_ids=neox_args.reset_position_ids,
-                        reset_attention_mask=neox_args.reset_attention_mask)
+                        reset_attention_mask=neox_args.reset_attention_mask, documents=packs_documents(neox_args))
+
+
+def packs_documents(neox_args) -> bool:
+    """Whether batches carry packed documents that attend only to themselves (megatron.model.packed_attention):
+    inter_document_attention_masking, or GPT-NeoX's reset_attention_mask with reset_position_ids (the same
+    attention) where every layer is an attention layer (gmlp / amlp / mamba / rwkv layers keep the dense mask)."""
+    if neox_args.inter_document_attention_masking:
+        return True
+    return bool(neox_args.reset_attention_mask and neox_args.reset_position_ids) and \
+        not set(neox_args.attention_config or ()) & set(NO_PACKED_DOCUMENT_TYPES)
 
 
 class ModelBatches:

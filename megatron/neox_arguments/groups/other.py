@@ -140,5 +140,16 @@ class NeoXArgsOther:
 
     reset_attention_mask: bool = False
     """
-    Block attention across end-of-document tokens (older GPT-NeoX argument, still honoured).
+    Block attention across end-of-document tokens (older GPT-NeoX argument, still honoured). Alone it builds a
+    [batch, 1, seq, seq] mask; with reset_position_ids it means the same as inter_document_attention_masking and
+    takes its path (no seq x seq mask), except in models with gmlp / amlp / mamba / rwkv layers, which keep the mask.
+    """
+
+    inter_document_attention_masking: bool = False
+    """
+    Packed documents: each document of a packed sequence (documents end at the tokenizer's end-of-document token)
+    attends only to itself, at positions restarting from 0, as if it were run alone, without building a seq x seq
+    mask (attention per document: flash-attn's varlen kernel where installed, else PyTorch SDPA document by
+    document). The name of GPT-NeoX's open PR #1416. Refused with context_parallel_size > 1, soft_prompt_tuning and
+    gmlp / amlp / mamba / rwkv layers; KV-cache generation takes single documents as before.
     """
