@@ -53,7 +53,7 @@ the fused softmax: they call flash-attn 2 where it is installed and can do the c
 see megatron.model.flash), and otherwise attend like "global" layers without the fusion flags.
 Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
 
-A batch of packed documents (the attention_mask slot holding each token's document number, megatron.model.batch)
+A batch of packed documents (the attention_mask slot holding where documents start, [b, s], megatron.model.batch)
 attends within each document as if it were run alone, without an s x s mask: ``_documents_context``, after the QK
 norm and before the rotation (rotary positions restart per document), megatron.model.packed_attention.
 
@@ -72,7 +72,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron.model.activation_checkpointing import checkpoint_function
-from megatron.model.batch import is_causal_only, is_document_ids
+from megatron.model.batch import is_causal_only, is_document_starts
 from megatron.model.block_sparse import BlockSparseMask, layer_seed
 from megatron.model.config import ModelConfig, sparsity_settings
 from megatron.model.flash import FlashAttention
@@ -242,7 +242,7 @@ class ParallelSelfAttention(nn.Module):
             k, v = k.view(b, s, self.local_kv_heads, d), v.view(b, s, self.local_kv_heads, d)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        if is_document_ids(attention_mask):
+        if is_document_starts(attention_mask):
             return self._documents_context(q, k, v, attention_mask, kv_cache)
         offset = kv_cache.length if kv_cache is not None else 0
         if self.cp_size > 1 and kv_cache is not None:
@@ -270,16 +270,16 @@ class ParallelSelfAttention(nn.Module):
             return checkpoint_function()(self._core, q, k, v, attention_mask)
         return self._core(q, k, v, attention_mask, kv_cache)
 
-    def _documents_context(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: torch.Tensor,
+    def _documents_context(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor,
                            kv_cache: Optional[KVCache]) -> torch.Tensor:
         """Packed documents (megatron.model.packed_attention): each document attends to itself alone, at
         positions restarting from 0, as if it were run alone; no s x s mask. q, k, v [batch, seq, heads,
-        head_dim] before the rotation; ``documents`` int [batch, seq]."""
+        head_dim] before the rotation; ``starts`` bool [batch, seq], True where a document starts."""
         if kv_cache is not None or self.cp_size > 1:
             raise ValueError("packed documents (inter_document_attention_masking) are for training and scoring: "
                              "KV-cache decoding and context_parallel_size > 1 take one document per sequence")
         b, s, d = q.size(0), q.size(1), self.head_dim
-        lengths = document_lengths(documents)
+        lengths = document_lengths(starts)
         q, k, v = (t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))  # documents one after another
         if self.pos_emb == "rotary":
             cos, sin = self.rotary_emb.tables_at(restarted_positions(lengths, q.device), max(lengths))

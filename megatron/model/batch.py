@@ -11,9 +11,11 @@ reset_position_ids restarts positions after each end-of-document token; reset_at
 from attending across documents (a per-sample [b, 1, s, s] mask: the strict upper triangle and the other
 documents). Packed documents (BatchOptions.documents: inter_document_attention_masking, or reset_attention_mask
 with reset_position_ids, megatron.training.batches.packs_documents) keep them apart without an s x s mask: the
-attention_mask slot carries each token's document number, int32 [b, s] (an end-of-document token belongs to the
-document it ends; ``is_document_ids`` tells it from a bool mask by its dtype), positions restart per document, and
-the attention layers attend within each document (megatron.model.packed_attention).
+attention_mask slot carries where documents start, bool [b, s], True on each row's first token and on each token
+after an end-of-document token (an EOD belongs to the document it ends; ``is_document_starts`` tells it from a mask
+by its two dimensions; bool, because DeepSpeed's pipeline engine sends the last activation of a GPT2ModelPipe
+stage as half and turns it back into bool), positions restart per document, and the attention layers attend within
+each document (megatron.model.packed_attention).
 
 Why plain causality has a mask of its own shape: the attention layers decide from the mask's shape alone
 (``is_causal_only``, host metadata) that they may take the causal kernels (SDPA's is_causal, flash-attn's causal,
@@ -58,11 +60,10 @@ def is_causal_only(attention_mask: Optional[torch.Tensor]) -> bool:
     return attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[-2:] == (1, 1))
 
 
-def is_document_ids(attention_mask: Optional[torch.Tensor]) -> bool:
-    """True when the attention_mask slot carries per-token document numbers ([b, s] int32)
-    rather than a bool mask (see the module docstring). Read from the dtype only (host metadata)."""
-    return attention_mask is not None and not attention_mask.dtype.is_floating_point and \
-        attention_mask.dtype != torch.bool
+def is_document_starts(attention_mask: Optional[torch.Tensor]) -> bool:
+    """True when the attention_mask slot carries where packed documents start ([b, s] bool) rather than a
+    [.., s, s] mask (see the module docstring). Read from the shape only (host metadata)."""
+    return attention_mask is not None and attention_mask.dim() == 2
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -81,7 +82,7 @@ def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_m
                            reset_position_ids: bool = False, reset_attention_mask: bool = False,
                            documents: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(attention_mask, loss_mask, position_ids) for left-to-right language modelling; with ``documents`` the
-    attention_mask is the int32 [b, s] document numbers and the positions restart per document."""
+    attention_mask is where the documents start (bool [b, s]) and the positions restart per document."""
     b, s = tokens.shape
     attention_mask = causal_only_mask(tokens.device)
     loss_mask = torch.ones(b, s, dtype=torch.float32, device=tokens.device)
@@ -102,7 +103,7 @@ def masks_and_position_ids(tokens: torch.Tensor, eod_token: Optional[int], eod_m
             start = torch.cat([torch.zeros_like(last_eod[:, :1]), last_eod[:, :-1] + 1], dim=1)
             position_ids = index - start
         if documents:
-            attention_mask = document.int()
+            attention_mask = torch.cat([torch.ones_like(is_eod[:, :1]), is_eod[:, :-1]], dim=1).bool()
         if reset_attention_mask:
             attention_mask = causal_attention_mask(s, tokens.device) | \
                 (document[:, None, :, None] != document[:, None, None, :])
@@ -156,7 +157,7 @@ def truncate_batch(batch, seqlen: int):
     if seqlen >= tokens.size(1):
         return batch
     cut = lambda t: t[:, :seqlen].contiguous()
-    if is_document_ids(attention_mask):
+    if is_document_starts(attention_mask):
         attention_mask = cut(attention_mask)
     elif not is_causal_only(attention_mask):
         attention_mask = attention_mask[..., :seqlen, :seqlen].contiguous()

@@ -1,9 +1,10 @@
 """Packed documents: where each document of a packed sequence starts, and the positions that restart there.
 
-A batch built with BatchOptions.documents (inter_document_attention_masking) carries each token's document number,
-int32 [b, s], in the attention_mask slot (megatron.model.batch). The attention layers
+A batch built with BatchOptions.documents (inter_document_attention_masking) carries where its documents start,
+bool [b, s], in the attention_mask slot (megatron.model.batch). The attention layers
 (megatron.model.attention.ParallelSelfAttention) then attend within each document as if it were run alone:
-they read the documents' lengths once per call (``document_lengths``: one host read of b x documents integers),
+they read the documents' lengths once per call (``document_lengths``: one host read of as many integers as there
+are documents),
 rotate q and k at the restarted positions (``restarted_positions``), and attend either through flash-attn's
 varlen kernel (all documents in one call, from the cumulative lengths ``cumulative_lengths``; CUDA fp16/bf16
 where flash-attn is installed) or document by document through the layer's single-sequence core (SDPA's causal
@@ -23,13 +24,15 @@ from typing import List
 import torch
 
 
-def document_lengths(documents: torch.Tensor) -> List[int]:
-    """The lengths of the documents of ``documents`` (int [b, s], non-decreasing along each row), row after row:
-    they sum to b x s and none spans two rows. One host read."""
-    b, s = documents.shape
-    rows = torch.arange(b, device=documents.device).unsqueeze(1) * (s + 1)  # rows' numbers never meet
-    _, counts = torch.unique_consecutive((documents.long() + rows).reshape(-1), return_counts=True)
-    return counts.tolist()
+def document_lengths(starts: torch.Tensor) -> List[int]:
+    """The lengths of the documents whose first tokens ``starts`` marks (bool [b, s]), row after row: they sum to
+    b x s and none spans two rows (a row's first token starts a document whether it is marked or not). One host
+    read."""
+    b, s = starts.shape
+    starts = starts.clone()
+    starts[:, 0] = True
+    first = torch.nonzero(starts.reshape(-1)).squeeze(1)
+    return torch.diff(first, append=first.new_tensor([b * s])).tolist()
 
 
 def cumulative_lengths(lengths: List[int], device: torch.device) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from megatron.model.batch import BatchOptions, get_batch, is_document_ids, masks_and_position_ids, truncate_batch
+from megatron.model.batch import BatchOptions, get_batch, is_document_starts, masks_and_position_ids, truncate_batch
 from megatron.model.gpt2_model import build_model
 from megatron.model.packed_attention import document_lengths, restarted_positions
 from megatron.mpu import SingleProcessState
@@ -77,7 +77,7 @@ def test_a_packed_batch_gives_the_losses_and_gradients_of_its_documents_run_one_
     text = packed_text()
     tokens, labels = text[:, :-1], text[:, 1:]
     mask, _, positions = masks_and_position_ids(tokens, EOD, False, documents=True)
-    assert is_document_ids(mask) and tuple(mask.shape) == (len(ROWS), SEQ)
+    assert is_document_starts(mask) and mask.dtype == torch.bool and tuple(mask.shape) == (len(ROWS), SEQ)
     with SquareAllocations(SEQ) as squares:
         packed = per_token_losses(model, tokens, positions, mask, labels)
         packed.sum().backward()
@@ -144,12 +144,12 @@ def test_the_config_switch_reaches_the_model_and_gpt_neox_flags_mean_the_same():
     shape = dict(seq_length=SEQ, max_position_embeddings=SEQ, hidden_dropout=0.0, attention_dropout=0.0)
     ctx, (inputs, labels) = batch_of(tiny(inter_document_attention_masking=True, **shape))
     tokens, positions, mask = inputs
-    assert is_document_ids(mask) and positions[0, :8].tolist() == [0, 1, 2, 3, 4, 5, 0, 0]
+    assert is_document_starts(mask) and positions[0, :8].tolist() == [0, 1, 2, 3, 4, 5, 0, 0]
     model = build_model(ctx.model_config, SingleProcessState())
     with SquareAllocations(SEQ) as squares:
         model(inputs)
     assert squares.seen == []
-    assert is_document_ids(batch_of(tiny(reset_attention_mask=True, reset_position_ids=True, **shape))[1][0][2])
+    assert is_document_starts(batch_of(tiny(reset_attention_mask=True, reset_position_ids=True, **shape))[1][0][2])
     dense = batch_of(tiny(reset_attention_mask=True, **shape))[1][0][2]
     assert dense.dtype == torch.bool and tuple(dense.shape) == (2, 1, SEQ, SEQ)
     text = problems_of(inter_document_attention_masking=True, num_gpus=2, context_parallel_size=2,

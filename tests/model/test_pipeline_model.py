@@ -7,21 +7,30 @@ import torch
 from megatron.model.gpt2_model import GPT2ModelPipe, build_model
 from megatron.mpu import ParallelState, SingleProcessState
 from tests.distributed_helpers import run_distributed
+from megatron.model.batch import masks_and_position_ids
 from tests.model.helpers import random_batch, tiny_config
 from tests.model.tp_helpers import expected_local, gather_vocab
 
 STEPS, MICRO, GAS = 3, 2, 2
 
 
-def _micro_batches():
-    return [random_batch(batch=MICRO, seed=100 + i) for i in range(STEPS * GAS)]
+def _micro_batches(packed: bool = False):
+    """Random micro batches; ``packed``: with end-of-document tokens (0) in each row, as packed documents
+    (inter_document_attention_masking: document numbers in the mask slot, positions restarting)."""
+    batches = [random_batch(batch=MICRO, seed=100 + i) for i in range(STEPS * GAS)]
+    if packed:
+        for i, ((tokens, _, _), _) in enumerate(batches):
+            tokens[0, 3 + i % 4], tokens[1, 9 - i % 3] = 0, 0
+            mask, _, positions = masks_and_position_ids(tokens, 0, False, documents=True)
+            batches[i] = ((tokens, positions, mask), batches[i][1])
+    return batches
 
 
-def _reference(args):
+def _reference(args, packed: bool = False):
     model = build_model(args, SingleProcessState())
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    batches, losses = _micro_batches(), []
+    batches, losses = _micro_batches(packed), []
     for step in range(STEPS):
         opt.zero_grad()
         total = 0.0
@@ -48,11 +57,13 @@ def _pipeline_losses(rank: int, world_size: int, pipe: int, model_parallel: int,
     import deepspeed
 
     layout = dict(pipe_parallel_size=pipe, model_parallel_size=model_parallel)
+    overrides = dict(overrides)
+    packed = overrides.pop("packed_documents", False)
     args = tiny_config(**layout, **overrides)
     state = ParallelState(**layout)
     model = build_model(args, state)
     assert isinstance(model, GPT2ModelPipe)
-    ref, ref_losses = _reference(tiny_config(**dict(layout, pipe_parallel_size=0), **overrides))
+    ref, ref_losses = _reference(tiny_config(**dict(layout, pipe_parallel_size=0), **overrides), packed)
 
     class Renamed(torch.nn.Module):  # view the pipeline's parameters under sequential names
         def __init__(self):
@@ -91,7 +102,7 @@ def _pipeline_losses(rank: int, world_size: int, pipe: int, model_parallel: int,
     calls = [0] * len(layers)  # forward calls of this stage's layers (a recomputed layer is called again)
     for i, layer in enumerate(layers):
         layer.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
-    data = iter(_micro_batches())
+    data = iter(_micro_batches(packed))
     losses = [engine.train_batch(data).item() for _ in range(STEPS)]
     parts = list(model.parts)
     state.destroy()
@@ -106,6 +117,8 @@ def _pipeline_losses(rank: int, world_size: int, pipe: int, model_parallel: int,
     (1, 2, dict(pos_emb="rotary", num_kv_heads=2, sequence_parallel=True)),
     (2, 1, dict(attention_config=["mamba", "rwkv"], checkpoint_activations=True)),
     (2, 1, dict(num_layers=4, attention_config=["mamba", "global", "rwkv", "mamba"])),
+    (2, 1, dict(pos_emb="rotary", packed_documents=True)),  # document numbers travel between the stages
+    (1, 2, dict(pos_emb="rotary", num_kv_heads=2, sequence_parallel=True, packed_documents=True)),
 ])
 def test_pipeline_matches_sequential_over_steps(pipe, model_parallel, overrides):
     results = run_distributed(_pipeline_losses, world_size=2, args=(pipe, model_parallel, overrides))
