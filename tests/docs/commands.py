@@ -185,6 +185,8 @@ COMMANDS: Dict[str, Entry] = {
         "every contender's first loss and the head timing, at tiny sizes"),
     "python bench/context_parallel_memory.py": Mapped(
         {"tests/bench/test_context_parallel_memory.py": ("context_parallel_memory",)}),
+    "python bench/packed_attention_memory.py": Mapped(
+        {"tests/bench/test_packed_attention_memory.py": ("packed_attention_memory",)}, "at tiny sizes, in-process"),
     "python bench/recurrent_throughput.py": Mapped(
         {"tests/bench/test_recurrent_throughput.py": ("recurrent_throughput", "train_config")},
         "its contenders' configs"),

@@ -158,3 +158,37 @@ def test_the_config_switch_reaches_the_model_and_gpt_neox_flags_mean_the_same():
                      "context_parallel_size=2 with inter_document_attention_masking",
                      "soft_prompt_tuning with inter_document_attention_masking"):
         assert expected in text, text
+
+
+def test_flash_attn_varlen_gets_the_documents_cumulative_lengths_and_restarted_rotary_positions(monkeypatch):
+    """Where flash-attn is installed (CUDA, half precision) packed documents go through flash_attn_varlen_func in one
+    call: here a stand-in computes what it computes (causal attention within each [cu[i], cu[i + 1]) span) on CPU,
+    and the model's outputs equal the per-document SDPA path's."""
+    from megatron.model.flash import FlashAttention
+
+    spans = []
+
+    def varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, causal, window_size,
+               alibi_slopes):
+        assert torch.equal(cu_seqlens_q, cu_seqlens_k) and cu_seqlens_q.dtype == torch.int32 and causal
+        cu = cu_seqlens_q.tolist()
+        spans.append((cu, max_seqlen_q))
+        heads = lambda t, a, b: t[a:b].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+        return torch.cat([F.scaled_dot_product_attention(heads(q, a, b), heads(k, a, b), heads(v, a, b), is_causal=True,
+                                                         enable_gqa=True)[0].transpose(0, 1)
+                          for a, b in zip(cu[:-1], cu[1:])])
+
+    torch.manual_seed(0)
+    model = build_model(tiny_config(seq_length=SEQ, pos_emb="rotary", num_kv_heads=2, attention_config=[[["flash"], 2]]),
+                        SingleProcessState()).eval()
+    tokens = packed_text()[:, :-1]
+    inputs = masks_and_position_ids(tokens, EOD, False, documents=True)
+    inputs = (tokens, inputs[2], inputs[0])
+    with torch.no_grad():
+        per_document = model(inputs)
+        monkeypatch.setattr(FlashAttention, "supports", lambda self, q: True)
+        for layer in model.layers:
+            layer.attention.flash = FlashAttention(None, layer.attention.head_dim, varlen)
+        varlen_out = model(inputs)
+    assert spans == [([0, 6, 7, 16, 24, 35, 48], 13)] * 2, spans
+    assert torch.allclose(varlen_out, per_document, atol=1e-5, rtol=0), (varlen_out - per_document).abs().max()
