@@ -34,7 +34,7 @@ class NeoXArgsParallelism:
     are not split, the optimizer state is resharded). Not supported yet with: ZeRO-3's reduce_scatter false,
     local / sparse / gmlp / mamba / rwkv layers, alibi or rpe positions, sliding_window_width, MoE, soft
     prompts, selective recompute, attention_dropout > 0, the fused-softmax flags, reset_attention_mask,
-    curriculum_learning, train_impl other than 'normal', and generation / evaluation (train with it, then
+    inter_document_attention_masking, curriculum_learning, train_impl other than 'normal', and generation / evaluation (train with it, then
     generate with 1: the checkpoint is the same).
     """
 
