@@ -183,3 +183,17 @@ def test_a_config_with_s3_path_needs_boto3_before_anything_starts(monkeypatch):
         "s3_path='s3://ckpts/run1' needs the Python package 'boto3', which is not installed: pip install -r "
         "requirements/requirements-s3.txt (or turn it off)"]
     assert optional_deps.missing_feature_packages(args, "generate.py") == []
+
+
+def test_a_run_checks_the_bucket_before_its_first_step_and_finishes_an_earlier_upload_at_its_start(client, tmp_path):
+    """megatron.training.loop's uploader: a bucket it cannot reach stops the run before the first step (on every
+    rank); a checkpoint a killed run left without its upload is uploaded when the next run starts."""
+    from megatron.training.loop import _s3_uploads
+
+    path = _checkpoint(tmp_path, 4)
+    with pytest.raises(CheckpointError, match=r"^s3_path: cannot reach bucket 'nobucket' \(s3://nobucket/run1\)"):
+        _s3_uploads(args_for(tmp_path, s3_path="s3://nobucket/run1"), do_train=True)
+    assert _s3_uploads(args_for(tmp_path, s3_path="s3://ckpts/run1"), do_train=False) is None
+    uploads = _s3_uploads(args_for(tmp_path, s3_path="s3://ckpts/run1", s3_chunk_size=CHUNK), do_train=True)
+    uploads.finish()
+    assert_uploaded(client, path, "run1")
