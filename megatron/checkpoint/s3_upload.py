@@ -37,6 +37,8 @@ MANIFEST_DIGEST_KEY = "manifest-xxh128"
 """COMPLETE's metadata: the XXH3-128 of the manifest of the checkpoint uploaded (which local checkpoint it is)."""
 MIN_AWS_PART = 5 << 20
 """AWS S3's smallest part of a multipart upload but the last (EntityTooSmall below it)."""
+MAX_PARTS = 10000
+"""S3's most parts in one multipart upload."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,11 @@ def _upload_file(client, file: str, bucket: str, key: str, digest: str, chunk_si
     """``file`` to ``key``: one PUT up to ``chunk_size`` bytes, else a multipart upload of ``chunk_size`` parts
     (aborted when a part fails, so no half-object is left behind)."""
     metadata = {DIGEST_KEY: digest}
-    if os.path.getsize(file) <= chunk_size:
+    size = os.path.getsize(file)
+    if -(-size // chunk_size) > MAX_PARTS:
+        raise ValueError(f"the file's {size} bytes need {-(-size // chunk_size)} parts of s3_chunk_size={chunk_size} "
+                         f"bytes, and S3 takes at most {MAX_PARTS}; raise s3_chunk_size")
+    if size <= chunk_size:
         with open(file, "rb") as handle:
             client.put_object(Bucket=bucket, Key=key, Body=handle, Metadata=metadata)
         return
@@ -144,7 +150,7 @@ def _upload_file(client, file: str, bucket: str, key: str, digest: str, chunk_si
     try:
         parts = []
         with open(file, "rb") as handle:
-            for number in range(1, 10001):
+            for number in range(1, MAX_PARTS + 1):
                 chunk = handle.read(chunk_size)
                 if not chunk:
                     break

@@ -4,6 +4,7 @@ complete one and is finished by the next sync; failures name the bucket and key.
 tests/e2e/test_train.py (test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly)."""
 
 import os
+import re
 
 import pytest
 import torch
@@ -197,3 +198,21 @@ def test_a_run_checks_the_bucket_before_its_first_step_and_finishes_an_earlier_u
     uploads = _s3_uploads(args_for(tmp_path, s3_path="s3://ckpts/run1", s3_chunk_size=CHUNK), do_train=True)
     uploads.finish()
     assert_uploaded(client, path, "run1")
+
+
+def test_a_chunk_size_the_server_or_s3_refuses_is_named(client, tmp_path, monkeypatch):
+    import megatron.checkpoint.s3_upload as s3_upload
+
+    path = _checkpoint(tmp_path, 4)
+    location = S3Location.parse("s3://ckpts/run1")
+    with pytest.raises(CheckpointError) as caught:  # parts below the server's smallest (here CHUNK bytes)
+        upload_checkpoint(client, location, path, CHUNK - 24)
+    assert re.search(r"failed at s3://ckpts/run1/global_step4/\S+: EntityTooSmall .*: s3_chunk_size is below the "
+                     r"server's smallest part \(AWS S3: 5242880 bytes\); raise it", str(caught.value)), caught.value
+    monkeypatch.setattr(s3_upload, "MAX_PARTS", 2)
+    with pytest.raises(CheckpointError) as caught:
+        upload_checkpoint(client, location, path, CHUNK)
+    assert re.search(r"failed at s3://ckpts/run1/global_step4/\S+: ValueError: the file's \d+ bytes need \d+ parts of "
+                     r"s3_chunk_size=1024 bytes, and S3 takes at most 2; raise s3_chunk_size", str(caught.value)), \
+        caught.value
+    assert "global_step4/COMPLETE" not in remote_files(client, "ckpts", "run1")
