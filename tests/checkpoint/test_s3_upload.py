@@ -216,3 +216,20 @@ def test_a_chunk_size_the_server_or_s3_refuses_is_named(client, tmp_path, monkey
                      r"s3_chunk_size=1024 bytes, and S3 takes at most 2; raise s3_chunk_size", str(caught.value)), \
         caught.value
     assert "global_step4/COMPLETE" not in remote_files(client, "ckpts", "run1")
+
+
+def test_async_save_starts_an_upload_when_a_persistent_checkpoint_completes_and_not_a_non_persistent_one(tmp_path):
+    """With async_save the checkpoint completes on the writer's thread (megatron.training.loop's
+    say_saved_in_background); the synchronous path is the deepy.py run of tests/e2e/test_train.py."""
+    from types import SimpleNamespace
+
+    from megatron.training.loop import _TrainingRun
+
+    started = []
+    args = args_for(tmp_path, non_persistent_ckpt_type="global")
+    run = SimpleNamespace(save_started={}, neox_args=args, logger=SimpleNamespace(log_save=lambda *a, **k: None),
+                          uploads=SimpleNamespace(start=lambda: started.append(True)))
+    for path in (_checkpoint(tmp_path, 2), str(tmp_path / "non_persistent" / "global_step3")):
+        os.makedirs(path, exist_ok=True)
+        _TrainingRun.say_saved_in_background(run, path, 2)
+    assert started == [True]
