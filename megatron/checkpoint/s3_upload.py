@@ -20,13 +20,14 @@ config. A failure never touches the local checkpoint; it is said at once, naming
 at the next sync."""
 
 import os
+import shutil
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from megatron.checkpoint.format import COMPLETE_MARKER, LATEST_FILE, complete_tags
+from megatron.checkpoint.format import COMPLETE_MARKER, LATEST_FILE, complete_tags, tag_iteration
 from megatron.checkpoint.integrity import UNLISTED, checkpoint_files, file_digest, manifest_of, read_manifest
 from megatron.errors import CheckpointError
 from megatron.utils.optional_deps import require
@@ -207,6 +208,55 @@ def upload_checkpoint(client, location: S3Location, path: str, chunk_size: int) 
                               f"s3://{location.bucket}/{key}: {failure_reason(exc)}; the local checkpoint is "
                               f"intact, and the upload is finished at the next save or start") from None
     return sent, sent_bytes
+
+
+def _remote_tags(client, location: S3Location) -> List[str]:
+    """The checkpoint tags under s3_path, newest first (complete or not)."""
+    tags = []
+    prefix = location.key() + "/" if location.prefix else ""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix, Delimiter="/"):
+        tags += [entry["Prefix"][len(prefix):].rstrip("/") for entry in page.get("CommonPrefixes", [])]
+    return sorted((tag for tag in tags if tag_iteration(tag) >= 0), key=tag_iteration, reverse=True)
+
+
+def download_checkpoint(client, location: S3Location, save_dir: str, tag: Optional[str] = None) -> Optional[str]:
+    """The remote checkpoint ``tag`` (default: the newest complete one) copied into ``save_dir`` when it is complete in
+    S3; returns its local directory, or None when S3 holds none. The files arrive in a temporary
+    directory, COMPLETE last, which is renamed into place only once COMPLETE's manifest digest is the downloaded
+    manifest's: an interrupted download is never a checkpoint. CheckpointError naming the bucket and key."""
+    key = location.key(LATEST_FILE)
+    try:
+        head = None
+        for tag in [tag] if tag else _remote_tags(client, location):  # the newest complete one
+            key = location.key(tag, COMPLETE_MARKER)
+            head = _head(client, location.bucket, key)
+            if head is not None:
+                break
+        if head is None:
+            return None
+        staging = os.path.join(save_dir, f"{tag}.s3-download")
+        shutil.rmtree(staging, ignore_errors=True)
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=location.bucket, Prefix=location.key(tag) + "/"):
+            for item in page.get("Contents", []):
+                key = item["Key"]
+                relative = key[len(location.key(tag)) + 1:]
+                if relative and relative != COMPLETE_MARKER:
+                    target = os.path.join(staging, *relative.split("/"))
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    client.download_file(location.bucket, key, target)
+        key = location.key(tag, COMPLETE_MARKER)
+        client.download_file(location.bucket, key, os.path.join(staging, COMPLETE_MARKER))
+    except Exception as exc:  # noqa: BLE001 - botocore's errors and OSError, named by failure_reason
+        raise CheckpointError(f"downloading checkpoint {location.url(tag or '')} into {save_dir} failed at "
+                              f"s3://{location.bucket}/{key}: {failure_reason(exc)}") from None
+    if head.get("Metadata", {}).get(MANIFEST_DIGEST_KEY) != _manifest_digest(staging):
+        raise CheckpointError(f"checkpoint {location.url(tag)} changed while it was downloaded (its manifest is not "
+                              f"the one its COMPLETE records); relaunch to download it again")
+    path = os.path.join(save_dir, tag)
+    shutil.rmtree(path, ignore_errors=True)  # an interrupted local save of the same tag
+    os.replace(staging, path)
+    return path
 
 
 def pending_checkpoints(client, location: S3Location, save_dir: str) -> List[str]:

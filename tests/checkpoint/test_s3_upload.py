@@ -233,3 +233,25 @@ def test_async_save_starts_an_upload_when_a_persistent_checkpoint_completes_and_
         os.makedirs(path, exist_ok=True)
         _TrainingRun.say_saved_in_background(run, path, 2)
     assert started == [True]
+
+
+def test_a_run_whose_save_lacks_the_checkpoint_resumes_from_s3_and_never_from_an_incomplete_one(client, tmp_path):
+    from megatron.checkpoint.engine import find_checkpoint
+
+    uploaded = _checkpoint(tmp_path / "first", 4)
+    location = S3Location.parse("s3://ckpts/run1")
+    upload_checkpoint(client, location, uploaded, CHUNK)
+    partial = _checkpoint(tmp_path / "first", 8)
+    with pytest.raises(CheckpointError):
+        upload_checkpoint(_Recording(client, fail_after_parts=2), location, partial, CHUNK)
+    client.put_object(Bucket="ckpts", Key="run1/latest", Body=b"global_step8")  # as if: names the incomplete one
+    fresh = tmp_path / "fresh"
+    with pytest.raises(CheckpointError, match="no checkpoint .*global_step8"):  # not complete in S3: not downloaded
+        find_checkpoint(args_for(fresh, s3_path="s3://ckpts/run1", iteration=8))
+    found = find_checkpoint(args_for(fresh, s3_path="s3://ckpts/run1"))  # the newest complete one
+    assert found.path == str(fresh / "global_step4") and (fresh / "latest").read_text() == "global_step4"
+    for relative in _all_files(uploaded):
+        with open(os.path.join(uploaded, relative), "rb") as mine, open(os.path.join(found.path, relative), "rb") as got:
+            assert mine.read() == got.read(), relative
+    assert sorted(os.listdir(fresh)) == ["global_step4", "latest"]  # no staging directory left
+    assert remote_complete(client, location, found.path)  # not uploaded again by the resumed run

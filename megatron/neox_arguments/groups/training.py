@@ -289,7 +289,7 @@ class NeoXArgsTraining:
     """
     Path to s3 bucket for saving checkpoints: s3://<bucket>[/<prefix>]. Each complete checkpoint of save is
     uploaded there (rank 0, in the background; COMPLETE last; an interrupted upload is finished at the next save or
-    start). Needs boto3 (requirements/requirements-s3.txt); credentials and endpoint come from boto3's environment
+    start), and a run whose save holds no checkpoint resumes from the newest complete one there. Needs boto3 (requirements/requirements-s3.txt); credentials and endpoint come from boto3's environment
     (AWS_*). See docs/checkpoints.md, "Uploading to S3".
     """
 
