@@ -251,7 +251,8 @@ def test_a_run_whose_save_lacks_the_checkpoint_resumes_from_s3_and_never_from_an
     found = find_checkpoint(args_for(fresh, s3_path="s3://ckpts/run1"))  # the newest complete one
     assert found.path == str(fresh / "global_step4") and (fresh / "latest").read_text() == "global_step4"
     for relative in _all_files(uploaded):
-        with open(os.path.join(uploaded, relative), "rb") as mine, open(os.path.join(found.path, relative), "rb") as got:
+        with open(os.path.join(uploaded, relative), "rb") as mine, \
+                open(os.path.join(found.path, relative), "rb") as got:
             assert mine.read() == got.read(), relative
     assert sorted(os.listdir(fresh)) == ["global_step4", "latest"]  # no staging directory left
     assert remote_complete(client, location, found.path)  # not uploaded again by the resumed run
