@@ -21,7 +21,7 @@ def requirements(name: str) -> list:
 
 
 EXTRAS = ("sentencepiece", "tiktoken", "data", "triton", "wandb", "tensorboard", "comet", "flashattention", "eval",
-          "transformers", "mup", "dev")
+          "transformers", "mup", "s3", "dev")
 
 setup(
     name="neox",

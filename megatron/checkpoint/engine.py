@@ -67,10 +67,12 @@ from megatron.checkpoint.integrity import (verification_problems,  # a seam test
 from megatron.checkpoint.non_persistent import claim_directory, keep_only, newer_checkpoint, non_persistent_dir
 from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
 from megatron.checkpoint.rng_state import process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
+from megatron.checkpoint.s3_upload import S3Location, download_checkpoint, s3_client
 from megatron.checkpoint.weights_only import weights_only
 from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
 from megatron.model.config import expand_attention_config
 from megatron.mpu.host_collectives import barrier, broadcast_object
+from megatron.utils.optional_deps import MissingOptionalDependency
 
 
 def _rng_states() -> Dict[str, Any]:
@@ -293,6 +295,34 @@ def _check_resume_settings(path: str, saved: Mapping[str, Any], neox_args) -> No
               f"checkpoint and evaluation intervals) count batches of {neox_args.train_batch_size}", flush=True)
 
 
+def _download_from_s3(neox_args) -> None:
+    """s3_path's resume where ``save`` (the ``load`` directory too) lacks the checkpoint to resume from (a new machine,
+    a lost disk): rank 0 downloads it from S3 (megatron.checkpoint.s3_upload.download_checkpoint: the newest
+    complete one in S3, or ``iteration``'s), then every rank goes on as if it had been saved here; CheckpointError on
+    every rank when the download fails."""
+    load_dir, save_dir = neox_args.load, neox_args.save
+    if not (neox_args.s3_path and save_dir and os.path.abspath(load_dir) == os.path.abspath(save_dir)):
+        return
+    wanted = tag_for(neox_args.iteration) if neox_args.iteration is not None else None
+    if (os.path.isdir(os.path.join(load_dir, wanted)) if wanted else complete_tags(load_dir)):
+        return
+    problem = None
+    if process_rank() == 0:
+        location = S3Location.parse(neox_args.s3_path)
+        try:
+            os.makedirs(load_dir, exist_ok=True)
+            path = download_checkpoint(s3_client(), location, load_dir, wanted)
+            if path is not None:
+                _write_atomically(os.path.join(load_dir, LATEST_FILE), os.path.basename(path))
+                print(f"note: {load_dir} holds no checkpoint to resume from: downloaded {path} from "
+                      f"{location.url(os.path.basename(path))}", flush=True)
+        except (CheckpointError, MissingOptionalDependency) as exc:
+            problem = str(exc)
+    problem = broadcast_object(problem, src=0)
+    if problem:
+        raise CheckpointError(problem)
+
+
 def _verified_by_rank0(path: str) -> List[str]:
     """verification_problems of checkpoint ``path``, read once (by rank 0) and given to every rank."""
     return broadcast_object(verification_problems(path) if process_rank() == 0 else [], src=0)
@@ -321,6 +351,7 @@ def find_checkpoint(neox_args) -> Optional[FoundCheckpoint]:
     load_dir = neox_args.load
     if not load_dir:
         return None
+    _download_from_s3(neox_args)
     if neox_args.iteration is not None:
         tag = tag_for(neox_args.iteration)
         if not os.path.isdir(os.path.join(load_dir, tag)):

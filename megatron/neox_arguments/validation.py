@@ -8,6 +8,7 @@ import difflib
 import os
 from typing import Any, Callable, Iterable, List, Optional, Set, Tuple
 
+from megatron.checkpoint.s3_upload import s3_problems
 from megatron.data.curriculum import curriculum_problems, enabled as curriculum_enabled
 from megatron.model.config import NO_PACKED_DOCUMENT_TYPES, ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.mup.rules import mup_run_problems
@@ -51,7 +52,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
      "dropless layer"),
     ("norm", lambda v: v.startswith("te_"), "Transformer-Engine norms (te_rmsnorm, te_layernorm) are not "
                                             "supported yet; use rmsnorm or layernorm"),
-    ("s3_path", lambda v: v is not None, "uploading checkpoints to S3 (s3_path) is not supported yet"),
     ("adlr_autoresume", bool, "adlr_autoresume is not supported yet"),
     ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
@@ -87,7 +87,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
-    ("uploading checkpoints to S3 (s3_path)", ("s3_chunk_size",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
 anything but its default, since nothing would read it."""
@@ -227,6 +226,8 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         f"must be in [0, 1)")
     problems += _split_problems(args.split)
     problems += non_persistent_problems(args)
+    problems += s3_problems(args.s3_path, args.s3_chunk_size, args.save,
+                            args.s3_chunk_size != type(args).__dataclass_fields__["s3_chunk_size"].default)
     if args.checkpoint_validation_with_forward_pass and args.train_impl != "normal":
         problems.append(f"checkpoint_validation_with_forward_pass with train_impl={args.train_impl!r} is not "
                         f"supported yet: the check compares the language-model loss of a fixed sequence, and this "

@@ -25,6 +25,7 @@ from megatron.checkpoint.engine import (complete_checkpoint, directory_bytes, es
 from megatron.checkpoint.format import read_latest
 from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due, non_persistent_problem
 from megatron.checkpoint.run_lock import RunLock
+from megatron.checkpoint.s3_upload import S3Uploads, bucket_problem, s3_client
 from megatron.errors import CheckpointError, ConfigError, TrainingDiverged
 from megatron.evaluation.harness import run_eval_tasks
 from megatron.initialize import RunContext, initialize_megatron
@@ -133,6 +134,24 @@ def _async_checkpoints(neox_args, engine, completed: Callable[[str, int], None])
         completed(path, iteration)
 
     return AsyncCheckpoints(engine, failure=failed_save, complete=complete)
+
+
+def _s3_uploads(neox_args, do_train: bool) -> Optional[S3Uploads]:
+    """Rank 0's uploader of the complete checkpoints to s3_path (megatron.checkpoint.s3_upload), None elsewhere or
+    when off; started at once (an upload a killed run left unfinished is finished now). The bucket is checked on
+    rank 0 before the first step, and every rank stops with its error (CheckpointError)."""
+    if not (neox_args.s3_path and neox_args.save and do_train):
+        return None
+    uploads, problem = None, None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        uploads = S3Uploads(s3_client(), neox_args.s3_path, neox_args.s3_chunk_size, neox_args.save)
+        problem = bucket_problem(uploads.client, uploads.location)
+    problem = _agreed_problem(problem)
+    if problem:
+        raise CheckpointError(problem)
+    if uploads is not None:
+        uploads.start()
+    return uploads
 
 
 def _gradient_noise_scale(neox_args) -> Optional[GradientNoiseScale]:
@@ -287,6 +306,7 @@ class _TrainingRun:
         self.save_started: Dict[str, float] = {}
         """checkpoint directory -> time.perf_counter() when its save started (its line says how long it took)."""
         self.background = _async_checkpoints(neox_args, self.engine, self.say_saved_in_background)
+        self.uploads = _s3_uploads(neox_args, do_train)
         self.noise_scale = _gradient_noise_scale(neox_args)
         self.profiler = step_profiler(neox_args, dist.get_rank() if dist.is_initialized() else 0)
 
@@ -397,6 +417,8 @@ class _TrainingRun:
             self.timers("save").start()
             if background is not None:
                 background.wait()  # the previous checkpoint is complete before the next one starts
+            if self.uploads is not None and not non_persistent:
+                self.uploads.wait()  # its upload is done before this save's completion prunes it (keep_last_n)
             started = time.perf_counter()
             path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
                                    {**run_state(self.state, self.curriculum),
@@ -409,6 +431,8 @@ class _TrainingRun:
                 background.started(path, at, steps_to_next_save(neox_args, self.schedule, at))
             elif self.logger.is_logging_rank:
                 self.logger.log_save(path, at, time.perf_counter() - started, directory_bytes(path))
+            if background is None and self.uploads is not None and not non_persistent:
+                self.uploads.start()
             self.timers("save").stop()
             if not non_persistent:  # a persistent save at the same iteration (the run's end) still happens
                 self.last_saved = at
@@ -418,6 +442,8 @@ class _TrainingRun:
         started = self.save_started.pop(path, None)
         seconds = time.perf_counter() - started if started is not None else 0.0
         self.logger.log_save(path, iteration, seconds, directory_bytes(path), background=True)
+        if self.uploads is not None and not in_non_persistent_dir(self.neox_args, path):
+            self.uploads.start()
 
     def stopped(self) -> bool:
         """A signal on any rank, or exit_duration_in_mins passed: saved, recorded in the summary and said."""
@@ -465,3 +491,5 @@ class _TrainingRun:
                 self.evaluate_split(self.test_batches, "test")
         if self.background is not None:
             self.background.wait()
+        if self.uploads is not None:  # the last checkpoint's upload done (CheckpointError if it failed)
+            self.uploads.finish()

@@ -53,6 +53,8 @@ def feature_packages(args: Any, script: str) -> List[Tuple[str, str, str]]:
             wanted.append(("tensorboard", "the DeepSpeed section tensorboard: {enabled: true}", "tensorboard"))
         if _enabled(args.wandb):
             wanted.append(("wandb", "the DeepSpeed section wandb: {enabled: true}", "wandb"))
+    if script == "train.py" and args.s3_path:  # megatron.checkpoint.s3_upload
+        wanted.append(("boto3", f"s3_path={args.s3_path!r}", "s3"))
     if args.eval_tasks and script in ("eval.py", "train.py"):
         wanted.append(("lm_eval", "eval_tasks", "eval"))
     if script in MODEL_SCRIPTS and args.tokenizer_type in TOKENIZER_PACKAGES:

@@ -107,7 +107,12 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
 def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path):
     """A DeepSpeed `scheduler` dict replaces the built-in schedule: DeepSpeed builds it, the logged lr is the one
     it sets, and it resumes from the checkpoint. Evaluation also reports the character-level perplexity, and the
-    resumed run finds its checkpoint's loss on the fixed sequence again (checkpoint_validation_with_forward_pass)."""
+    resumed run finds its checkpoint's loss on the fixed sequence again (checkpoint_validation_with_forward_pass).
+    The straight run uploads each complete checkpoint to S3 (s3_path; a real S3 server on 127.0.0.1, moto's), in
+    chunks of s3_chunk_size, byte-identical (tests/checkpoint/test_s3_upload.py: interruptions and failures)."""
+    from megatron.checkpoint.s3_upload import s3_client
+    from tests.checkpoint.s3_server import remote_files, s3_server
+
     peak = TINY_MODEL["optimizer"]["params"]["lr"]
     settings = dict(num_gpus=1, train_iters=8, eval_interval=4, char_level_ppl=True,
                     checkpoint_validation_with_forward_pass=True,
@@ -115,8 +120,30 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
                     scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 8,
                                                                     "warmup_type": "linear"}})
     straight = TrainingRun(tmp_path / "straight", data, checkpoint_factor=4, **settings)
-    straight.launch()
-    straight.assert_ok()
+    with s3_server(smallest_part=1 << 16) as s3_environment:
+        os.environ.update(s3_environment)
+        try:
+            client = s3_client()
+            client.create_bucket(Bucket="ckpts")
+            straight.launch(extra_env=s3_environment, s3_path="s3://ckpts/straight", s3_chunk_size=1 << 16)
+            straight.assert_ok()
+            uploaded = remote_files(client, "ckpts", "straight")
+            multipart = client.head_object(Bucket="ckpts", Key="straight/global_step8/mp_rank_00_model_states.pt")
+        finally:
+            for name in s3_environment:
+                os.environ.pop(name, None)
+    assert uploaded.pop("latest") == b"global_step8"
+    for step in (4, 8):
+        ckpt = straight.directory / "ckpt" / f"global_step{step}"
+        files = sorted(os.path.relpath(os.path.join(root, name), ckpt) for root, _, names in os.walk(ckpt)
+                       for name in names)
+        assert "COMPLETE" in files and f"global_step{step}/COMPLETE" in uploaded
+        for name in files:
+            assert uploaded.pop(f"global_step{step}/{name}") == (ckpt / name).read_bytes(), name
+        assert re.search(rf"^uploaded checkpoint {ckpt} to s3://ckpts/straight/global_step{step} ",
+                         straight.result.stdout, re.M), straight.result.stdout
+    assert not uploaded, sorted(uploaded)  # nothing else (no partial, no non-persistent checkpoint)
+    assert multipart["ContentLength"] > 1 << 16 and re.fullmatch(r'"\w+-\d+"', multipart["ETag"])  # in parts
     # WarmupDecayLR after optimizer step i (DeepSpeed steps it once per step, from batch iteration 0)
     expected = [peak * (i / 3 if i < 3 else (8 - i) / 5) for i in range(8)]
     assert [r["lr"] for r in straight.records()] == pytest.approx(expected, rel=1e-6, abs=1e-12)

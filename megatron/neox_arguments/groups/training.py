@@ -287,12 +287,16 @@ class NeoXArgsTraining:
 
     s3_path: Optional[str] = None
     """
-    Path to s3 bucket for saving checkpoints.
+    Path to s3 bucket for saving checkpoints: s3://<bucket>[/<prefix>]. Each complete checkpoint of save is
+    uploaded there (rank 0, in the background; COMPLETE last; an interrupted upload is finished at the next save or
+    start), and a run whose save holds no checkpoint resumes from the newest complete one there. Needs boto3 (requirements/requirements-s3.txt); credentials and endpoint come from boto3's environment
+    (AWS_*). See docs/checkpoints.md, "Uploading to S3".
     """
 
     s3_chunk_size: int = 104857600
     """
-    The number of bytes in each file chunk when uploading to s3. Defaults to 100MiB.
+    The number of bytes in each file chunk when uploading to s3. Defaults to 100MiB. Files larger than this are
+    sent as multipart uploads of such parts (AWS S3 needs at least 5 MiB).
     """
 
     config_files: Optional[dict] = None
