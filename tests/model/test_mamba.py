@@ -113,6 +113,9 @@ def test_causal_conv_continues_from_its_state():
     torch.testing.assert_close(without_bias, whole[:, :2] - bias)
     # the first output sees three zeros before the sequence: the definition of a causal convolution
     torch.testing.assert_close(whole[:, 0], x[:, 0] * weight[:, 0, -1] + bias)
+    # the multiply-adds (CPU) are torch's depthwise convolution over the zero-padded sequence
+    conv = torch.nn.functional.conv1d(torch.nn.functional.pad(x.transpose(1, 2), (3, 0)), weight, bias, groups=5)
+    torch.testing.assert_close(whole, conv.transpose(1, 2))
 
 
 @pytest.mark.parametrize("keep", [True, False])
