@@ -158,7 +158,7 @@ def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Op
     problems += addr_problems + prelaunch.shell_problems(args, master_addr)
     if problems:
         raise ConfigError(name_set_options(problems, ns.set_options))
-    notes: List[str] = []
+    notes: List[str] = [args.precision_choice] if args.precision_choice else []
     extra: Dict[str, Any] = {}
     if master_addr and master_addr != args.master_addr:
         extra["master_addr"] = master_addr
@@ -167,6 +167,8 @@ def preflight(argv: Optional[List[str]] = None) -> Tuple[NeoXArgs, List[str], Op
         extra["master_port"] = port
         notes.append(note)
     if extra:
+        if args.precision_choice:  # decided once: the rebuilt arguments keep this probe's choice
+            extra["precision"] = args.precision
         args = _build_args(ns, extra)
     return args, notes, prelaunch.finished_run_message(args)
 

@@ -159,10 +159,49 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]
 
 
 def machine_description() -> str:
+    """Where and when a table was measured, for its title: date, commit, the device (on a CPU: its model, cores,
+    and the fp32 / bf16 rates of a 1024 x 1024 matmul, measured now), torch and Python, and the load average when
+    the table was printed (other jobs on a shared machine slow the absolute figures, not the ratios)."""
     import platform
+    import time
 
     import torch
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else \
-        f"CPU ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
-    return f"{device}, torch {torch.__version__}, Python {platform.python_version()}"
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name(0)
+    else:
+        from megatron.utils.bf16_speed import cpu_bf16_flags, cpu_matmul_rates
+
+        fp32, bf16 = cpu_matmul_rates()
+        flags = ", ".join(cpu_bf16_flags()) or "no bf16 flags"
+        device = (f"{cpu_model()} ({os.cpu_count()} cores, {flags}; 1024x1024 matmul {fp32:.0f} GFLOP/s fp32, "
+                  f"{bf16:.0f} bf16)")
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    return (f"{time.strftime('%Y-%m-%d')}, commit {git_commit()}, {device}, torch {torch.__version__}, "
+            f"Python {platform.python_version()}{load}")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else the platform's processor string."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str:
+    """The checkout's commit (short), with '+changes' when the work tree differs from it; 'unknown' outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+changes" if dirty else "")

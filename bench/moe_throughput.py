@@ -1,10 +1,14 @@
 #!/usr/bin/env python
-"""Mixture-of-experts training throughput, side by side (all through deepy.py, same data, batch and precision):
+"""Mixture-of-experts training throughput, side by side (same batch, sequence and precision; SwiGLU MLPs):
 
-  (a) the dense model with the same active parameters per token: MLP width k x F;
-  (b) the dropless MoE (moe_type megablocks): E experts of width F in every layer, top-k routing;
+  (a) the dense model with the same active parameters per token: one SwiGLU MLP of width k x F;
+  (b) the dropless MoE (moe_type megablocks): E SwiGLU experts of width F in every layer, top-k routing;
   (c) DeepSpeed's MoE layer (moe_type deepspeed) with the same experts, router and top-k, capacity factor 1
-      with token dropping, no residual MLP.
+      with token dropping, no residual MLP;
+  (d) transformers' MixtralForCausalLM of the same shape (random weights, torch.optim.AdamW; its own attention
+      and RMSNorm, bench/train_competitors.py).
+
+(a)-(c) train through deepy.py on the same data.
 
     python bench/moe_throughput.py                          # small: 6 layers, hidden 512, 8 experts, top-2
     python bench/moe_throughput.py --steps 4 --warmup 2 --repeats 3
@@ -15,6 +19,7 @@ the table gives medians of the median step time after --warmup steps, tokens/s f
 memory of the process tree."""
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -22,22 +27,24 @@ from typing import Dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import (machine_description, median, median_of_turning_runs, print_table,  # noqa: E402
-                          train_with_deepy)
-from bench.train_throughput import SIZES, ours_config, write_data  # noqa: E402
+from bench.common import (REPO, last_json_line, machine_description, measure_command, median,  # noqa: E402
+                          median_of_turning_runs, print_table, train_with_deepy)
+from bench.train_throughput import SIZES, model_shape, ours_config, write_data  # noqa: E402
 
 LABELS = {"dense": "(a) dense, same active parameters", "megablocks": "(b) dropless MoE (megablocks)",
-          "deepspeed": "(c) DeepSpeed MoE layer (token dropping)"}
+          "deepspeed": "(c) DeepSpeed MoE layer (token dropping)", "mixtral": "(d) transformers MixtralForCausalLM"}
 
 
 def contender_config(name: str, args, data: Dict[str, str], directory: str) -> Dict:
     """The deepy.py config of one contender (module docstring)."""
     base = ours_config(args, data, directory)
-    base.update({"pipe_parallel_size": 0, "gpt_j_residual": False, "use_bias_in_mlp": False})
-    if name == "dense":
-        base["intermediate_size"] = args.top_k * args.expert_width
+    base.update({"pipe_parallel_size": 0, "gpt_j_residual": False, "use_bias_in_mlp": False, "activation": "swiglu"})
+    if name == "dense":  # GPT-NeoX's width rule for a gated MLP: int(intermediate_size * 2 / 3) // 2
+        base["intermediate_size"] = 3 * args.top_k * args.expert_width
         return base
-    base.update({"intermediate_size": args.expert_width, "moe_num_experts": args.experts, "moe_top_k": args.top_k,
+    # the dropless experts take intermediate_size as their width, DeepSpeed's layer the dense MLP's rule
+    width = args.expert_width if name == "megablocks" else 3 * args.expert_width
+    base.update({"intermediate_size": width, "moe_num_experts": args.experts, "moe_top_k": args.top_k,
                  "moe_expert_interval": 1, "moe_type": name, "moe_router_type": "topk", "moe_loss_coeff": 0.01})
     if name == "deepspeed":
         base.update({"moe_token_dropping": True, "moe_train_capacity_factor": 1.0, "moe_use_residual": False})
@@ -45,11 +52,27 @@ def contender_config(name: str, args, data: Dict[str, str], directory: str) -> D
 
 
 def measure(name: str, args, data: Dict[str, str], directory: str) -> Dict:
+    if name == "mixtral":
+        return mixtral(args)
     records, result = train_with_deepy(contender_config(name, args, data, directory), directory, name, args.port)
     times = [r["iteration_time_s"] for r in records if r["iteration"] > args.warmup]
     dropped = [v for r in records for k, v in r.items() if k.startswith("moe_dropped/")]
     return {"step_time": median(times), "peak_rss_mb": result["peak_rss_mb"],
             "dropped": sum(dropped) / len(dropped) if dropped else 0.0}
+
+
+def mixtral(args) -> Dict:
+    """(d): transformers' Mixtral of the same shape in its own process."""
+    shape = {**model_shape(args), "num_experts": args.experts, "top_k": args.top_k,
+             "expert_width": args.expert_width}
+    cmd = [sys.executable, os.path.join(REPO, "bench", "train_competitors.py"), "mixtral", "--shape", json.dumps(shape),
+           "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--precision", args.precision]
+    result = measure_command(cmd)
+    if result["returncode"] != 0:
+        raise RuntimeError(f"mixtral failed:\n{result['stderr'][-3000:]}")
+    return {"step_time": last_json_line(result["stdout"])["step_time"], "peak_rss_mb": result["peak_rss_mb"],
+            "dropped": 0.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -67,7 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--fused", action="store_true")
     parser.add_argument("--port", type=int, default=29751)
-    parser.add_argument("--only", default="dense,megablocks,deepspeed", help="comma list of contenders to run")
+    parser.add_argument("--only", default="dense,megablocks,deepspeed,mixtral", help="comma list of contenders to run")
     args = parser.parse_args(argv)
     if args.expert_width is None:
         args.expert_width = 2 * SIZES[args.size]["hidden_size"]
@@ -83,18 +106,19 @@ def main() -> None:
         summary = median_of_turning_runs(
             contenders, args.repeats, lambda name: measure(name, args, data, directory),
             lambda r: f"step {r['step_time']:.3f}s, peak {r['peak_rss_mb']:.0f} MB")
-    reference = summary.get("dense")
     rows = []
-    for name, s in summary.items():
+    for name, s in summary.items():  # ratios to the dense model (a) and to transformers' Mixtral (d)
         rows.append([LABELS[name], f"{tokens_per_step / s['step_time']:,.0f}", f"{s['step_time'] * 1000:.0f}",
-                     f"{s['peak_rss_mb']:,.0f}", f"{s['dropped']:.1%}",
-                     f"{reference['step_time'] / s['step_time']:.2f}" if reference else "-"])
+                     f"{s['peak_rss_mb']:,.0f}", f"{s['dropped']:.1%}"]
+                    + [f"{summary[other]['step_time'] / s['step_time']:.2f}" if other in summary else "-"
+                       for other in ("dense", "mixtral")])
     shape = SIZES[args.size]
     print_table(f"MoE training throughput: {shape['num_layers']} layers, hidden {shape['hidden_size']}, "
-                f"{args.experts} experts of width {args.expert_width}, top-{args.top_k} (dense width "
+                f"{args.experts} SwiGLU experts of width {args.expert_width}, top-{args.top_k} (dense width "
                 f"{args.top_k * args.expert_width}), seq {args.seq}, batch {args.batch}, {args.precision} on "
                 f"{machine_description()}",
-                ["contender", "tokens/s", "step ms", "peak RSS MB", "routes dropped", "speed vs (a)"], rows)
+                ["contender", "tokens/s", "step ms", "peak RSS MB", "routes dropped", "speed vs (a)", "speed vs (d)"],
+                rows)
 
 
 if __name__ == "__main__":

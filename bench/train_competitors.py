@@ -1,12 +1,15 @@
 #!/usr/bin/env python
-"""The two contenders train_throughput.py compares this project against, one per process:
+"""The contenders the training benchmarks compare this project against, one per process:
 
-    hf     Hugging Face transformers' GPTNeoXForCausalLM (SDPA attention) with torch.optim.AdamW, the loop a
-           user writes by hand;
-    torch  a minimal GPT in plain PyTorch (fused QKV, partial rotary, SDPA causal attention, parallel
-           residual, fused AdamW): the practical limit for this model on this machine.
+    hf       Hugging Face transformers' GPTNeoXForCausalLM (SDPA attention) with torch.optim.AdamW, the loop a
+             user writes by hand;
+    torch    a minimal GPT in plain PyTorch (fused QKV, partial rotary, SDPA causal attention, parallel
+             residual, fused AdamW): the practical limit for this model on this machine;
+    mixtral  transformers' MixtralForCausalLM (random weights from a MixtralConfig: SwiGLU experts, top-k router,
+             its load-balancing loss at coefficient 0.01, transformers' default experts implementation) with
+             torch.optim.AdamW, for bench/moe_throughput.py; the shape carries num_experts, top_k, expert_width.
 
-Both use the same architecture as the project's benchmark config (GPT-NeoX: rotary on 25% of each head,
+hf and torch use the same architecture as the project's benchmark config (GPT-NeoX: rotary on 25% of each head,
 parallel residual, exact GeLU, untied embeddings) and random tokens. Prints one JSON line:
 {"step_time": median seconds per optimizer step after warm-up, "peak_gpu_mb" on a GPU}."""
 
@@ -74,6 +77,8 @@ class MinimalGPT(nn.Module):
 
 
 def build(kind: str, shape: dict, device: torch.device):
+    if kind == "mixtral":
+        return build_mixtral(shape, device)
     if kind == "hf":
         from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
@@ -95,9 +100,33 @@ def build(kind: str, shape: dict, device: torch.device):
     return model, optimizer, model
 
 
+def build_mixtral(shape: dict, device: torch.device):
+    """transformers' Mixtral of the MoE benchmark's shape (module docstring)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"],
+                           num_hidden_layers=shape["num_layers"], num_attention_heads=shape["num_attention_heads"],
+                           num_key_value_heads=shape["num_attention_heads"], intermediate_size=shape["expert_width"],
+                           num_local_experts=shape["num_experts"], num_experts_per_tok=shape["top_k"],
+                           max_position_embeddings=shape["seq_length"], tie_word_embeddings=False,
+                           output_router_logits=True, router_aux_loss_coef=0.01, attention_dropout=0.0,
+                           attn_implementation="sdpa")
+    model = MixtralForCausalLM(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
+
+    def loss_of(tokens, labels):
+        return model(input_ids=tokens, labels=tokens).loss
+    return model, optimizer, loss_of
+
+
+def experts_implementation(model) -> str:
+    """Which experts implementation transformers chose for a MoE model (printed with the result)."""
+    return str(getattr(model.config, "_experts_implementation", None))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["hf", "torch"])
+    parser.add_argument("kind", choices=["hf", "torch", "mixtral"])
     parser.add_argument("--shape", required=True)
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--steps", type=int, required=True)
@@ -127,6 +156,8 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         assert math.isfinite(loss.item())
     result = {"step_time": statistics.median(times)}
+    if args.kind == "mixtral":
+        result["experts_implementation"] = experts_implementation(model)
     if device.type == "cuda":
         result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
     print(json.dumps(result))

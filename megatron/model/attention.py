@@ -64,6 +64,7 @@ refused by megatron.model.config.context_parallel_problems.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional, Tuple
 
@@ -313,7 +314,7 @@ class ParallelSelfAttention(nn.Module):
         if not explicit and (self._plain_causal(s, k.size(2), attention_mask) or
                              self._single_query_sees_all(s, attention_mask)):
             # Fast path (flash / memory-efficient kernels where available): causal mask or none, no bias.
-            with self.rng_tracker.fork():
+            with self._dropout_stream(dropout):
                 context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=s > 1,
                                                          enable_gqa=gqa, scale=self.softmax_scale)
             return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
@@ -323,7 +324,7 @@ class ParallelSelfAttention(nn.Module):
         # the fused upper-triangular softmax masks the future by itself: no s x s mask then
         causal = self.fused_softmax and self._plain_causal(s, k.size(2), attention_mask)
         allowed = None if causal else self._mask(q_pos, k_pos, attention_mask)
-        with self.rng_tracker.fork():
+        with self._dropout_stream(dropout):
             if explicit:
                 if gqa:
                     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
@@ -348,9 +349,15 @@ class ParallelSelfAttention(nn.Module):
             k, v = kv_cache.update(self.layer_number, k.transpose(1, 2), v.transpose(1, 2))
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         slopes = self.alibi_slopes(q.device) if self.pos_emb == "alibi" else None
-        with self.rng_tracker.fork():
-            return self.flash(q, k, v, dropout_p=self.dropout_p if self.training else 0.0,
-                              window=self.window, alibi_slopes=slopes)
+        dropout = self.dropout_p if self.training else 0.0
+        with self._dropout_stream(dropout):
+            return self.flash(q, k, v, dropout_p=dropout, window=self.window, alibi_slopes=slopes)
+
+    def _dropout_stream(self, dropout: float):
+        """The RNG stream attention dropout draws from (the tracker's model-parallel stream), entered only when
+        there is dropout: at 0 nothing is drawn, and saving and restoring the generator state (a host call that
+        torch.compile cannot capture: a graph break in every layer) would be all the fork did."""
+        return self.rng_tracker.fork() if dropout > 0 else contextlib.nullcontext()
 
     def _explicit(self, q, k, v, allowed, bias, dropout, causal: bool):
         coeff = float(self.layer_number + 1) if self.layer_scaling else 1.0

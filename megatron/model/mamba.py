@@ -25,11 +25,21 @@ the ranks, so every rank's dt, B and C are those of the whole layer: TP=N comput
 (GPT-NeoX's mixer skips that sum and chunks each rank's in_proj rows into x and z, so its model_parallel_size
 > 1 Mamba is another function: such checkpoints are refused, megatron.checkpoint.engine.gpt_neox_mamba_problem.)
 
-The selective scan (``selective_scan``) runs chunk by chunk: inside a chunk a log-depth (Hillis-Steele)
-scan over the step pairs (exp(dt A), dt B x), which only ever multiplies decays <= 1, so it is stable at any
-step size; the state is carried from chunk to chunk, and each chunk is recomputed in the backward pass
-(activation checkpointing) so training keeps one chunk's [b, chunk, d, n] states alive, not the sequence's.
-It equals ``selective_scan_reference`` (the per-step recurrence), which tests check in fp32 and bf16.
+The selective scan (``selective_scan``) is matmul-shaped, in the state-space-duality form (Dao & Gu, 2024)
+written out for Mamba-1's per-channel, per-state A: the sequence is cut into chunks of ``SCAN_CHUNK`` steps; in
+a chunk the cumulative sums of dt give the log decays a_t = A (cum_t - m) (m: half the chunk's total, so that
+|a| stays within half its range), and with P_t = C_t exp(a_t), K_s = B_s exp(-a_s) each channel's outputs
+from inside the chunk are one masked matmul, y_t = sum_{s <= t} (P_t . K_s) dt_s x_s, since
+exp(a_t - a_s) = exp(A (cum_t - cum_s)) is the decay from s to t. The state entering each chunk comes from a
+recurrence across chunks only (one [b, d, n] multiply-add per chunk) and reaches the chunk's outputs through one
+more matmul with P. Forward and backward are matmuls and a few elementwise passes, not a scan over steps.
+The log-space factors exp(+-a) stay finite only while |A| x (a chunk's sum of dt) / 2 <= ``LOG_SPACE_LIMIT``;
+where a sequence's steps are too large for that (it is checked on the host per call: dt of a trained model
+can reach the tens), the chunk is halved, and below 4 steps the scan falls back to the form that is stable at
+any step size: inside a chunk a log-depth (Hillis-Steele) scan over the step pairs (exp(dt A), dt B x), which
+only ever multiplies decays <= 1, each chunk recomputed in the backward (activation checkpointing). Decoding
+(a forward of one step) takes that step path too. Both equal ``selective_scan_reference`` (the per-step
+recurrence), which tests check in fp32 and bf16: outputs, last state and every gradient.
 
 Kernels (GPU, optional, requirements/requirements-mamba.txt): mamba_causal_conv_fusion calls
 causal_conv1d's ``causal_conv1d_fn``, mamba_selective_scan_fusion mamba_ssm's ``selective_scan_fn`` and
@@ -67,7 +77,13 @@ from megatron.mpu import ColumnParallelLinear, RowParallelLinear, copy_to_model_
 from megatron.mpu.layers import _fill_shard
 
 SCAN_CHUNK = 32
-"""Time steps per chunk of the selective scan (log2 of it is the depth of the scan inside a chunk)."""
+"""Time steps per chunk of the selective scan (the size of the matmuls inside a chunk; for the stable form,
+2 ** its depth)."""
+LOG_SPACE_LIMIT = 30.0
+"""The largest |A| x (a chunk's sum of dt) / 2 the matmul form takes: its factors exp(+-a) stay within
+exp(+-30) ~ 1e13, and their products within fp32's range (module docstring)."""
+MIN_MATMUL_CHUNK = 4
+"""Below this chunk size (steps too large for the log-space factors) the stable scan runs instead."""
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 0.001, 0.1, 1e-4
 
 
@@ -96,7 +112,8 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     """(y [b, s, d] in u's dtype, last state [b, d, n] fp32) of the selective SSM (see module docstring).
 
     u, delta, z: [b, s, d]; A: [d, n]; B, C: [b, s, n]; D, delta_bias: [d]; initial_state [b, d, n] (zeros
-    when None). Computed in fp32, chunk by chunk (checkpointed when gradients are needed)."""
+    when None). Computed in fp32: in the matmul form where the steps allow it (``matmul_chunk``), otherwise (and
+    for one step: decoding) chunk by chunk with the stable scan (checkpointed when gradients are needed)."""
     dtype = u.dtype
     u, delta, A, B, C = u.float(), delta.float(), A.float(), B.float(), C.float()
     if delta_bias is not None:
@@ -105,6 +122,76 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         delta = F.softplus(delta)
     b, s, d = u.shape
     state = initial_state.float() if initial_state is not None else u.new_zeros(b, d, A.size(1))
+    chunk = matmul_chunk(delta, A, chunk_size) if s > 1 else None
+    if chunk is not None:
+        y, state = _matmul_scan(u, delta, A, B, C, state, chunk)
+    else:
+        y, state = _stable_scan(u, delta, A, B, C, state, chunk_size)
+    if D is not None:
+        y = y + u * D.float()
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y.to(dtype), state
+
+
+def matmul_chunk(delta: torch.Tensor, A: torch.Tensor, chunk_size: int) -> Optional[int]:
+    """The largest chunk size, from ``chunk_size`` halving down to MIN_MATMUL_CHUNK, at which the matmul form's
+    log-space factors stay within LOG_SPACE_LIMIT for these steps delta [b, s, d] (softplus applied) and A
+    [d, n]; None when none does (or chunk_size is below the minimum). One read back to the host."""
+    b, s, d = delta.shape
+    rate = A.abs().amax(dim=-1)                                           # [d]: the fastest decay per channel
+    sizes = []
+    while chunk_size >= MIN_MATMUL_CHUNK:
+        sizes.append(chunk_size)
+        chunk_size //= 2
+    if not sizes:
+        return None
+    bounds = torch.stack([(_chunked(delta, size).sum(dim=2) * rate).amax() / 2 for size in sizes]).tolist()
+    return next((size for size, bound in zip(sizes, bounds) if bound <= LOG_SPACE_LIMIT), None)
+
+
+def _chunked(t: torch.Tensor, chunk: int) -> torch.Tensor:
+    """[b, s, k] -> [b, chunks, chunk, k], the last chunk padded with zeros (a zero step leaves the state as it
+    is: decay exp(0) = 1, nothing injected)."""
+    pad = (-t.size(1)) % chunk
+    if pad:
+        t = F.pad(t, (0, 0, 0, pad))
+    return t.view(t.size(0), -1, chunk, t.size(-1))
+
+
+def _matmul_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                 state: torch.Tensor, chunk: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(C . h_t for each step [b, s, d], the last state [b, d, n]) in the matmul form (module docstring), from
+    ``state``; fp32 inputs whose steps ``matmul_chunk`` accepted at ``chunk``."""
+    b, s, d = u.shape
+    dt = _chunked(delta, chunk).transpose(2, 3)                           # [b, c, d, Q]
+    x = _chunked(delta * u, chunk).transpose(2, 3).unsqueeze(-1)          # [b, c, d, Q, 1]: dt_s x_s
+    cum = dt.cumsum(dim=-1)
+    total = cum[..., -1:]                                                 # [b, c, d, 1]
+    middle = total / 2
+    log_decay = (cum - middle).unsqueeze(-1) * A.unsqueeze(1)             # [b, c, d, Q, n], |.| <= limit
+    P = _chunked(C, chunk).unsqueeze(2) * torch.exp(log_decay)            # C_t exp(a_t)
+    K = _chunked(B, chunk).unsqueeze(2) * torch.exp(-log_decay)           # B_s exp(-a_s)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=u.device).tril()
+    inside = (P @ K.transpose(-1, -2)).masked_fill(~causal, 0.0) @ x     # [b, c, d, Q, 1]
+    # each chunk's end state from a zero start, and its whole decay; then the states entering the chunks
+    ends = torch.exp((total - middle) * A) * (K.transpose(-1, -2) @ x).squeeze(-1)  # [b, c, d, n]
+    decays = torch.exp(total * A)                                         # [b, c, d, n]
+    entering = []
+    for decay, end in zip(decays.unbind(1), ends.unbind(1)):  # unbind: indexing [:, c] would zero-fill per chunk
+        entering.append(state)
+        state = decay * state + end
+    # the entering state decays by exp(A cum_t) = exp(a_t) exp(A m) to step t
+    carried = P @ (torch.exp(middle * A) * torch.stack(entering, dim=1)).unsqueeze(-1)
+    y = (inside + carried).squeeze(-1).transpose(2, 3).reshape(b, -1, d)[:, :s]
+    return y, state
+
+
+def _stable_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                 state: torch.Tensor, chunk_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(C . h_t for each step [b, s, d], the last state) chunk by chunk with ``_scan_chunk``, stable at any step
+    size; each chunk is recomputed in the backward (only one chunk's [b, chunk, d, n] states alive)."""
+    b, s, d = u.shape
     outputs = []
     recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (u, delta, A, B, C, state))
     for start in range(0, s, chunk_size):
@@ -112,12 +199,7 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         args = (u[:, part], delta[:, part], A, B[:, part], C[:, part], state)
         y, state = checkpoint(_scan_chunk, *args, use_reentrant=False) if recompute else _scan_chunk(*args)
         outputs.append(y)
-    y = torch.cat(outputs, dim=1) if outputs else u.new_zeros(b, 0, d)
-    if D is not None:
-        y = y + u * D.float()
-    if z is not None:
-        y = y * F.silu(z.float())
-    return y.to(dtype), state
+    return (torch.cat(outputs, dim=1) if outputs else u.new_zeros(b, 0, d)), state
 
 
 def selective_scan_reference(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -156,7 +238,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         previous = x.new_zeros(b, width - 1, d)
     window = torch.cat([previous.to(x.dtype), x], dim=1)                   # [b, k - 1 + s, d]
     tail = window[:, window.size(1) - (width - 1):]
-    if s <= width:  # decoding steps: k multiply-adds per channel (a conv call costs ~100x more on CPU)
+    if s <= width or window.device.type == "cpu":
+        # k multiply-adds per channel: for decoding steps a conv call costs ~100x more on CPU, and for training on
+        # CPU the depthwise conv's backward took 1.3 s per layer at [2, 512, 512] (oneDNN), this one milliseconds
         out = (window.unfold(1, width, 1) * weight.squeeze(1)).sum(-1)    # [b, s, d]
         return (out if bias is None else out + bias), tail
     out = F.conv1d(window.transpose(1, 2), weight, bias, groups=d)        # [b, d, s]

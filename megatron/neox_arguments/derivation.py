@@ -13,6 +13,7 @@ from megatron.errors import ConfigError
 from megatron.model.config import expand_attention_config
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.neox_arguments.hostfile import count_global_ranks
+from megatron.utils.bf16_speed import auto_precision
 
 
 def derive_world(args: NeoXArgsSchema) -> List[str]:
@@ -136,6 +137,13 @@ def derive_precision(args: NeoXArgsSchema, provided: Set[str]) -> List[str]:
         problems.append("fp16.enabled and bf16.enabled are both true; choose one precision")
         return problems
     implied = "fp16" if fp16_on else "bfloat16" if bf16_on else None
+    if args.precision == "auto":
+        if implied is not None:
+            problems.append(f"precision='auto' decides between bf16 and fp32 itself, but "
+                            f"{'fp16' if fp16_on else 'bf16'}.enabled=true already says {implied!r}; remove one")
+            return problems
+        choice = auto_precision()
+        args.precision, args.precision_choice = choice.precision, choice.reason
     if "precision" in provided and args.precision is not None:
         if implied is not None and implied != args.precision:
             problems.append(f"precision={args.precision!r} contradicts "

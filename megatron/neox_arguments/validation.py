@@ -24,7 +24,7 @@ TRANSFORMER_ENGINE_LAYERS = ("te_columnparallel", "te_rowparallel", "te_layernor
 TRANSFORMER_ENGINE_FP8_SETTINGS = ("te_fp8_format", "te_fp8_wgrad", "te_fp8_amax_history_len",
                                    "te_fp8_amax_compute_algo", "te_fp8_margin")
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length")
-DERIVED_ONLY = ("data_parallel_size", "deepspeed_config", "is_pipe_parallel", "save_iters")
+DERIVED_ONLY = ("data_parallel_size", "deepspeed_config", "is_pipe_parallel", "save_iters", "precision_choice")
 COMPRESSED_OPTIMIZERS = {"onebitadam": "OneBitAdam", "zerooneadam": "ZeroOneAdam", "onebitlamb": "OneBitLamb"}
 """DeepSpeed's 1-bit / 0-1 optimizers (optimizer.type lower-cased -> its spelling), refused with the reason."""
 

@@ -216,3 +216,20 @@ def test_a_bf16_step_on_the_gpu_syncs_at_most_once_per_moe_layer(moe):
     else:
         assert len(in_model) == 1 and sum(in_model.values()) == layers, sites
         assert next(iter(in_model)).startswith("megatron/model/moe/layer.py:"), sites
+
+
+@pytest.mark.parametrize("path", ["sdpa", "explicit_fp32_softmax"])
+def test_training_forward_at_dropout_0_is_one_graph(path):
+    """Issue 34: at dropout 0 the attention no longer saves and restores the RNG state around its core (a host
+    call torch.compile cannot capture: one graph break per layer), and the mask kind is read from its shape: the
+    whole training forward is one graph, and computes what the eager forward computes."""
+    import torch._dynamo
+
+    overrides, _ = ATTENTION_PATHS[path]
+    model = _model(2, {**overrides, "hidden_dropout": 0.0, "attention_dropout": 0.0}, False).train()
+    inputs, _ = random_batch()
+    explained = torch._dynamo.explain(model)(inputs)
+    assert explained.graph_break_count == 0, [str(reason.reason)[:200] for reason in explained.break_reasons]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(inputs), model(inputs), rtol=0, atol=0)

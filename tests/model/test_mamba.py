@@ -1,11 +1,12 @@
-"""Mamba: the chunked selective scan equals the per-step recurrence (outputs, last state and gradients; fp32
-and bf16), the causal convolution continues from its state, fp32 parameters, and the GPU flags' refusal."""
+"""Mamba: the selective scan (its matmul form, and the stable chunked form it falls back to for large steps) equals
+the per-step recurrence (outputs, last state and gradients; fp32 and bf16), the causal convolution continues from
+its state, fp32 parameters, and the GPU flags' refusal."""
 
 import pytest
 import torch
 
 from megatron.model.gpt2_model import build_model
-from megatron.model.mamba import causal_conv1d, selective_scan, selective_scan_reference
+from megatron.model.mamba import causal_conv1d, matmul_chunk, selective_scan, selective_scan_reference
 from megatron.mpu import SingleProcessState
 from megatron.errors import ConfigError
 from tests.model.helpers import random_batch, tiny_config
@@ -53,6 +54,34 @@ def test_chunked_scan_equals_the_per_step_reference_fp32(step_bias):
         torch.testing.assert_close(got[2][name], grad, **FP32_TOLERANCE, msg=name)
 
 
+@pytest.mark.parametrize("chunk", [16, 4])
+def test_matmul_scan_equals_the_per_step_reference_fp32(chunk):
+    """Steps of a trained model's size (softplus(~N(-3, 1)) ~ 0.05 x, A down to -8): the matmul form runs at the
+    chunk asked for, over 45 steps (a partial last chunk) from a random state; outputs, last state and every
+    gradient within 1e-5 of the per-step recurrence."""
+    inputs = scan_inputs(step_bias=-3.0)
+    delta = torch.nn.functional.softplus(inputs["delta"] + inputs["delta_bias"])
+    assert matmul_chunk(delta, inputs["A"], chunk) == chunk
+    ref = run(selective_scan_reference, scan_inputs(step_bias=-3.0))
+    got = run(selective_scan, inputs, chunk_size=chunk)
+    worst = {"y": (got[0] - ref[0]).abs().max().item(), "state": (got[1] - ref[1]).abs().max().item(),
+             **{name: (got[2][name] - grad).abs().max().item() for name, grad in ref[2].items()}}
+    print("matmul scan, largest differences:", worst)
+    torch.testing.assert_close(got[0], ref[0], **FP32_TOLERANCE)
+    torch.testing.assert_close(got[1], ref[1], **FP32_TOLERANCE)
+    for name, grad in ref[2].items():
+        torch.testing.assert_close(got[2][name], grad, **FP32_TOLERANCE, msg=name)
+
+
+def test_large_steps_take_the_stable_scan():
+    """Steps too large for the log-space factors at any chunk (softplus(~20) x A down to -8) leave the matmul
+    form: matmul_chunk says so (the huge-steps case above checks the result)."""
+    inputs = scan_inputs(step_bias=20.0)
+    delta = torch.nn.functional.softplus(inputs["delta"] + inputs["delta_bias"])
+    assert matmul_chunk(delta, inputs["A"], 16) is None
+    assert matmul_chunk(delta[:, :1] * 0.01, inputs["A"], 16) == 16  # the same A with small steps: it fits
+
+
 def test_chunked_scan_equals_the_per_step_reference_bf16():
     inputs = scan_inputs(dtype=torch.bfloat16)
     as_fp32 = {k: v.detach().float().requires_grad_() for k, v in inputs.items()}
@@ -84,6 +113,9 @@ def test_causal_conv_continues_from_its_state():
     torch.testing.assert_close(without_bias, whole[:, :2] - bias)
     # the first output sees three zeros before the sequence: the definition of a causal convolution
     torch.testing.assert_close(whole[:, 0], x[:, 0] * weight[:, 0, -1] + bias)
+    # the multiply-adds (CPU) are torch's depthwise convolution over the zero-padded sequence
+    conv = torch.nn.functional.conv1d(torch.nn.functional.pad(x.transpose(1, 2), (3, 0)), weight, bias, groups=5)
+    torch.testing.assert_close(whole, conv.transpose(1, 2))
 
 
 @pytest.mark.parametrize("keep", [True, False])

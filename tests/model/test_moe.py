@@ -76,6 +76,67 @@ def test_dropless_equals_per_token_loop(top_k, activation, moe_glu):
         "router.layer.weight")].abs().sum() > 0
 
 
+def sliced_experts_forward(mlp, x: torch.Tensor, counts) -> torch.Tensor:
+    """The experts as the layer computed them before issue 34: each expert's rows of the stacked weights sliced
+    (``w1[rows]``) inside the graph, its tokens sliced from x."""
+    outputs, start = [], 0
+    for e, n in enumerate(counts):
+        if n:
+            rows, block = slice(e * mlp.width, (e + 1) * mlp.width), x[start:start + n]
+            h = mlp.act(F.linear(block, mlp.w1[rows]))
+            if mlp.gated:
+                h = h * F.linear(block, mlp.w3[rows])
+            outputs.append(h @ mlp.w2[rows])
+        start += n
+    return torch.cat(outputs)
+
+
+def uses_in_graph(out: torch.Tensor, params) -> list:
+    """How many autograd edges of the graph behind ``out`` lead to each parameter (a weight sliced per expert is
+    reached once per slice)."""
+    counts, seen, todo = {id(p): 0 for p in params}, set(), [out.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for child, _ in node.next_functions:
+            variable = getattr(child, "variable", None)
+            if variable is not None and id(variable) in counts:
+                counts[id(variable)] += 1
+            todo.append(child)
+    return [counts[id(p)] for p in params]
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "gelu"])
+def test_split_experts_are_bit_identical_to_sliced_experts(activation, monkeypatch):
+    """The experts split once per forward (unbind of the stacked weights, split of the rows) give the outputs and
+    every gradient of the per-expert slicing they replace, bit for bit; one expert gets no token."""
+    config = moe_config(activation=activation, moe_num_experts=5, moe_top_k=2)
+    layer = _layer(config).train()
+    with torch.no_grad():
+        layer.router.layer.weight[4] = 0.0  # x[..., 0] = 1: expert 4 is never chosen, its gradients must be zeros
+        layer.router.layer.weight[4, 0] = -1e3
+    x = torch.randn(2, 6, config.hidden_size, generator=torch.Generator().manual_seed(3))
+    x = x.index_fill(-1, torch.tensor([0]), 1.0).requires_grad_()
+    names, params = zip(*[("x", x)] + list(layer.named_parameters()))
+    grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+
+    def run():
+        out = layer(x)
+        return out, torch.autograd.grad((out * grad_out).sum(), params, allow_unused=True)
+
+    got, got_grads = run()
+    edges = uses_in_graph(layer(x), [layer.experts.mlp.w1, layer.experts.mlp.w2])
+    assert edges == [1, 1], f"the stacked weights are used {edges} times in the graph: sliced per expert"
+    monkeypatch.setattr(type(layer.experts.mlp), "forward", sliced_experts_forward)
+    want, want_grads = run()
+    assert layer.load.routed[4] == 0 and (layer.load.routed[:4] > 0).all()
+    assert torch.equal(got, want), f"outputs differ by {(got - want).abs().max().item():.3g}"
+    for name, g, w in zip(names, got_grads, want_grads):
+        assert torch.equal(g, w), f"{name}: gradients differ by {(g - w).abs().max().item():.3g}"
+
+
 def test_load_balancing_loss_by_hand():
     probs = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.6, 0.3], [0.5, 0.25, 0.25], [0.2, 0.2, 0.6]])
     experts = torch.tensor([[0, 1], [1, 2], [0, 1], [2, 0]])

@@ -128,6 +128,36 @@ def test_fp16_contradictions_name_both_places(overrides, needle):
     assert needle in problems_of(**overrides)
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["bf16_fast", "bf16_slow"])
+def test_precision_auto_takes_bf16_only_where_it_is_fast(monkeypatch, fast):
+    """precision: auto on a CPU (issue 34): bf16 (DeepSpeed's bf16 section: fp32 master weights) where the probe's
+    bf16 matmul is fast enough, fp32 where it is not; precision_choice says which and why."""
+    import megatron.utils.bf16_speed as speed
+
+    monkeypatch.setattr(speed.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(speed, "cpu_matmul_rates", lambda: (200.0, 870.0 if fast else 150.0))
+    monkeypatch.setattr(speed, "cpu_bf16_flags", lambda: ["avx512_bf16"] if fast else [])
+    args = tiny(precision="auto")
+    assert args.precision == ("bfloat16" if fast else "fp32")
+    assert args.deepspeed_config.get("bf16", {}).get("enabled", False) == fast
+    assert args.precision_choice.startswith(f"precision: auto chose {'bf16' if fast else 'fp32'}")
+    assert ("870 GFLOP/s in bf16 and 200 in fp32 (4.35x)" if fast else "(0.75x)") in args.precision_choice
+
+
+def test_precision_auto_with_a_precision_dict_is_refused():
+    assert "precision='auto' decides between bf16 and fp32 itself" in problems_of(precision="auto",
+                                                                                  bf16={"enabled": True})
+
+
+def test_bf16_speed_probe_measures_both_precisions():
+    """The real probe on this machine, small: two positive rates, and the flags it reads are known ones."""
+    from megatron.utils.bf16_speed import BF16_CPU_FLAGS, cpu_bf16_flags, matmul_gflops
+    import torch
+
+    assert matmul_gflops(torch.float32, size=64, repeats=1) > 0 and matmul_gflops(torch.bfloat16, 64, 1) > 0
+    assert set(cpu_bf16_flags()) <= set(BF16_CPU_FLAGS)
+
+
 # ---- clip_grad and gradient_clipping ---------------------------------------------------------------------
 
 def test_clip_grad_alone_reaches_deepspeeds_gradient_clipping(single_process_group):

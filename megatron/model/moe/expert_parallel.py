@@ -47,7 +47,8 @@ from deepspeed.moe.layer import MoE
 from torch import nn
 
 from megatron.model.config import ModelConfig
-from megatron.model.moe.layer import GroupedExperts, SlotCounts, combine, route, run_by_expert, sequence_parallel_moe
+from megatron.model.moe.layer import (GroupedExperts, SlotCounts, combine, expert_mlp, route, run_by_expert,
+                                      sequence_parallel_moe)
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model.parameter_marks import MOE_EXPERT_FLAG
@@ -117,9 +118,8 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         """Local expert e's MLP on rows x [n, hidden]."""
         expert = self.deepspeed_moe.experts.deepspeed_experts[e]
-        h = x @ expert.w1.t()
-        h = self.act(h) * (x @ expert.w3.t()) if self.gated else self.act(h)
-        return h @ expert.w2
+        weights = (expert.w1, expert.w3, expert.w2) if self.gated else (expert.w1, expert.w2)
+        return expert_mlp(x, *weights, act=self.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:  # x is this rank's chunk of the sequence (module docstring)

@@ -10,9 +10,20 @@ from typing import List, Literal, Optional, Union
 class NeoXArgsModel:
     """The shape and building blocks of the transformer."""
 
-    precision: Optional[Literal['fp16', 'fp32', 'bfloat16']] = None
+    precision: Optional[Literal['fp16', 'fp32', 'bfloat16', 'auto']] = None
     """
     description of the used precision, either one of fp16 or fp32 (and in the future bf16).
+    'auto' (this project): bf16 (with DeepSpeed's fp32 master weights) where the machine computes it fast, else
+    fp32, decided once by deepy.py on the launching machine: on a GPU, bf16 where torch.cuda.is_bf16_supported();
+    on a CPU, bf16 where a bf16 matmul probe runs at least 2x faster than fp32 (1.5x where the CPU advertises
+    avx512_bf16 or amx_bf16), as on CPUs with AVX512-BF16 or AMX. The launch prints which it chose and why
+    (precision_choice). Not combined with an fp16 or bf16 dict.
+    """
+
+    precision_choice: Optional[str] = None
+    """
+    Derived (this project): what precision 'auto' chose on the launching machine and why, printed once by
+    deepy.py; None when precision was not 'auto'.
     """
 
     num_layers: Optional[int] = None
