@@ -42,6 +42,10 @@ Entry = Union[Run, Mapped, NotRun, RunAsWritten]
 OWN_DATA = Run("test_own_data_recipe: a tiny JSONL through the commands as written, then deepy.py's checks of the "
                "config they make")
 TRAIN_E2E = "tests/e2e/test_train.py"
+RUN_ALL = Mapped({"tests/bench/test_run_all.py": ("run_all", "--list", "each_command_parses")},
+                 "every command run_all.py runs is checked to parse with its script's options, and --list runs; "
+                 "the runs themselves are the benchmarks (about 20 minutes; each script has its own tiny-size test)",
+                 unchecked=("--all", "--only", "--out"))
 FINE_TUNING_EXAMPLE = RunAsWritten("tests/tools/test_fine_tuning_doc.py", "docs/fine-tuning.md")
 INSTALL = NotRun("install", "changes the Python environment; .ci/run installs with it on every CI run, and "
                             "tests/test_requirements_lock.py checks every install line of README takes the lock")
@@ -169,39 +173,8 @@ COMMANDS: Dict[str, Entry] = {
          "tests/e2e/test_eval.py": ("eval.py", "eval_tasks")},
         "deepy.py parses this command line and its task file's path; eval.py on local tasks in the e2e test"),
     # bench/README.md
-    "python bench/train_throughput.py --steps 4 --warmup 2 --repeats 3": Mapped(
-        {"tests/bench/test_train_throughput.py": ("train_throughput",)}, "at tiny sizes"),
-    "python bench/train_throughput.py --size large --steps 3 --warmup 2 --repeats 3": Mapped(
-        {"tests/bench/test_train_throughput.py": ("train_throughput",)}, "at tiny sizes"),
-    "python bench/generate_throughput.py --repeats 5": NotRun("benchmark", "minutes; no test runs it at tiny sizes "
-                                                                          "yet"),
-    "python bench/preprocess_throughput.py --repeats 3": Mapped(
-        {"tests/bench/test_preprocess_throughput.py": ("bench/preprocess_throughput.py", "--repeats")},
-        "on 0.3 MB"),
-    "python bench/recompute_memory.py": Mapped(
-        {"tests/bench/test_recompute_memory.py": ("recompute_memory", "train_config")}, "its contenders' configs"),
-    "python bench/chunked_loss_memory.py --repeats 2 --head-repeats 5": Mapped(
-        {"tests/bench/test_chunked_loss_memory.py": ("chunked_loss_memory", "head_and_loss_times")},
-        "every contender's first loss and the head timing, at tiny sizes"),
-    "python bench/context_parallel_memory.py": Mapped(
-        {"tests/bench/test_context_parallel_memory.py": ("context_parallel_memory",)}),
     "python bench/packed_attention_memory.py": Mapped(
         {"tests/bench/test_packed_attention_memory.py": ("packed_attention_memory",)}, "at tiny sizes, in-process"),
-    "python bench/recurrent_throughput.py": Mapped(
-        {"tests/bench/test_recurrent_throughput.py": ("recurrent_throughput", "train_config")},
-        "its contenders' configs"),
-    "python bench/moe_throughput.py --seq 256 --batch 2 --steps 3 --warmup 1 --repeats 1": Mapped(
-        {"tests/bench/test_moe_throughput.py": ("moe_throughput", "contender_config", "--seq")},
-        "its contenders' configs; the timing options only say how long to measure", unchecked=("--steps", "--warmup", "--repeats", "--batch")),
-    "python bench/offload_throughput.py --size small --seq 256 --steps 2 --warmup 1 --repeats 1": Mapped(
-        {"tests/bench/test_offload_throughput.py": ("offload_throughput", "contender_config", "--size", "--seq")},
-        "its contenders' configs; the timing options only say how long to measure", unchecked=("--steps", "--warmup", "--repeats", "--batch")),
-    "python bench/async_save.py": Mapped(
-        {"tests/bench/test_async_save.py": ("async_save", "train_config", "measure")},
-        "its configs and how it reads the pauses"),
-    "bash bench/gpu_train.sh": Mapped(
-        {"tests/bench/test_gpu_check.py": ("bench/gpu_train.sh",)},
-        "needs a CUDA GPU: the test runs it with a stand-in python"),
     # tools/ckpts/README.md
     "python tools/ckpts/upgrade_checkpoint.py --input_dir checkpoints/old/global_step1000 --output_dir "
     "checkpoints/new": Mapped(
@@ -253,4 +226,8 @@ COMMANDS: Dict[str, Entry] = {
     "--capture-range-end=stop python deepy.py train.py ...": NotRun(
         "gpu", "NVIDIA's nsys on a CUDA machine; the NVTX ranges and cudaProfilerStart/Stop calls it captures are "
                "checked in order with CUDA faked (tests/observability/test_profiler.py)"),
+    "python bench/run_all.py": RUN_ALL,
+    "python bench/run_all.py --all": RUN_ALL,
+    "python bench/run_all.py --list": RUN_ALL,
+    "python bench/run_all.py --only moe,recurrent --out tables.md": RUN_ALL,
 }
