@@ -57,6 +57,16 @@ def _offloaded(zero: Dict[str, Any], key: str, on_gpu: bool) -> bool:
     return device == "nvme" or (on_gpu and device == "cpu")
 
 
+def _least_memory_stage(zero_stage: Any) -> int:
+    """The ZeRO stage to count: the configured one, or for an autotuning run's choices (a list, or 'all') the one
+    that needs the least memory, so that the estimate stays a lower bound whatever the tuner picks."""
+    if zero_stage == "all":
+        return 3
+    if isinstance(zero_stage, (list, tuple)):
+        return max((int(stage) for stage in zero_stage), default=0)
+    return int(zero_stage or 0)
+
+
 def estimate(args: Any, training: bool, on_gpu: bool) -> MemoryEstimate:
     """One rank's lower bound for validated, derived NeoXArgs ``args`` (``training``: train.py's states too)."""
     model = ModelConfig.from_neox_args(args)
@@ -67,7 +77,7 @@ def estimate(args: Any, training: bool, on_gpu: bool) -> MemoryEstimate:
     data_parallel = max((args.global_num_gpus or 1) // (model_split * max(args.context_parallel_size or 1, 1)), 1)
     per_rank = parameters // model_split
     zero = args.zero_optimization or {}
-    stage = int(args.zero_stage or 0)
+    stage = _least_memory_stage(args.zero_stage)
     weights = 0 if _offloaded(zero, "offload_param", on_gpu) else per_rank * width // (data_parallel if stage >= 3
                                                                                         else 1)
     if not training:

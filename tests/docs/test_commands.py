@@ -11,6 +11,7 @@ from typing import Iterable, List, Optional
 import pytest
 import yaml
 
+from tests.accelerator import deepspeed_accelerator_env
 from tests.docs.commands import CATEGORIES, COMMANDS, OWN_DATA, Mapped, NotRun, Run, RunAsWritten
 from tests.docs.extract import REPO, documented_commands, fenced_blocks
 
@@ -131,8 +132,8 @@ def test_ci_runs_the_readme_test_command():
 
 
 def _environment() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    return {**os.environ, **deepspeed_accelerator_env(),
+            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
 
 
 def test_help_commands():

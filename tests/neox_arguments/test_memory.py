@@ -32,6 +32,16 @@ def test_zero_divides_what_its_stage_partitions_over_the_data_parallel_ranks(sta
     assert whole.optimizer == 2 * whole.weights  # Adam's two fp32 moments of fp32 weights
 
 
+def test_an_autotuning_runs_stage_choices_count_the_stage_that_needs_least():
+    """autotuning_run tunes zero_optimization.stage over a list (or 'all'): the bound is the least the tuner could
+    need, the stage that partitions the most (a list once crashed the pre-launch check)."""
+    least = estimate(args(num_gpus=4, zero_optimization={"stage": 3}), training=True, on_gpu=True)
+    for stages in ([0, 1, 3], "all"):
+        tuned = args(num_gpus=4, zero_optimization={"stage": stages}, autotuning_run="run",
+                     autotuning={"enabled": True})
+        assert estimate(tuned, training=True, on_gpu=True) == least
+
+
 def test_tensor_parallelism_offload_and_inference():
     whole = estimate(args(num_gpus=2), training=True, on_gpu=True)
     tp = estimate(args(num_gpus=2, model_parallel_size=2), training=True, on_gpu=True)
