@@ -181,7 +181,7 @@ COMMANDS: Dict[str, Entry] = {
         {"tests/checkpoint_conversion/test_old_layouts.py": ("tools/ckpts/upgrade_checkpoint.py", "--input_dir",
                                                              "--output_dir")}),
     "python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/global_step1000 --output_dir hf/my-model "
-    "[--config_file configs/my-model.yml configs/local_setup.yml] [--architecture neox|llama|mistral|mamba] "
+    "[--config_file configs/my-model.yml configs/local_setup.yml] [--architecture neox|llama|mistral|mixtral|qwen2|olmo|mamba] "
     "[--precision fp32|bf16|fp16]": Mapped(
         {"tests/tools/test_convert_neox_to_hf.py": ("convert_neox_to_hf.py", "--input_dir", "--config_file",
                                                     "--architecture"),
