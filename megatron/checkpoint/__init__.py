@@ -6,7 +6,8 @@ client state, which kind of checkpoint a directory holds) and integrity (checksu
 (hashing while writing), run_lock, rng_state (each process's RNG, written once per rank) and tensor_parallel (how
 a full tensor splits) < neox_checkpoint (the one reader of a checkpoint directory, and its writer) <
 training_state (optimizer state as one record) < resharding, async_save, non_persistent, weights_only (no_save_optim's
-filter) < engine (find, verify, load and save through the DeepSpeed engine: the training loop's door).
+filter) < engine (find, verify, load and save through the DeepSpeed engine: the training loop's door) < lora (a LoRA
+run's checkpoints: the adapters and a pointer to their base).
 
 May import: megatron.errors, utils, mpu, data, model, optim.
 """
