@@ -178,6 +178,9 @@ COMMANDS: Dict[str, Entry] = {
     "python bench/preprocess_throughput.py --repeats 3": Mapped(
         {"tests/bench/test_preprocess_throughput.py": ("bench/preprocess_throughput.py", "--repeats")},
         "on 0.3 MB"),
+    "python bench/lora_step.py --size small --seq 256 --batch 4 --steps 3": Mapped(
+        {"tests/bench/test_lora_step.py": ("lora_step", "train_config", "--size", "--seq")},
+        "its contenders' configs; --batch and --steps only size the timed run", unchecked=("--batch", "--steps")),
     "python bench/recompute_memory.py": Mapped(
         {"tests/bench/test_recompute_memory.py": ("recompute_memory", "train_config")}, "its contenders' configs"),
     "python bench/chunked_loss_memory.py --repeats 2 --head-repeats 5": Mapped(
