@@ -21,15 +21,22 @@ import contextlib
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
+import torch
+
 from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from megatron.checkpoint.engine import (FoundCheckpoint, _master_weights_from_loaded, _verified_by_rank0,
                                         resolve_checkpoint, saved_without_optimizer)
 from megatron.checkpoint.files import checkpoint_kind, read_client_state
-from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, file_layout
+from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, file_layout, model_files
 from megatron.checkpoint.integrity import file_digest, manifest_of
-from megatron.errors import CheckpointError
+from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, _read_slots, model_config_of, read_args_file,
+                                                 read_checkpoint, resolve_checkpoint_dir)
+from megatron.errors import CheckpointError, ConversionError
+from megatron.model.gpt2_model import slot_prefixes
 from megatron.model.lora import is_lora_parameter
+
+A_SUFFIX, B_SUFFIX = ".lora.lora_A", ".lora.lora_B"
 
 def base_pointer(checkpoint: FoundCheckpoint) -> Dict[str, Any]:
     """What an adapter checkpoint records of base checkpoint ``checkpoint``."""
@@ -45,10 +52,11 @@ def adapter_base(path: str) -> Optional[Dict[str, Any]]:
     return read_client_state(path).get(LORA_BASE_KEY)
 
 
-def base_checkpoint(pointer: Mapping[str, Any], adapters: str) -> FoundCheckpoint:
-    """The base checkpoint ``pointer`` (of adapter checkpoint ``adapters``) names, its files verified and its
-    manifest the one recorded; CheckpointError naming what is wrong otherwise."""
-    path = os.path.join(pointer["load"], pointer["tag"])
+def base_checkpoint(pointer: Mapping[str, Any], adapters: str, base_dir: Optional[str] = None) -> FoundCheckpoint:
+    """The base checkpoint ``pointer`` (of adapter checkpoint ``adapters``) names (``base_dir``: a copy of it moved
+    elsewhere, a global_stepN directory), its files verified and its manifest the one recorded; CheckpointError naming
+    what is wrong otherwise."""
+    path = os.path.normpath(base_dir) if base_dir else os.path.join(pointer["load"], pointer["tag"])
     if not os.path.isdir(path):
         raise CheckpointError(f"adapter checkpoint {adapters} was trained on base checkpoint {path}, which is not "
                               f"there; put the base back at that path (or merge the adapters into a copy of it with "
@@ -64,7 +72,7 @@ def base_checkpoint(pointer: Mapping[str, Any], adapters: str) -> FoundCheckpoin
                               f"its {manifest or 'checksum manifest'} digest is {digest}, the adapters recorded "
                               f"{pointer.get('manifest_digest')} (iteration {pointer.get('iteration')}); the base "
                               f"was rewritten or replaced")
-    return FoundCheckpoint(load_dir=pointer["load"], tag=pointer["tag"], kind=checkpoint_kind(path))
+    return FoundCheckpoint(load_dir=os.path.dirname(path), tag=os.path.basename(path), kind=checkpoint_kind(path))
 
 
 @contextlib.contextmanager
@@ -153,3 +161,65 @@ def load_lora_checkpoint(neox_args, model_config, engine, checkpoint: Optional[F
     engine.lora_base = dict(pointer)
     return (0 if finetune else int(client_state.get("iteration", 0))), client_state, path
 
+
+def read_adapter_checkpoint(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any], Dict[str, Any], str]:
+    """(the adapters' full tensors under flat names, the lora section, the base pointer, the checkpoint directory) of
+    adapter checkpoint ``path`` (a global_stepN directory or a save directory with ``latest``)."""
+    path = resolve_checkpoint_dir(path)
+    args = read_args_file(path)
+    pointer = read_client_state(path).get(LORA_BASE_KEY)
+    if not args.get("lora") or pointer is None:
+        raise ConversionError(f"{path} is not a LoRA run's adapter checkpoint (its neox_args.json has no lora "
+                              f"section, or its client state no {LORA_BASE_KEY}); it is a full checkpoint already")
+    tp, pp = file_layout(path)
+    config = model_config_of(args, path, model_parallel_size=max(tp, 1), pipe_parallel_size=pp, padded_vocab_size=1)
+    prefixes = slot_prefixes(config.num_layers)
+    adapters = {}
+    for slot, state in _read_slots(path, model_files(path), config, tp, pp, None).items():
+        adapters.update({prefixes[slot] + name: value for name, value in state.items()})
+    others = [name for name in adapters if not name.endswith((A_SUFFIX, B_SUFFIX))]
+    if others or not adapters:
+        raise ConversionError(f"{path}: an adapter checkpoint holds the adapters only; it holds "
+                              f"{others[:4] or 'no tensors'}")
+    return adapters, config.lora_dict, pointer, path
+
+
+def adapted_weights(adapters: Mapping[str, torch.Tensor]) -> List[str]:
+    """The base weights' flat names the adapters change."""
+    return sorted(name[:-len(A_SUFFIX)] + ".weight" for name in adapters if name.endswith(A_SUFFIX))
+
+
+def merged_state(state: Mapping[str, torch.Tensor], adapters: Mapping[str, torch.Tensor], lora: Mapping[str, Any]
+                 ) -> Dict[str, torch.Tensor]:
+    """``state`` (full tensors, flat names) with each adapted weight W replaced by W + (alpha / r) B A."""
+    scale = float(lora["alpha"]) / int(lora["r"])
+    out = dict(state)
+    for weight in adapted_weights(adapters):
+        if weight not in out:
+            raise ConversionError(f"the base checkpoint has no {weight}, which the adapters change")
+        stem = weight[:-len(".weight")]
+        a, b = adapters[stem + A_SUFFIX].float(), adapters[stem + B_SUFFIX].float()
+        base = out[weight]
+        out[weight] = (base.float() + scale * (b @ a)).to(base.dtype)
+    return out
+
+
+def read_base_checkpoint(pointer: Mapping[str, Any], adapters: str, base_dir: Optional[str] = None) -> NeoxCheckpoint:
+    """read_checkpoint of the base of adapter checkpoint ``adapters`` (base_checkpoint's, verified)."""
+    try:
+        found = base_checkpoint(pointer, adapters, base_dir)
+    except CheckpointError as exc:
+        raise ConversionError(str(exc)) from None
+    return read_checkpoint(found.path, verified_kind=found.kind)
+
+
+def read_model_checkpoint(path: str, verified_kind: Optional[str] = None) -> NeoxCheckpoint:
+    """read_checkpoint's merged checkpoint, or for an adapter checkpoint its base with the adapters merged in: what
+    generation and evaluation load from a LoRA run's checkpoint."""
+    path = resolve_checkpoint_dir(path, verified=verified_kind is not None)
+    if (verified_kind or checkpoint_kind(path)) == GPT_NEOX or adapter_base(path) is None:
+        return read_checkpoint(path, verified_kind=verified_kind)
+    adapters, lora, pointer, path = read_adapter_checkpoint(path)
+    base = read_base_checkpoint(pointer, path)
+    base.state = merged_state(base.state, adapters, lora)
+    return base

@@ -24,17 +24,14 @@ import torch
 from safetensors.torch import save_file
 
 from megatron.checkpoint.files import read_client_state
-from megatron.checkpoint.format import LORA_BASE_KEY
-from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, _read_slots, model_config_of, read_args_file,
-                                                 read_checkpoint, resolve_checkpoint_dir, write_checkpoint)
+from megatron.checkpoint.lora import (A_SUFFIX, B_SUFFIX, adapted_weights, merged_state, read_adapter_checkpoint,
+                                      read_base_checkpoint)
+from megatron.checkpoint.neox_checkpoint import NeoxCheckpoint, read_args_file, write_checkpoint
 from megatron.checkpoint_conversion import hf_gptneox, hf_llama
 from megatron.checkpoint_conversion.common import check_output_dir
-from megatron.checkpoint.format import file_layout, model_files
 from megatron.errors import ConversionError
 from megatron.model.config import ModelConfig
-from megatron.model.gpt2_model import slot_prefixes
 
-A_SUFFIX, B_SUFFIX = ".lora.lora_A", ".lora.lora_B"
 COLUMN_TARGETS = ("query_key_value", "linear1")
 """The column-parallel targets (megatron.model.lora_settings.TARGET_MODULES); dense and linear2 are row-parallel."""
 PEFT_FAMILIES = {"neox": ("gpt_neox.layers.{i}.", {"query_key_value": ["attention.query_key_value"],
@@ -58,58 +55,11 @@ def add_adapter_arguments(parser: argparse.ArgumentParser, output_help: str) -> 
                         help="the base checkpoint, when it is no longer where the adapters recorded it")
 
 
-def read_adapter_checkpoint(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[str, Any], Dict[str, Any], str]:
-    """(the adapters' full tensors under flat names, the lora section, the base pointer, the checkpoint directory) of
-    adapter checkpoint ``path`` (a global_stepN directory or a save directory with ``latest``)."""
-    path = resolve_checkpoint_dir(path)
-    args = read_args_file(path)
-    pointer = read_client_state(path).get(LORA_BASE_KEY)
-    if not args.get("lora") or pointer is None:
-        raise ConversionError(f"{path} is not a LoRA run's adapter checkpoint (its neox_args.json has no lora "
-                              f"section, or its client state no {LORA_BASE_KEY}); it is a full checkpoint already")
-    tp, pp = file_layout(path)
-    config = model_config_of(args, path, model_parallel_size=max(tp, 1), pipe_parallel_size=pp, padded_vocab_size=1)
-    prefixes = slot_prefixes(config.num_layers)
-    adapters = {}
-    for slot, state in _read_slots(path, model_files(path), config, tp, pp, None).items():
-        adapters.update({prefixes[slot] + name: value for name, value in state.items()})
-    others = [name for name in adapters if not name.endswith((A_SUFFIX, B_SUFFIX))]
-    if others or not adapters:
-        raise ConversionError(f"{path}: an adapter checkpoint holds the adapters only; it holds "
-                              f"{others[:4] or 'no tensors'}")
-    return adapters, config.lora_dict, pointer, path
-
-
-def base_of(pointer: Mapping[str, Any], base_dir: Optional[str] = None) -> str:
-    """The base checkpoint directory: ``base_dir`` when given (a copy moved elsewhere), else the pointer's."""
-    return base_dir or os.path.join(pointer["load"], pointer["tag"])
-
-
-def adapted_weights(adapters: Mapping[str, torch.Tensor]) -> List[str]:
-    """The base weights' flat names the adapters change."""
-    return sorted(name[:-len(A_SUFFIX)] + ".weight" for name in adapters if name.endswith(A_SUFFIX))
-
-
-def merged_state(state: Mapping[str, torch.Tensor], adapters: Mapping[str, torch.Tensor], lora: Mapping[str, Any]
-                 ) -> Dict[str, torch.Tensor]:
-    """``state`` (full tensors, flat names) with each adapted weight W replaced by W + (alpha / r) B A."""
-    scale = float(lora["alpha"]) / int(lora["r"])
-    out = dict(state)
-    for weight in adapted_weights(adapters):
-        if weight not in out:
-            raise ConversionError(f"the base checkpoint has no {weight}, which the adapters change")
-        stem = weight[:-len(".weight")]
-        a, b = adapters[stem + A_SUFFIX].float(), adapters[stem + B_SUFFIX].float()
-        base = out[weight]
-        out[weight] = (base.float() + scale * (b @ a)).to(base.dtype)
-    return out
-
-
 def merge_lora_checkpoint(adapter_dir: str, output_dir: str, base_dir: Optional[str] = None) -> str:
     """Write base + adapters as one full checkpoint into ``output_dir`` (a save directory), in the base's layout
     (tensor / pipeline split), at the adapter checkpoint's iteration; returns its global_stepN directory."""
     adapters, lora, pointer, path = read_adapter_checkpoint(adapter_dir)
-    base = read_checkpoint(base_of(pointer, base_dir))
+    base = read_base_checkpoint(pointer, path, base_dir)
     iteration = int(read_client_state(path).get("iteration", 0))
     args = {key: value for key, value in read_args_file(path).items() if key != "lora"}
     args.update({"load": None, "finetune": False})
@@ -184,8 +134,8 @@ def export_peft_adapter(adapter_dir: str, output_dir: str, architecture: str, ba
     from peft import LoraConfig
 
     check_output_dir(output_dir)
-    adapters, lora, pointer, _ = read_adapter_checkpoint(adapter_dir)
-    base: NeoxCheckpoint = read_checkpoint(base_of(pointer, base_dir))
+    adapters, lora, pointer, path = read_adapter_checkpoint(adapter_dir)
+    base: NeoxCheckpoint = read_base_checkpoint(pointer, path, base_dir)
     tensors = peft_tensors(base.config, base.state, adapters, architecture)
     modules = sorted({name[len("base_model.model."):-len(".lora_A.weight")] for name in tensors
                       if name.endswith(".lora_A.weight")})

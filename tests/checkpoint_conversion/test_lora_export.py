@@ -14,6 +14,7 @@ from megatron.checkpoint.lora import base_pointer
 from megatron.checkpoint.neox_checkpoint import flat_state_dict, read_checkpoint, sequential_state_dict, write_checkpoint
 from megatron.checkpoint_conversion.from_hf import convert_hf_to_neox
 from megatron.checkpoint_conversion.to_hf import convert_neox_to_hf
+from megatron.inference.loading import load_model_weights
 from megatron.model.gpt2_model import GPT2ModelSequential
 from megatron.model.lora import is_lora_parameter
 from megatron.mpu import SingleProcessState
@@ -72,6 +73,13 @@ def test_merged_and_peft_exported_adapters_give_the_lora_models_logits(family, t
     assert merged.path.endswith("global_step7") and merged.layout == (2, 0) and "lora" not in merged.args
     torch.testing.assert_close(our_logits(our_model(merged.config, merged.state), tokens), want, rtol=0, atol=1e-5)
 
+    # generate.py / eval.py load the adapter checkpoint as the base with the adapters merged in, at any split
+    plain_config = base.config.replace(model_parallel_size=1, pipe_parallel_size=0, precision="fp32",
+                                       hidden_dropout=0.0, attention_dropout=0.0)
+    plain = GPT2ModelSequential(plain_config, SingleProcessState())
+    load_model_weights(plain, str(tmp_path / "adapters"), SingleProcessState(), plain_config)
+    torch.testing.assert_close(our_logits(plain.eval(), tokens), want, rtol=0, atol=1e-5)
+
     convert_neox_to_hf(str(tmp_path / "base"), str(tmp_path / "hf_base"), architecture=family)
     assert export_lora_to_peft.main(["--input_dir", str(tmp_path / "adapters"), "--output_dir",
                                      str(tmp_path / "peft"), "--architecture", family]) == 0
@@ -89,3 +97,18 @@ def test_a_full_checkpoint_is_not_an_adapter_checkpoint(tmp_path, capsys):
     convert_hf_to_neox(str(tmp_path / "hf"), str(tmp_path / "base"), str(tmp_path / "base.yml"))
     assert merge_lora.main(["--input_dir", str(tmp_path / "base"), "--output_dir", str(tmp_path / "m")]) == 2
     assert "is not a LoRA run's adapter checkpoint" in capsys.readouterr().err
+
+
+def test_a_rewritten_base_is_refused_by_the_tools(tmp_path, capsys):
+    tiny_llama().save_pretrained(tmp_path / "hf")
+    convert_hf_to_neox(str(tmp_path / "hf"), str(tmp_path / "base"), str(tmp_path / "base.yml"))
+    base = read_checkpoint(str(tmp_path / "base"))
+    lora = dict(r=2, alpha=2)
+    config = base.config.replace(lora=lora)
+    adapters = {n: t for n, t in flat_state_dict(_lora_model(config, base.state).state_dict(), config).items()
+                if is_lora_parameter(n)}
+    pointer = base_pointer(FoundCheckpoint(str(tmp_path / "base"), "global_step0", "ours"))
+    write_checkpoint(str(tmp_path / "adapters"), adapters, config, {**base.args, "lora": lora}, {},
+                     client_state={LORA_BASE_KEY: {**pointer, "manifest_digest": "0" * 32}})
+    assert merge_lora.main(["--input_dir", str(tmp_path / "adapters"), "--output_dir", str(tmp_path / "m")]) == 2
+    assert "is not the one adapter checkpoint" in capsys.readouterr().err

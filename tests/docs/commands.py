@@ -246,6 +246,9 @@ COMMANDS: Dict[str, Entry] = {
     "HFTokenizer --vocab-file tiny-llama/tokenizer.json --append-eod --no-progress": FINE_TUNING_EXAMPLE,
     "cat > lora.yml <<YML": FINE_TUNING_EXAMPLE,
     "python deepy.py train.py tiny-llama.yml lora.yml": FINE_TUNING_EXAMPLE,
+    "printf w10 w12 w14\\nw31 w33\\nw4 w6 w8 w10\\n > even-prompts.txt": FINE_TUNING_EXAMPLE,
+    "python deepy.py generate.py tiny-llama.yml lora.yml --load checkpoints/tiny-llama-lora -i even-prompts.txt -o "
+    "lora-samples.jsonl --set temperature=0.0 --set maximum_tokens=6": FINE_TUNING_EXAMPLE,
     "python tools/ckpts/merge_lora.py --input_dir checkpoints/tiny-llama-lora --output_dir "
     "checkpoints/tiny-llama-merged": FINE_TUNING_EXAMPLE,
     "python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/tiny-llama-merged --output_dir "

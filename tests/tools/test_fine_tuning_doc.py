@@ -43,11 +43,11 @@ def test_the_worked_example_runs_and_the_export_decodes_like_our_generate(tmp_pa
 @pytest.mark.slow
 def test_the_lora_example_trains_merges_and_exports_for_peft(tmp_path):
     """Step 1 of the worked example (the converted tiny Llama), then the LoRA example's blocks: adapters trained at
-    tensor parallel 2 through deepy.py, merged, exported for peft; peft on the converted base decodes as the merged
-    model (the last block asserts it)."""
+    tensor parallel 2 through deepy.py, generated with as they are, merged, exported for peft; peft on the converted
+    base and generate.py decode as the merged model (the last block asserts it)."""
     blocks = worked_example_blocks()[:1] + worked_example_blocks(LORA_SECTION)
     assert len(blocks) == 3
-    for name in ("deepy.py", "train.py", "tools", "megatron"):  # "from the repository root"
+    for name in ("deepy.py", "train.py", "generate.py", "tools", "megatron"):  # "from the repository root"
         os.symlink(os.path.join(REPO, name), tmp_path / name)
     result = subprocess.run(["bash", "-e", "-c", "\n".join(blocks)], cwd=tmp_path, env=deepy_environment(),
                             capture_output=True, text=True, timeout=900)
