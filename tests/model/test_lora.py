@@ -56,6 +56,8 @@ def test_layers_it_cannot_adapt_are_refused():
     mamba = tiny_config(attention_config=[[["mamba", "global"], 1]], lora={"r": 2}).problems()
     assert any("mamba layers have no query_key_value" in p for p in mamba), mamba
     assert not tiny_config(attention_config=[[["mamba", "global"], 1]], lora={"layers_to_transform": 1}).problems()
+    rm = tiny_config(train_impl="rm", lora={"r": 2}).problems()
+    assert any("lora with train_impl 'rm': not implemented" in p for p in rm), rm
     pipe = tiny_config(pipe_parallel_size=2, lora={"r": 2}).problems()
     assert any("pipe_parallel_size=2: not implemented" in p for p in pipe), pipe
 
@@ -120,3 +122,11 @@ def test_tp2_split_adapters_match_tp1():
     """A replicated / B split by output rows on column-parallel layers (the GLU's and GQA's blocks too), A split by
     input columns / B replicated on row-parallel ones: TP=2 gives TP=1's logits, loss and adapter gradients."""
     run_distributed(_compare_lora_tp, world_size=2)
+
+
+def test_zero_with_lora_is_refused_by_the_arguments():
+    from tests.neox_arguments.helpers import problems_of
+
+    assert "lora with zero_optimization.stage=2: not implemented" in problems_of(
+        lora={"r": 2}, zero_optimization={"stage": 2})
+    assert "lora.rnak is not a LoRA setting; did you mean rank" in problems_of(lora={"rnak": 2})
