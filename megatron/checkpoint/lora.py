@@ -216,9 +216,10 @@ def read_base_checkpoint(pointer: Mapping[str, Any], adapters: str, base_dir: Op
 def read_model_checkpoint(path: str, verified_kind: Optional[str] = None) -> NeoxCheckpoint:
     """read_checkpoint's merged checkpoint, or for an adapter checkpoint its base with the adapters merged in: what
     generation and evaluation load from a LoRA run's checkpoint."""
-    path = resolve_checkpoint_dir(path, verified=verified_kind is not None)
-    if (verified_kind or checkpoint_kind(path)) == GPT_NEOX or adapter_base(path) is None:
-        return read_checkpoint(path, verified_kind=verified_kind)
+    path = resolve_checkpoint_dir(path, verified=verified_kind is not None)  # verified here, once
+    kind = verified_kind or checkpoint_kind(path)
+    if kind == GPT_NEOX or adapter_base(path) is None:
+        return read_checkpoint(path, verified_kind=kind)
     adapters, lora, pointer, path = read_adapter_checkpoint(path)
     base = read_base_checkpoint(pointer, path)
     base.state = merged_state(base.state, adapters, lora)
