@@ -18,7 +18,8 @@ from megatron.inference.loading import load_model_weights
 from megatron.model.gpt2_model import GPT2ModelSequential
 from megatron.model.lora import is_lora_parameter
 from megatron.mpu import SingleProcessState
-from tests.checkpoint_conversion.helpers import our_logits, our_model, random_tokens, tiny_gptneox, tiny_llama
+from tests.checkpoint_conversion.helpers import (our_logits, our_model, random_tokens, tiny_gptneox, tiny_llama,
+                                                tiny_qwen2)
 from tests.tools.tool_runner import load_tool
 
 merge_lora = load_tool("tools/ckpts/merge_lora.py")
@@ -29,6 +30,7 @@ FAMILIES = {
         "query_key_value", "dense", "linear1", "linear2"])),
     "llama": (lambda: tiny_llama(kv_heads=2), dict(r=4, alpha=16, target_modules=[
         "query_key_value", "dense", "linear1", "linear2"], layers_to_transform=[1])),
+    "qwen2": (lambda: tiny_qwen2(kv_heads=2), dict(r=2, alpha=4, target_modules=["query_key_value", "linear1"])),
 }
 
 
