@@ -14,17 +14,20 @@ merge_lora = load_tool("tools/ckpts/merge_lora.py")
 
 pytestmark = pytest.mark.slow
 
+PIPE = {"pipe_parallel_size": 1}
+"""GPT-NeoX's default: a PipelineModule of one stage, whose checkpoints are layer files (the doc's LoRA example
+trains without a pipeline, at tensor parallel 2)."""
 LORA = {"r": 4, "alpha": 8, "target_modules": ["query_key_value", "dense", "linear1", "linear2"]}
 
 
 def test_lora_trains_saves_adapters_only_and_resumes_exactly(tmp_path):
     data = build_tiny_corpus(tmp_path / "corpus", num_files=20)
-    base = TrainingRun(tmp_path / "base", data, num_gpus=1, train_iters=1, checkpoint_factor=1, load=None)
+    base = TrainingRun(tmp_path / "base", data, num_gpus=1, train_iters=1, checkpoint_factor=1, load=None, **PIPE)
     base.launch()
     base.assert_ok()
     base_dir = tmp_path / "base" / "ckpt"
     straight = TrainingRun(tmp_path / "straight", data, num_gpus=1, train_iters=6, checkpoint_factor=3,
-                           load=str(base_dir), finetune=True, lora=LORA)
+                           load=str(base_dir), finetune=True, lora=LORA, **PIPE)
     straight.launch()
     straight.assert_ok()
     losses = straight.losses()
