@@ -96,6 +96,22 @@ def train_with_deepy(config: Dict, directory: str, name: str, port: int,
     return records, result
 
 
+def plain_train_config(shape: Dict, seq: int, batch: int, iters: int, data: Dict[str, str], directory: str) -> Dict:
+    """A deepy.py config that trains a ``shape`` (num_layers, hidden_size, ...) GPT with LayerNorm and GeLU for
+    ``iters`` steps of ``batch`` x ``seq`` random tokens on one rank, logging every step, without evaluation."""
+    return {
+        **shape, "seq_length": seq, "max_position_embeddings": seq,
+        "norm": "layernorm", "activation": "gelu", "no_weight_tying": True, "make_vocab_size_divisible_by": 128,
+        "tokenizer_type": "HFTokenizer", "vocab_file": data["vocab_file"], "data_path": data["data_path"],
+        "split": "100,0,0", "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
+        "train_iters": iters, "optimizer": {"type": "Adam", "params": {"lr": 1.0e-4}},
+        "zero_optimization": {"stage": 0}, "gradient_clipping": 1.0, "num_gpus": 1, "num_workers": 0,
+        "log_interval": 1, "steps_per_print": 1000000, "eval_interval": 1000000, "eval_iters": 0,
+        "log_dir": os.path.join(directory, "logs"), "distributed_backend": "nccl", "seed": 1,
+        "hidden_dropout": 0.0, "attention_dropout": 0.0, "do_test": False, "weight_decay": 0.0,
+    }
+
+
 def step_time_and_peak(records: List[Dict], result: Dict, warmup: int) -> Dict:
     """{'step_time': median seconds of the steps after `warmup`, 'peak_mb': peak GPU memory on a GPU, else the
     process tree's peak resident memory} of one train_with_deepy run."""

@@ -24,8 +24,8 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import (machine_description, median, print_table, step_time_and_peak,  # noqa: E402
-                          train_with_deepy)
+from bench.common import (machine_description, median, plain_train_config, print_table,  # noqa: E402
+                          step_time_and_peak, train_with_deepy)
 from bench.train_throughput import write_data  # noqa: E402
 
 SIZES = {"tiny": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4},     # smoke test of the script
@@ -39,17 +39,8 @@ LAYERS = {"attention": {"pos_emb": "rotary", "attention_config": [[["global"], "
 
 def train_config(args, kind: str, data: Dict[str, str], directory: str) -> Dict:
     """The deepy.py config of one contender."""
-    return {
-        **SIZES[args.size], **LAYERS[kind], "seq_length": args.seq, "max_position_embeddings": args.seq,
-        "norm": "layernorm", "activation": "gelu", "no_weight_tying": True, "make_vocab_size_divisible_by": 128,
-        "tokenizer_type": "HFTokenizer", "vocab_file": data["vocab_file"], "data_path": data["data_path"],
-        "split": "100,0,0", "train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": 1,
-        "train_iters": args.warmup + args.steps, "optimizer": {"type": "Adam", "params": {"lr": 1.0e-4}},
-        "zero_optimization": {"stage": 0}, "gradient_clipping": 1.0, "num_gpus": 1, "num_workers": 0,
-        "log_interval": 1, "steps_per_print": 1000000, "eval_interval": 1000000, "eval_iters": 0,
-        "log_dir": os.path.join(directory, "logs"), "distributed_backend": "nccl", "seed": 1,
-        "hidden_dropout": 0.0, "attention_dropout": 0.0, "do_test": False, "weight_decay": 0.0,
-    }
+    return {**plain_train_config(SIZES[args.size], args.seq, args.batch, args.warmup + args.steps, data, directory),
+            **LAYERS[kind]}
 
 
 def train(args, kind: str, data: Dict[str, str], directory: str) -> Dict:

@@ -57,7 +57,7 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from megatron.checkpoint.files import checkpoint_kind, load_lazily, read_client_state
 from megatron.checkpoint.format import (ARCHITECTURE_KEYS, ARGS_FILE, COMPLETE_MARKER, GPT_NEOX, LATEST_FILE, LAYOUT,
-                                        LAYOUT_KEY, LAYOUT_KEYS, MERGED_ON_READ, OURS, OURS_OLD, RESHARD_KEY,
+                                        LAYOUT_KEY, LAYOUT_KEYS, LORA_BASE_KEY, MERGED_ON_READ, OURS, OURS_OLD, RESHARD_KEY,
                                         UPGRADE_TOOL, complete_tags, file_layout, gpt_neox_client_args,
                                         gpt_neox_gmlp_problem, gpt_neox_mamba_problem,
                                         gpt_neox_qk_norm_problem, optimizer_layout, read_latest,
@@ -186,9 +186,12 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
     client_state = {"iteration": iteration, "args": gpt_neox_client_args(neox_args.to_dict(), model_config),
                     LAYOUT_KEY: LAYOUT,
                     RESHARD_KEY: optimizer_layout(engine), **(extra_state or {})}
+    lora = {"exclude_frozen_parameters": True} if model_config.lora else {}
+    if lora:  # the adapters only, and where their base is (megatron.checkpoint.lora)
+        client_state[LORA_BASE_KEY] = getattr(engine, "lora_base", None)
     try:
         with weights_only(engine, enabled=neox_args.no_save_optim):
-            engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+            engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False, **lora)
         os.makedirs(path, exist_ok=True)
         if not neox_args.no_save_rng:
             torch.save(_rng_states(), rng_file(path, rank))

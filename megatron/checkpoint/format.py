@@ -91,6 +91,11 @@ def optimizer_layout(engine) -> Dict[str, Any]:
     return {"tensor_rank": tensor_rank, "pipe_rank": pipe_rank, "param_names": groups, "param_shapes": shapes}
 
 
+LORA_BASE_KEY = "lora_base"
+"""The client-state entry of a LoRA run's checkpoint (the adapters only) that points at its base checkpoint
+(megatron.checkpoint.lora)."""
+
+
 def tag_for(iteration: int) -> str:
     return f"global_step{iteration}"
 

@@ -42,8 +42,17 @@ _RECURRENT_ROW = ("mixer.x_proj.weight", "mixer.out_proj.weight", "att.output.we
                   "att.time_decay_w2")
 
 
+LORA_FACTORS = (".lora.lora_A", ".lora.lora_B")
+"""The names' ends of a LoRA adapter's factors (megatron.mpu.lora) of the linear layer named before them."""
+
+
 def split_rule(name: str, config: ModelConfig) -> Optional[Tuple[int, Chunks]]:
     """(dimension, blocks) along which ``name`` is split, or None when every rank holds all of it."""
+    if name.endswith(LORA_FACTORS):  # B as its column-parallel base layer's weight, A as its row-parallel one's
+        base_rule = split_rule(name[:-len(".lora.lora_A")] + ".weight", config)
+        if base_rule is None or (base_rule[0] == 0) != name.endswith("_B"):
+            return None
+        return base_rule
     if ".deepspeed_experts." in name:  # DeepSpeed's experts: whole, or with enable_expert_tensor_parallelism split
         return _split_expert_rule(name, config)
     if _RESIDUAL in name:  # DeepSpeed's residual MoE MLP: a copy of the whole expert on every tensor-parallel rank

@@ -14,6 +14,7 @@ the user's batch size) and no optimizer.
 Checkpoints load whatever their layout: this project's (GPT-NeoX's layout, or an older one, translated by
 megatron.checkpoint_conversion) and GPT-NeoX's own; a GPT-NeoX checkpoint's padded vocabulary comes from its
 embedding (megatron.initialize) and its architecture is checked by megatron.checkpoint.engine.resolve_checkpoint.
+A LoRA run's checkpoint (the adapters and a pointer to their base) loads as the base with the adapters merged in.
 The checkpoint is the one initialize_megatron found and verified (rank 0 hashed its files for every rank): it is
 read here without being looked for, or hashed, again."""
 
@@ -23,7 +24,7 @@ import deepspeed
 from torch import nn
 
 from megatron.checkpoint.engine import resolve_checkpoint
-from megatron.checkpoint.neox_checkpoint import read_checkpoint
+from megatron.checkpoint.lora import read_model_checkpoint
 from megatron.checkpoint.tensor_parallel import split_full
 from megatron.errors import CheckpointError, ConfigError, ConversionError
 from megatron.initialize import RunContext, initialize_megatron
@@ -55,7 +56,7 @@ def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, mo
     checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's; ``verified_kind``: as
     megatron.checkpoint.neox_checkpoint.read_checkpoint's."""
     try:
-        checkpoint = read_checkpoint(checkpoint_dir, verified_kind=verified_kind)
+        checkpoint = read_model_checkpoint(checkpoint_dir, verified_kind=verified_kind)
     except ConversionError as err:
         raise CheckpointError(str(err)) from None
     tp, rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()
@@ -95,7 +96,10 @@ def setup_for_inference(neox_args, require_checkpoint: bool = True) -> Tuple[obj
                            f"context_parallel_size: 1, the checkpoint loads unchanged"])
     # every rank holds every expert: expert parallelism would make each forward a collective of the whole
     # expert-parallel group, which eval.py's requests (sharded over data-parallel ranks) do not keep in step
-    ctx = initialize_megatron(neox_args, model_changes={"sequence_parallel": False, "moe_expert_parallel_size": 1})
+    # a LoRA run's checkpoint loads as its base with the adapters merged in (megatron.checkpoint.lora), into the model
+    # without adapters
+    ctx = initialize_megatron(neox_args, model_changes={"sequence_parallel": False, "moe_expert_parallel_size": 1,
+                                                        "lora": None})
     checkpoint = resolve_checkpoint(neox_args, ctx.model_config, ctx.checkpoint, layout_must_match=False)
     if checkpoint is None and require_checkpoint:
         raise CheckpointError(f"no checkpoint to load: set load to a directory written by train.py "

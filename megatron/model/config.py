@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from megatron.model.lora_settings import lora_problems, normalized_lora
 from megatron.model.rope_scaling import normalized_rope_scaling, rope_scaling_problems
 from megatron.model.sparsity_config import SPARSE_TYPES, SparsitySettings, freeze, key_problems, local_window
 from megatron.mup.rules import mup_model_problems
@@ -217,6 +218,9 @@ class ModelConfig:
     soft_prompt_init_tokens: Optional[Tuple[int, ...]] = None
     """The token ids of soft_prompt_tuning.init_string (the worker's tokenizer fills them in, megatron.initialize):
     the soft prompt starts as their word embeddings, repeated or cut to its length (GPT-NeoX's SoftEmbedding)."""
+    lora: Optional[Any] = None
+    """The lora section (megatron.model.lora_settings) with its defaults, held as sorted (key, value) pairs; a dict
+    is accepted and frozen. None: no adapters."""
     # recurrent layers: mamba (megatron.model.mamba) and rwkv (megatron.model.rwkv), GPT-NeoX's keys
     mamba_selective_scan_fusion: bool = False
     mamba_causal_conv_fusion: bool = False
@@ -362,6 +366,8 @@ class ModelConfig:
         scaling = self.rope_scaling
         if isinstance(scaling, Mapping) or (isinstance(scaling, tuple) and not scaling):
             derive("rope_scaling", freeze(normalized_rope_scaling(dict(scaling))))
+        if isinstance(self.lora, Mapping) or (isinstance(self.lora, tuple) and not self.lora):
+            derive("lora", freeze(normalized_lora(dict(self.lora))))
         derive("activation_checkpoints", int(self.number_checkpoints or
                                              -(-self.num_layers // max(self.checkpoint_num_layers, 1))))
         derive("layer_owners", shared_layer_owners(int(self.num_layers), self.num_unique_layers,
@@ -418,6 +424,13 @@ class ModelConfig:
     def rope_scaling_dict(self) -> Optional[dict]:
         """rope_scaling as Hugging Face's dict (rope_type and its parameters), or None without scaling."""
         return dict(self.rope_scaling) if self.rope_scaling else None
+
+    @property
+    def lora_dict(self) -> Optional[dict]:
+        """The lora section as a dict (lists for target_modules and layers_to_transform), or None without LoRA."""
+        if not self.lora or not isinstance(self.lora, tuple):
+            return None
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in self.lora}
 
     @property
     def value_head(self) -> bool:
@@ -550,6 +563,15 @@ class ModelConfig:
             problems.append("sequence_parallel=true needs model_parallel_size > 1")
         if self.soft_prompt_tokens is not None and self.soft_prompt_tokens < 1:
             problems.append(f"soft_prompt_tuning.n_tokens={self.soft_prompt_tokens} must be >= 1")
+        problems += lora_problems(self.lora_dict if isinstance(self.lora, tuple) else self.lora, self.num_layers,
+                                  self.attention_types, self.moe_layers, self.pipe_parallel_size)
+        if self.lora and self.soft_prompt_tokens is not None:
+            problems.append("lora with soft_prompt_tuning: each freezes the rest of the model for itself; use one")
+        if self.lora and self.train_impl != "normal":
+            problems.append(f"lora with train_impl {self.train_impl!r}: not implemented (a reward model's new value "
+                            f"head would stay frozen; DPO / KTO's reference model is not built with adapters); use "
+                            f"train_impl 'normal', or merge the adapters (tools/ckpts/merge_lora.py) and post-train "
+                            f"the merged model")
         if self.contiguous_checkpointing and not self.partition_activations:
             problems.append("contiguous_checkpointing=true needs partition_activations=true")
         if self.partition_activations and self.sequence_parallel and self.checkpoint_activations:

@@ -60,6 +60,7 @@ from megatron.model.head import (FinalNorm, HeadOutput, OutputHead, ValueHead, m
                                  pipeline_tied_logits, tied_logits)
 from megatron.model.init_functions import Initializer
 from megatron.model.kv_cache import KVCache, LayerKeyedCache
+from megatron.model.lora import apply_lora
 from megatron.model.mamba import ParallelMambaResidualLayer, mamba_kernel_problems
 from megatron.model.reward_model import RewardLoss
 from megatron.model.rwkv import RWKVResidualLayer
@@ -428,7 +429,7 @@ def build_model(config: ModelConfig, parallel_state, rng_tracker=None) -> nn.Mod
     """The model for this rank: GPT2ModelPipe if pipe_parallel_size >= 1, else GPT2ModelSequential.
 
     Parameters are cast to the dtype of ``config.precision``. With a soft prompt only the soft prompt
-    stays trainable. ``rng_tracker`` (default: a new one seeded from config.seed) draws the
+    stays trainable; with lora only the adapters (megatron.model.lora). ``rng_tracker`` (default: a new one seeded from config.seed) draws the
     model-parallel dropout; with checkpoint_activations DeepSpeed's tracker is used instead (see
     ``_model_tracker``). For the pipeline model pass ``mpu=None`` to deepspeed.initialize (the
     PipelineModule brings its own grid); for the sequential model pass ``mpu=parallel_state``.
@@ -440,6 +441,7 @@ def build_model(config: ModelConfig, parallel_state, rng_tracker=None) -> nn.Mod
     if config.soft_prompt_tokens is not None:
         for name, param in model.named_parameters():
             param.requires_grad = "soft_prompt" in name
+    apply_lora(model, config, parallel_state)
     return cast_model(model, model_dtype(config))
 
 

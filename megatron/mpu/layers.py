@@ -4,6 +4,9 @@ Every layer is initialised from the *full* tensor: ``init_fn`` fills a full-size
 keeps this rank's shard and drops the rest. With an ``init_fn`` seeded per tensor (see
 ``megatron.model.init_functions``) the weights are then the same whatever the parallel layout. Each split
 parameter carries ``model_parallel`` (split across ranks) and ``partition_dim`` (the dimension that is split).
+
+The linear layers take an optional LoRA adapter (``lora``: megatron.mpu.lora, attached by megatron.model.lora), whose
+update is added to this rank's output before any reduction.
 """
 from __future__ import annotations
 
@@ -106,9 +109,13 @@ class ColumnParallelLinear(nn.Module):
             self.bias.partition_dim = 0
         else:
             self.register_parameter("bias", None)
+        self.lora: Optional[nn.Module] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(self.local_input(x), self.weight, self.bias)
+        local = self.local_input(x)
+        out = F.linear(local, self.weight, self.bias)
+        if self.lora is not None:
+            out = out + self.lora(local)
         if self.gather_output:
             out = gather_from_model_parallel_region(out, self.group)
         return out
@@ -117,7 +124,9 @@ class ColumnParallelLinear(nn.Module):
         """This rank's ``forward(x)`` before the bias is added, for a fused op that adds it itself."""
         if self.gather_output:
             raise ValueError("forward_without_bias needs a ColumnParallelLinear with gather_output=False")
-        return F.linear(self.local_input(x), self.weight)
+        local = self.local_input(x)
+        out = F.linear(local, self.weight)
+        return out if self.lora is None else out + self.lora(local)
 
     def local_input(self, x: torch.Tensor) -> torch.Tensor:
         """What this rank multiplies by its weight shard: ``x`` whole (all-gathered over the sequence under
@@ -163,10 +172,12 @@ class RowParallelLinear(nn.Module):
             self.bias = nn.Parameter(torch.zeros(output_size))
         else:
             self.register_parameter("bias", None)
+        self.lora: Optional[nn.Module] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.world == 1:  # nothing to sum: one fused matmul + bias (addmm)
-            return F.linear(x, self.weight, self.bias)
+            out = F.linear(x, self.weight, self.bias)
+            return out if self.lora is None else out + self.lora(x)
         out, bias = self.forward_without_bias(x)
         return out if bias is None else out + bias
 
@@ -177,6 +188,8 @@ class RowParallelLinear(nn.Module):
         if not self.input_is_parallel:
             x = scatter_to_model_parallel_region(x, self.group)
         out = F.linear(x, self.weight)
+        if self.lora is not None:  # its partial sum joins the base layer's in the one reduction below
+            out = out + self.lora(x)
         if self.sequence_parallel:
             out = reduce_scatter_to_sequence_parallel_region(out, self.group, seq_dim=1)
             bias = None if self.bias is None else copy_to_model_parallel_region(self.bias, self.group)

@@ -238,6 +238,10 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
                         "the optimizer state")
+    if args.lora and args.zero_stage != 0:
+        problems.append(f"lora with zero_optimization.stage={args.zero_stage}: not implemented (a LoRA run loads its "
+                        f"base and adapters through DeepSpeed's engine without ZeRO's partitioned files); the optimizer "
+                        f"state is the adapters' only, so use stage 0")
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)

@@ -23,6 +23,7 @@ from megatron.checkpoint.async_save import AsyncCheckpoints
 from megatron.checkpoint.engine import (complete_checkpoint, directory_bytes, estimated_checkpoint_bytes, failed_save,
                                         load_checkpoint, restore_rng, save_checkpoint, space_problem)
 from megatron.checkpoint.format import read_latest
+from megatron.checkpoint.lora import load_lora_checkpoint
 from megatron.checkpoint.non_persistent import in_non_persistent_dir, non_persistent_due, non_persistent_problem
 from megatron.checkpoint.run_lock import RunLock
 from megatron.checkpoint.s3_upload import S3Uploads, bucket_problem, s3_client
@@ -230,7 +231,8 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     except BaseException:
         stop.restore()
         raise
-    iteration, client_state, loaded_from = load_checkpoint(neox_args, ctx.model_config, engine, ctx.checkpoint)
+    load = load_lora_checkpoint if ctx.model_config.lora else load_checkpoint
+    iteration, client_state, loaded_from = load(neox_args, ctx.model_config, engine, ctx.checkpoint)
     check_loaded_checkpoint(neox_args, engine, ctx, loaded_from, client_state,
                             is_logging_rank=not dist.is_initialized() or dist.get_rank() == 0)
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)

@@ -8,6 +8,7 @@ from torch import nn
 from megatron.model.moe.layer import GroupedExperts
 from megatron.model.positional import RelativePositionBias
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, shard_of
+from megatron.mpu.lora import LoRAAdapter
 
 
 def shard_specs(model: nn.Module) -> Dict[str, tuple]:
@@ -22,6 +23,8 @@ def shard_specs(model: nn.Module) -> Dict[str, tuple]:
             specs[prefix + "bias"] = (0, module.chunks)
         elif isinstance(module, RowParallelLinear):
             specs[prefix + "weight"] = (1, module.chunks)
+        elif isinstance(module, LoRAAdapter):  # the factor split as its base layer is split
+            specs[prefix + ("lora_B" if module.column else "lora_A")] = (0 if module.column else 1, module.chunks)
         elif isinstance(module, RelativePositionBias):
             specs[prefix + "weight"] = (1, 1)
         elif isinstance(module, GroupedExperts):  # the MoE experts: rows, whole experts per rank
@@ -36,6 +39,8 @@ def expected_local(full_model: nn.Module, tp_model: nn.Module, rank: int, world:
     full = dict(full_model.named_parameters())
     pairs = {}
     for name, param in tp_model.named_parameters():
+        if grads and not param.requires_grad:  # frozen (LoRA's base): no gradient on either side
+            continue
         ref = full[name].grad if grads else full[name].detach()
         mine = param.grad if grads else param.detach()
         if name in specs:

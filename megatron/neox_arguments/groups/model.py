@@ -373,6 +373,19 @@ class NeoXArgsModel:
     distribution between -init_range and init_rang
     """
 
+    lora: Optional[dict] = None
+    """
+    LoRA adapters (as Hugging Face peft computes them) on the transformer layers' linear layers, every other
+    parameter frozen and left out of the optimizer. Keys: r (rank, default 8), alpha (the update is scaled by
+    alpha / r; default 8), dropout (on the adapters' input; default 0), target_modules (of query_key_value, dense,
+    linear1, linear2 — GPT-NeoX's dense_h_to_4h / dense_4h_to_h name the last two; default [query_key_value]),
+    layers_to_transform (layer numbers from 0; default null: every layer). peft's names lora_alpha and lora_dropout
+    are accepted. E.g. {r: 16, alpha: 32, target_modules: [query_key_value, dense, linear1, linear2]}. Needs load (the
+    base checkpoint) with finetune: true; checkpoints hold the adapters and a pointer to the base. QLoRA (a 4-bit
+    base), ZeRO stages 1-3 and pipe_parallel_size > 1 are refused. Not a GPT-NeoX argument (GPT-NeoX has no LoRA). See
+    docs/fine-tuning.md.
+    """
+
     mamba_selective_scan_fusion: bool = False
     """
     Enable fused kernels for Mamba selective scan: mamba_ssm's selective_scan_fn on CUDA (training and

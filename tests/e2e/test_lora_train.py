@@ -1,0 +1,75 @@
+"""LoRA through deepy.py (megatron.model.lora, megatron.checkpoint.lora): adapters start on a base checkpoint, only
+they train, the checkpoints hold the adapters (and their optimizer state) with a pointer to the base, and a run
+resumed from one gives the losses of the run that did not stop (fp32)."""
+
+import pytest
+import torch
+
+from megatron.checkpoint.files import load_checkpoint_file, read_client_state
+from megatron.checkpoint.neox_checkpoint import read_checkpoint
+from tests.e2e.training_run import TrainingRun, build_tiny_corpus
+from tests.tools.tool_runner import load_tool
+
+merge_lora = load_tool("tools/ckpts/merge_lora.py")
+
+pytestmark = pytest.mark.slow
+
+PIPE = {"pipe_parallel_size": 1}
+"""GPT-NeoX's default: a PipelineModule of one stage, whose checkpoints are layer files (the doc's LoRA example
+trains without a pipeline, at tensor parallel 2)."""
+LORA = {"r": 4, "alpha": 8, "target_modules": ["query_key_value", "dense", "linear1", "linear2"]}
+
+
+def test_lora_trains_saves_adapters_only_and_resumes_exactly(tmp_path):
+    data = build_tiny_corpus(tmp_path / "corpus", num_files=20)
+    base = TrainingRun(tmp_path / "base", data, num_gpus=1, train_iters=1, checkpoint_factor=1, load=None, **PIPE)
+    base.launch()
+    base.assert_ok()
+    base_dir = tmp_path / "base" / "ckpt"
+    straight = TrainingRun(tmp_path / "straight", data, num_gpus=1, train_iters=6, checkpoint_factor=3,
+                           load=str(base_dir), finetune=True, lora=LORA, **PIPE)
+    straight.launch()
+    straight.assert_ok()
+    losses = straight.losses()
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6], losses
+
+    ckpt = tmp_path / "straight" / "ckpt" / "global_step3"
+    weights = load_checkpoint_file(str(ckpt / "mp_rank_00_model_states.pt"))
+    tensors = dict(weights.get("module") or {})
+    for layer in sorted(ckpt.glob("layer_*-model_*-model_states.pt")):
+        tensors.update({f"{layer.name}:{n}": t for n, t in load_checkpoint_file(str(layer)).items()})
+    names = list(tensors)
+    assert names and all(".lora.lora_" in n for n in names), names
+    assert all(t.abs().sum() > 0 for n, t in tensors.items() if n.endswith("lora_B"))  # they trained
+    assert len(names) == 2 * 2 * 4  # two layers x four targets x (A, B)
+    pointer = read_client_state(str(ckpt))["lora_base"]
+    assert pointer["load"] == str(base_dir) and pointer["tag"] == "global_step1" and pointer["manifest_digest"]
+    moments = [t for t in _tensors(weights["optimizer"]) if t.dim()]  # without ZeRO: in the mp_rank file
+    assert sorted(t.shape for t in moments) == sorted(2 * [t.shape for t in tensors.values()])  # Adam's two each
+
+    resumed = straight.resumed_from(3, tmp_path / "resumed", finetune=False)
+    resumed.launch()
+    resumed.assert_ok()
+    assert {it: loss for it, loss in resumed.losses().items() if it > 3} == \
+        {it: loss for it, loss in losses.items() if it > 3}
+    assert "resumed from checkpoint" in resumed.result.stdout
+
+    # tools/ckpts/merge_lora.py on the trained adapters: a full checkpoint whose adapted weights moved, the rest the base's
+    assert merge_lora.main(["--input_dir", str(tmp_path / "straight" / "ckpt"), "--output_dir",
+                            str(tmp_path / "merged")]) == 0
+    merged, base_state = read_checkpoint(str(tmp_path / "merged")), read_checkpoint(str(base_dir)).state
+    assert merged.path.endswith("global_step6") and set(merged.state) == set(base_state)
+    moved = {name for name in base_state if not torch.equal(merged.state[name], base_state[name])}
+    assert moved == {f"layers.{i}.{t}.weight" for i in (0, 1) for t in ("attention.query_key_value", "attention.dense",
+                                                                        "mlp.linear1", "mlp.linear2")}
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)

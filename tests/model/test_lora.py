@@ -1,0 +1,132 @@
+"""LoRA (megatron.model.lora, megatron.mpu.lora): the lora section's rules; the untrained adapters leave the model
+exactly as it was; only the adapters train and reach the optimizer; an adapter computes peft's update
+W x + b + (alpha / r) B A x; at tensor parallel 2 the split factors give the TP=1 logits, loss and gradients."""
+
+import math
+
+import pytest
+import torch
+
+from megatron.model.config import ModelConfig
+from megatron.model.gpt2_model import build_model
+from megatron.model.lora import is_lora_parameter, lora_targets
+from megatron.mpu import SingleProcessState
+from megatron.mpu.lora import LoRAAdapter
+from megatron.optim.param_groups import get_param_groups
+from tests.distributed_helpers import run_distributed
+from tests.model.helpers import random_batch, tiny_config
+
+ALL_TARGETS = dict(r=4, alpha=8, target_modules=["query_key_value", "dense", "dense_h_to_4h", "linear2"])
+
+
+def randomize_lora_b(model: torch.nn.Module) -> None:
+    """Give every B a seeded value (the full tensor's shard on this rank), so that the adapters change the output."""
+    with torch.no_grad():
+        for index, module in enumerate(m for m in model.modules() if isinstance(m, LoRAAdapter)):
+            full_rows = module.lora_B.size(0) * (module.tp_world if module.column else 1)
+            full = torch.randn(full_rows, module.rank, generator=torch.Generator().manual_seed(index))
+            if module.column:
+                from megatron.mpu import shard_of
+                full = shard_of(full, 0, module.tp_rank, module.tp_world, module.chunks)
+            module.lora_B.copy_(full)
+
+
+@pytest.mark.parametrize("lora, problem", [
+    (dict(rank=4, lora_alpa=8), "lora.lora_alpa is not a LoRA setting; did you mean lora_alpha"),
+    (dict(r=4, dropuot=0.1), "lora.dropuot is not a LoRA setting; did you mean dropout"),
+    (dict(r=4, load_in_4bit=True), "lora.load_in_4bit: QLoRA"),
+    (dict(r=4, bnb_4bit_quant_type="nf4"), "lora.bnb_4bit_quant_type: QLoRA"),
+    (dict(r=4, use_dora=True), "lora.use_dora: DoRA are not implemented"),
+    (dict(r=0), "lora.r=0 must be an integer >= 1"),
+    (dict(alpha=-1), "lora.alpha=-1 must be a number > 0"),
+    (dict(dropout=1.0), "lora.dropout=1.0 must be a number in [0, 1)"),
+    (dict(target_modules=["query_key_valu"]), "'query_key_valu' is not a layer of this model; did you mean "
+                                              "query_key_value"),
+    (dict(layers_to_transform=[2]), "lora.layers_to_transform=[2] must be null (every layer) or a list"),
+])
+def test_bad_sections_are_refused_naming_the_key(lora, problem):
+    problems = tiny_config(lora=lora).problems()
+    assert any(problem in p for p in problems), problems
+
+
+def test_layers_it_cannot_adapt_are_refused():
+    moe = tiny_config(moe_num_experts=2, lora=dict(target_modules=["linear1"])).problems()
+    assert any("mixture of experts" in p for p in moe), moe
+    assert not [p for p in tiny_config(moe_num_experts=2, lora={}).problems() if "lora" in p]
+    mamba = tiny_config(attention_config=[[["mamba", "global"], 1]], lora={"r": 2}).problems()
+    assert any("mamba layers have no query_key_value" in p for p in mamba), mamba
+    assert not tiny_config(attention_config=[[["mamba", "global"], 1]], lora={"layers_to_transform": 1}).problems()
+    rm = tiny_config(train_impl="rm", lora={"r": 2}).problems()
+    assert any("lora with train_impl 'rm': not implemented" in p for p in rm), rm
+    pipe = tiny_config(pipe_parallel_size=2, lora={"r": 2}).problems()
+    assert any("pipe_parallel_size=2: not implemented" in p for p in pipe), pipe
+
+
+def test_defaults_and_names():
+    config = tiny_config(lora={"lora_alpha": 16, "target_modules": ["dense_4h_to_h", "dense"]})
+    assert config.lora_dict == dict(r=8, alpha=16, dropout=0.0, target_modules=["dense", "linear2"],
+                                    layers_to_transform=None)
+    assert tiny_config(lora={}).lora_dict is None and tiny_config().lora_dict is None
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(pos_emb="rotary", num_kv_heads=2, activation="swiglu",
+                                                    norm="rmsnorm", use_bias_in_attn_linear=False)])
+def test_untrained_adapters_are_the_base_model_and_only_they_train(overrides):
+    inputs, labels = random_batch()
+    base = build_model(tiny_config(**overrides), SingleProcessState())
+    model = build_model(tiny_config(lora=dict(ALL_TARGETS, layers_to_transform=[1]), **overrides),
+                        SingleProcessState())
+    assert torch.equal(model(inputs), base(inputs))
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all(is_lora_parameter(n) for n in names), names
+    assert len(names) == 8 and all(".1." in n or "sequential.3." in n for n in names), names  # layer 1 only
+    trained = {id(p) for group in get_param_groups(model, 0.01) for p in group["params"]}
+    assert trained == {id(p) for n, p in model.named_parameters() if is_lora_parameter(n)}
+    loss = model.loss_fn(model(inputs), labels)
+    loss.backward()
+    assert all(p.grad is None for n, p in model.named_parameters() if not is_lora_parameter(n))
+    assert all(p.grad is not None for n, p in model.named_parameters() if n.endswith("lora_B"))
+
+
+def test_adapter_adds_peft_update():
+    """Each adapted layer computes W x + b + (alpha / r) B A x (peft's lora.Linear, dropout 0); A starts as peft's
+    kaiming-uniform (bound 1 / sqrt(in))."""
+    config = tiny_config(lora=ALL_TARGETS)
+    model = build_model(config, SingleProcessState())
+    randomize_lora_b(model)
+    x = torch.randn(2, 3, config.hidden_size)
+    for number, target, linear in lora_targets(model, config):
+        a, b = linear.lora.lora_A, linear.lora.lora_B
+        assert a.abs().max() <= 1 / math.sqrt(linear.input_size) and b.abs().sum() > 0
+        inp = x if target != "linear2" else torch.randn(2, 3, linear.input_size)
+        want = inp @ linear.weight.T + (0 if linear.bias is None else linear.bias) + 2.0 * (inp @ a.T) @ b.T
+        with torch.no_grad():
+            torch.testing.assert_close(linear(inp), want, rtol=1e-5, atol=1e-5, msg=f"layer {number} {target}")
+
+
+LORA_TP_CONFIGS = [
+    dict(lora=dict(ALL_TARGETS, dropout=0.0), no_weight_tying=True),
+    dict(lora=dict(ALL_TARGETS, layers_to_transform=[0]), pos_emb="rotary", num_kv_heads=2, activation="swiglu",
+         norm="rmsnorm", sequence_parallel=True),
+]
+
+
+def _compare_lora_tp(rank: int, world_size: int) -> None:
+    from tests.model.test_tensor_parallel_model import compare_tp2_with_tp1
+
+    compare_tp2_with_tp1(rank, world_size, configs=LORA_TP_CONFIGS, adjust=randomize_lora_b)
+
+
+@pytest.mark.slow
+def test_tp2_split_adapters_match_tp1():
+    """A replicated / B split by output rows on column-parallel layers (the GLU's and GQA's blocks too), A split by
+    input columns / B replicated on row-parallel ones: TP=2 gives TP=1's logits, loss and adapter gradients."""
+    run_distributed(_compare_lora_tp, world_size=2)
+
+
+def test_zero_with_lora_is_refused_by_the_arguments():
+    from tests.neox_arguments.helpers import problems_of
+
+    assert "lora with zero_optimization.stage=2: not implemented" in problems_of(
+        lora={"r": 2}, zero_optimization={"stage": 2})
+    assert "lora.rnak is not a LoRA setting; did you mean rank" in problems_of(lora={"rnak": 2})
