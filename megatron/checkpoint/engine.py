@@ -67,7 +67,8 @@ from megatron.checkpoint.integrity import (verification_problems,  # a seam test
 from megatron.checkpoint.non_persistent import claim_directory, keep_only, newer_checkpoint, non_persistent_dir
 from megatron.checkpoint.resharding import describe, layout_of, load_resharded, needs_resharding, reference_problem
 from megatron.checkpoint.rng_state import process_rank, rng_file, rng_states, saved_rng_states, set_rng_states
-from megatron.checkpoint.s3_upload import S3Location, download_checkpoint, s3_client
+from megatron.checkpoint.s3_location import S3Location
+from megatron.checkpoint.s3_upload import download_checkpoint, s3_client
 from megatron.checkpoint.weights_only import weights_only
 from megatron.errors import CheckpointError  # noqa: F401 (CheckpointError: re-exported)
 from megatron.model.config import expand_attention_config

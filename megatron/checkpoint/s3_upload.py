@@ -24,11 +24,11 @@ import shutil
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from megatron.checkpoint.format import COMPLETE_MARKER, LATEST_FILE, complete_tags, tag_iteration
 from megatron.checkpoint.integrity import UNLISTED, checkpoint_files, file_digest, manifest_of, read_manifest
+from megatron.checkpoint.s3_location import MIN_AWS_PART, S3Location
 from megatron.errors import CheckpointError
 from megatron.utils.optional_deps import require
 
@@ -36,43 +36,8 @@ DIGEST_KEY = "xxh128"
 """Object metadata: the XXH3-128 of the file, as the checkpoint's manifest lists it."""
 MANIFEST_DIGEST_KEY = "manifest-xxh128"
 """COMPLETE's metadata: the XXH3-128 of the manifest of the checkpoint uploaded (which local checkpoint it is)."""
-MIN_AWS_PART = 5 << 20
-"""AWS S3's smallest part of a multipart upload but the last (EntityTooSmall below it)."""
 MAX_PARTS = 10000
 """S3's most parts in one multipart upload."""
-
-
-@dataclass(frozen=True)
-class S3Location:
-    """``s3://bucket/prefix`` of s3_path."""
-    bucket: str
-    prefix: str
-
-    @classmethod
-    def parse(cls, s3_path: str) -> "S3Location":
-        bucket, _, prefix = s3_path[len("s3://"):].partition("/")
-        return cls(bucket, prefix.strip("/"))
-
-    def key(self, *parts: str) -> str:
-        return "/".join(p for p in (self.prefix, *parts) if p)
-
-    def url(self, *parts: str) -> str:
-        return f"s3://{self.bucket}/{self.key(*parts)}"
-
-
-def s3_problems(s3_path: Optional[str], s3_chunk_size: int, save: Optional[str], chunk_set: bool) -> List[str]:
-    """s3_path's rules: an s3:// URL naming a bucket, a positive chunk size, and a save directory to upload from;
-    ``chunk_set``: s3_chunk_size is not its default (a setting of s3_path only)."""
-    if s3_path is None:
-        return [f"s3_chunk_size={s3_chunk_size} is a setting of s3_path; set s3_path or remove it"] if chunk_set else []
-    problems = []
-    if not s3_path.startswith("s3://") or not S3Location.parse(s3_path).bucket:
-        problems.append(f"s3_path={s3_path!r} must be an S3 URL, s3://<bucket>[/<prefix>]")
-    if s3_chunk_size < 1:
-        problems.append(f"s3_chunk_size={s3_chunk_size} must be >= 1 byte (AWS S3 needs >= {MIN_AWS_PART} = 5 MiB)")
-    if not save:
-        problems.append(f"s3_path={s3_path!r} uploads the checkpoints written to save; set save")
-    return problems
 
 
 def s3_client():

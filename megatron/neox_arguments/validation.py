@@ -8,7 +8,7 @@ import difflib
 import os
 from typing import Any, Callable, Iterable, List, Optional, Set, Tuple
 
-from megatron.checkpoint.s3_upload import s3_problems
+from megatron.checkpoint.s3_location import s3_problems
 from megatron.data.curriculum import curriculum_problems, enabled as curriculum_enabled
 from megatron.model.config import NO_PACKED_DOCUMENT_TYPES, ModelConfig, recurrent_only_warning, softmax_fusion_warning
 from megatron.mup.rules import mup_run_problems

@@ -7,13 +7,13 @@ bf16 and it is slower than fp32. The flags alone do not say how fast (a hypervis
 short probe times one matmul in each precision, and bf16 is chosen when it is at least ``BF16_SPEEDUP_NEEDED`` times
 faster, or ``BF16_SPEEDUP_WITH_FLAGS`` times where the CPU advertises avx512_bf16 or amx_bf16 (native bf16: a probe
 on a busy machine measures less than the chip does). The probe takes ~0.1-0.3 s on an idle machine, once, in the
-process that derives the arguments (deepy.py: the workers receive the decided precision)."""
+process that derives the arguments (deepy.py: the workers receive the decided precision). torch is imported by the
+functions that probe, not by this module: deepy.py imports it and starts without torch (0.3 s), and only a config
+with `precision: auto` pays for it."""
 
 import dataclasses
 import time
 from typing import List, Tuple
-
-import torch
 
 BF16_SPEEDUP_NEEDED = 2.0
 """bf16 is chosen on a CPU whose bf16 matmul is at least this much faster than fp32 (a step gains less than its
@@ -45,6 +45,8 @@ def cpu_bf16_flags() -> List[str]:
 
 def matmul_gflops(dtype, size: int = PROBE_SIZE, repeats: int = 3) -> float:
     """GFLOP/s of the fastest of ``repeats`` size x size matmuls in ``dtype`` on the CPU (after one warm-up)."""
+    import torch
+
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     torch.mm(a, b)
@@ -59,6 +61,8 @@ def matmul_gflops(dtype, size: int = PROBE_SIZE, repeats: int = 3) -> float:
 def cpu_matmul_rates(size: int = PROBE_SIZE) -> Tuple[float, float]:
     """(fp32, bf16) GFLOP/s of a size x size matmul on this CPU, measured alternately (fp32, bf16, fp32, bf16:
     the best of each, so that a neighbour's burst does not decide)."""
+    import torch
+
     fp32, bf16 = 0.0, 0.0
     for _ in range(2):
         fp32 = max(fp32, matmul_gflops(torch.float32, size))
@@ -68,6 +72,8 @@ def cpu_matmul_rates(size: int = PROBE_SIZE) -> Tuple[float, float]:
 
 def auto_precision() -> PrecisionChoice:
     """``precision: auto`` on this machine (module docstring)."""
+    import torch
+
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name(0)
         if torch.cuda.is_bf16_supported():

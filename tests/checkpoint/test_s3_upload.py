@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from megatron.checkpoint.integrity import checkpoint_files
-from megatron.checkpoint.s3_upload import (S3Location, S3Uploads, bucket_problem, pending_checkpoints,
-                                           remote_complete, s3_client, s3_problems, upload_checkpoint)
+from megatron.checkpoint.s3_location import S3Location, s3_problems
+from megatron.checkpoint.s3_upload import (S3Uploads, bucket_problem, pending_checkpoints, remote_complete, s3_client,
+                                           upload_checkpoint)
 from megatron.errors import CheckpointError
 from tests.checkpoint.s3_server import remote_files, s3_server
 from tests.checkpoint.test_engine import FakeEngine, args_for, save

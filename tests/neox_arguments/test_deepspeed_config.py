@@ -134,7 +134,7 @@ def test_precision_auto_takes_bf16_only_where_it_is_fast(monkeypatch, fast):
     bf16 matmul is fast enough, fp32 where it is not; precision_choice says which and why."""
     import megatron.utils.bf16_speed as speed
 
-    monkeypatch.setattr(speed.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     monkeypatch.setattr(speed, "cpu_matmul_rates", lambda: (200.0, 870.0 if fast else 150.0))
     monkeypatch.setattr(speed, "cpu_bf16_flags", lambda: ["avx512_bf16"] if fast else [])
     args = tiny(precision="auto")

@@ -106,7 +106,10 @@ def test_recurrent_formulas_match_torch_flop_counter(kind):
     """One decoding step (the recurrence itself) through torch's FlopCounterMode, which counts matmuls and
     convolutions: it sees every projection as the formula does, and of the recurrence only the read-out
     (C . h: 2 D N; r S: 2 A N), which the formula counts within its 6 D N / 5 A N; a decoding step's causal
-    conv is K elementwise multiply-adds (megatron.model.mamba.causal_conv1d), which it does not count."""
+    conv is K elementwise multiply-adds (megatron.model.mamba.causal_conv1d), which it does not count. A full forward
+    is not compared: on CPU its conv is multiply-adds too, and its scan runs in the chunked, matmul-shaped form
+    (state-space duality), whose matmuls do more arithmetic than the recurrence by design (the masked products within
+    a chunk); the formula counts the recurrence's work, the model's FLOPs that MFU is measured against."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from megatron.observability.flops import mamba_scan_flops, rwkv_wkv_flops
@@ -126,11 +129,6 @@ def test_recurrent_formulas_match_torch_flop_counter(kind):
         recurrence, read_out = rwkv_wkv_flops(config), 2 * config.rwkv_dim_att * config.rwkv_head_size
         elementwise = 0
     assert counter.get_total_flops() == forward_flops_per_token(config) - 2 * (recurrence - read_out + elementwise)
-    if kind == "mamba":  # a full forward of 8 tokens runs the conv as a convolution: counted, as in the formula
-        tokens = torch.arange(1, 9).unsqueeze(0)
-        with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model((tokens, torch.arange(8).unsqueeze(0), None))
-        assert counter.get_total_flops() == 8 * (forward_flops_per_token(config) - 2 * (recurrence - read_out))
 
 
 def test_missing_vocab_is_an_error():
