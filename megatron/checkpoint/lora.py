@@ -28,7 +28,7 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 from megatron.checkpoint.engine import (FoundCheckpoint, _master_weights_from_loaded, _verified_by_rank0,
                                         resolve_checkpoint, saved_without_optimizer)
 from megatron.checkpoint.files import checkpoint_kind, read_client_state
-from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, file_layout, model_files
+from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, MP_FILE, file_layout, model_files
 from megatron.checkpoint.integrity import file_digest, manifest_of
 from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, _read_slots, model_config_of, read_args_file,
                                                  read_checkpoint, resolve_checkpoint_dir)
@@ -48,7 +48,10 @@ def base_pointer(checkpoint: FoundCheckpoint) -> Dict[str, Any]:
 
 
 def adapter_base(path: str) -> Optional[Dict[str, Any]]:
-    """The base pointer of checkpoint ``path``; None for a full checkpoint."""
+    """The base pointer of checkpoint ``path``; None for a full checkpoint. A checkpoint without mp_rank files (ZeRO-3
+    keeps its client state in zero_pp_rank_* files) is a full one: LoRA runs refuse ZeRO."""
+    if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
+        return None
     return read_client_state(path).get(LORA_BASE_KEY)
 
 
