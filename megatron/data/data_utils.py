@@ -209,9 +209,15 @@ def build_data_loader(
     if dataset is None:
         return None
     sampler = DistributedBatchSampler(len(dataset), consumed_samples, micro_batch_size, dp_rank, dp_size, drop_last)
+    return loader_over(dataset, sampler, num_workers)
+
+
+def loader_over(dataset: torch.utils.data.Dataset, batch_sampler: Any, num_workers: int = 0
+                ) -> torch.utils.data.DataLoader:
+    """The DataLoader of ``dataset`` in the index lists ``batch_sampler`` yields."""
     return torch.utils.data.DataLoader(
         dataset,
-        batch_sampler=sampler,
+        batch_sampler=batch_sampler,
         num_workers=num_workers,
         pin_memory=torch.cuda.is_available(),
         persistent_workers=False,

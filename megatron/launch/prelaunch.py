@@ -36,6 +36,7 @@ import psutil
 from megatron.checkpoint.format import resume_tag
 from megatron.checkpoint.non_persistent import non_persistent_problem
 from megatron.checkpoint.run_lock import lock_problem
+from megatron.data.data_efficiency import analysis_file_problems
 from megatron.data.indexed_dataset import MMapIndexedDataset, dataset_exists, dataset_path_problem
 from megatron.errors import CheckpointError, DataError
 from megatron.evaluation.tasks import EvalTaskError, resolve_tasks
@@ -75,6 +76,7 @@ def data_problems(args: NeoXArgsSchema) -> List[str]:
             for path in ([value] if isinstance(value, str) else value or []):
                 paths.append((key, path))
     problems = [p for p in (dataset_path_problem(path, key) for key, path in paths) if p]
+    problems += analysis_file_problems(args.data_efficiency)  # data_sampling's difficulty analysis
     return problems or precomputed_problems(args) + pairwise_length_problems(args)
 
 

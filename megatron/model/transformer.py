@@ -64,6 +64,8 @@ class ParallelTransformerLayer(nn.Module):
         self.hidden_dropout = config.hidden_dropout
         self.bias_dropout_add = model_fused_ops(config).bias_dropout_add if config.bias_dropout_fusion else None
         install_hooks(self, LAYER, config, parallel_state)
+        self.token_drop: Optional[nn.Module] = None  # random-LTD's wrapper, when training drops tokens here
+        # (megatron.model.random_ltd: it runs _forward on the kept tokens)
 
     def _dropout(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.hidden_dropout == 0.0:
@@ -76,6 +78,8 @@ class ParallelTransformerLayer(nn.Module):
         """(hidden_states, attention_mask) -> (hidden_states, attention_mask): the form DeepSpeed's pipeline
         passes between stages, used by the sequential model too."""
         hidden, mask = args
+        if self.token_drop is not None and kv_cache is None:
+            return self.token_drop(hidden, attention_mask=mask), mask
         return self._forward(hidden, mask, kv_cache), mask
 
     def _forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],

@@ -18,6 +18,8 @@ module writes that value.
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Set, Tuple
 
+from megatron.data.data_efficiency import deepspeed_section as data_efficiency_section, routing_section
+from megatron.model.random_ltd_settings import deepspeed_random_ltd
 from megatron.neox_arguments.groups import NeoXArgsSchema
 from megatron.observability.comms_logging import deepspeed_section as comms_logger_section
 
@@ -185,6 +187,10 @@ def build_deepspeed_config(args: NeoXArgsSchema) -> Tuple[Dict[str, Any], List[s
             config[section] = value
     if args.comms_logger is not None:
         config["comms_logger"] = comms_logger_section(args.comms_logger)
+    efficiency = data_efficiency_section(args.data_efficiency,
+                                         deepspeed_random_ltd(routing_section(args.data_efficiency)))
+    if efficiency is not None:  # DeepSpeed's engine schedules random-LTD (and parses the sampling section)
+        config["data_efficiency"] = efficiency
     if args.communication_data_type is not None:
         config["communication_data_type"] = args.communication_data_type
     elif args.fp32_allreduce:

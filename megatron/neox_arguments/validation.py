@@ -9,8 +9,10 @@ import os
 from typing import Any, Callable, Iterable, List, Optional, Set, Tuple
 
 from megatron.checkpoint.s3_location import s3_problems
+from megatron.data import data_efficiency
 from megatron.data.curriculum import curriculum_problems, enabled as curriculum_enabled
 from megatron.model.config import NO_PACKED_DOCUMENT_TYPES, ModelConfig, recurrent_only_warning, softmax_fusion_warning
+from megatron.model.random_ltd_settings import random_ltd_problems
 from megatron.mup.rules import mup_run_problems
 from megatron.neox_arguments.autotuning import autotuning_problems, zero_stage_space_problems
 from megatron.neox_arguments.groups import NeoXArgsSchema
@@ -60,10 +62,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("curriculum_seqlen", lambda v: v != 0,
      "curriculum_seqlen is GPT-NeoX's run-time record of the current curriculum length, not a setting: the length "
      "of each step comes from curriculum_learning (and is logged as curriculum_seqlen); delete the key"),
-    ("data_efficiency", lambda v: v is not None and v.get("enabled", True) is not False,
-     "DeepSpeed's data_efficiency library (data_sampling: curriculum sampling by offline-analysed difficulty "
-     "metrics; data_routing: random layerwise token dropping) is not supported yet; for a sequence-length warmup "
-     "use curriculum_learning with curriculum_type 'seqlen'"),
     ("sparse_attention", lambda v: v is not None, "DeepSpeed's sparse_attention section is not supported yet; "
                                                   "set sparsity_config and name the sparse layer types (sparse_fixed, "
                                                   "sparse_variable, bigbird, bslongformer) in attention_config"),
@@ -158,6 +156,7 @@ def model_problems(args: NeoXArgsSchema, config: Optional[ModelConfig]) -> List[
                 for name in REQUIRED_MODEL_FIELDS if getattr(args, name) is None]
     problems = config.problems()
     problems += packed_document_problems(args, config)
+    problems += data_efficiency_problems(args, config)
     if args.make_vocab_size_divisible_by < 1:
         problems.append(f"make_vocab_size_divisible_by={args.make_vocab_size_divisible_by} must be >= 1")
     if args.soft_prompt_tuning is not None:
@@ -169,6 +168,26 @@ def model_problems(args: NeoXArgsSchema, config: Optional[ModelConfig]) -> List[
         if init_string is not None and not isinstance(init_string, str):
             problems.append(f"soft_prompt_tuning.init_string={init_string!r} must be a string (its tokens' "
                             f"embeddings start the soft prompt)")
+    return problems
+
+
+def data_efficiency_problems(args: NeoXArgsSchema, config: ModelConfig) -> List[str]:
+    """DeepSpeed's data_efficiency section: its structure, data_sampling's curriculum (megatron.data.data_efficiency)
+    and data_routing's random-LTD on this model (megatron.model.random_ltd_settings)."""
+    section = args.data_efficiency
+    problems = data_efficiency.structure_problems(section)
+    if problems:
+        return problems
+    problems += data_efficiency.sampling_problems(section, curriculum_enabled(args.curriculum_learning),
+                                                  args.train_impl, args.dataset_impl, args.pipe_parallel_size,
+                                                  args.rampup_batch_size is not None)
+    routing = data_efficiency.routing_section(section)
+    problems += random_ltd_problems(routing, config, args.train_impl)
+    packed = args.inter_document_attention_masking or (args.reset_attention_mask and args.reset_position_ids)
+    if routing is not None and packed:
+        problems.append("data_efficiency.data_routing.random_ltd with packed documents (inter_document_attention_"
+                        "masking, or reset_attention_mask with reset_position_ids): their attention finds the "
+                        "documents from the whole sequence; turn those off")
     return problems
 
 

@@ -1,12 +1,14 @@
 """The batches a training run reads: the train / validation / test streams of the model's inputs (plain, pairwise,
 precomputed reference log-probabilities), resumed from the TrainState's position, and the sequence-length
 curriculum that cuts them."""
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
-from megatron.data import curriculum
-from megatron.data.data_utils import build_train_valid_test_datasets, make_data_loader, repeating_iterator
+from megatron.data import curriculum, data_efficiency
+from megatron.data.data_utils import build_train_valid_test_datasets, loader_over, make_data_loader, repeating_iterator
+from megatron.data.difficulty import STATE_KEY as SAMPLER_STATE_KEY, DifficultySampler, difficulty_sampler
 from megatron.data.pairwise_dataset import as_text_and_labels
 from megatron.errors import DataError
 from megatron.initialize import RunContext
@@ -17,10 +19,13 @@ from megatron.training_schedule import TrainingSchedule
 
 
 def batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consumed_train: int,
-                   consumed_valid: int, reference=None):
+                   consumed_valid: int, reference=None,
+                   train_sampler: Optional[Callable[[int], DifficultySampler]] = None):
     """(train, valid, test) streams of model batches, None for a split without data. Every rank builds the
     datasets (rank 0 builds the index maps, the others wait); only model-parallel rank 0 reads samples and
-    broadcasts them to its tensor-parallel group."""
+    broadcasts them to its tensor-parallel group. ``train_sampler`` (difficulty_sampling's): the training split's
+    sampler from its number of samples, read in this process (the sampler's state is its position, which a
+    worker process's prefetching would move ahead of the steps taken); the stream holds it as ``sampler``."""
     ps = ctx.parallel_state
     reads_data = ps.get_model_parallel_rank() == 0
     datasets = build_train_valid_test_datasets(neox_args, schedule.split_samples())
@@ -30,11 +35,39 @@ def batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consum
         if dataset is None:
             streams.append(None)
             continue
-        samples = repeating_iterator(make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed)) \
-            if reads_data else None
+        sampler = train_sampler(len(dataset)) if train_sampler is not None and split == "train" and reads_data \
+            else None
+        loader = loader_over(dataset, sampler) if sampler is not None else \
+            make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed)
+        samples = repeating_iterator(loader) if reads_data else None
         streams.append(ModelBatches(neox_args, ctx, samples, source=data_source(neox_args, split),
                                      reference=reference))
+        streams[-1].sampler = sampler
     return streams
+
+
+def difficulty_sampling(neox_args, engine, ctx: RunContext, client_state: Dict[str, Any]
+                        ) -> Optional[Callable[[int], DifficultySampler]]:
+    """data_efficiency.data_sampling's curriculum: DeepSpeed's sampler of the training split (its config as
+    DeepSpeed's engine parsed it), continued from the checkpoint's state unless fine-tuning; None when off."""
+    if not data_efficiency.sampling_enabled(neox_args.data_efficiency):
+        return None
+    ps = ctx.parallel_state
+    state = None if neox_args.finetune else client_state.get(SAMPLER_STATE_KEY)
+    return lambda num_samples: difficulty_sampler(
+        engine.data_efficiency_config(), num_samples, neox_args.train_micro_batch_size_per_gpu,
+        ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group(),
+        neox_args.gradient_accumulation_steps, dist.get_rank(), state)
+
+
+def sampler_records(batches: Optional["ModelBatches"]) -> Tuple[Dict[str, int], Dict[str, Any]]:
+    """(what the logs say, what a checkpoint keeps) of the training stream's difficulty sampler: the bound of
+    each metric for the last step, and its state."""
+    sampler = getattr(batches, "sampler", None)
+    if sampler is None:
+        return {}, {}
+    return ({f"data_efficiency_difficulty/{metric}": value for metric, value in sampler.difficulties().items()},
+            {SAMPLER_STATE_KEY: sampler.state_dict()})
 
 
 def data_source(neox_args, split: str) -> str:
@@ -79,6 +112,7 @@ class ModelBatches:
         self.precomputed = neox_args.train_impl in ("dpo", "kto") and bool(neox_args.precompute_model_name)
         self.pipelined = neox_args.is_pipe_parallel
         self.seqlen: Optional[int] = None  # the sequence-length curriculum's current length (set per step)
+        self.sampler: Optional[DifficultySampler] = None  # data_sampling's curriculum (batch_streams)
 
     def __iter__(self):
         return self

@@ -30,6 +30,7 @@ from megatron.checkpoint.s3_upload import S3Uploads, bucket_problem, s3_client
 from megatron.errors import CheckpointError, ConfigError, TrainingDiverged
 from megatron.evaluation.harness import run_eval_tasks
 from megatron.initialize import RunContext, initialize_megatron
+from megatron.model.random_ltd import random_ltd_metrics
 from megatron.mpu.host_collectives import all_reduce, broadcast_object
 from megatron.observability.comms_logging import CommsReporter
 from megatron.observability.gradient_noise_scale import GradientNoiseScale
@@ -37,7 +38,8 @@ from megatron.observability.profiler import step_profiler
 from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
 from megatron.post_training.reference import ReferenceModel, start_reference
-from megatron.training.batches import ModelBatches, batch_streams, curriculum_step, start_curriculum
+from megatron.training.batches import (ModelBatches, batch_streams, curriculum_step, difficulty_sampling,
+                                       sampler_records, start_curriculum)
 from megatron.training.checkpoint_validation import check_loaded_checkpoint, validation_state
 from megatron.training.mup_run import base_shapes_and_coord_check
 from megatron.training.setup import setup_model_and_optimizer
@@ -238,7 +240,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     reference = _start_reference(neox_args, ctx, engine, loaded_from if iteration else None)
     state = TrainState.from_checkpoint(client_state, iteration, neox_args.train_batch_size, neox_args.finetune)
     streams = batch_streams(neox_args, ctx, schedule, state.consumed_train_samples, state.consumed_valid_samples,
-                             reference)
+                             reference, difficulty_sampling(neox_args, engine, ctx, client_state) if do_train else None)
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
     # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE router
     # jitter and dropout draw the same noise), whatever building the batch streams drew: set here, and only here
@@ -332,6 +334,8 @@ class _TrainingRun:
         if self.schedule.rampup is not None:
             set_batch_size(self.engine, self.lr_scheduler, batch_size)
         seqlen = curriculum_step(self.curriculum, self.train_batches, iteration) if self.curriculum else None
+        if self.engine.random_ltd_enabled():  # the pipeline engine does not move random-LTD's schedule itself
+            self.engine.random_ltd_scheduler.update_seq(self.engine.global_steps)
         if self.profiler is not None:
             self.profiler.begin(iteration)
         self.timers("train_step").start()
@@ -372,6 +376,9 @@ class _TrainingRun:
             self.last_moe_report = iteration
         if seqlen is not None:
             extras["curriculum_seqlen"] = seqlen
+        if self.engine.random_ltd_enabled():
+            extras.update(random_ltd_metrics(self.engine.module, self.engine.random_ltd_scheduler))
+        extras.update(sampler_records(self.train_batches)[0])
         self.logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(self.lr_scheduler),
                               grad_norm=grad_norm, step_time=time.perf_counter() - started, skipped=skipped,
                               extras=extras, batch_size=batch_size, seq_length=seqlen)
@@ -423,7 +430,7 @@ class _TrainingRun:
                 self.uploads.wait()  # its upload is done before this save's completion prunes it (keep_last_n)
             started = time.perf_counter()
             path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
-                                   {**run_state(self.state, self.curriculum),
+                                   {**run_state(self.state, self.curriculum), **sampler_records(self.train_batches)[1],
                                     **validation_state(neox_args, self.engine, self.ctx)},
                                    write_extra=self.reference.save if self.reference is not None else None,
                                    complete=background is None, non_persistent=non_persistent)

@@ -14,6 +14,7 @@ from megatron.errors import ConfigError
 from megatron.initialize import RunContext
 from megatron.model.gpt2_model import build_model, loss_function
 from megatron.model.moe.pipeline import adapt_pipeline_moe_engine
+from megatron.model.random_ltd import apply_random_ltd
 from megatron.mpu.grad_norm import clip_grad_norm
 from megatron.mpu.host_collectives import all_gather_object
 from megatron.optim.learning_rates import build_lr_scheduler
@@ -102,6 +103,8 @@ def setup_model_and_optimizer(neox_args, ctx: RunContext, schedule: TrainingSche
         adapt_pipeline_moe_engine(engine, ctx.parallel_state)
     use_safe_loading(engine)
     skip_single_rank_allreduce(engine, neox_args, ctx.parallel_state)
+    if engine.random_ltd_enabled():  # data_efficiency's random-LTD: DeepSpeed's scheduler, on our layers
+        apply_random_ltd(model, engine.random_ltd_config(), engine.random_ltd_scheduler)
     return engine, optimizer, lr_scheduler if lr_scheduler is not None else engine_scheduler
 
 

@@ -53,6 +53,10 @@ INSTALL = NotRun("install", "changes the Python environment; .ci/run installs wi
 COMMANDS: Dict[str, Entry] = {
     # README: the two commands
     "pip install -e . -c requirements/constraints.txt": INSTALL,
+    "python tools/datasets/analyze_difficulty.py my_config.yml --metrics vocab_rarity --save-path data/difficulty":
+        Mapped({"tests/e2e/test_data_efficiency.py": ("analyze_difficulty.py", "--metrics", "vocab_rarity",
+                                                      "--save-path")},
+               "the tool over a training run's own config, then that run with the analysis"),
     "python tools/datasets/prepare_data.py": Mapped(
         {"tests/tools/test_prepare_data.py": ("prepare_data", "stdlib")},
         "the stdlib corpus end to end (corpus, tokenizer, .bin/.idx) and its reuse"),

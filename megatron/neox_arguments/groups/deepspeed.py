@@ -196,11 +196,18 @@ class NeoXArgsDeepspeedConfig:
 
     data_efficiency: Optional[dict] = None
     """
-    Configuration for using data efficiency. Dictionary as described in Deepspeed documentation:
-    https://www.deepspeed.ai/docs/config-json/#data-efficiency
-    Not supported yet (refused unless enabled: false): neither its data_sampling (curriculum sampling by
-    offline-analysed difficulty metrics) nor its data_routing (random layerwise token dropping). For a
-    sequence-length warmup use curriculum_learning.
+    DeepSpeed's Data Efficiency library, as described in Deepspeed documentation:
+    https://www.deepspeed.ai/docs/config-json/#data-efficiency (a part runs when it and every section above it
+    say enabled: true). data_routing.random_ltd: random layerwise token dropping on the transformer layers of
+    random_ltd_layer_id (0-based; total_layer_num = num_layers; random_ltd_schedule fixed_linear from min_value to
+    max_value = seq_length tokens), scheduled by DeepSpeed's RandomLTDScheduler, logged as random_ltd_kept_tokens
+    and random_ltd_layer_tokens, resumed exactly; needs positions added at the embedding (pos_emb learned,
+    sinusoidal or none) and pipe_parallel_size <= 1. data_sampling.curriculum_learning: DeepSpeed's
+    DeepSpeedDataSampler draws each global batch from the training samples whose difficulty (curriculum_metrics
+    seqlen / vocab_rarity, analysed offline by tools/datasets/analyze_difficulty.py) is within the metric's
+    schedule (difficulty_type value or percentile, schedule_type fixed_linear / fixed_root / fixed_discrete);
+    logged as data_efficiency_difficulty/<metric>, resumed exactly. Distinct from curriculum_learning (which cuts
+    samples to a scheduled length); both at once are refused when a seqlen metric is used. See docs/training.md.
     """
 
     tensorboard: Optional[dict] = None
