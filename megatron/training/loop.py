@@ -334,8 +334,6 @@ class _TrainingRun:
         if self.schedule.rampup is not None:
             set_batch_size(self.engine, self.lr_scheduler, batch_size)
         seqlen = curriculum_step(self.curriculum, self.train_batches, iteration) if self.curriculum else None
-        if self.engine.random_ltd_enabled():  # the pipeline engine does not move random-LTD's schedule itself
-            self.engine.random_ltd_scheduler.update_seq(self.engine.global_steps)
         if self.profiler is not None:
             self.profiler.begin(iteration)
         self.timers("train_step").start()
