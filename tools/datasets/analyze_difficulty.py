@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         vocab_size = build_tokenizer(neox_args).vocab_size
         paths = analyze(train, args.metrics, args.save_path, vocab_size, args.batch_size)
     except (ConfigError, DataError, TokenizerError) as err:
-        print(f"analyze_difficulty.py: {err}", file=sys.stderr)
-        return 1
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"analysed {len(train)} training samples; curriculum_metrics paths:")
     print(json.dumps(paths, indent=2))
     return 0
