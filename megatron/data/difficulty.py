@@ -95,7 +95,7 @@ def analyze(dataset, metrics: Sequence[str], save_path: str, vocab_size: int, ba
         counting.run_reduce()
         counts = MMapIndexedDataset(os.path.join(save_path, "vocab_frequency", "vocab_frequency_metric_value"),
                                     skip_warmup=True)
-        functions["vocab_rarity"] = vocab_rarity(np.asarray(counts[0], dtype=np.int64))
+        functions["vocab_rarity"] = vocab_rarity(np.array(counts[0], dtype=np.int64))  # a copy: counts is a memory map
     names = list(metrics)
     analyzer = _analyzer(dataset, save_path, names, [functions[name] for name in names],
                          ["single_value_per_sample"] * len(names), batch_size)
@@ -159,11 +159,26 @@ class DifficultySampler(DeepSpeedDataSampler):
         return {metric: int(value) for metric, value in getattr(self, "current_difficulties", {}).items()}
 
 
+def analysis_problems(config: Dict[str, Any], num_samples: int) -> None:
+    """A DataError naming the key when an analysis counts other samples than the training split has (it was made
+    for another config: other data, split, seq_length, seed or length), instead of an IndexError mid-run."""
+    where = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics"
+    for name, metric in config["data_sampling"]["curriculum_learning"]["curriculum_metrics"].items():
+        index = MMapIndexedDataset(metric["index_to_sample_path"], skip_warmup=True)  # alive while its sizes are
+        analysed = int(np.sum(index.sizes, dtype=np.int64))  # read: they are a view of its memory map
+        if analysed != num_samples:
+            raise DataError(f"{where}.{name}.index_to_sample_path: the analysis holds {analysed} samples but this "
+                            f"config's training split has {num_samples}: it was made for other settings (data, "
+                            f"split, seq_length, seed or the run's length); run tools/datasets/analyze_difficulty.py "
+                            f"again with this config")
+
+
 def difficulty_sampler(config: Dict[str, Any], num_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
                        dp_group, gradient_accumulation_steps: int, global_rank: int,
                        state: Optional[Dict[str, Any]] = None) -> DifficultySampler:
     """The sampler of the ``num_samples`` training samples for one data-parallel rank; ``config``: DeepSpeed's
     parsed data_efficiency section (engine.data_efficiency_config()); ``state``: a checkpoint's."""
+    analysis_problems(config, num_samples)
     sampler = DifficultySampler(config, num_samples, micro_batch_size, dp_rank, dp_size, dp_group,
                                 gradient_accumulation_steps, global_rank, drop_last=True)
     if state is not None:

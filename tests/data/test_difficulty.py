@@ -4,8 +4,10 @@ analysed metric is within the step's scheduled bound; its state resumes the same
 import copy
 
 import numpy as np
+import pytest
 
 from megatron.data.difficulty import analyze, difficulty_sampler, sample_metric
+from megatron.errors import DataError
 from tests.distributed_helpers import run_distributed
 
 SEQ = 16
@@ -71,6 +73,9 @@ def test_the_sampler_draws_within_the_scheduled_difficulty_and_resumes(tmp_path)
     metric = sample_metric(paths["index_to_sample_path"])
     assert list(metric) == [1 + (i * 7) % SEQ for i in range(400)]  # the analysis read each sample's length
 
+    with pytest.raises(DataError, match="seqlen.index_to_sample_path: the analysis holds 400 samples but this "
+                                        "config's training split has 500"):
+        difficulty_sampler(_config(paths, str(tmp_path / "clusters")), 500, MICRO, 0, 1, None, 1, 0)
     for difficulty_type in ("value", "percentile"):
         config = _config(paths, str(tmp_path / f"clusters_{difficulty_type}"), difficulty_type)
         ranks = run_distributed(_draw, world_size=DP, args=(config, len(samples), 4), timeout_s=120)
