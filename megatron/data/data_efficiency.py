@@ -166,8 +166,9 @@ def metric_problems(name: str, settings: Any) -> List[str]:
         problems.append(f"{where}.clustering_type={clustering!r}: only schedule_based is built (single_cluster "
                         f"leaves the curriculum to a data post-processing step this project does not have)")
     needed = ["index_to_sample_path"] + (["index_to_metric_path"] if difficulty == "value" else [])
+    merged = "_percentile_merged" if difficulty == "percentile" else ""
     problems += [f"{where}.{key} is missing: the analysis files tools/datasets/analyze_difficulty.py wrote "
-                 f"(<save-path>/{name}/{name}_{key[:-5]}{'_percentile_merged' if key == 'index_to_sample_path' and difficulty == 'percentile' else ''})"
+                 f"(<save-path>/{name}/{name}_{key[:-5]}{merged if key == 'index_to_sample_path' else ''})"
                  for key in needed if not isinstance(settings.get(key), str)]
     low, high = settings.get("min_difficulty"), settings.get("max_difficulty")
     for key, value in (("min_difficulty", low), ("max_difficulty", high)):

@@ -17,7 +17,9 @@ data-parallel group.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -36,6 +38,12 @@ STATE_KEY = "difficulty_sampler"
 own dataloader's and takes it out of the client state it returns)."""
 RARITY_SCALE = 1000
 """vocab_rarity is in thousandths of a nat (DeepSpeed stores integer metrics)."""
+
+
+def _quiet():
+    """DeepSpeed's MMapIndexedDataset prints each step of opening a file ("    reading sizes..."): not in the
+    run's output."""
+    return contextlib.redirect_stdout(io.StringIO())
 
 
 def _tokens(samples: Sequence[Dict[str, Any]]) -> torch.Tensor:
@@ -87,6 +95,12 @@ def analyze(dataset, metrics: Sequence[str], save_path: str, vocab_size: int, ba
     if dataset is None or len(dataset) == 0:
         raise DataError("the config builds no training samples to analyse (train_iters and the split's share)")
     os.makedirs(save_path, exist_ok=True)
+    with _quiet():
+        return _analyze(dataset, metrics, save_path, vocab_size, batch_size)
+
+
+def _analyze(dataset, metrics: Sequence[str], save_path: str, vocab_size: int, batch_size: int) -> \
+        Dict[str, Dict[str, str]]:
     functions: Dict[str, Callable] = {"seqlen": seqlen}
     if "vocab_rarity" in metrics:  # a first pass counts the tokens
         counting = _analyzer(dataset, save_path, ["vocab_frequency"], [vocab_frequencies(vocab_size)],
@@ -95,7 +109,8 @@ def analyze(dataset, metrics: Sequence[str], save_path: str, vocab_size: int, ba
         counting.run_reduce()
         counts = MMapIndexedDataset(os.path.join(save_path, "vocab_frequency", "vocab_frequency_metric_value"),
                                     skip_warmup=True)
-        functions["vocab_rarity"] = vocab_rarity(np.array(counts[0], dtype=np.int64))  # a copy: counts is a memory map
+        # a copy: counts is a memory map
+        functions["vocab_rarity"] = vocab_rarity(np.array(counts[0], dtype=np.int64))
     names = list(metrics)
     analyzer = _analyzer(dataset, save_path, names, [functions[name] for name in names],
                          ["single_value_per_sample"] * len(names), batch_size)
@@ -112,7 +127,8 @@ def sample_metric(index_to_sample_path: str) -> np.ndarray:
     """The metric of every analysed sample, from the <metric>_sample_to_metric file beside ``index_to_sample_path``."""
     directory, name = os.path.split(index_to_sample_path)
     metric = name.split("_index_to_sample")[0]
-    values = MMapIndexedDataset(os.path.join(directory, f"{metric}_sample_to_metric"), skip_warmup=True)
+    with _quiet():
+        values = MMapIndexedDataset(os.path.join(directory, f"{metric}_sample_to_metric"), skip_warmup=True)
     return np.concatenate([np.asarray(values[i]) for i in range(len(values))])
 
 
@@ -134,7 +150,8 @@ class DifficultySampler(DeepSpeedDataSampler):
         state = dict(state)
         rng = state.pop("np_rng")
         state[CURRICULUM_LEARNING_NP_RNG_STATE] = np.random.get_state()  # DeepSpeed sets it: leave it as it is
-        super().load_state_dict(state)
+        with _quiet():
+            super().load_state_dict(state)
         for metric, difficulty in self.current_difficulties.items():  # the schedulers continue from there
             self.curriculum_schedulers[metric].state["current_difficulty"] = difficulty
         self.np_rng.bit_generator.state = rng
@@ -152,7 +169,12 @@ class DifficultySampler(DeepSpeedDataSampler):
         resume reading the new order. Write it under a new name instead (the state names the file it reads)."""
         stem, _, generation = self.data_cluster_paths[cidx].partition("_reshuffle")
         self.data_cluster_paths[cidx] = f"{stem}_reshuffle{int(generation or 0) + 1}"
-        super().reshuffle_clusters(cidx)
+        with _quiet():
+            super().reshuffle_clusters(cidx)
+
+    def get_new_cluster(self, previous_difficulties) -> None:
+        with _quiet():
+            super().get_new_cluster(previous_difficulties)
 
     def difficulties(self) -> Dict[str, int]:
         """The current bound of each metric (the last global batch's)."""
@@ -164,7 +186,8 @@ def analysis_problems(config: Dict[str, Any], num_samples: int) -> None:
     for another config: other data, split, seq_length, seed or length), instead of an IndexError mid-run."""
     where = "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics"
     for name, metric in config["data_sampling"]["curriculum_learning"]["curriculum_metrics"].items():
-        index = MMapIndexedDataset(metric["index_to_sample_path"], skip_warmup=True)  # alive while its sizes are
+        with _quiet():
+            index = MMapIndexedDataset(metric["index_to_sample_path"], skip_warmup=True)  # alive while its sizes are
         analysed = int(np.sum(index.sizes, dtype=np.int64))  # read: they are a view of its memory map
         if analysed != num_samples:
             raise DataError(f"{where}.{name}.index_to_sample_path: the analysis holds {analysed} samples but this "
@@ -179,8 +202,9 @@ def difficulty_sampler(config: Dict[str, Any], num_samples: int, micro_batch_siz
     """The sampler of the ``num_samples`` training samples for one data-parallel rank; ``config``: DeepSpeed's
     parsed data_efficiency section (engine.data_efficiency_config()); ``state``: a checkpoint's."""
     analysis_problems(config, num_samples)
-    sampler = DifficultySampler(config, num_samples, micro_batch_size, dp_rank, dp_size, dp_group,
-                                gradient_accumulation_steps, global_rank, drop_last=True)
+    with _quiet():
+        sampler = DifficultySampler(config, num_samples, micro_batch_size, dp_rank, dp_size, dp_group,
+                                    gradient_accumulation_steps, global_rank, drop_last=True)
     if state is not None:
         sampler.load_state_dict(state)
     return sampler
