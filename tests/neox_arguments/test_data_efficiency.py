@@ -3,10 +3,14 @@ filled in); a bad one is one clear ConfigError naming the key (megatron.data.dat
 megatron.model.random_ltd_settings), missing analysis files a problem before launch naming the key."""
 import copy
 
+import numpy as np
 import pytest
+import yaml
 
 from megatron.launch.prelaunch import data_problems
-from tests.neox_arguments.helpers import problems_of, tiny
+from tests.data.dataset_factory import write_dataset
+from tests.e2e.launch import run_deepy
+from tests.neox_arguments.helpers import TINY, problems_of, tiny
 
 ROUTING = {"enabled": True, "data_routing": {"enabled": True, "random_ltd": {
     "enabled": True, "total_layer_num": 2, "random_ltd_layer_num": 1, "random_ltd_layer_id": [1],
@@ -90,3 +94,19 @@ def test_missing_analysis_files_are_named_before_launch(tmp_path):
         f"{CURRICULUM}.curriculum_metrics.vocab_rarity.{key}: 'analysis/vocab_rarity/vocab_rarity_{key[:-5]}' "
         f"(.bin/.idx) not found; write it with tools/datasets/analyze_difficulty.py over the same config (it "
         f"analyses the training split this config builds)" for key in ("index_to_sample_path", "index_to_metric_path")]
+
+
+def test_deepy_refuses_a_run_whose_analysis_is_missing_with_one_message_naming_the_key(tmp_path):
+    """Through deepy.py: refused before any worker starts, exit status 1-2, the key and the tool named once."""
+    data = write_dataset(tmp_path / "data", [np.arange(1, 40) % 30 for _ in range(20)])
+    config = {**TINY, "pos_emb": "learned", "train_iters": 2, "data_path": data,
+              "tokenizer_type": "CharLevelTokenizer", "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "data_efficiency": changed(SAMPLING, "data_sampling.curriculum_learning.data_cluster_path",
+                                         str(tmp_path / "clusters"))}
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = run_deepy(["train.py", str(path)], timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output, output
+    assert output.count(f"{CURRICULUM}.curriculum_metrics.vocab_rarity.index_to_sample_path: 'analysis/") == 1, output
+    assert "tools/datasets/analyze_difficulty.py" in output
