@@ -1,6 +1,7 @@
 """The batches a training run reads: the train / validation / test streams of the model's inputs (plain, pairwise,
-precomputed reference log-probabilities), resumed from the TrainState's position, and the sequence-length
-curriculum that cuts them."""
+precomputed reference log-probabilities), resumed from the TrainState's position, the sequence-length
+curriculum that cuts them, and data_efficiency's difficulty sampler of the training split (megatron.data.difficulty)
+with its logged bounds and checkpointed state."""
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch

@@ -10,6 +10,8 @@ from megatron.data.difficulty import analyze, difficulty_sampler, sample_metric
 from megatron.errors import DataError
 from tests.distributed_helpers import run_distributed
 
+pytestmark = pytest.mark.slow  # two spawned ranks
+
 SEQ = 16
 STEPS = 10
 MICRO, DP, ACCUMULATION = 2, 2, 2
