@@ -368,7 +368,6 @@ def test_gmlp_style_model_loads_ready_to_train(tmp_path):
 # What other open issues build: each refused with a message naming it as not supported yet.
 NOT_BUILT = {
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
     "data_efficiency": ('"data_efficiency": {"enabled": true, "data_routing": {"enabled": true}},',
                         "DeepSpeed's data_efficiency library (data_sampling: curriculum sampling by offline-analysed "
                         "difficulty metrics; data_routing: random layerwise token dropping) is not supported yet"),
