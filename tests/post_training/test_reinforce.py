@@ -208,5 +208,7 @@ def test_reward_entry_points_are_checked_and_named(tmp_path, monkeypatch):
         with pytest.raises(ConfigError, match="--reward") as err:
             load_reward(entry)
         assert entry in str(err.value) and needle in str(err.value)
+    example = "megatron.post_training.example_rewards:letter_e_count"  # the worked example's (docs/post-training.md)
+    assert scored(load_reward(example), example, ["", ""], ["even", "x"]) == [2.0, 0.0]
     with pytest.raises(ConfigError, match="'my_rewards:wrong' returned 1 values for 2 completions"):
         scored(load_reward("my_rewards:wrong"), "my_rewards:wrong", ["p", "p"], ["a", "b"])
