@@ -212,3 +212,67 @@ def test_reward_entry_points_are_checked_and_named(tmp_path, monkeypatch):
     assert scored(load_reward(example), example, ["", ""], ["even", "x"]) == [2.0, 0.0]
     with pytest.raises(ConfigError, match="'my_rewards:wrong' returned 1 values for 2 completions"):
         scored(load_reward("my_rewards:wrong"), "my_rewards:wrong", ["p", "p"], ["a", "b"])
+
+
+def test_gpt_neox_style_peers_interoperate_with_ours():
+    """A server written as GPT-NeoX's post-training/online_data_example_llama3.py writes one (bind, accept, one recv of
+    the split, send a pickle of plain dicts, close) serves our trainer's fetch; our server loop answers a client
+    written as GPT-NeoX's OnlineDataset.update_online_batches (send the split, recv until closed, pickle.loads)."""
+    import threading
+
+    from megatron.post_training.rollout_server import listening_socket, serve
+
+    theirs = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    theirs.bind(("127.0.0.1", 0))
+    theirs.listen(1)
+    asked = []
+
+    def their_server():
+        conn, _ = theirs.accept()
+        asked.append(conn.recv(4096).decode())
+        conn.send(pickle.dumps([{"prefix": [1, 2], "completions": [[3], [4, 5]], "rewards": [0.5, 1.0]}]))
+        conn.close()
+
+    thread = threading.Thread(target=their_server)
+    thread.start()
+    groups = fetch_rollouts(theirs.getsockname(), "valid", retry_seconds=0.0)
+    thread.join(timeout=10)
+    theirs.close()
+    assert asked == ["valid"] and groups == [RolloutGroup([1, 2], [[3], [4, 5]], [0.5, 1.0])]
+
+    class Maker:  # what serve reads of a RolloutMaker
+        policy = type("Policy", (), {"tag": "global_step7"})()
+
+        def rollouts(self, split):
+            return [RolloutGroup([9], [[8, 7], [6]], [2.0, 0.0])] if split == "train" else []
+
+    ours = listening_socket("127.0.0.1", 0)
+    said = []
+    thread = threading.Thread(target=serve, args=(ours, Maker()), kwargs={"say": said.append, "max_requests": 1})
+    thread.start()
+    client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    client.connect(ours.getsockname())
+    client.send("train".encode())
+    data = b""
+    while True:
+        chunk = client.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    client.close()
+    thread.join(timeout=10)
+    ours.close()
+    assert pickle.loads(data) == [{"prefix": [9], "completions": [[8, 7], [6]], "rewards": [2.0, 0.0]}]
+    assert said == ["rollout server: sent 2 train rollouts from global_step7, mean reward 1.0000"]
+
+
+def test_the_server_tool_names_a_bad_reward_entry_point_and_exits_2(tmp_path, capsys):
+    from tests.tools.tool_runner import load_tool
+
+    tool = load_tool("tools/rollout_server.py")
+    assert tool.main(["--save", str(tmp_path), "--reward", "no_such_rewards:score", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--reward 'no_such_rewards:score': cannot import 'no_such_rewards'" in err
+    assert tool.main(["--save", str(tmp_path), "--reward", "megatron.post_training.example_rewards:letter_e_count",
+                      "--prompts", str(tmp_path / "missing.txt")]) == 2
+    assert "--prompts" in capsys.readouterr().err
