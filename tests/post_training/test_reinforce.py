@@ -276,3 +276,44 @@ def test_the_server_tool_names_a_bad_reward_entry_point_and_exits_2(tmp_path, ca
     assert tool.main(["--save", str(tmp_path), "--reward", "megatron.post_training.example_rewards:letter_e_count",
                       "--prompts", str(tmp_path / "missing.txt")]) == 2
     assert "--prompts" in capsys.readouterr().err
+
+
+def _tensor_parallel_losses(rank: int, world_size: int):
+    """Each kl_impl's loss and logits gradient from this rank's vocabulary shard (tensor parallel over the world)."""
+    import torch.distributed as dist
+
+    policy, reference, labels, mask, advantages, raw = fixed_rollouts()
+    policy = torch.cat([policy, policy[..., :1] - 1.0], dim=-1)  # 6 ids: 3 per rank
+    reference = torch.cat([reference, reference[..., :1]], dim=-1)
+    shard = slice(3 * rank, 3 * rank + 3)
+    out = {}
+    for kind in ("kl", "abs", "mse", "full"):
+        whole = reference.log_softmax(-1)
+        extra = whole if kind == "full" else whole.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        logits = policy[..., shard].clone().requires_grad_(True)
+        loss = ReinforceLoss(kind, 0.2, fp32=True, group=dist.group.WORLD)(logits, (labels, mask, advantages, raw,
+                                                                                   extra))
+        loss.backward()
+        out[kind] = (float(loss.detach()), logits.grad)
+    return out
+
+
+def test_the_loss_under_tensor_parallelism_equals_one_rank():
+    """The vocabulary split over two ranks (the head's shards): the same loss, and each rank's share of the gradient,
+    for every kl_impl ('full' gathers the shards; the others take the vocabulary-parallel cross entropy)."""
+    from tests.distributed_helpers import run_distributed
+
+    policy, reference, labels, mask, advantages, raw = fixed_rollouts()
+    policy = torch.cat([policy, policy[..., :1] - 1.0], dim=-1)
+    reference = torch.cat([reference, reference[..., :1]], dim=-1)
+    ranks = run_distributed(_tensor_parallel_losses, world_size=2)
+    for kind in ("kl", "abs", "mse", "full"):
+        whole = reference.log_softmax(-1)
+        extra = whole if kind == "full" else whole.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        logits = policy.clone().requires_grad_(True)
+        loss = ReinforceLoss(kind, 0.2, fp32=True)(logits, (labels, mask, advantages, raw, extra))
+        loss.backward()
+        for rank, result in enumerate(ranks):
+            got_loss, got_grad = result[kind]
+            assert got_loss == pytest.approx(float(loss.detach()), abs=1e-6), (kind, rank, got_loss, float(loss))
+            assert torch.allclose(got_grad, logits.grad[..., 3 * rank:3 * rank + 3], atol=1e-6), (kind, rank)
