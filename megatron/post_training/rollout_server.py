@@ -25,6 +25,7 @@ import dataclasses
 import importlib
 import inspect
 import math
+import os
 import socket
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -34,7 +35,7 @@ import torch
 from megatron.checkpoint.format import read_latest
 from megatron.checkpoint.lora import read_model_checkpoint
 from megatron.data.online_protocol import SPLITS, RolloutGroup, encode_rollouts
-from megatron.errors import CheckpointError, ConfigError, ConversionError
+from megatron.errors import ConfigError
 from megatron.inference.loading import load_model_weights
 from megatron.inference.text_generation import (SamplingParams, SequentialRunner, generate_tokens,
                                                 max_sequence_length)
@@ -115,11 +116,12 @@ class Policy:
                 try:
                     self._load(tag)
                     return
-                except (CheckpointError, ConversionError, OSError) as err:
-                    if self.runner is not None:
-                        self.say(f"rollout server: could not load {tag} ({err}); still sampling from {self.tag}")
-                        return
-                    raise
+                except Exception as err:  # a checkpoint pruned or rewritten while read fails in any of its readers
+                    if self.runner is None or isinstance(err, ConfigError):
+                        raise
+                    self.say(f"rollout server: could not load {tag} ({type(err).__name__}: {err}); still sampling "
+                             f"from {self.tag}")
+                    return
             if tag is not None or self.runner is not None:
                 return
             if not waited:
@@ -129,7 +131,7 @@ class Policy:
             time.sleep(wait_seconds)
 
     def _load(self, tag: str) -> None:
-        path = f"{self.save_dir}/{tag}"
+        path = os.path.join(self.save_dir, tag)
         checkpoint = read_model_checkpoint(path)
         config = checkpoint.config.replace(model_parallel_size=1, pipe_parallel_size=0, sequence_parallel=False,
                                            moe_expert_parallel_size=1, lora=None,

@@ -317,3 +317,46 @@ def test_the_loss_under_tensor_parallelism_equals_one_rank():
             got_loss, got_grad = result[kind]
             assert got_loss == pytest.approx(float(loss.detach()), abs=1e-6), (kind, rank, got_loss, float(loss))
             assert torch.allclose(got_grad, logits.grad[..., 3 * rank:3 * rank + 3], atol=1e-6), (kind, rank)
+
+
+def test_the_server_follows_latest_and_keeps_its_policy_when_a_checkpoint_cannot_be_read(tmp_path):
+    """The rollout server's policy: the checkpoint `latest` names, loaded again when it moves; one that cannot be read
+    (pruned while being read, or damaged) is said and the previous policy kept; rollouts have the requested shape and
+    the reward function's scores."""
+    from megatron.checkpoint.neox_checkpoint import flat_state_dict, write_checkpoint
+    from megatron.inference.text_generation import SamplingParams
+    from megatron.model.config import ModelConfig
+    from megatron.model.gpt2_model import build_model
+    from megatron.mpu import SingleProcessState
+    from megatron.post_training.rollout_server import Policy, RolloutMaker, RolloutSettings
+
+    args = dict(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=24, max_position_embeddings=24,
+                padded_vocab_size=512, tokenizer_type="CharLevelTokenizer")
+    config = ModelConfig(**{k: v for k, v in args.items() if k != "tokenizer_type"})
+    save = tmp_path / "save"
+
+    def checkpoint(iteration: int, seed: int) -> None:
+        torch.manual_seed(seed)
+        state = flat_state_dict(build_model(config, SingleProcessState()).state_dict(), config)
+        write_checkpoint(str(save), state, config, args, {}, iteration)
+
+    checkpoint(1, seed=1)
+    said = []
+    policy = Policy(str(save), say=said.append)
+    maker = RolloutMaker(policy, lambda prompts, completions: [float(len(c)) for c in completions], "length",
+                         ["ab", "c"], RolloutSettings(prompts_per_request=3, completions_per_prompt=2,
+                                                      max_new_tokens=5, sampling=SamplingParams(temperature=1.0)))
+    groups = maker.rollouts("train")
+    assert policy.tag == "global_step1" and [g.prefix for g in groups] == [[97, 98], [99], [97, 98]]
+    assert all(len(g.completions) == 2 and 1 <= len(c) <= 5 for g in groups for c in g.completions)
+    tokenizer = policy.tokenizer  # the reward saw the detokenized completions (EOD, if sampled, is not text)
+    assert all(r == float(len(tokenizer.detokenize([t for t in c if t != tokenizer.eod])))
+               for g in groups for c, r in zip(g.completions, g.rewards))
+
+    (save / "global_step2").mkdir()
+    (save / "latest").write_text("global_step2")  # names a checkpoint with no files
+    maker.rollouts("train")
+    assert policy.tag == "global_step1" and "could not load global_step2" in said[-1]
+    checkpoint(3, seed=3)
+    maker.rollouts("valid")
+    assert policy.tag == "global_step3" and said[-1].endswith("global_step3")
