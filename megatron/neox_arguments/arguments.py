@@ -42,8 +42,9 @@ from megatron.neox_arguments.overrides import apply_set_options, name_set_option
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
                                                 model_problems, not_supported_problems, not_supported_setting_problems,
-                                                online_data_warnings, parallelism_problems, post_training_problems, rampup_problems,
-                                                training_problems, unknown_key_problems, validated_model)
+                                                online_data_warnings, parallelism_problems, post_training_problems,
+                                                rampup_problems, training_problems, unknown_key_problems,
+                                                validated_model)
 from megatron.utils.process_tree import end_with_parent
 
 

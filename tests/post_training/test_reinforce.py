@@ -195,9 +195,10 @@ def test_a_server_that_comes_back_is_asked_again_with_a_message(monkeypatch):
 
 
 def test_reward_entry_points_are_checked_and_named(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text("def score(prompts, completions):\n    return [len(c) for c in completions]\n"
-                                            "def one_arg(prompts):\n    return []\n"
-                                            "def wrong(prompts, completions):\n    return [1.0]\n")
+    (tmp_path / "my_rewards.py").write_text(
+        "def score(prompts, completions):\n    return [len(c) for c in completions]\n"
+        "def one_arg(prompts):\n    return []\n"
+        "def wrong(prompts, completions):\n    return [1.0]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     score = load_reward("my_rewards:score")
     assert scored(score, "my_rewards:score", ["p", "p"], ["ab", "abc"]) == [2.0, 3.0]
