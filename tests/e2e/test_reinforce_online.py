@@ -16,7 +16,7 @@ from tests.e2e.launch import REPO, deepy_environment, free_port
 from tests.e2e.training_run import TrainingRun
 
 LETTER = "e"
-FIRST_STEPS, ALL_STEPS = 10, 24
+FIRST_STEPS, ALL_STEPS = 8, 20
 REWARD_MODULE = f"""
 def letter_count(prompts, completions):
     return [float(c.count({LETTER!r})) for c in completions]
