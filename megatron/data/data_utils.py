@@ -4,6 +4,7 @@ Entry points:
     build_train_valid_test_datasets(neox_args, num_samples) -> (train, valid, test), None for unused splits
     build_data_loader(dataset, micro_batch_size, dp_rank, dp_size, consumed_samples, num_workers)
     make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed_samples)
+    build_online_datasets(neox_args, num_samples, dp_rank) -> dataset_impl 'online': rollouts from a server
     repeating_iterator(loader)                           -> endless batches without caching an epoch
 
 Batches are {"text": LongTensor[micro_batch, seq_length + 1]} plus "label" (same shape) when label
@@ -22,6 +23,8 @@ import torch
 from megatron.data.blendable_dataset import BlendableDataset, normalize_weights, weights_by_num_documents
 from megatron.data.gpt2_dataset import GPT2Dataset
 from megatron.data.indexed_dataset import MMapIndexedDataset, make_dataset
+from megatron.data.online_dataset import OnlineDataset
+from megatron.data.online_protocol import server_address
 from megatron.data.pairwise_dataset import PairwiseDataset
 from megatron.data.samplers import DistributedBatchSampler
 from megatron.data.splits import SPLIT_NAMES, split_document_ranges
@@ -196,6 +199,18 @@ def build_train_valid_test_datasets(
     return out[0], out[1], out[2]
 
 
+def build_online_datasets(
+    neox_args: Any, num_samples: tuple[int, int, int], data_parallel_rank: int
+) -> tuple[OnlineDataset | None, OnlineDataset | None, OnlineDataset | None]:
+    """dataset_impl 'online': each split that needs samples reads them from the rollout server of this
+    data-parallel rank (online_dataserver_ips / online_dataserver_ports), asking for the split by name."""
+    address = server_address(neox_args.online_dataserver_ips, neox_args.online_dataserver_ports, data_parallel_rank)
+    return tuple(
+        OnlineDataset(n, neox_args.seq_length, address, name, neox_args.reinforce_leave_one_out) if n > 0 else None
+        for name, n in zip(SPLIT_NAMES, num_samples)
+    )
+
+
 def build_data_loader(
     dataset: torch.utils.data.Dataset | None,
     micro_batch_size: int,
@@ -234,7 +249,9 @@ def make_data_loader(
     micro = neox_args.train_micro_batch_size_per_gpu
     if micro is None:
         raise DataError("train_micro_batch_size_per_gpu must be set to build a data loader.")
-    return build_data_loader(dataset, micro, dp_rank, dp_size, consumed_samples, neox_args.num_workers)
+    # rollouts are fetched, and their baseline kept, in the process that trains (megatron.data.online_dataset)
+    workers = 0 if isinstance(dataset, OnlineDataset) else neox_args.num_workers
+    return build_data_loader(dataset, micro, dp_rank, dp_size, consumed_samples, workers)
 
 
 def repeating_iterator(loader: torch.utils.data.DataLoader) -> Iterator[Any]:

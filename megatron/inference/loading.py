@@ -51,12 +51,13 @@ def slot_modules(model: nn.Module) -> Dict[int, nn.Module]:
 
 
 def load_model_weights(model: nn.Module, checkpoint_dir: str, parallel_state, model_config,
-                       verified_kind: Optional[str] = None) -> None:
+                       verified_kind: Optional[str] = None, checkpoint=None) -> None:
     """Copy this rank's slice of the checkpoint's weights into ``model`` (every parameter must be found). The
     checkpoint may be this project's (any layout, old ones included) or GPT-NeoX's; ``verified_kind``: as
-    megatron.checkpoint.neox_checkpoint.read_checkpoint's."""
+    megatron.checkpoint.neox_checkpoint.read_checkpoint's; ``checkpoint``: read_model_checkpoint's answer for
+    ``checkpoint_dir`` when the caller read it already."""
     try:
-        checkpoint = read_model_checkpoint(checkpoint_dir, verified_kind=verified_kind)
+        checkpoint = checkpoint or read_model_checkpoint(checkpoint_dir, verified_kind=verified_kind)
     except ConversionError as err:
         raise CheckpointError(str(err)) from None
     tp, rank = parallel_state.get_model_parallel_world_size(), parallel_state.get_model_parallel_rank()

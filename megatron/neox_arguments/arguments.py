@@ -42,8 +42,9 @@ from megatron.neox_arguments.overrides import apply_set_options, name_set_option
 from megatron.neox_arguments.typecheck import coerce, describe
 from megatron.neox_arguments.validation import (derived_only_problems, fusion_flag_warnings, lr_schedule_problems,
                                                 model_problems, not_supported_problems, not_supported_setting_problems,
-                                                parallelism_problems, post_training_problems, rampup_problems,
-                                                training_problems, unknown_key_problems, validated_model)
+                                                online_data_warnings, parallelism_problems, post_training_problems,
+                                                rampup_problems, training_problems, unknown_key_problems,
+                                                validated_model)
 from megatron.utils.process_tree import end_with_parent
 
 
@@ -112,7 +113,7 @@ class NeoXArgs(NeoXArgsSchema):
         problems, model = args._derive_and_validate(provided)
         if problems:
             raise ConfigError(note_extra_args_origin(problems, folded))
-        for message in fusion_flag_warnings(model):
+        for message in fusion_flag_warnings(model) + online_data_warnings(args):
             warnings.warn(message, NeoXConfigWarning, stacklevel=2)
         return args.freeze()
 
@@ -153,7 +154,8 @@ class NeoXArgs(NeoXArgsSchema):
             problems.append("an optimizer dict is required for training, e.g. "
                             "optimizer: {type: Adam, params: {lr: 0.0006, betas: [0.9, 0.95], eps: 1.0e-8}}")
         has_data = self.data_path or self.train_data_paths or (self.dataset_impl == "pairwise"
-                                                               and self.pos_train_data_paths)
+                                                               and self.pos_train_data_paths) \
+            or self.dataset_impl == "online"  # rollouts from the online data server
         if not has_data:
             problems.append("no training data: set data_path (or train_data_paths, valid_data_paths and "
                             "test_data_paths)")

@@ -39,12 +39,6 @@ def _not_default(key: str) -> Callable[[Any], bool]:
 
 # (key, predicate on its value that means "this feature is switched on", what to tell the user)
 NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
-    ("train_impl", lambda v: v == "reinforce", "train_impl 'reinforce' is not supported yet: GPT-NeoX's online "
-                                               "REINFORCE samples completions during training and scores them "
-                                               "with a reward server (dataset_impl 'online'), neither of which is "
-                                               "built; use normal, dpo, kto or rm (offline data)"),
-    ("dataset_impl", lambda v: v == "online", "dataset_impl 'online' is not supported yet; use 'gpt2' or "
-                                              "'pairwise'"),
     ("comet_experiment", lambda v: v is not None, "comet_experiment is GPT-NeoX's run-time comet object, not a "
                                                   "config key; use use_comet and the comet_* keys"),
     ("use_tutel", bool,
@@ -80,10 +74,9 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("REINFORCE training (train_impl 'reinforce')",
-     ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
-    ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
-     ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
+    ("GPT-NeoX's weight serving to a vLLM fork that shares the model's GPU memory (serve_model_weights; the "
+     "rollout server here, tools/rollout_server.py, loads the newest checkpoint in save instead)",
+     ("serve_model_weights", "weight_server_port")),
     ("adlr_autoresume", ("adlr_autoresume_interval",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
@@ -474,7 +467,7 @@ def post_training_problems(args: NeoXArgsSchema) -> List[str]:
         if args.train_impl != impl:
             problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl '{impl}'; set train_impl: "
                          f"{impl} or remove it" for name in settings if getattr(args, name) != defaults[name]]
-    problems += _kto_problems(args) + _precompute_problems(args)
+    problems += _kto_problems(args) + _precompute_problems(args) + _reinforce_problems(args)
     if args.z_loss < 0 or (args.z_loss and args.train_impl != "rm"):
         problems.append(f"z_loss={args.z_loss} (with train_impl={args.train_impl!r}): z_loss is the reward model's "
                         f"z-loss coefficient (train_impl 'rm', as in GPT-NeoX) and must be >= 0; set train_impl: rm "
@@ -540,6 +533,60 @@ def _precompute_problems(args: NeoXArgsSchema) -> List[str]:
         return [f"precompute_model_name={name!r} is read by train_impl 'dpo' and 'kto' (precomputed reference "
                 f"log-probabilities) and text_gen_type 'precompute' (which writes them)"]
     return []
+
+
+REINFORCE_SETTINGS = ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")
+ONLINE_SETTINGS = ("online_dataserver_ips", "online_dataserver_ports")
+ONLINE_UNREAD_PATHS = ("data_path", *(f"{split}_{kind}data_paths" for split in ("train", "valid", "test")
+                                      for kind in ("", "label_")))
+
+
+def _reinforce_problems(args: NeoXArgsSchema) -> List[str]:
+    """train_impl 'reinforce' trains on dataset_impl 'online' rollouts and nothing else reads them
+    (megatron.post_training.reinforce, megatron.data.online_dataset)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    problems = []
+    if args.train_impl != "reinforce":
+        problems += [f"{name}={getattr(args, name)!r} is a setting of train_impl 'reinforce'; set train_impl: "
+                     f"reinforce or remove it" for name in REINFORCE_SETTINGS if getattr(args, name) != defaults[name]]
+        if args.dataset_impl == "online":
+            problems.append(f"dataset_impl 'online' (rollouts with rewards) is read by train_impl 'reinforce' only, "
+                            f"not {args.train_impl!r}; set train_impl: reinforce")
+    elif args.dataset_impl != "online":
+        problems.append(f"train_impl 'reinforce' trains on rollouts from a rollout server: set dataset_impl: online "
+                        f"(with online_dataserver_ips / online_dataserver_ports), not {args.dataset_impl!r}")
+    if args.dataset_impl != "online":
+        return problems + [f"{name}={getattr(args, name)!r} is a setting of dataset_impl 'online'; set dataset_impl: "
+                           f"online or remove it" for name in ONLINE_SETTINGS if getattr(args, name) != defaults[name]]
+    if args.kl_div_beta < 0:
+        problems.append(f"kl_div_beta={args.kl_div_beta} must be >= 0 (0: no KL term and no reference model)")
+    if args.pipe_parallel_size > 1 or args.context_parallel_size > 1:
+        problems.append(f"dataset_impl 'online' with pipe_parallel_size={args.pipe_parallel_size} / "
+                        f"context_parallel_size={args.context_parallel_size} is not supported yet (each rollout is "
+                        f"fetched once, by the rank that trains on it); set both to 1 or 0")
+    if args.train_epochs is not None:
+        problems.append("train_epochs with dataset_impl 'online' has no meaning (the server decides the data); set "
+                        "train_iters")
+    dp = args.data_parallel_size
+    for name in ONLINE_SETTINGS:
+        value = getattr(args, name)
+        if isinstance(value, list) and dp and len(value) != dp:
+            problems.append(f"{name} has {len(value)} entries for {dp} data-parallel ranks: give one per "
+                            f"data-parallel rank (rank i asks entry i), or one value for all")
+    ports = args.online_dataserver_ports
+    if any(not 0 < int(port) < 65536 for port in (ports if isinstance(ports, list) else [ports])):
+        problems.append(f"online_dataserver_ports={ports!r}: ports are 1..65535")
+    return problems
+
+
+def online_data_warnings(args: NeoXArgsSchema) -> List[str]:
+    """Data paths a dataset_impl 'online' run does not read (GPT-NeoX's example config sets them, and GPT-NeoX
+    ignores them too)."""
+    if args.dataset_impl != "online":
+        return []
+    unread = [name for name in ONLINE_UNREAD_PATHS if getattr(args, name)]
+    return [f"{', '.join(unread)}: not read with dataset_impl 'online' (the rollout server supplies the data); "
+            f"remove them to silence this warning"] if unread else []
 
 
 def _kto_problems(args: NeoXArgsSchema) -> List[str]:

@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.data import curriculum, data_efficiency
-from megatron.data.data_utils import build_train_valid_test_datasets, loader_over, make_data_loader, repeating_iterator
+from megatron.data.data_utils import (build_online_datasets, build_train_valid_test_datasets, loader_over,
+                                     make_data_loader, repeating_iterator)
 from megatron.data.difficulty import STATE_KEY as SAMPLER_STATE_KEY, DifficultySampler, difficulty_sampler
 from megatron.data.pairwise_dataset import as_text_and_labels
 from megatron.errors import DataError
@@ -29,8 +30,11 @@ def batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consum
     worker process's prefetching would move ahead of the steps taken); the stream holds it as ``sampler``."""
     ps = ctx.parallel_state
     reads_data = ps.get_model_parallel_rank() == 0
-    datasets = build_train_valid_test_datasets(neox_args, schedule.split_samples())
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    if neox_args.dataset_impl == "online":  # rollouts from a server, fetched as they are read
+        datasets = build_online_datasets(neox_args, schedule.split_samples(), dp_rank)
+    else:
+        datasets = build_train_valid_test_datasets(neox_args, schedule.split_samples())
     streams = []
     for dataset, consumed, split in zip(datasets, (consumed_train, consumed_valid, 0), ("train", "valid", "test")):
         if dataset is None:
@@ -41,7 +45,8 @@ def batch_streams(neox_args, ctx: RunContext, schedule: TrainingSchedule, consum
         loader = loader_over(dataset, sampler) if sampler is not None else \
             make_data_loader(dataset, neox_args, dp_rank, dp_size, consumed)
         samples = repeating_iterator(loader) if reads_data else None
-        streams.append(ModelBatches(neox_args, ctx, samples, source=data_source(neox_args, split),
+        source = dataset.source if neox_args.dataset_impl == "online" else data_source(neox_args, split)
+        streams.append(ModelBatches(neox_args, ctx, samples, source=source,
                                      reference=reference))
         streams[-1].sampler = sampler
     return streams
@@ -82,7 +87,8 @@ def data_source(neox_args, split: str) -> str:
 
 def batch_options(neox_args):
     """The batch-building settings of the config (megatron.model.batch.BatchOptions)."""
-    return BatchOptions(labels=bool(neox_args.train_label_data_paths) or neox_args.dataset_impl == "pairwise",
+    return BatchOptions(labels=bool(neox_args.train_label_data_paths) or neox_args.dataset_impl in ("pairwise",
+                                                                                                   "online"),
                         rewards=neox_args.train_impl == "kto", eod_mask_loss=neox_args.eod_mask_loss,
                         reset_position_ids=neox_args.reset_position_ids,
                         reset_attention_mask=neox_args.reset_attention_mask, documents=packs_documents(neox_args))
@@ -103,13 +109,15 @@ class ModelBatches:
 
     Pairwise samples ({'pos', 'neg', ...}) become one batch of the chosen rows then the rejected rows; the
     reference log-probabilities of each row (from the DPO / KTO `reference` model, or read from precomputed files)
-    join the labels tuple (megatron.post_training)."""
+    join the labels tuple (megatron.post_training). Online rollouts (dataset_impl 'online') add their advantages
+    and raw rewards, float [b] each: (labels, loss_mask, rewards, raw_rewards[, reference log-probabilities])."""
 
     def __init__(self, neox_args, ctx: RunContext, samples: Optional[Iterator], source: str = "the data",
                  reference=None) -> None:
         self.options, self.ctx, self.samples, self.source = batch_options(neox_args), ctx, samples, source
         self.tokenizer_file = neox_args.vocab_file
         self.pairwise, self.reference = neox_args.dataset_impl == "pairwise", reference
+        self.online = neox_args.dataset_impl == "online"
         self.precomputed = neox_args.train_impl in ("dpo", "kto") and bool(neox_args.precompute_model_name)
         self.pipelined = neox_args.is_pipe_parallel
         self.seqlen: Optional[int] = None  # the sequence-length curriculum's current length (set per step)
@@ -143,6 +151,9 @@ class ModelBatches:
         inputs, labels = get_batch(self.options, data, self.ctx.parallel_state, eod_token=self.ctx.tokenizer.eod)
         if inputs[2] is None and self.pipelined:  # context parallelism: ring attention needs no mask, but
             inputs = (*inputs[:2], causal_only_mask())  # DeepSpeed's pipeline passes tensors only
+        if self.online:
+            rewards = broadcast_data(["reward", "raw_reward"], data, torch.float32, self.ctx.parallel_state)
+            labels = labels + (rewards["reward"].reshape(-1), rewards["raw_reward"].reshape(-1))
         move = lambda t: None if t is None else to_device(t, self.ctx.device)  # no mask under CP
         inputs, labels = tuple(map(move, inputs)), tuple(map(move, labels))
         if self.reference is not None:

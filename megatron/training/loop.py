@@ -38,6 +38,7 @@ from megatron.observability.profiler import step_profiler
 from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
 from megatron.post_training.reference import ReferenceModel, start_reference
+from megatron.post_training.reinforce import ReinforceReference
 from megatron.training.batches import (ModelBatches, batch_streams, curriculum_step, difficulty_sampling,
                                        sampler_records, start_curriculum)
 from megatron.training.checkpoint_validation import check_loaded_checkpoint, validation_state
@@ -179,14 +180,20 @@ def steps_to_next_save(neox_args, schedule: TrainingSchedule, at: int) -> Option
 
 
 def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str]):
-    """The frozen reference model of DPO / KTO (megatron.post_training.reference), None when the run needs none.
-    ``resumed``: the checkpoint this run resumed training from (None for a fresh or fine-tuning start)."""
-    if neox_args.train_impl not in ("dpo", "kto") or neox_args.precompute_model_name or (
+    """The frozen reference model of DPO / KTO / REINFORCE's KL term (megatron.post_training.reference), None when the
+    run needs none. ``resumed``: the checkpoint this run resumed training from (None for a fresh or fine-tuning
+    start)."""
+    if neox_args.train_impl == "reinforce":
+        if neox_args.kl_div_beta <= 0:
+            return None  # no KL term
+        reference = ReinforceReference(ctx.model_config, ctx.parallel_state, neox_args.kl_impl,
+                                       neox_args.fp32_reinforce).to(ctx.device)
+    elif neox_args.train_impl not in ("dpo", "kto") or neox_args.precompute_model_name or (
             neox_args.train_impl == "dpo" and neox_args.dpo_reference_free):
         return None  # none needed, or read from precomputed files (megatron.post_training.precompute)
-
-    fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
-    reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
+    else:
+        fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
+        reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
     source = start_reference(reference, engine.module, resumed)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(f"{neox_args.train_impl.upper()} reference model: {source}", flush=True)
@@ -316,6 +323,11 @@ class _TrainingRun:
 
     def train(self) -> None:
         """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
+        if self.do_train and self.neox_args.dataset_impl == "online" and self.neox_args.save and \
+                _latest_checkpoint(self.neox_args.save) is None:
+            # the rollout server samples from the newest checkpoint in save: it gets the starting weights first
+            self.last_saved = None
+            self.save()
         while self.do_train and self.state.iteration < self.schedule.train_iters:
             self.step()
             self.evaluate_at_interval()

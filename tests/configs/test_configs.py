@@ -86,3 +86,17 @@ def test_the_post_training_example_chains_pretraining_sft_dpo_and_eval():
                             os.path.join(CONFIGS, "post_training", "dpo_tiny.yml"), "--load", dpo.save,
                             "--eval_tasks", task])
     assert args.load == dpo.save and args.eval_tasks == [task]
+
+
+def test_the_reinforce_example_starts_from_cpu_tiny_and_asks_the_documented_server():
+    """configs/post_training/reinforce_tiny.yml fine-tunes cpu_tiny's checkpoint (same model and tokenizer) on the
+    rollouts of the server docs/post-training.md starts (127.0.0.1:10000), one server request per step."""
+    load = lambda name: NeoXArgs.from_ymls([os.path.join(CONFIGS, name)])  # noqa: E731
+    pretrain, reinforce = load("cpu_tiny.yml"), load("post_training/reinforce_tiny.yml")
+    assert reinforce.load == pretrain.save and reinforce.finetune and reinforce.vocab_file == pretrain.vocab_file
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "norm", "pos_emb", "activation"):
+        assert getattr(reinforce, key) == getattr(pretrain, key), key
+    assert (reinforce.train_impl, reinforce.dataset_impl) == ("reinforce", "online")
+    assert (reinforce.online_dataserver_ips, reinforce.online_dataserver_ports) == ("127.0.0.1", 10000)
+    assert reinforce.train_micro_batch_size_per_gpu == 8 * 4 and reinforce.checkpoint_factor == 1
+    assert reinforce.save == "checkpoints/cpu_tiny_reinforce" and reinforce.training_problems() == []

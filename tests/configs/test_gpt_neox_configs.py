@@ -368,7 +368,6 @@ def test_gmlp_style_model_loads_ready_to_train(tmp_path):
 # What other open issues build: each refused with a message naming it as not supported yet.
 NOT_BUILT = {
     "bnb": ('"use_bnb_optimizer": true,', "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    "reinforce": ('"train_impl": "reinforce",', "train_impl 'reinforce' is not supported yet"),
 }
 
 
@@ -559,3 +558,40 @@ def test_mup_style_config_loads_then_trains_wider_from_its_base_shapes(tmp_path)
                           save_base_shapes=False, coord_check=False, hidden_size=1024)
     assert messages == [] and args.training_problems() == []
     assert ModelConfig.from_neox_args(args).mup_width_mult == 4.0
+
+
+# The REINFORCE keys of GPT-NeoX's post-training/configs/llama3-8b-reinforce.yml, as written there.
+GPT_NEOX_REINFORCE = """\
+{
+  "train_impl": "reinforce",
+  "dataset_impl": "online",
+  "reinforce_leave_one_out": true,
+  "fp32_reinforce": true,
+  "kl_impl": "abs",
+  "online_dataserver_ports": [10000, 10001],
+  "serve_model_weights": true,
+  "train_label_data_paths": [ "data/sft/llama3_train_messages_label_document" ],
+  "test_label_data_paths": [ "data/sft/llama3_test_messages_label_document" ],
+  "valid_label_data_paths": [ "data/sft/llama3_train_messages_label_document" ],
+  "train_data_paths": [ "data/sft/llama3_train_messages_document" ],
+  "test_data_paths": [ "data/sft/llama3_test_messages_document" ],
+  "valid_data_paths": [ "data/sft/llama3_train_messages_document" ],
+  "num_gpus": 2,
+}
+"""
+
+
+def test_gpt_neox_reinforce_config_loads_once_weight_serving_is_removed(tmp_path):
+    """Only serve_model_weights is refused (GPT-NeoX's vLLM fork shares GPU memory), saying what replaces it; without
+    it the config trains on the rollout servers of its two data-parallel ranks, warned that its data paths are not
+    read."""
+    model, setup = write(tmp_path, "small.yml", SMALL % ""), write(tmp_path, "setup.yml", SETUP)
+    problems = refusal([model, write(tmp_path, "reinforce.yml", GPT_NEOX_REINFORCE), setup], data_path=None)
+    assert len(problems) == 1 and problems[0].startswith("serve_model_weights=True") and \
+        "tools/rollout_server.py" in problems[0], problems
+    args, messages = load([model, write(tmp_path, "reinforce.yml", GPT_NEOX_REINFORCE.replace(
+        '"serve_model_weights": true,', "")), setup], data_path=None)
+    assert (args.train_impl, args.dataset_impl, args.kl_impl, args.data_parallel_size) == ("reinforce", "online",
+                                                                                          "abs", 2)
+    assert args.training_problems() == []
+    assert any("not read with dataset_impl 'online'" in m and "train_data_paths" in m for m in messages), messages

@@ -176,6 +176,17 @@ COMMANDS: Dict[str, Entry] = {
         {"tests/configs/test_configs.py": ("dpo_tiny.yml", "--load", "--eval_tasks", "docstring_mc.yaml"),
          "tests/e2e/test_eval.py": ("eval.py", "eval_tasks")},
         "deepy.py parses this command line and its task file's path; eval.py on local tasks in the e2e test"),
+    "python tools/rollout_server.py --save checkpoints/cpu_tiny_reinforce --reward "
+    "megatron.post_training.example_rewards:letter_e_count --port 10000 &": Mapped(
+        {"tests/e2e/test_reinforce_online.py": ("rollout_server.py", "--save", "--reward", "--port"),
+         "tests/post_training/test_reinforce.py": ("megatron.post_training.example_rewards:letter_e_count",)},
+        "the server on 127.0.0.1 beside a deepy.py REINFORCE run (with a reward module of the test's, imported from "
+        "the current directory), restarted mid-run; the example's reward entry point is loaded and scored"),
+    "python deepy.py train.py configs/post_training/reinforce_tiny.yml": Mapped(
+        {"tests/configs/test_configs.py": ("reinforce_tiny.yml", "test_the_reinforce_example"),
+         "tests/e2e/test_reinforce_online.py": ("TrainingRun", "reinforce", "online", "deepy.py")},
+        "the example needs cpu_tiny's checkpoint (minutes): its config chain is checked, and the same loop with a "
+        "tiny model runs through deepy.py in the e2e test"),
     # bench/README.md
     "python bench/packed_attention_memory.py": Mapped(
         {"tests/bench/test_packed_attention_memory.py": ("packed_attention_memory",)}, "at tiny sizes, in-process"),

@@ -132,7 +132,17 @@ def test_required_model_fields():
     ({"split": "1,2,3,4"}, "split='1,2,3,4'"),
     ({"pipe_partition_method": "balanced"}, "pipe_partition_method='balanced'"),
     ({"use_mup": True}, "use_mup needs base_shapes_file"),
-    ({"train_impl": "reinforce"}, "train_impl 'reinforce' is not supported yet"),
+    ({"train_impl": "reinforce"}, "train_impl 'reinforce' trains on rollouts from a rollout server: set dataset_impl: "
+                                  "online"),
+    ({"dataset_impl": "online"}, "dataset_impl 'online' (rollouts with rewards) is read by train_impl 'reinforce' "
+                                 "only"),
+    ({"kl_impl": "abs"}, "kl_impl='abs' is a setting of train_impl 'reinforce'"),
+    ({"online_dataserver_ports": 10001}, "online_dataserver_ports=10001 is a setting of dataset_impl 'online'"),
+    ({"train_impl": "reinforce", "dataset_impl": "online", "kl_div_beta": -1.0}, "kl_div_beta=-1.0 must be >= 0"),
+    ({"train_impl": "reinforce", "dataset_impl": "online", "pipe_parallel_size": 2, "num_gpus": 2},
+     "dataset_impl 'online' with pipe_parallel_size=2"),
+    ({"train_impl": "reinforce", "dataset_impl": "online", "num_gpus": 2, "online_dataserver_ports": [1, 2, 3]},
+     "online_dataserver_ports has 3 entries for 2 data-parallel ranks"),
     ({"train_impl": "kto", "train_micro_batch_size_per_gpu": 3},
      "train_micro_batch_size_per_gpu=3: train_impl 'kto' estimates its KL reference point"),
     ({"train_reward_data_paths": ["r"]}, "train_reward_data_paths is read by train_impl 'kto' only"),
@@ -365,15 +375,17 @@ def test_softmax_fusion_with_a_softmax_to_fuse_gives_no_warning(config):
     assert messages == []
 
 
-@pytest.mark.parametrize("key,value", [
-    ("kl_div_beta", 0.5), ("kl_impl", "abs"), ("fp32_reinforce", False),
-    ("reinforce_leave_one_out", True),
-    ("serve_model_weights", True), ("weight_server_port", [6000, 6001]), ("online_dataserver_ips", "10.0.0.1"),
-    ("online_dataserver_ports", 10001), ("train_impl", "reinforce"), ("dataset_impl", "online"),
-])
-def test_newer_gpt_neox_keys_are_known_and_refused_until_built(key, value):
+@pytest.mark.parametrize("key,value", [("serve_model_weights", True), ("weight_server_port", [6000, 6001])])
+def test_weight_serving_keys_are_known_and_refused(key, value):
     text = problems_of(**{key: value})
-    assert "not supported yet" in text and "unknown argument" not in text
+    assert "not supported yet" in text and "tools/rollout_server.py" in text and "unknown argument" not in text
+
+
+def test_online_reinforce_keys_are_accepted_together():
+    args = tiny(train_impl="reinforce", dataset_impl="online", kl_impl="full", kl_div_beta=0.05,
+                reinforce_leave_one_out=True, fp32_reinforce=False, online_dataserver_ips="10.0.0.1",
+                online_dataserver_ports=10001)
+    assert (args.kl_impl, args.kl_div_beta, args.online_dataserver_ports) == ("full", 0.05, 10001)
 
 
 def test_z_loss_is_a_reward_model_setting():

@@ -289,7 +289,9 @@ class NeoXArgsModel:
 
     serve_model_weights: bool = False
     """
-    Serve model weight pointers over a socket connection (GPT-NeoX's online RL weight server).
+    Serve model weight pointers over a socket connection (GPT-NeoX's online RL weight server, sharing GPU memory
+    with a vLLM fork). Not supported: the rollout server here (tools/rollout_server.py) loads the newest
+    checkpoint in save instead.
     """
 
     weight_server_port: Union[int, List[int]] = 6000
@@ -299,12 +301,14 @@ class NeoXArgsModel:
 
     online_dataserver_ips: Union[str, List[str]] = 'localhost'
     """
-    IP addresses of the online data servers (dataset_impl 'online').
+    IP address of the online data (rollout) server (dataset_impl 'online'): one for every data-parallel rank, or a
+    list with one per data-parallel rank.
     """
 
     online_dataserver_ports: Union[int, List[int]] = 10000
     """
-    Port(s) of the online data servers (dataset_impl 'online').
+    Port of the online data (rollout) server (dataset_impl 'online'): one for every data-parallel rank, or a list
+    with one per data-parallel rank.
     """
 
     init_method: Literal['normal', 'scaled_normal', 'orthogonal', 'scaled_orthogonal', 'xavier_uniform', 'xavier_normal', 'wang_init', 'small_init', 'single_residual_scaled_normal'] = 'normal'

@@ -191,7 +191,9 @@ class NeoXArgsTraining:
     """
     Dataset implementation, can be one of "gpt2", "pairwise", or "online". "pairwise" reads chosen / rejected
     pairs from the pos_* / neg_* data paths, one pair per sample (needs pack_impl "unpacked" and train_impl
-    "dpo" or "rm"); "online" is not supported yet.
+    "dpo" or "rm"); "online" fetches rollouts (prompt, completions, rewards) from a rollout server as training
+    reads them (GPT-NeoX's protocol; tools/rollout_server.py serves them on CPU or GPU), for train_impl
+    "reinforce".
     """
 
     train_impl: Literal['normal', 'dpo', 'rm', 'kto', 'reinforce'] = 'normal'
@@ -199,8 +201,9 @@ class NeoXArgsTraining:
     Training implementation, can be one of "normal", "dpo", "kto", "reinforce", or "rm". "dpo" trains on
     dataset_impl "pairwise" against a frozen reference model (the policy's weights when the run starts); "rm"
     trains a reward model (a scalar value head, Bradley-Terry loss) on dataset_impl "pairwise"; "kto" trains
-    on completions with train_reward_data_paths (desirable or not) against DPO's reference model; "reinforce" is
-    not supported yet.
+    on completions with train_reward_data_paths (desirable or not) against DPO's reference model; "reinforce"
+    trains on dataset_impl "online" rollouts with GPT-NeoX's REINFORCE loss (kl_div_beta, kl_impl,
+    reinforce_leave_one_out, fp32_reinforce; docs/post-training.md).
     """
 
     dpo_fp32: bool = True
@@ -243,22 +246,27 @@ class NeoXArgsTraining:
 
     fp32_reinforce: bool = True
     """
-    Whether to cast logits to fp32 for the REINFORCE loss (train_impl 'reinforce', GPT-NeoX).
+    Whether to compute the REINFORCE loss's log-softmax (policy and reference) in fp32 rather than in the
+    logits' dtype (train_impl 'reinforce').
     """
 
     kl_div_beta: float = 0.1
     """
-    Beta of the KL-divergence term of the REINFORCE loss.
+    Weight of the KL term of the REINFORCE loss, per completion token, against a frozen reference model (the
+    policy's weights when the run started, saved with each checkpoint); 0 drops the term and builds no reference.
     """
 
     kl_impl: Literal['abs', 'mse', 'kl', 'full'] = 'mse'
     """
-    KL-divergence estimate of the REINFORCE loss: "abs", "mse", "kl" or "full".
+    The REINFORCE loss's KL term per completion token, with d = log p - log q the policy's minus the reference's
+    log-probability of the token: "kl" d, "abs" |d|, "mse" d^2 / 2, or "full" the exact KL(p || q) over the whole
+    vocabulary at that position.
     """
 
     reinforce_leave_one_out: bool = False
     """
-    Use the REINFORCE leave-one-out baseline (arXiv 2402.14740).
+    The REINFORCE baseline: true subtracts from each completion's reward the mean reward of the other completions
+    of its prompt (RLOO, arXiv 2402.14740); false subtracts the mean of the last 100 prompts' mean rewards.
     """
 
     z_loss: float = 0.0
