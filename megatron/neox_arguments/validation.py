@@ -52,7 +52,6 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
      "dropless layer"),
     ("norm", lambda v: v.startswith("te_"), "Transformer-Engine norms (te_rmsnorm, te_layernorm) are not "
                                             "supported yet; use rmsnorm or layernorm"),
-    ("adlr_autoresume", bool, "adlr_autoresume is not supported yet"),
     ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
     ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
     ("amp", lambda v: v is not None and v.get("enabled", False),
@@ -86,7 +85,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
      ("fp32_reinforce", "kl_div_beta", "kl_impl", "reinforce_leave_one_out")),
     ("online data and weight serving (dataset_impl 'online', serve_model_weights)",
      ("serve_model_weights", "weight_server_port", "online_dataserver_ips", "online_dataserver_ports")),
-    ("adlr_autoresume", ("adlr_autoresume_interval",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
 anything but its default, since nothing would read it."""
@@ -233,7 +231,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         f"supported yet: the check compares the language-model loss of a fixed sequence, and this "
                         f"objective's loss needs preference pairs (and reference log-probabilities) that it does not "
                         f"have; set it to false")
-    problems += gradient_noise_scale_problems(args) + profile_problems(args)
+    problems += gradient_noise_scale_problems(args) + profile_problems(args) + autoresume_problems(args)
     if args.no_save_optim and args.zero_stage == 3:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
@@ -259,6 +257,18 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"optimizer.type={args.optimizer_type!r} must be one of Adam, CPU_Adam, CPU_torch_Adam, SM3, "
                         f"madgrad_wd, SGD, Lion")
     return problems
+
+
+def autoresume_problems(args: NeoXArgsSchema) -> List[str]:
+    """adlr_autoresume (megatron.training.autoresume): its interval is its setting, at least one iteration."""
+    interval = args.adlr_autoresume_interval
+    default = type(args).__dataclass_fields__["adlr_autoresume_interval"].default
+    if not args.adlr_autoresume:
+        return [] if interval == default else [
+            f"adlr_autoresume_interval={interval!r} is a setting of adlr_autoresume; set adlr_autoresume: true or "
+            f"remove it"]
+    return [] if interval >= 1 else [f"adlr_autoresume_interval={interval} must be >= 1 (iterations between two "
+                                     f"questions to the scheduler)"]
 
 
 def gradient_noise_scale_problems(args: NeoXArgsSchema) -> List[str]:
