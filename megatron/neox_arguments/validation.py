@@ -52,10 +52,16 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
      "dropless layer"),
     ("norm", lambda v: v.startswith("te_"), "Transformer-Engine norms (te_rmsnorm, te_layernorm) are not "
                                             "supported yet; use rmsnorm or layernorm"),
-    ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
+    ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet: GPT-NeoX uses "
+                                 "bitsandbytes' 8-bit Adam, a CUDA kernel that no CPU test here can run; use "
+                                 "Adam (or CPU_Adam with ZeRO-Offload)"),
+    ("lazy_mpu_init", bool, "lazy_mpu_init is not supported: it makes initialize_megatron() leave the model-parallel "
+                             "groups unset and return a function for an outside program to finish them; a deepy.py "
+                             "run has no such program (GPT-NeoX's own train.py would run with the groups unset); "
+                             "delete the key"),
     ("amp", lambda v: v is not None and v.get("enabled", False),
-     "apex AMP (amp) is not supported; use the bf16 or fp16 dicts"),
+     "apex AMP (amp) is not supported: DeepSpeed's amp section runs NVIDIA apex, a CUDA extension; use the bf16 "
+     "or fp16 dicts"),
     ("curriculum_seqlen", lambda v: v != 0,
      "curriculum_seqlen is GPT-NeoX's run-time record of the current curriculum length, not a setting: the length "
      "of each step comes from curriculum_learning (and is logged as curriculum_seqlen); delete the key"),
@@ -69,7 +75,8 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
-    ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
+    ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' exists (GPT-NeoX "
+                                                         "defines no other value either)"),
     *((key, bool, f"Transformer Engine layers ({key}) are not supported yet") for key in TRANSFORMER_ENGINE_LAYERS),
     *((key, _not_default(key),
        f"Transformer Engine FP8 settings ({key}) are not supported yet (they only apply to Transformer Engine "
