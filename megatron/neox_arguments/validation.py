@@ -48,11 +48,16 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
      "dropless layer"),
     ("norm", lambda v: v.startswith("te_"), "Transformer-Engine norms (te_rmsnorm, te_layernorm) are not "
                                             "supported yet; use rmsnorm or layernorm"),
-    ("adlr_autoresume", bool, "adlr_autoresume is not supported yet"),
-    ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet"),
-    ("lazy_mpu_init", bool, "lazy_mpu_init is not supported yet"),
+    ("use_bnb_optimizer", bool, "bitsandbytes optimizers (use_bnb_optimizer) are not supported yet: GPT-NeoX uses "
+                                 "bitsandbytes' 8-bit Adam, a CUDA kernel that no CPU test here can run; use "
+                                 "Adam (or CPU_Adam with ZeRO-Offload)"),
+    ("lazy_mpu_init", bool, "lazy_mpu_init is not supported: it makes initialize_megatron() leave the model-parallel "
+                             "groups unset and return a function for an outside program to finish them; a deepy.py "
+                             "run has no such program (GPT-NeoX's own train.py would run with the groups unset); "
+                             "delete the key"),
     ("amp", lambda v: v is not None and v.get("enabled", False),
-     "apex AMP (amp) is not supported; use the bf16 or fp16 dicts"),
+     "apex AMP (amp) is not supported: DeepSpeed's amp section runs NVIDIA apex, a CUDA extension; use the bf16 "
+     "or fp16 dicts"),
     ("curriculum_seqlen", lambda v: v != 0,
      "curriculum_seqlen is GPT-NeoX's run-time record of the current curriculum length, not a setting: the length "
      "of each step comes from curriculum_learning (and is logged as curriculum_seqlen); delete the key"),
@@ -62,7 +67,8 @@ NOT_SUPPORTED_YET: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ("sparse_gradients", bool, "sparse_gradients was removed from DeepSpeed; delete the key"),
     ("elasticity", lambda v: v is not None, "elastic training was removed from DeepSpeed; set the batch sizes directly"),
     ("compression_training", lambda v: v is not None, "the DeepSpeed compression library was removed; delete the key"),
-    ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' is built"),
+    ("output_layer_parallelism", lambda v: v != "column", "only output_layer_parallelism 'column' exists (GPT-NeoX "
+                                                         "defines no other value either)"),
     *((key, bool, f"Transformer Engine layers ({key}) are not supported yet") for key in TRANSFORMER_ENGINE_LAYERS),
     *((key, _not_default(key),
        f"Transformer Engine FP8 settings ({key}) are not supported yet (they only apply to Transformer Engine "
@@ -77,7 +83,6 @@ NOT_SUPPORTED_SETTINGS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("GPT-NeoX's weight serving to a vLLM fork that shares the model's GPU memory (serve_model_weights; the "
      "rollout server here, tools/rollout_server.py, loads the newest checkpoint in save instead)",
      ("serve_model_weights", "weight_server_port")),
-    ("adlr_autoresume", ("adlr_autoresume_interval",)),
 )
 """(feature that is not supported yet, the arguments that only that feature reads): each is refused when set to
 anything but its default, since nothing would read it."""
@@ -245,7 +250,7 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         f"supported yet: the check compares the language-model loss of a fixed sequence, and this "
                         f"objective's loss needs preference pairs (and reference log-probabilities) that it does not "
                         f"have; set it to false")
-    problems += gradient_noise_scale_problems(args) + profile_problems(args)
+    problems += gradient_noise_scale_problems(args) + profile_problems(args) + autoresume_problems(args)
     if args.no_save_optim and args.zero_stage == 3:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
@@ -271,6 +276,18 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append(f"optimizer.type={args.optimizer_type!r} must be one of Adam, CPU_Adam, CPU_torch_Adam, SM3, "
                         f"madgrad_wd, SGD, Lion")
     return problems
+
+
+def autoresume_problems(args: NeoXArgsSchema) -> List[str]:
+    """adlr_autoresume (megatron.training.autoresume): its interval is its setting, at least one iteration."""
+    interval = args.adlr_autoresume_interval
+    default = type(args).__dataclass_fields__["adlr_autoresume_interval"].default
+    if not args.adlr_autoresume:
+        return [] if interval == default else [
+            f"adlr_autoresume_interval={interval!r} is a setting of adlr_autoresume; set adlr_autoresume: true or "
+            f"remove it"]
+    return [] if interval >= 1 else [f"adlr_autoresume_interval={interval} must be >= 1 (iterations between two "
+                                     f"questions to the scheduler)"]
 
 
 def gradient_noise_scale_problems(args: NeoXArgsSchema) -> List[str]:

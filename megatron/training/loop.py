@@ -39,6 +39,7 @@ from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
 from megatron.post_training.reference import ReferenceModel, start_reference
 from megatron.post_training.reinforce import ReinforceReference
+from megatron.training.autoresume import AutoResumeCheck, load_autoresume
 from megatron.training.batches import (ModelBatches, batch_streams, curriculum_step, difficulty_sampling,
                                        sampler_records, start_curriculum)
 from megatron.training.checkpoint_validation import check_loaded_checkpoint, validation_state
@@ -210,6 +211,8 @@ def pretrain(neox_args) -> Dict[str, Any]:
         # rank before any of them waits in a collective, not after the model is built, when the others are left
         # waiting for the one that failed and report it as lost
         raise MissingOptionalDependency("; ".join(missing))
+    if neox_args.adlr_autoresume:  # the cluster's library found before anything is built (the loop initialises it)
+        load_autoresume()
     started_at = time.time()
     deadline = None if neox_args.exit_duration_in_mins is None else started_at + 60.0 * neox_args.exit_duration_in_mins
     ctx = initialize_megatron(neox_args)
@@ -320,6 +323,7 @@ class _TrainingRun:
         self.uploads = _s3_uploads(neox_args, do_train)
         self.noise_scale = _gradient_noise_scale(neox_args)
         self.profiler = step_profiler(neox_args, dist.get_rank() if dist.is_initialized() else 0)
+        self.autoresume = AutoResumeCheck.start(neox_args) if do_train else None
 
     def train(self) -> None:
         """Steps until train_iters, a stop request or exit_interval; each step's evaluation, then its save."""
@@ -465,27 +469,45 @@ class _TrainingRun:
             self.uploads.start()
 
     def stopped(self) -> bool:
-        """A signal on any rank, or exit_duration_in_mins passed: saved, recorded in the summary and said."""
+        """A signal on any rank, adlr_autoresume's termination request or exit_duration_in_mins passed: saved,
+        recorded in the summary and said (after adlr_autoresume's, rank 0 asks the scheduler to resubmit the job)."""
         signalled, out_of_time = self.stop.any_rank(self.deadline)
-        if not (signalled or out_of_time):
+        resume = self.autoresume_requested()
+        if not (signalled or out_of_time or resume):
             return False
         self.save()
         stop_name = self.stop.signal_name
-        self.summary["stopped_by"] = (stop_name or "another rank's signal") if signalled else "exit_duration_in_mins"
-        if signalled:  # train.py exits 128 + the signal (megatron.launch.signals); out of time: 0
+        if signalled:
+            self.summary["stopped_by"] = stop_name or "another rank's signal"
+        else:
+            self.summary["stopped_by"] = "adlr_autoresume" if resume else "exit_duration_in_mins"
+        if signalled:  # train.py exits 128 + the signal (megatron.launch.signals); otherwise 0
             self.summary["signal"] = stop_name
+        elif resume and (not dist.is_initialized() or dist.get_rank() == 0):
+            self.autoresume.request_resume()
         if self.logger.is_logging_rank:
             self._say_why_stopped(signalled)
         return True
 
+    def autoresume_requested(self) -> bool:
+        """adlr_autoresume: whether the scheduler asks the job to end, asked every adlr_autoresume_interval
+        iterations on every rank (as GPT-NeoX does) and agreed across ranks, so that all of them save and leave."""
+        if self.autoresume is None or not self.autoresume.due(self.state.iteration):
+            return False
+        asked = self.autoresume.termination_requested()
+        return bool(all_reduce([1.0 if asked else 0.0], op="max").tolist()[0])
+
     def _say_why_stopped(self, signalled: bool) -> None:
         """One line on the logging rank: why the run stops and where its checkpoint is."""
         neox_args, iteration = self.neox_args, self.state.iteration
-        reason = (f"received {self.summary['stopped_by']}" if signalled else
-                  f"exit_duration_in_mins={neox_args.exit_duration_in_mins} passed")
+        reasons = {"adlr_autoresume": f"adlr_autoresume: the cluster's scheduler asked the job to end "
+                                      f"(AutoResume.termination_requested at iteration {iteration})",
+                   "exit_duration_in_mins": f"exit_duration_in_mins={neox_args.exit_duration_in_mins} passed"}
+        reason = f"received {self.summary['stopped_by']}" if signalled else reasons[self.summary["stopped_by"]]
         saved = (f"saved a checkpoint at iteration {iteration} in {neox_args.save}" if neox_args.save
                  else f"no checkpoint saved (save is not set) at iteration {iteration}")
-        print(f"{reason}: {saved}, exiting", flush=True)
+        then = "; resume requested" if self.summary["stopped_by"] == "adlr_autoresume" else ""
+        print(f"{reason}: {saved}{then}, exiting", flush=True)
 
     def exit_interval_reached(self) -> bool:
         """exit_interval: the run leaves before train_iters (the next launch continues from its checkpoint)."""

@@ -295,3 +295,61 @@ def test_megatron_schedules_batch_rampup_train_samples_and_exit_duration_resume(
     consumed = [sum(batches[:i]) for i in range(1, 10)]  # the rate logged at iteration i is that after its step
     assert [records[i]["lr"] for i in range(1, 10)] == pytest.approx([wsd(c / 12) for c in consumed], rel=1e-6)
     assert falls(run.losses(), by=0.05)
+
+
+FAKE_AUTORESUME = '''"""A stand-in for NVIDIA's ADLR userlib.auto_resume: rank 1 hears the termination request at its second question,
+rank 0 never; every call is written to calls.log beside userlib/."""
+import os
+
+LOG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "calls.log")
+
+
+def _log(event):
+    with open(LOG, "a") as handle:
+        handle.write(f"{os.environ['RANK']} {event}\\n")
+
+
+class AutoResume:
+    asked = 0
+
+    @staticmethod
+    def init():
+        _log("init")
+
+    @classmethod
+    def termination_requested(cls):
+        cls.asked += 1
+        _log(f"termination_requested {cls.asked}")
+        return os.environ["RANK"] == "1" and cls.asked == 2
+
+    @staticmethod
+    def request_resume():
+        _log("request_resume")
+'''
+
+
+def test_adlr_autoresume_saves_and_requests_resume_when_the_scheduler_asks(data, tmp_path):
+    """adlr_autoresume as GPT-NeoX runs it, against a stand-in userlib found through SUBMIT_SCRIPTS: every rank
+    initialises it and asks every adlr_autoresume_interval iterations; one rank's yes (rank 1's, at iteration 4)
+    stops both with a checkpoint, rank 0 alone requests the resubmission, and the run exits 0 saying why."""
+    scripts = tmp_path / "submit_scripts"
+    (scripts / "userlib").mkdir(parents=True)
+    (scripts / "userlib" / "__init__.py").write_text("")
+    (scripts / "userlib" / "auto_resume.py").write_text(FAKE_AUTORESUME)
+    run = TrainingRun(tmp_path / "run", data, num_gpus=2, train_iters=8, checkpoint_factor=100,
+                      adlr_autoresume=True, adlr_autoresume_interval=2)
+    run.launch(extra_env={"SUBMIT_SCRIPTS": str(scripts)})
+    run.assert_ok()
+    assert run.latest() == "global_step4" and max(run.losses()) == 4
+    assert (f"adlr_autoresume: the cluster's scheduler asked the job to end (AutoResume.termination_requested at "
+            f"iteration 4): saved a checkpoint at iteration 4 in {tmp_path / 'run' / 'ckpt'}; resume requested, "
+            f"exiting") in run.result.stdout
+    calls = sorted((scripts / "calls.log").read_text().splitlines())
+    assert calls == sorted(["0 init", "1 init", "0 termination_requested 1", "1 termination_requested 1",
+                            "0 termination_requested 2", "1 termination_requested 2", "0 request_resume"])
+    # without the library the run is refused at start, naming the key and the variable
+    run.launch(extra_env={"SUBMIT_SCRIPTS": str(tmp_path / "nowhere")})
+    assert run.result.returncode != 0
+    output = run.result.stdout + run.result.stderr
+    assert "adlr_autoresume: true needs NVIDIA's ADLR cluster library userlib.auto_resume" in output
+    assert f"SUBMIT_SCRIPTS='{tmp_path / 'nowhere'}'" in output and "Traceback" not in output

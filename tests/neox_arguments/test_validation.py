@@ -82,6 +82,9 @@ def test_required_model_fields():
     ({"train_iters": 10, "train_samples": 40}, "train_iters=10 and train_samples=40 are both set"),
     ({"train_samples": 0}, "train_samples=0 must be >= 1"),
     ({"exit_duration_in_mins": 0}, "exit_duration_in_mins=0.0 must be > 0 (minutes)"),
+    ({"adlr_autoresume_interval": 50}, "adlr_autoresume_interval=50 is a setting of adlr_autoresume; set "
+                                       "adlr_autoresume: true or remove it"),
+    ({"adlr_autoresume": True, "adlr_autoresume_interval": 0}, "adlr_autoresume_interval=0 must be >= 1"),
     ({"rampup_batch_size": [4, 4]}, "rampup_batch_size=[4, 4] must be three integers"),
     ({"recompute_num_layers": 2}, "recompute_num_layers=2 needs recompute_granularity: full"),
     ({"recompute_granularity": "selective", "recompute_method": "uniform"},

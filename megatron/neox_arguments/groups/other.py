@@ -51,12 +51,16 @@ class NeoXArgsOther:
 
     adlr_autoresume: bool = False
     """
-    Enable auto-resume on adlr cluster.
+    Enable auto-resume on adlr cluster. NVIDIA's ADLR clusters tell a job that its time is up through
+    userlib.auto_resume.AutoResume, imported from the directory in the environment variable SUBMIT_SCRIPTS (or the
+    Python path; a run without it is refused at start). When the scheduler asks, the run saves a checkpoint, rank 0
+    requests a resubmission and every rank exits with status 0 (megatron/training/autoresume.py).
     """
 
     adlr_autoresume_interval: int = 1000
     """
-    Intervals over which check for auto-resume termination signal
+    Intervals over which check for auto-resume termination signal (iterations; every rank asks, the answers are
+    agreed across ranks). Needs adlr_autoresume: true.
     """
 
     seed: int = 1234
