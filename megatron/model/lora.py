@@ -24,8 +24,9 @@ def is_lora_parameter(name: str) -> bool:
     return LORA_PARAMETER_MARK in name
 
 
-def lora_targets(model: nn.Module, config: ModelConfig) -> Iterator[Tuple[int, str, nn.Module]]:
-    """(layer number, target name, its linear layer) for every layer the lora section adapts."""
+def lora_targets(model: nn.Module, config: ModelConfig) -> Iterator[Tuple[int, str, nn.Module, nn.Module]]:
+    """(layer number, target name, its linear layer, the transformer layer holding it) for every layer the lora
+    section adapts."""
     settings = config.lora_dict
     layers = settings["layers_to_transform"]
     seen = set()
@@ -37,7 +38,7 @@ def lora_targets(model: nn.Module, config: ModelConfig) -> Iterator[Tuple[int, s
             linear = module.get_submodule(TARGET_MODULES[target])
             if id(linear) not in seen:  # a layer shared by several (num_unique_layers) gets one adapter
                 seen.add(id(linear))
-                yield number, target, linear
+                yield number, target, linear, module
 
 
 def apply_lora(model: nn.Module, config: ModelConfig, parallel_state) -> nn.Module:
@@ -50,12 +51,12 @@ def apply_lora(model: nn.Module, config: ModelConfig, parallel_state) -> nn.Modu
     group = parallel_state.get_model_parallel_group()
     tp_rank, tp_world = parallel_state.get_model_parallel_rank(), parallel_state.get_model_parallel_world_size()
     order = list(TARGET_MODULES)
-    for number, target, linear in lora_targets(model, config):
+    for number, target, linear, layer in lora_targets(model, config):
         column = isinstance(linear, ColumnParallelLinear)
         linear.lora = LoRAAdapter(
             linear.input_size, linear.output_size, settings["r"], settings["alpha"], settings["dropout"], column,
             group, tp_rank, tp_world, seed=config.seed + LORA_SEED_OFFSET + number * len(order) + order.index(target),
-            chunks=linear.chunks)
+            chunks=linear.chunks, rng_tracker=layer.rng_tracker)
     return model
 
 
