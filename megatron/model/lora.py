@@ -2,14 +2,21 @@
 tensor-parallel linear layers of the chosen transformer layers (megatron.mpu.lora), every other parameter frozen.
 
 Frozen parameters (``requires_grad`` False) are left out of the optimizer's groups (megatron.optim.param_groups), so
-its state holds the adapters only. Adapter parameters are named ``<layer>.<target>.lora.lora_A`` / ``lora_B``."""
+its state holds the adapters only. Adapter parameters are named ``<layer>.<target>.lora.lora_A`` / ``lora_B``.
+
+With activation checkpointing the embedding's output is made to require a gradient (as peft's
+``enable_input_require_grads``): DeepSpeed's checkpoint gives its output a gradient only when an input has one, and
+the frozen embedding's output has none, so the adapters inside the checkpointed layers would get no gradient (the
+backward failed: "element 0 of tensors does not require grad")."""
 from __future__ import annotations
 
-from typing import Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
+import torch
 from torch import nn
 
 from megatron.model.config import ModelConfig
+from megatron.model.embedding import Embedding
 from megatron.model.lora_settings import TARGET_MODULES
 from megatron.mpu import ColumnParallelLinear
 from megatron.mpu.lora import LoRAAdapter
@@ -57,7 +64,17 @@ def apply_lora(model: nn.Module, config: ModelConfig, parallel_state) -> nn.Modu
             linear.input_size, linear.output_size, settings["r"], settings["alpha"], settings["dropout"], column,
             group, tp_rank, tp_world, seed=config.seed + LORA_SEED_OFFSET + number * len(order) + order.index(target),
             chunks=linear.chunks, rng_tracker=layer.rng_tracker)
+    if config.checkpoint_activations:
+        for module in model.modules():
+            if isinstance(module, Embedding):
+                module.register_forward_hook(_output_requires_grad)
     return model
+
+
+def _output_requires_grad(module: nn.Module, inputs: Any, output: Tuple[torch.Tensor, Any]) -> None:
+    """Forward hook on the embedding: its (hidden, mask) output's hidden requires a gradient while training."""
+    if module.training and torch.is_grad_enabled() and not output[0].requires_grad:
+        output[0].requires_grad_(True)
 
 
 def lora_state(model: nn.Module) -> Dict[str, nn.Parameter]:
