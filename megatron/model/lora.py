@@ -2,14 +2,21 @@
 tensor-parallel linear layers of the chosen transformer layers (megatron.mpu.lora), every other parameter frozen.
 
 Frozen parameters (``requires_grad`` False) are left out of the optimizer's groups (megatron.optim.param_groups), so
-its state holds the adapters only. Adapter parameters are named ``<layer>.<target>.lora.lora_A`` / ``lora_B``."""
+its state holds the adapters only. Adapter parameters are named ``<layer>.<target>.lora.lora_A`` / ``lora_B``.
+
+With activation checkpointing the embedding's output is made to require a gradient (as peft's
+``enable_input_require_grads``): DeepSpeed's checkpoint gives its output a gradient only when an input has one, and
+the frozen embedding's output has none, so the adapters inside the checkpointed layers would get no gradient (the
+backward failed: "element 0 of tensors does not require grad")."""
 from __future__ import annotations
 
-from typing import Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
+import torch
 from torch import nn
 
 from megatron.model.config import ModelConfig
+from megatron.model.embedding import Embedding
 from megatron.model.lora_settings import TARGET_MODULES
 from megatron.mpu import ColumnParallelLinear
 from megatron.mpu.lora import LoRAAdapter
@@ -24,8 +31,9 @@ def is_lora_parameter(name: str) -> bool:
     return LORA_PARAMETER_MARK in name
 
 
-def lora_targets(model: nn.Module, config: ModelConfig) -> Iterator[Tuple[int, str, nn.Module]]:
-    """(layer number, target name, its linear layer) for every layer the lora section adapts."""
+def lora_targets(model: nn.Module, config: ModelConfig) -> Iterator[Tuple[int, str, nn.Module, nn.Module]]:
+    """(layer number, target name, its linear layer, the transformer layer holding it) for every layer the lora
+    section adapts."""
     settings = config.lora_dict
     layers = settings["layers_to_transform"]
     seen = set()
@@ -37,7 +45,7 @@ def lora_targets(model: nn.Module, config: ModelConfig) -> Iterator[Tuple[int, s
             linear = module.get_submodule(TARGET_MODULES[target])
             if id(linear) not in seen:  # a layer shared by several (num_unique_layers) gets one adapter
                 seen.add(id(linear))
-                yield number, target, linear
+                yield number, target, linear, module
 
 
 def apply_lora(model: nn.Module, config: ModelConfig, parallel_state) -> nn.Module:
@@ -50,13 +58,23 @@ def apply_lora(model: nn.Module, config: ModelConfig, parallel_state) -> nn.Modu
     group = parallel_state.get_model_parallel_group()
     tp_rank, tp_world = parallel_state.get_model_parallel_rank(), parallel_state.get_model_parallel_world_size()
     order = list(TARGET_MODULES)
-    for number, target, linear in lora_targets(model, config):
+    for number, target, linear, layer in lora_targets(model, config):
         column = isinstance(linear, ColumnParallelLinear)
         linear.lora = LoRAAdapter(
             linear.input_size, linear.output_size, settings["r"], settings["alpha"], settings["dropout"], column,
             group, tp_rank, tp_world, seed=config.seed + LORA_SEED_OFFSET + number * len(order) + order.index(target),
-            chunks=linear.chunks)
+            chunks=linear.chunks, rng_tracker=layer.rng_tracker)
+    if config.checkpoint_activations:
+        for module in model.modules():
+            if isinstance(module, Embedding):
+                module.register_forward_hook(_output_requires_grad)
     return model
+
+
+def _output_requires_grad(module: nn.Module, inputs: Any, output: Tuple[torch.Tensor, Any]) -> None:
+    """Forward hook on the embedding: its (hidden, mask) output's hidden requires a gradient while training."""
+    if module.training and torch.is_grad_enabled() and not output[0].requires_grad:
+        output[0].requires_grad_(True)
 
 
 def lora_state(model: nn.Module) -> Dict[str, nn.Parameter]:

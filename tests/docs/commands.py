@@ -232,19 +232,18 @@ COMMANDS: Dict[str, Entry] = {
     "printf w10 w11 w12\\nw50 w51\\nw7 w99 w3\\n > prompts.txt": FINE_TUNING_EXAMPLE,
     "python deepy.py generate.py tiny-llama.yml --num_gpus 2 --load checkpoints/tiny-llama-finetuned -i prompts.txt "
     "-o samples.jsonl --set temperature=0.0 --set maximum_tokens=8": FINE_TUNING_EXAMPLE,
-    "python tools/datasets/preprocess_data.py --input evens.jsonl --output-prefix data/evens --tokenizer-type "
-    "HFTokenizer --vocab-file tiny-llama/tokenizer.json --append-eod --no-progress": FINE_TUNING_EXAMPLE,
+    "python tools/datasets/preprocess_data_with_chat_template.py --input chat.jsonl --output-prefix data/chat "
+    "--tokenizer-path tiny-llama --jsonl-keys messages --no-progress": FINE_TUNING_EXAMPLE,
     "cat > lora.yml <<YML": FINE_TUNING_EXAMPLE,
-    "python deepy.py train.py tiny-llama.yml lora.yml": FINE_TUNING_EXAMPLE,
-    "printf w10 w12 w14\\nw31 w33\\nw4 w6 w8 w10\\n > even-prompts.txt": FINE_TUNING_EXAMPLE,
-    "python deepy.py generate.py tiny-llama.yml lora.yml --load checkpoints/tiny-llama-lora -i even-prompts.txt -o "
-    "lora-samples.jsonl --set temperature=0.0 --set maximum_tokens=6": FINE_TUNING_EXAMPLE,
+    "python deepy.py train.py tiny-llama.yml lora.yml --set seq_length=16": FINE_TUNING_EXAMPLE,
+    "printf <|user|> w5 w6 w7 <|assistant|>\\n<|user|> w12 w13 w14 <|assistant|>\\n<|user|> w19 w20 w21 "
+    "<|assistant|>\\n > chat-prompts.txt": FINE_TUNING_EXAMPLE,
+    "python deepy.py generate.py tiny-llama.yml --num_gpus 2 --load checkpoints/tiny-llama-merged -i chat-prompts.txt "
+    "-o chat-samples.jsonl --set temperature=0.0 --set maximum_tokens=6": FINE_TUNING_EXAMPLE,
     "python tools/ckpts/merge_lora.py --input_dir checkpoints/tiny-llama-lora --output_dir "
     "checkpoints/tiny-llama-merged": FINE_TUNING_EXAMPLE,
     "python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/tiny-llama-merged --output_dir "
     "tiny-llama-merged --architecture llama": FINE_TUNING_EXAMPLE,
-    "python tools/ckpts/convert_neox_to_hf.py --input_dir checkpoints/tiny-llama --output_dir tiny-llama-base "
-    "--architecture llama": FINE_TUNING_EXAMPLE,
     "python tools/ckpts/export_lora_to_peft.py --input_dir checkpoints/tiny-llama-lora --output_dir "
     "tiny-llama-adapter --architecture llama": FINE_TUNING_EXAMPLE,
     # docs/guarantees.md

@@ -16,7 +16,7 @@ def _loss_and_grads(model, inputs, labels):
     torch.manual_seed(5)
     loss = model.loss_fn(model(inputs), labels)
     loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _bytes_kept_for_backward(model, inputs, labels) -> int:
@@ -54,9 +54,13 @@ def _compare(rank: int, world_size: int) -> None:
         (dict(sequence_parallel=True), [2, 2, 2]),
         (dict(checkpoint_activations=False, recompute_granularity="selective"), [1, 1, 1]),  # the attention core
         (dict(recompute_method="block", recompute_num_layers=2), [2, 2, 1]),  # only the first 2 layers recompute
+        # LoRA dropout: a row-parallel target's masks come from the tracker's stream, which recomputation replays
+        (dict(lora=dict(r=4, alpha=8, dropout=0.3, target_modules=["query_key_value", "dense", "linear1", "linear2"])),
+         [2, 2, 2]),
     ):
         state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
-        plain_args = tiny_config(**common, sequence_parallel=extra.get("sequence_parallel", False))
+        plain_args = tiny_config(**common, sequence_parallel=extra.get("sequence_parallel", False),
+                                 lora=extra.get("lora"))
         plain = build_model(plain_args, state)
         # A tracker passed in is replaced by DeepSpeed's, whose streams the recomputation replays.
         ckpt = build_model(tiny_config(**{"checkpoint_activations": True, **common, **extra}), state,

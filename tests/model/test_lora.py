@@ -95,7 +95,7 @@ def test_adapter_adds_peft_update():
     model = build_model(config, SingleProcessState())
     randomize_lora_b(model)
     x = torch.randn(2, 3, config.hidden_size)
-    for number, target, linear in lora_targets(model, config):
+    for number, target, linear, _ in lora_targets(model, config):
         a, b = linear.lora.lora_A, linear.lora.lora_B
         assert a.abs().max() <= 1 / math.sqrt(linear.input_size) and b.abs().sum() > 0
         inp = x if target != "linear2" else torch.randn(2, 3, linear.input_size)
@@ -122,6 +122,70 @@ def test_tp2_split_adapters_match_tp1():
     """A replicated / B split by output rows on column-parallel layers (the GLU's and GQA's blocks too), A split by
     input columns / B replicated on row-parallel ones: TP=2 gives TP=1's logits, loss and adapter gradients."""
     run_distributed(_compare_lora_tp, world_size=2)
+
+
+ROW_TARGETS = ("dense", "linear2")
+
+
+def _dropout_masks_at_tp2(rank: int, world_size: int) -> None:
+    """One training forward of a TP=2 model with LoRA dropout 0.5 on every target, the adapters' inputs, dropout
+    outputs and outputs caught by hooks (see the test)."""
+    import torch.distributed as dist
+
+    from megatron.mpu import ParallelState
+
+    config = tiny_config(model_parallel_size=2, lora=dict(ALL_TARGETS, dropout=0.5))
+    state = ParallelState(pipe_parallel_size=0, model_parallel_size=2)
+    group = state.get_model_parallel_group()
+    model = build_model(config, state)
+    randomize_lora_b(model)
+    seen: dict = {}
+    for number, target, linear, _ in lora_targets(model, config):
+        key = (number, target)
+        linear.lora.dropout.register_forward_hook(
+            lambda module, inputs, output, key=key: seen.setdefault(key, {}).update(x=inputs[0], dropped=output))
+        linear.lora.register_forward_hook(
+            lambda module, inputs, output, key=key: seen.setdefault(key, {}).update(out=output))
+    torch.manual_seed(0)  # the default stream, the same on both ranks as in training
+    with torch.no_grad():
+        model.train()(random_batch()[0])
+
+    def gathered(tensor: torch.Tensor) -> list:
+        """Each tensor-parallel rank's ``tensor``, in rank order."""
+        parts = [torch.empty_like(tensor) for _ in range(world_size)]
+        dist.all_gather(parts, tensor.contiguous(), group=group)
+        return parts
+
+    assert {target for _, target in seen} == {"query_key_value", "dense", "linear1", "linear2"}, sorted(seen)
+    for (number, target), caught in sorted(seen.items()):
+        x, dropped = caught["x"], caught["dropped"]
+        mask = dropped != 0
+        gap = (dropped - x * mask * 2.0).abs().max().item()
+        assert gap < 1e-6, f"layer {number} {target}: not dropout 0.5 of x ({gap:.3e})"
+        masks = [part.bool() for part in gathered(mask.to(torch.uint8))]
+        same = torch.equal(masks[0], masks[1])
+        if target in ROW_TARGETS:  # each rank's own input partition: independent masks
+            assert not same, f"layer {number} {target}: both ranks drew the same mask for their partitions"
+            adapter = dict((t, linear) for n, t, linear, _ in lora_targets(model, config) if n == number)[target].lora
+            whole = torch.cat(masks, dim=-1)  # the mask over the whole input (TP=1's)
+            x_whole, a_whole = torch.cat(gathered(x), dim=-1), torch.cat(gathered(adapter.lora_A.detach()), dim=1)
+            want = (x_whole * whole * 2.0) @ a_whole.T @ adapter.lora_B.detach().T * adapter.scale
+            got = caught["out"].clone()
+            dist.all_reduce(got, group=group)
+            gap = (got - want).abs().max().item()
+            assert gap <= 1e-6 + 1e-5 * want.abs().max().item(), \
+                f"layer {number} {target}: the TP=2 sum differs from TP=1's with the same mask by {gap:.3e}"
+        else:  # the replicated input: the same mask on both ranks, as at TP=1
+            assert same, f"layer {number} {target}: the ranks dropped different entries of the same input"
+
+
+@pytest.mark.slow
+def test_tp2_dropout_masks_are_independent_per_partition_on_row_parallel_targets():
+    """LoRA dropout at tensor parallel 2: a row-parallel target's (dense, linear2) input is split over the ranks, and
+    its mask comes from the model-parallel RNG stream, so the ranks' masks differ and together are one mask over the
+    whole input: the ranks' summed outputs are the unsplit adapter's on the whole input under that mask. A
+    column-parallel target's (query_key_value, linear1) input is the same on both ranks, and so is its mask."""
+    run_distributed(_dropout_masks_at_tp2, world_size=2)
 
 
 def test_zero_with_lora_is_refused_by_the_arguments():
