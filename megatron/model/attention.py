@@ -217,17 +217,20 @@ class ParallelSelfAttention(nn.Module):
         return None
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                kv_cache: Optional[KVCache] = None) -> torch.Tensor:
-        return self.dense(self._context(x, attention_mask, kv_cache))
+                kv_cache: Optional[KVCache] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.dense(self._context(x, attention_mask, kv_cache, positions))
 
     def forward_with_bias(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                          kv_cache: Optional[KVCache] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                          kv_cache: Optional[KVCache] = None, positions: Optional[torch.Tensor] = None
+                          ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """(output without the dense bias, that bias), for bias_dropout_fusion to add it in its kernel."""
-        return self.dense.forward_without_bias(self._context(x, attention_mask, kv_cache))
+        return self.dense.forward_without_bias(self._context(x, attention_mask, kv_cache, positions))
 
     def _context(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                 kv_cache: Optional[KVCache]) -> torch.Tensor:
-        """Attention over this rank's heads: [batch, seq, local heads * head_dim], before the dense."""
+                 kv_cache: Optional[KVCache], positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Attention over this rank's heads: [batch, seq, local heads * head_dim], before the dense.
+        ``positions`` [batch, seq] (random-LTD's kept tokens, in order): each token's place in the whole sequence,
+        where rotary embeddings rotate it; the mask (or causality by index) already says who sees whom."""
         if is_causal_only(attention_mask):  # from its shape: the batch hides only the future (model.batch)
             attention_mask = None
         qkv = self.query_key_value(x)
@@ -249,7 +252,11 @@ class ParallelSelfAttention(nn.Module):
         if self.cp_size > 1 and kv_cache is not None:
             raise ValueError("KV-cache decoding with context_parallel_size > 1 is not supported; build the inference "
                              "model with context_parallel_size 1 (the weights are the same)")
-        if self.pos_emb == "rotary":
+        if self.pos_emb == "rotary" and positions is not None:
+            # [b, s] places -> a table row per token, the batch rotated as one long sequence
+            cos, sin = self.rotary_emb.tables_at(positions.reshape(-1), self.rotary_emb.max_positions)
+            q, k = (self.ops.rotary(t.reshape(1, b * s, *t.shape[2:]), cos, sin).reshape(t.shape) for t in (q, k))
+        elif self.pos_emb == "rotary":
             if self.cp_size > 1:  # this rank's chunks sit at their global positions, all below s x cp_size
                 cos, sin = self.rotary_emb.tables_at(chunk_positions(s * self.cp_size, self.cp_rank, self.cp_size,
                                                                      x.device), s * self.cp_size)

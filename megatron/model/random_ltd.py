@@ -17,7 +17,9 @@ is DeepSpeed's (torch.multinomial over uniform weights, the same RNG draws), sor
 their order, then torch.gather along the sequence and an out-of-place scatter whose autograd is the pair's
 (the gradient of a dropped token passes through unchanged, a kept token's goes through the layer).
 
-The attention mask is cut to the kept tokens row- and column-wise, per sample (DeepSpeed's decoder path takes the
+The kept tokens keep their places: a rotary layer rotates each by its position in the whole sequence (the draw's
+indices), so two kept tokens see each other at their true distance, as in the full sequence with the dropped tokens
+masked out. The attention mask is cut to the kept tokens row- and column-wise, per sample (DeepSpeed's decoder path takes the
 mask's top-left corner, which is the same thing for a plain causal mask only); a causal-only mask (None, or the
 1 x 1 placeholder of megatron.model.batch) stays as it is, since the kept tokens are in order.
 """
@@ -45,8 +47,9 @@ class _LayerBody:
     def __init__(self, layer: ParallelTransformerLayer) -> None:
         self.layer_forward = layer._forward
 
-    def __call__(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.layer_forward(hidden, attention_mask)
+    def __call__(self, hidden: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
+                 positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.layer_forward(hidden, attention_mask, None, positions)
 
 
 def deepspeed_kernels_load(device: torch.device) -> bool:
@@ -110,6 +113,7 @@ class TokenDroppingLayer(RandomLayerTokenDrop):
             state[RANDOM_LTD_SAMPLE_INDEX] = self._sample(hidden_states.device)
         indices = state[RANDOM_LTD_SAMPLE_INDEX][self.random_ltd_layer_id]
         kwargs[self.mask_name] = kept_mask(kwargs.get(self.mask_name), indices)
+        kwargs["positions"] = indices  # rotary layers turn each kept token by its place in the whole sequence
         if self.use_kernels:
             hidden_states, part = GatherTokens.apply(hidden_states, indices, self.batch_first)
             out = self.random_ltd_layer(part, **kwargs)

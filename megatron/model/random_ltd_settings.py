@@ -17,9 +17,10 @@ seq_per_step) tokens of every sample, drawn at random once per step and kept in 
 through unchanged (DeepSpeed's RandomLTDScheduler decides the length; the same draw serves every listed layer).
 
 What the layers can be: attention layers that see the whole causal past (global / flash), in a model whose positions
-are added at the embedding (pos_emb learned, sinusoidal or none): a rotary / ALiBi / relative-position layer would
-attend the kept tokens at their places in the shortened sequence, not at their real positions, and a sliding-window,
-sparse or recurrent layer's notion of "nearby" would change the same way.
+are added at the embedding (pos_emb learned, sinusoidal or none) or are rotary (each kept token is rotated by its
+place in the whole sequence, megatron.model.random_ltd). An ALiBi / relative-position layer would attend the kept
+tokens at their places in the shortened sequence, not at their real positions, and a sliding-window, sparse or
+recurrent layer's notion of "nearby" would change the same way.
 """
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -29,7 +30,8 @@ SCHEDULE_KEYS = ("min_value", "max_value", "schedule_type", "schedule_config")
 FIXED = {"model_mask_name": "attention_mask", "model_type": "decoder", "hidden_state_order": "batch_seq_dim"}
 """Keys whose value is this model's (DeepSpeed's wrapper reads them): filled in when absent, refused otherwise."""
 DROPPABLE_TYPES = ("global", "flash")
-ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
+KEPT_POSITIONS = ("learned", "sinusoidal", "none", "rotary")
+"""pos_emb values under which a kept token is attended at its real position."""
 WHERE = "data_efficiency.data_routing.random_ltd"
 
 
@@ -77,10 +79,11 @@ def random_ltd_problems(section: Optional[Mapping[str, Any]], config, train_impl
         problems.append(f"{WHERE}.layer_token_lr_schedule.enabled: DeepSpeed 0.19 does not implement the layer-token "
                         f"learning-rate schedule (it raises NotImplementedError); delete it")
     problems += _schedule_problems(section.get("random_ltd_schedule"), config.seq_length)
-    if config.pos_emb not in ABSOLUTE_POSITIONS:
+    if config.pos_emb not in KEPT_POSITIONS:
         problems.append(f"{WHERE} with pos_emb={config.pos_emb!r}: dropping tokens inside the layers needs positions "
-                        f"added at the embedding ({', '.join(ABSOLUTE_POSITIONS)}); a {config.pos_emb} layer would "
-                        f"attend the kept tokens at their places in the shortened sequence, not at their positions")
+                        f"added at the embedding or rotary ({', '.join(KEPT_POSITIONS)}); a {config.pos_emb} layer "
+                        f"would attend the kept tokens at their places in the shortened sequence, not at their "
+                        f"positions")
     if config.pipe_parallel_size > 1:
         problems.append(f"{WHERE} with pipe_parallel_size={config.pipe_parallel_size}: the tokens are drawn once per "
                         f"step in the first dropping layer and shared with the others on the same rank; use "

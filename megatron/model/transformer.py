@@ -83,11 +83,13 @@ class ParallelTransformerLayer(nn.Module):
         return self._forward(hidden, mask, kv_cache), mask
 
     def _forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                 kv_cache: Optional[KVCache] = None) -> torch.Tensor:
+                 kv_cache: Optional[KVCache] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``positions`` [batch, seq]: where each token of ``x`` sits in its sequence, when not 0 .. seq - 1 (the
+        tokens random-LTD kept, megatron.model.random_ltd); given to the attention only then."""
         if self.bias_dropout_add is not None and runs_triton(self.bias_dropout_add, x):
-            return self._fused_residual_forward(x, attention_mask, kv_cache)
+            return self._fused_residual_forward(x, attention_mask, kv_cache, positions)
         normed = self.input_layernorm(x)
-        attn = self.attention(normed, attention_mask, kv_cache)
+        attn = self.attention(normed, attention_mask, kv_cache, **_at(positions))
         if self.gpt_j_residual:
             mlp_in = normed if self.gpt_j_tied else self.post_attention_layernorm(x)
             return x + self._dropout(attn) + self._dropout(self.mlp(mlp_in))
@@ -95,10 +97,10 @@ class ParallelTransformerLayer(nn.Module):
         return x + self._dropout(self.mlp(self.post_attention_layernorm(x)))
 
     def _fused_residual_forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor],
-                                kv_cache: Optional[KVCache]) -> torch.Tensor:
+                                kv_cache: Optional[KVCache], positions: Optional[torch.Tensor]) -> torch.Tensor:
         """forward with bias_dropout_fusion: same residual forms, same order of RNG draws."""
         normed = self.input_layernorm(x)
-        attn, attn_bias = self.attention.forward_with_bias(normed, attention_mask, kv_cache)
+        attn, attn_bias = self.attention.forward_with_bias(normed, attention_mask, kv_cache, **_at(positions))
         if self.gpt_j_residual:
             mlp_in = normed if self.gpt_j_tied else self.post_attention_layernorm(x)
             x = self._bias_dropout_add(attn, attn_bias, x)
@@ -112,3 +114,7 @@ class ParallelTransformerLayer(nn.Module):
         with ctx:
             return self.bias_dropout_add(out, bias, residual, self.hidden_dropout, self.training)
 
+
+def _at(positions: Optional[torch.Tensor]) -> dict:
+    """The attention's ``positions`` keyword when there are any (other layer types take none)."""
+    return {} if positions is None else {"positions": positions}

@@ -50,8 +50,9 @@ def test_random_ltd_and_difficulty_sampling_follow_their_schedules_learn_and_res
     data = build_tiny_corpus(tmp_path / "corpus")
     section = {"enabled": True, "data_routing": {"enabled": True, "random_ltd": RANDOM_LTD},
                "data_sampling": sampling(tmp_path / "analysis", tmp_path / "clusters")}
-    # pipe_parallel_size 1 (GPT-NeoX's default): the pipeline engine and module, whose layers the wrappers sit in
-    straight = TrainingRun(tmp_path / "straight", data, pos_emb="learned", train_iters=12, checkpoint_factor=6,
+    # pipe_parallel_size 1 (GPT-NeoX's default): the pipeline engine and module, whose layers the wrappers sit in;
+    # rotary positions (most GPT-NeoX configs'): the kept tokens rotated at their places
+    straight = TrainingRun(tmp_path / "straight", data, pos_emb="rotary", train_iters=12, checkpoint_factor=6,
                            pipe_parallel_size=1, data_efficiency=section)
     config = tmp_path / "analysis.yml"
     config.write_text(yaml.safe_dump(straight.config))

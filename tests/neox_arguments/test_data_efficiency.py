@@ -61,7 +61,7 @@ CURRICULUM = "data_efficiency.data_sampling.curriculum_learning"
      f"{KEY}.random_ltd_layer_id: [2] out of range; the model's transformer layers are 0 .. 1"),
     (changed(ROUTING, "data_routing.random_ltd.total_layer_num", 24), LEARNED,
      f"{KEY}.total_layer_num=24 must be the model's num_layers=2"),
-    (ROUTING, {"pos_emb": "rotary"}, f"{KEY} with pos_emb='rotary'"),
+    (ROUTING, {"pos_emb": "alibi"}, f"{KEY} with pos_emb='alibi'"),
     (ROUTING, {**LEARNED, "pipe_parallel_size": 2, "num_gpus": 2}, f"{KEY} with pipe_parallel_size=2"),
     (changed(ROUTING, "data_routing.random_ltd.random_ltd_schedule.max_value", 64), LEARNED,
      f"{KEY}.random_ltd_schedule.max_value=64 must be seq_length=32"),
