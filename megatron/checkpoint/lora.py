@@ -49,7 +49,7 @@ def base_pointer(checkpoint: FoundCheckpoint) -> Dict[str, Any]:
 
 def adapter_base(path: str) -> Optional[Dict[str, Any]]:
     """The base pointer of checkpoint ``path``; None for a full checkpoint. A checkpoint without mp_rank files (ZeRO-3
-    keeps its client state in zero_pp_rank_* files) is a full one: LoRA runs refuse ZeRO."""
+    keeps its client state in zero_pp_rank_* files) is a full one: LoRA runs refuse ZeRO-3."""
     if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
         return None
     return read_client_state(path).get(LORA_BASE_KEY)

@@ -238,10 +238,13 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
                         "the optimizer state")
-    if args.lora and args.zero_stage != 0:
-        problems.append(f"lora with zero_optimization.stage={args.zero_stage}: not implemented (a LoRA run loads its "
-                        f"base and adapters through DeepSpeed's engine without ZeRO's partitioned files); the optimizer "
-                        f"state is the adapters' only, so use stage 0")
+    if args.lora and args.zero_stage == 3:
+        problems.append("lora with zero_optimization.stage=3: not implemented yet. ZeRO-3 partitions the frozen base "
+                        "weights over the data-parallel ranks too, and a LoRA run loads its base checkpoint into the "
+                        "module's whole tensors, not into ZeRO-3's partitions; its adapter checkpoints would also be "
+                        "ZeRO-3's partitioned files, which merge_lora.py and export_lora_to_peft.py do not read. Use "
+                        "stage 1 or 2: they partition the adapters' optimizer state (the only optimizer state of a "
+                        "LoRA run) and keep the frozen base whole on each rank")
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)

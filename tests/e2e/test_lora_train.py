@@ -20,7 +20,11 @@ trains without a pipeline, at tensor parallel 2)."""
 LORA = {"r": 4, "alpha": 8, "target_modules": ["query_key_value", "dense", "linear1", "linear2"]}
 
 
-def test_lora_trains_saves_adapters_only_and_resumes_exactly(tmp_path):
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """A base checkpoint (one step of full training) and a LoRA run of 6 steps on it without ZeRO, saving at 3:
+    (the LoRA run, the base's save directory)."""
+    tmp_path = tmp_path_factory.mktemp("lora")
     data = build_tiny_corpus(tmp_path / "corpus", num_files=20)
     base = TrainingRun(tmp_path / "base", data, num_gpus=1, train_iters=1, checkpoint_factor=1, load=None, **PIPE)
     base.launch()
@@ -30,14 +34,17 @@ def test_lora_trains_saves_adapters_only_and_resumes_exactly(tmp_path):
                            load=str(base_dir), finetune=True, lora=LORA, **PIPE)
     straight.launch()
     straight.assert_ok()
+    return straight, base_dir
+
+
+def test_lora_trains_saves_adapters_only_and_resumes_exactly(lora_run, tmp_path):
+    straight, base_dir = lora_run
     losses = straight.losses()
     assert sorted(losses) == [1, 2, 3, 4, 5, 6], losses
 
-    ckpt = tmp_path / "straight" / "ckpt" / "global_step3"
+    ckpt = straight.directory / "ckpt" / "global_step3"
     weights = load_checkpoint_file(str(ckpt / "mp_rank_00_model_states.pt"))
-    tensors = dict(weights.get("module") or {})
-    for layer in sorted(ckpt.glob("layer_*-model_*-model_states.pt")):
-        tensors.update({f"{layer.name}:{n}": t for n, t in load_checkpoint_file(str(layer)).items()})
+    tensors = _adapter_tensors(ckpt)
     names = list(tensors)
     assert names and all(".lora.lora_" in n for n in names), names
     assert all(t.abs().sum() > 0 for n, t in tensors.items() if n.endswith("lora_B"))  # they trained
@@ -55,13 +62,52 @@ def test_lora_trains_saves_adapters_only_and_resumes_exactly(tmp_path):
     assert "resumed from checkpoint" in resumed.result.stdout
 
     # tools/ckpts/merge_lora.py on the trained adapters: a full checkpoint whose adapted weights moved, the rest the base's
-    assert merge_lora.main(["--input_dir", str(tmp_path / "straight" / "ckpt"), "--output_dir",
+    assert merge_lora.main(["--input_dir", str(straight.directory / "ckpt"), "--output_dir",
                             str(tmp_path / "merged")]) == 0
     merged, base_state = read_checkpoint(str(tmp_path / "merged")), read_checkpoint(str(base_dir)).state
     assert merged.path.endswith("global_step6") and set(merged.state) == set(base_state)
     moved = {name for name in base_state if not torch.equal(merged.state[name], base_state[name])}
     assert moved == {f"layers.{i}.{t}.weight" for i in (0, 1) for t in ("attention.query_key_value", "attention.dense",
                                                                         "mlp.linear1", "mlp.linear2")}
+
+
+def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run, tmp_path):
+    """ZeRO 1 on two data-parallel ranks (micro-batches of 2: the same global batch of 4 as the run without ZeRO on
+    one rank): the same losses as that run, checkpoints of the adapters only (their optimizer partitions too), and
+    a resume from one gives the losses of the run that did not stop."""
+    straight, base_dir = lora_run
+    zero = TrainingRun(tmp_path / "zero", {}, **{**straight.config, "num_gpus": 2, "train_micro_batch_size_per_gpu": 2,
+                                                  "zero_optimization": {"stage": 1}, "save": str(tmp_path / "zero" / "ckpt"),
+                                                  "log_dir": str(tmp_path / "zero" / "logs")})
+    zero.launch()
+    zero.assert_ok()
+    without, with_zero = straight.losses(), zero.losses()
+    print("losses without ZeRO (1 rank):", without, "\nwith ZeRO (2 ranks):", with_zero)
+    assert sorted(with_zero) == sorted(without)
+    assert all(abs(with_zero[i] - without[i]) <= 1e-5 * abs(without[i]) for i in without), (without, with_zero)
+
+    ckpt = tmp_path / "zero" / "ckpt" / "global_step3"
+    tensors = _adapter_tensors(ckpt)
+    assert len(tensors) == 2 * 2 * 4 and all(".lora.lora_" in n for n in tensors), list(tensors)
+    partitions = [load_checkpoint_file(str(ckpt / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"))
+                  ["optimizer_state_dict"]["single_partition_of_fp32_groups"] for r in (0, 1)]
+    adapters = sum(t.numel() for t in tensors.values())
+    assert sum(t.numel() for part in partitions for t in part) == adapters  # the adapters' fp32 weights, halved
+    assert read_client_state(str(ckpt))["lora_base"]["load"] == str(base_dir)
+
+    resumed = zero.resumed_from(3, tmp_path / "resumed", finetune=False)
+    resumed.launch()
+    resumed.assert_ok()
+    assert {it: loss for it, loss in resumed.losses().items() if it > 3} == \
+        {it: loss for it, loss in with_zero.items() if it > 3}
+
+
+def _adapter_tensors(ckpt):
+    """The tensors of a checkpoint's model files (the mp_rank file's module, or a pipeline's layer files)."""
+    tensors = dict(load_checkpoint_file(str(ckpt / "mp_rank_00_model_states.pt")).get("module") or {})
+    for layer in sorted(ckpt.glob("layer_*-model_*-model_states.pt")):
+        tensors.update({f"{layer.name}:{n}": t for n, t in load_checkpoint_file(str(layer)).items()})
+    return tensors
 
 
 def _tensors(value):
