@@ -5,6 +5,7 @@ Frozen parameters (``requires_grad`` False) are left out of the optimizer's grou
 its state holds the adapters only. Adapter parameters are named ``<layer>.<target>.lora.lora_A`` / ``lora_B``."""
 from __future__ import annotations
 
+import contextlib
 from typing import Dict, Iterator, Tuple
 
 from torch import nn
@@ -62,3 +63,18 @@ def apply_lora(model: nn.Module, config: ModelConfig, parallel_state) -> nn.Modu
 def lora_state(model: nn.Module) -> Dict[str, nn.Parameter]:
     """The adapters' parameters by name (this rank's shards)."""
     return {name: param for name, param in model.named_parameters() if is_lora_parameter(name)}
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` computing its frozen base alone (every adapter detached from its linear layer, and put back on
+    exit): DPO / KTO's reference under LoRA (megatron.post_training.reference.AdapterFreeReference), without a
+    second copy of the weights."""
+    adapted = [(module, module.lora) for module in model.modules() if getattr(module, "lora", None) is not None]
+    try:
+        for module, _ in adapted:
+            module.lora = None
+        yield model
+    finally:
+        for module, adapter in adapted:
+            module.lora = adapter

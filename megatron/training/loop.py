@@ -36,7 +36,7 @@ from megatron.observability.gradient_noise_scale import GradientNoiseScale
 from megatron.observability.profiler import step_profiler
 from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
-from megatron.post_training.reference import ReferenceModel, start_reference
+from megatron.post_training.reference import AdapterFreeReference, ReferenceModel, start_reference
 from megatron.training.batches import ModelBatches, batch_streams, curriculum_step, start_curriculum
 from megatron.training.checkpoint_validation import check_loaded_checkpoint, validation_state
 from megatron.training.mup_run import base_shapes_and_coord_check
@@ -184,8 +184,12 @@ def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str])
         return None  # none needed, or read from precomputed files (megatron.post_training.precompute)
 
     fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
-    reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
-    source = start_reference(reference, engine.module, resumed)
+    if ctx.model_config.lora:  # the base: the policy with its adapters off, no second copy
+        reference, source = AdapterFreeReference(engine.module, ctx.parallel_state, fp32), \
+            "the base model (the policy with its LoRA adapters off)"
+    else:
+        reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
+        source = start_reference(reference, engine.module, resumed)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(f"{neox_args.train_impl.upper()} reference model: {source}", flush=True)
     return reference
