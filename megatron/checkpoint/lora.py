@@ -15,7 +15,10 @@ load_checkpoint):
     the recorded manifest digest, and its weights loaded; then the adapters, and (unless finetune / no_load_optim)
     their optimizer state, LR schedule and iteration: the run continues as if it had not stopped.
 Every load checks its names: a base must give every tensor but the adapters, an adapter checkpoint every adapter.
-Both load with the tensor / pipeline split they were saved with (resharding does not know the adapters' names)."""
+A base saved with another tensor / pipeline split than the run's is resharded as it loads (``load_base_resharded``:
+its full tensors read and each rank's shard cut with megatron.checkpoint.tensor_parallel's rules, into the frozen
+parameters, whatever the ZeRO stage 0-2, which partitions the adapters only). The adapters load with the split they
+were saved with (their optimizer state is DeepSpeed's files of that split): resume with it."""
 
 import contextlib
 import os
@@ -28,10 +31,14 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 from megatron.checkpoint.engine import (FoundCheckpoint, _master_weights_from_loaded, _verified_by_rank0,
                                         resolve_checkpoint, saved_without_optimizer)
 from megatron.checkpoint.files import checkpoint_kind, read_client_state
-from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, MP_FILE, file_layout, model_files
+from megatron.checkpoint.rng_state import process_rank
+from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, MP_FILE, file_layout, model_files, optimizer_layout
 from megatron.checkpoint.integrity import file_digest, manifest_of
 from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, _read_slots, model_config_of, read_args_file,
                                                  read_checkpoint, resolve_checkpoint_dir)
+from megatron.checkpoint.tensor_parallel import split_full
+from megatron.checkpoint.training_state import client_state as saved_client_state
+from megatron.checkpoint.training_state import flat_name
 from megatron.errors import CheckpointError, ConversionError
 from megatron.model.gpt2_model import slot_prefixes
 from megatron.model.lora import is_lora_parameter
@@ -109,13 +116,62 @@ def checked_names(engine, wanted: str, path: str) -> Iterator[None]:
                               + (f"; tensors this model does not have: {sorted(unexpected)[:6]}" if unexpected else ""))
 
 
-def _check_split(path: str, model_config) -> None:
+def _same_split(path: str, model_config) -> bool:
+    """Whether checkpoint ``path`` was saved with this run's tensor-parallel size and pipeline (or no pipeline)."""
     tp, pp = file_layout(path)
-    if tp != model_config.model_parallel_size or (pp >= 1) != model_config.is_pipe_parallel:
-        raise CheckpointError(f"checkpoint {path} was saved with model_parallel_size {tp} and "
-                              f"pipe_parallel_size {pp}; a LoRA run loads it with the same split (this run: "
-                              f"{model_config.model_parallel_size} and {model_config.pipe_parallel_size}). Set "
-                              f"those, or convert the base to this split first")
+    return tp == model_config.model_parallel_size and (pp >= 1) == model_config.is_pipe_parallel
+
+
+def _check_adapter_split(path: str, model_config) -> None:
+    if not _same_split(path, model_config):
+        tp, pp = file_layout(path)
+        raise CheckpointError(f"adapter checkpoint {path} was saved with model_parallel_size {tp} and "
+                              f"pipe_parallel_size {pp}; a LoRA run resumes its adapters (and their optimizer state) "
+                              f"with the split they were saved with (this run: {model_config.model_parallel_size} and "
+                              f"{model_config.pipe_parallel_size}). Set those, or merge the adapters into the base "
+                              f"(tools/ckpts/merge_lora.py), which any split loads")
+
+
+def load_base_resharded(engine, model_config, checkpoint: FoundCheckpoint) -> Dict[str, Any]:
+    """Base checkpoint ``checkpoint``, saved with another tensor / pipeline split, into ``engine``'s frozen
+    parameters: its full tensors (read_checkpoint, already verified), this rank's shard of each; returns its client
+    state. The names are checked as ``checked_names`` checks a base: every parameter but the adapters, no other."""
+    try:
+        state = read_checkpoint(checkpoint.path, verified_kind=checkpoint.kind).state
+    except ConversionError as exc:
+        raise CheckpointError(str(exc)) from None
+    params = {flat_name(name, model_config.num_layers): param for name, param in engine.module.named_parameters()
+              if not is_lora_parameter(name)}
+    missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {checkpoint.path} does not fit this LoRA model: missing base tensors "
+                              f"{missing[:6]}{' ...' if len(missing) > 6 else ''}"
+                              + (f"; tensors this model does not have: {unexpected[:6]}" if unexpected else ""))
+    tp_rank, world = optimizer_layout(engine)["tensor_rank"], model_config.model_parallel_size
+    with torch.no_grad():
+        for name, param in params.items():
+            try:
+                shard = split_full(name, state[name], world, model_config)[tp_rank]
+            except ConversionError as exc:
+                raise CheckpointError(f"base checkpoint {checkpoint.path}: {exc}") from None
+            if shard.shape != param.shape:
+                raise CheckpointError(f"base checkpoint {checkpoint.path}: {name} has shape {tuple(state[name].shape)}"
+                                      f", whose shard {tuple(shard.shape)} does not fit this model's "
+                                      f"{tuple(param.shape)} at model_parallel_size {world}")
+            param.copy_(shard.to(param.dtype))
+    return saved_client_state(checkpoint.path)
+
+
+def _load_base(model_config, engine, base: FoundCheckpoint) -> Dict[str, Any]:
+    """The base's weights into the engine (resharded when saved with another split); its client state."""
+    if _same_split(base.path, model_config):
+        return _engine_load(engine, base, "base", True, False, False)
+    if process_rank() == 0:
+        tp, pp = file_layout(base.path)
+        print(f"note: base checkpoint {base.path} was saved with model_parallel_size {tp} and pipe_parallel_size "
+              f"{pp}; resharding its weights for this run's {model_config.model_parallel_size} and "
+              f"{model_config.pipe_parallel_size}", flush=True)
+    return load_base_resharded(engine, model_config, base)
 
 
 def _engine_load(engine, checkpoint: FoundCheckpoint, wanted: str, module_only: bool, load_optim: bool,
@@ -141,20 +197,19 @@ def load_lora_checkpoint(neox_args, model_config, engine, checkpoint: Optional[F
                               f"(load={neox_args.load!r}): set load to the base checkpoint's directory, with "
                               f"finetune: true (tools/ckpts/convert_hf_to_neox.py writes both for a Hugging Face model)")
     path = checkpoint.path
-    _check_split(path, model_config)
     pointer = adapter_base(path) if checkpoint.kind != GPT_NEOX else None
     if pointer is None:
         if not neox_args.finetune:
             raise CheckpointError(f"lora: load={checkpoint.load_dir} names {path}, a full checkpoint (no adapters): "
                                   f"its optimizer state is the whole model's. To start adapters on it as the base, "
                                   f"set finetune: true")
-        client_state = _engine_load(engine, checkpoint, "base", True, False, False)
+        client_state = _load_base(model_config, engine, checkpoint)
         _master_weights_from_loaded(engine)
         engine.lora_base = base_pointer(checkpoint)
         return 0, client_state, path
+    _check_adapter_split(path, model_config)
     base = base_checkpoint(pointer, path)
-    _check_split(base.path, model_config)
-    _engine_load(engine, base, "base", True, False, False)
+    _load_base(model_config, engine, base)
     finetune = neox_args.finetune
     schedule_only = saved_without_optimizer(checkpoint) and not (finetune or neox_args.no_load_optim)
     load_optim = not (neox_args.no_load_optim or finetune or schedule_only)

@@ -72,15 +72,19 @@ def test_lora_trains_saves_adapters_only_and_resumes_exactly(lora_run, tmp_path)
 
 
 def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run, tmp_path):
-    """ZeRO 1 on two data-parallel ranks (micro-batches of 2: the same global batch of 4 as the run without ZeRO on
-    one rank): the same losses as that run, checkpoints of the adapters only (their optimizer partitions too), and
-    a resume from one gives the losses of the run that did not stop."""
+    """ZeRO 2 on two data-parallel ranks (micro-batches of 2: the same global batch of 4 as the run without ZeRO on
+    one rank), without a pipeline, on the base saved as a one-stage pipeline (its weights resharded as they load):
+    the same losses as that run, checkpoints of the adapters only (their optimizer partitions too), and a resume
+    from one gives the losses of the run that did not stop."""
     straight, base_dir = lora_run
     zero = TrainingRun(tmp_path / "zero", {}, **{**straight.config, "num_gpus": 2, "train_micro_batch_size_per_gpu": 2,
-                                                  "zero_optimization": {"stage": 1}, "save": str(tmp_path / "zero" / "ckpt"),
+                                                  "zero_optimization": {"stage": 2}, "pipe_parallel_size": 0,
+                                                  "save": str(tmp_path / "zero" / "ckpt"),
                                                   "log_dir": str(tmp_path / "zero" / "logs")})
     zero.launch()
     zero.assert_ok()
+    assert f"note: base checkpoint {base_dir}/global_step1 was saved with model_parallel_size 1 and " \
+           f"pipe_parallel_size 1; resharding" in zero.result.stdout
     without, with_zero = straight.losses(), zero.losses()
     print("losses without ZeRO (1 rank):", without, "\nwith ZeRO (2 ranks):", with_zero)
     assert sorted(with_zero) == sorted(without)

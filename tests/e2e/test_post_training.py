@@ -123,14 +123,15 @@ def test_reward_model_under_zero3_learns_the_preference_and_exports_to_transform
 
 
 def test_lora_dpo_uses_the_base_as_reference_and_trains_the_adapters(pairs, tmp_path):
-    """DPO with LoRA adapters on a base checkpoint (tensor parallel 2): the reference is the base itself (the
+    """DPO with LoRA adapters at tensor parallel 2 on a base checkpoint saved at 1: the reference is the base itself (the
     policy with its adapters off: no reference copy, none saved), the first step has loss ln 2, the preference is
     learnt, and the checkpoints hold the adapters only (their resume is test_lora_train's: the reference, being the
     base, needs nothing of its own)."""
     from megatron.checkpoint.files import load_checkpoint_file
 
     common = dict(num_gpus=2, model_parallel_size=2, dpo_beta=0.5, train_micro_batch_size_per_gpu=4)
-    base = TrainingRun(tmp_path / "base", pairs, train_iters=1, checkpoint_factor=1, load=None, **common)
+    base = TrainingRun(tmp_path / "base", pairs, train_iters=1, checkpoint_factor=1, load=None,
+                       **{**common, "num_gpus": 1, "model_parallel_size": 1})  # resharded to TP 2 as it loads
     base.launch()
     base.assert_ok()
     lora = {"r": 4, "alpha": 16, "target_modules": ["query_key_value", "dense", "linear1", "linear2"]}
