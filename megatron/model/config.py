@@ -564,7 +564,7 @@ class ModelConfig:
         if self.soft_prompt_tokens is not None and self.soft_prompt_tokens < 1:
             problems.append(f"soft_prompt_tuning.n_tokens={self.soft_prompt_tokens} must be >= 1")
         problems += lora_problems(self.lora_dict if isinstance(self.lora, tuple) else self.lora, self.num_layers,
-                                  self.attention_types, self.moe_layers, self.pipe_parallel_size)
+                                  self.attention_types, self.moe_layers)
         if self.lora and self.soft_prompt_tokens is not None:
             problems.append("lora with soft_prompt_tuning: each freezes the rest of the model for itself; use one")
         if self.lora and self.train_impl == "rm":

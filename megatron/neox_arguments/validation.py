@@ -245,6 +245,14 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
                         "ZeRO-3's partitioned files, which merge_lora.py and export_lora_to_peft.py do not read. Use "
                         "stage 1 or 2: they partition the adapters' optimizer state (the only optimizer state of a "
                         "LoRA run) and keep the frozen base whole on each rank")
+    if args.lora and args.pipe_parallel_size > 1 and args.train_impl in ("dpo", "kto") and not (
+            args.precompute_model_name or (args.train_impl == "dpo" and args.dpo_reference_free)):
+        problems.append(f"lora with train_impl {args.train_impl!r} and pipe_parallel_size={args.pipe_parallel_size}: "
+                        f"not implemented yet. Under LoRA the reference model is the policy with its adapters off, "
+                        f"and the reference log-probabilities are computed where the labels are read, on the last "
+                        f"pipeline stage, which holds its own layers only. Precompute them (text_gen_type "
+                        f"'precompute' and precompute_model_name){', set dpo_reference_free' if args.train_impl == 'dpo' else ''}"
+                        f", or use pipe_parallel_size 0 or 1")
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)

@@ -106,6 +106,33 @@ def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run
         {it: loss for it, loss in with_zero.items() if it > 3}
 
 
+def test_lora_in_a_two_stage_pipeline_gives_one_stages_losses_resumes_and_merges(lora_run, tmp_path):
+    """Pipeline parallel 2 (each stage adapts its own layers, checkpoints of the adapters in per-layer files): the
+    losses of the one-stage run on the same base, an exact resume, and merge_lora.py gives the one-stage run's
+    merged weights to fp32 precision."""
+    straight, base_dir = lora_run
+    piped = TrainingRun(tmp_path / "pp2", {}, **{**straight.config, "num_gpus": 2, "pipe_parallel_size": 2,
+                                                  "save": str(tmp_path / "pp2" / "ckpt"),
+                                                  "log_dir": str(tmp_path / "pp2" / "logs")})
+    piped.launch()
+    piped.assert_ok()
+    one, two = straight.losses(), piped.losses()
+    print("losses, one stage:", one, "\ntwo stages:", two)
+    assert sorted(two) == sorted(one) and all(abs(two[i] - one[i]) <= 1e-5 * abs(one[i]) for i in one), (one, two)
+    assert len(_adapter_tensors(tmp_path / "pp2" / "ckpt" / "global_step3")) == 2 * 2 * 4
+
+    resumed = piped.resumed_from(3, tmp_path / "resumed", finetune=False)
+    resumed.launch()
+    resumed.assert_ok()
+    assert {it: loss for it, loss in resumed.losses().items() if it > 3} == {it: two[it] for it in (4, 5, 6)}
+
+    for name, run in (("one", straight.directory), ("two", tmp_path / "pp2")):
+        assert merge_lora.main(["--input_dir", str(run / "ckpt"), "--output_dir", str(tmp_path / name)]) == 0
+    merged_one, merged_two = read_checkpoint(str(tmp_path / "one")).state, read_checkpoint(str(tmp_path / "two")).state
+    for name, value in merged_one.items():
+        torch.testing.assert_close(merged_two[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def _adapter_tensors(ckpt):
     """The tensors of a checkpoint's model files (the mp_rank file's module, or a pipeline's layer files)."""
     tensors = dict(load_checkpoint_file(str(ckpt / "mp_rank_00_model_states.pt")).get("module") or {})
