@@ -17,25 +17,27 @@ load_checkpoint):
 Every load checks its names: a base must give every tensor but the adapters, an adapter checkpoint every adapter.
 A base saved with another tensor / pipeline split than the run's is resharded as it loads (``load_base_resharded``:
 its full tensors read and each rank's shard cut with megatron.checkpoint.tensor_parallel's rules, into the frozen
-parameters, whatever the ZeRO stage 0-2, which partitions the adapters only). The adapters load with the split they
+parameters, whatever the ZeRO stage; under ZeRO-3, which partitions the frozen base too, the base always loads so,
+into its partitions, DeepSpeed reading only its own ZeRO-3 files). The adapters load with the split they
 were saved with (their optimizer state is DeepSpeed's files of that split): resume with it."""
 
 import contextlib
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
+import deepspeed
 import torch
-
+import torch.distributed as dist
 from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from megatron.checkpoint.engine import (FoundCheckpoint, _master_weights_from_loaded, _verified_by_rank0,
                                         resolve_checkpoint, saved_without_optimizer)
 from megatron.checkpoint.files import checkpoint_kind, read_client_state
 from megatron.checkpoint.rng_state import process_rank
-from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, MP_FILE, file_layout, model_files, optimizer_layout
+from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, file_layout, model_files, optimizer_layout
 from megatron.checkpoint.integrity import file_digest, manifest_of
-from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, _read_slots, model_config_of, read_args_file,
-                                                 read_checkpoint, resolve_checkpoint_dir)
+from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, is_zero3, model_config_of, read_args_file,
+                                                 read_checkpoint, read_slots, resolve_checkpoint_dir)
 from megatron.checkpoint.tensor_parallel import split_full
 from megatron.checkpoint.training_state import client_state as saved_client_state
 from megatron.checkpoint.training_state import flat_name
@@ -55,11 +57,11 @@ def base_pointer(checkpoint: FoundCheckpoint) -> Dict[str, Any]:
 
 
 def adapter_base(path: str) -> Optional[Dict[str, Any]]:
-    """The base pointer of checkpoint ``path``; None for a full checkpoint. A checkpoint without mp_rank files (ZeRO-3
-    keeps its client state in zero_pp_rank_* files) is a full one: LoRA runs refuse ZeRO-3."""
-    if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
+    """The base pointer of checkpoint ``path``; None for a full checkpoint (or one without model-states files)."""
+    try:
+        return read_client_state(path).get(LORA_BASE_KEY)
+    except CheckpointError:
         return None
-    return read_client_state(path).get(LORA_BASE_KEY)
 
 
 def base_checkpoint(pointer: Mapping[str, Any], adapters: str, base_dir: Optional[str] = None) -> FoundCheckpoint:
@@ -119,6 +121,8 @@ def checked_names(engine, wanted: str, path: str) -> Iterator[None]:
 def _same_split(path: str, model_config) -> bool:
     """Whether checkpoint ``path`` was saved with this run's tensor-parallel size and pipeline (or no pipeline)."""
     tp, pp = file_layout(path)
+    if tp == 0 and is_zero3(model_files(path)):  # ZeRO-3: no pipeline; its files name the tensor-parallel ranks
+        tp = len({name.split("mp_rank_")[1] for name in map(os.path.basename, model_files(path))})
     return tp == model_config.model_parallel_size and (pp >= 1) == model_config.is_pipe_parallel
 
 
@@ -154,24 +158,40 @@ def load_base_resharded(engine, model_config, checkpoint: FoundCheckpoint) -> Di
                 shard = split_full(name, state[name], world, model_config)[tp_rank]
             except ConversionError as exc:
                 raise CheckpointError(f"base checkpoint {checkpoint.path}: {exc}") from None
-            if shard.shape != param.shape:
+            shape = tuple(getattr(param, "ds_shape", param.shape))
+            if tuple(shard.shape) != shape:
                 raise CheckpointError(f"base checkpoint {checkpoint.path}: {name} has shape {tuple(state[name].shape)}"
-                                      f", whose shard {tuple(shard.shape)} does not fit this model's "
-                                      f"{tuple(param.shape)} at model_parallel_size {world}")
-            param.copy_(shard.to(param.dtype))
+                                      f", whose shard {tuple(shard.shape)} does not fit this model's {shape} at "
+                                      f"model_parallel_size {world}")
+            _assign(param, shard)
     return saved_client_state(checkpoint.path)
+
+
+def _assign(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+    """``param`` = ``value``; under ZeRO-3 (a partitioned parameter) gathered whole, set, and partitioned again."""
+    if not hasattr(param, "ds_id"):
+        param.copy_(value.to(param.dtype))
+        return
+    source = dist.get_global_rank(param.ds_process_group, 0)  # every rank sets the same value; one broadcasts it
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=source):
+        param.data.copy_(value.to(param.dtype))
+
+
+def _zero3(engine) -> bool:
+    return any(hasattr(param, "ds_id") for param in engine.module.parameters())
 
 
 def _load_base(model_config, engine, base: FoundCheckpoint) -> Dict[str, Any]:
     """The base's weights into the engine (resharded when saved with another split); its client state."""
-    if _same_split(base.path, model_config):
+    same = _same_split(base.path, model_config)
+    if same and not _zero3(engine):
         return _engine_load(engine, base, "base", True, False, False)
-    if process_rank() == 0:
+    if process_rank() == 0 and not same:
         tp, pp = file_layout(base.path)
         print(f"note: base checkpoint {base.path} was saved with model_parallel_size {tp} and pipe_parallel_size "
               f"{pp}; resharding its weights for this run's {model_config.model_parallel_size} and "
               f"{model_config.pipe_parallel_size}", flush=True)
-    return load_base_resharded(engine, model_config, base)
+    return load_base_resharded(engine, model_config, base)  # ZeRO-3: into its partitions (DeepSpeed reads its own)
 
 
 def _engine_load(engine, checkpoint: FoundCheckpoint, wanted: str, module_only: bool, load_optim: bool,
@@ -208,11 +228,17 @@ def load_lora_checkpoint(neox_args, model_config, engine, checkpoint: Optional[F
         engine.lora_base = base_pointer(checkpoint)
         return 0, client_state, path
     _check_adapter_split(path, model_config)
-    base = base_checkpoint(pointer, path)
-    _load_base(model_config, engine, base)
     finetune = neox_args.finetune
     schedule_only = saved_without_optimizer(checkpoint) and not (finetune or neox_args.no_load_optim)
     load_optim = not (neox_args.no_load_optim or finetune or schedule_only)
+    if not load_optim and _zero3(engine):
+        raise CheckpointError(f"lora under ZeRO-3: adapter checkpoint {path} would load without its optimizer state "
+                              f"(finetune / no_load_optim), but ZeRO-3 keeps the adapters' weights in that state (its "
+                              f"model files hold placeholders), so they would stay at their initial values. Resume "
+                              f"with finetune: false and no_load_optim: false, or start from these adapters under "
+                              f"ZeRO stage 1 or 2")
+    base = base_checkpoint(pointer, path)
+    _load_base(model_config, engine, base)
     client_state = _engine_load(engine, checkpoint, "adapters", finetune, load_optim, load_optim or schedule_only)
     if not load_optim:
         _master_weights_from_loaded(engine)
@@ -225,7 +251,7 @@ def read_adapter_checkpoint(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[st
     adapter checkpoint ``path`` (a global_stepN directory or a save directory with ``latest``)."""
     path = resolve_checkpoint_dir(path)
     args = read_args_file(path)
-    pointer = read_client_state(path).get(LORA_BASE_KEY)
+    pointer = adapter_base(path)
     if not args.get("lora") or pointer is None:
         raise ConversionError(f"{path} is not a LoRA run's adapter checkpoint (its neox_args.json has no lora "
                               f"section, or its client state no {LORA_BASE_KEY}); it is a full checkpoint already")
@@ -233,7 +259,7 @@ def read_adapter_checkpoint(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[st
     config = model_config_of(args, path, model_parallel_size=max(tp, 1), pipe_parallel_size=pp, padded_vocab_size=1)
     prefixes = slot_prefixes(config.num_layers)
     adapters = {}
-    for slot, state in _read_slots(path, model_files(path), config, tp, pp, None).items():
+    for slot, state in read_slots(path, model_files(path), config, tp, pp, None).items():
         adapters.update({prefixes[slot] + name: value for name, value in state.items()})
     others = [name for name in adapters if not name.endswith((A_SUFFIX, B_SUFFIX))]
     if others or not adapters:

@@ -238,13 +238,11 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
                         "the optimizer state")
-    if args.lora and args.zero_stage == 3:
-        problems.append("lora with zero_optimization.stage=3: not implemented yet. ZeRO-3 partitions the frozen base "
-                        "weights over the data-parallel ranks too, and a LoRA run loads its base checkpoint into the "
-                        "module's whole tensors, not into ZeRO-3's partitions; its adapter checkpoints would also be "
-                        "ZeRO-3's partitioned files, which merge_lora.py and export_lora_to_peft.py do not read. Use "
-                        "stage 1 or 2: they partition the adapters' optimizer state (the only optimizer state of a "
-                        "LoRA run) and keep the frozen base whole on each rank")
+    if args.lora and args.zero_stage == 3 and args.model_parallel_size > 1:
+        problems.append(f"lora with zero_optimization.stage=3 and model_parallel_size={args.model_parallel_size}: not "
+                        f"supported yet: ZeRO-3 keeps the adapters in its partitioned files, which this project reads "
+                        f"(merge_lora.py, export_lora_to_peft.py, generate.py) at model_parallel_size 1 only; use "
+                        f"ZeRO stage 1 or 2 with tensor parallelism, or model_parallel_size 1 with ZeRO-3")
     if args.lora and args.pipe_parallel_size > 1 and args.train_impl in ("dpo", "kto") and not (
             args.precompute_model_name or (args.train_impl == "dpo" and args.dpo_reference_free)):
         problems.append(f"lora with train_impl {args.train_impl!r} and pipe_parallel_size={args.pipe_parallel_size}: "

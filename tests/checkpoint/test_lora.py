@@ -79,3 +79,26 @@ def test_a_base_saved_at_another_tensor_parallel_size_is_resharded_as_it_loads(t
     from tests.distributed_helpers import run_distributed
 
     run_distributed(_base_of_another_split, world_size=2, args=(str(tmp_path / "base"),))
+
+
+def test_adapters_loading_without_their_optimizer_state_under_zero3_is_refused(monkeypatch):
+    """ZeRO-3 keeps the adapters' weights in its optimizer partitions (placeholders in its model files): loading an
+    adapter checkpoint with finetune / no_load_optim would leave them at their initial values, so it is refused."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from megatron.checkpoint import lora
+
+    found = FoundCheckpoint(load_dir="/x/adapters", tag="global_step3", kind="ours")
+    monkeypatch.setattr(lora, "resolve_checkpoint", lambda *args: found)
+    monkeypatch.setattr(lora, "adapter_base", lambda path: {"load": "/x/base", "tag": "global_step1"})
+    monkeypatch.setattr(lora, "_check_adapter_split", lambda *args: None)
+    monkeypatch.setattr(lora, "saved_without_optimizer", lambda checkpoint: False)
+    module = torch.nn.Linear(2, 2)
+    module.weight.ds_id = 0  # a ZeRO-3 partitioned parameter
+    engine = SimpleNamespace(module=module)
+    for args in (dict(finetune=True, no_load_optim=False), dict(finetune=False, no_load_optim=True)):
+        with pytest.raises(CheckpointError, match="lora under ZeRO-3: adapter checkpoint /x/adapters/global_step3 "
+                                                  "would load without its optimizer state"):
+            lora.load_lora_checkpoint(SimpleNamespace(load="/x/adapters", **args), None, engine, found)

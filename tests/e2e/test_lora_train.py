@@ -71,31 +71,36 @@ def test_lora_trains_saves_adapters_only_and_resumes_exactly(lora_run, tmp_path)
                                                                         "mlp.linear1", "mlp.linear2")}
 
 
-def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run, tmp_path):
-    """ZeRO 2 on two data-parallel ranks (micro-batches of 2: the same global batch of 4 as the run without ZeRO on
-    one rank), without a pipeline, on the base saved as a one-stage pipeline (its weights resharded as they load):
-    the same losses as that run, checkpoints of the adapters only (their optimizer partitions too), and a resume
-    from one gives the losses of the run that did not stop."""
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run, tmp_path, stage):
+    """ZeRO 2 / 3 on two data-parallel ranks (micro-batches of 2: the same global batch of 4 as the run without ZeRO
+    on one rank), without a pipeline, on the base saved as a one-stage pipeline (its weights resharded as they load;
+    under ZeRO-3 into its partitions): the same losses as that run, checkpoints of the adapters only (their optimizer
+    partitions too), a resume from one gives the losses of the run that did not stop, and merge_lora.py gives the
+    weights the run without ZeRO merges to."""
     straight, base_dir = lora_run
     zero = TrainingRun(tmp_path / "zero", {}, **{**straight.config, "num_gpus": 2, "train_micro_batch_size_per_gpu": 2,
-                                                  "zero_optimization": {"stage": 2}, "pipe_parallel_size": 0,
+                                                  "zero_optimization": {"stage": stage}, "pipe_parallel_size": 0,
                                                   "save": str(tmp_path / "zero" / "ckpt"),
                                                   "log_dir": str(tmp_path / "zero" / "logs")})
     zero.launch()
     zero.assert_ok()
-    assert f"note: base checkpoint {base_dir}/global_step1 was saved with model_parallel_size 1 and " \
-           f"pipe_parallel_size 1; resharding" in zero.result.stdout
+    if stage < 3:  # ZeRO-3 always loads the base into its partitions, without a note
+        assert f"note: base checkpoint {base_dir}/global_step1 was saved with model_parallel_size 1 and " \
+               f"pipe_parallel_size 1; resharding" in zero.result.stdout
     without, with_zero = straight.losses(), zero.losses()
-    print("losses without ZeRO (1 rank):", without, "\nwith ZeRO (2 ranks):", with_zero)
+    print(f"losses without ZeRO (1 rank): {without}\nwith ZeRO {stage} (2 ranks): {with_zero}")
     assert sorted(with_zero) == sorted(without)
     assert all(abs(with_zero[i] - without[i]) <= 1e-5 * abs(without[i]) for i in without), (without, with_zero)
 
     ckpt = tmp_path / "zero" / "ckpt" / "global_step3"
-    tensors = _adapter_tensors(ckpt)
-    assert len(tensors) == 2 * 2 * 4 and all(".lora.lora_" in n for n in tensors), list(tensors)
-    partitions = [load_checkpoint_file(str(ckpt / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"))
-                  ["optimizer_state_dict"]["single_partition_of_fp32_groups"] for r in (0, 1)]
-    adapters = sum(t.numel() for t in tensors.values())
+    module = load_checkpoint_file(str(ckpt / ("zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else
+                                              "mp_rank_00_model_states.pt")))["module"]
+    assert len(module) == 2 * 2 * 4 and all(".lora.lora_" in n for n in module), list(module)
+    optim = [load_checkpoint_file(str(ckpt / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")) for r in (0, 1)]
+    partitions = [o["optimizer_state_dict"]["fp32_flat_groups" if stage == 3 else "single_partition_of_fp32_groups"]
+                  for o in optim]
+    adapters = sum(t.numel() for t in _adapter_tensors(straight.directory / "ckpt" / "global_step3").values())
     assert sum(t.numel() for part in partitions for t in part) == adapters  # the adapters' fp32 weights, halved
     assert read_client_state(str(ckpt))["lora_base"]["load"] == str(base_dir)
 
@@ -104,6 +109,12 @@ def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run
     resumed.assert_ok()
     assert {it: loss for it, loss in resumed.losses().items() if it > 3} == \
         {it: loss for it, loss in with_zero.items() if it > 3}
+
+    for name, run in (("without", straight.directory), ("with", tmp_path / "zero")):
+        assert merge_lora.main(["--input_dir", str(run / "ckpt"), "--output_dir", str(tmp_path / name)]) == 0
+    merged, expected = read_checkpoint(str(tmp_path / "with")).state, read_checkpoint(str(tmp_path / "without")).state
+    for name, value in expected.items():
+        torch.testing.assert_close(merged[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_lora_in_a_two_stage_pipeline_gives_one_stages_losses_resumes_and_merges(lora_run, tmp_path):

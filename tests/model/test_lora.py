@@ -123,13 +123,15 @@ def test_tp2_split_adapters_match_tp1():
     run_distributed(_compare_lora_tp, world_size=2)
 
 
-def test_zero_3_with_lora_is_refused_by_the_arguments_and_1_2_are_not():
+def test_zero_with_lora_is_accepted_but_zero_3_with_tensor_parallelism():
     from tests.neox_arguments.helpers import problems_of, tiny
 
-    assert "lora with zero_optimization.stage=3: not implemented yet. ZeRO-3 partitions the frozen base" in \
-        problems_of(lora={"r": 2}, zero_optimization={"stage": 3})
-    for stage in (1, 2):
+    assert "lora with zero_optimization.stage=3 and model_parallel_size=2: not supported yet: ZeRO-3 keeps the " \
+        "adapters in its partitioned files" in problems_of(lora={"r": 2}, zero_optimization={"stage": 3},
+                                                           model_parallel_size=2, num_gpus=2)
+    for stage in (1, 2, 3):
         assert tiny(lora={"r": 2}, zero_optimization={"stage": stage}).zero_stage == stage
+    assert "lora.rnak is not a LoRA setting; did you mean rank" in problems_of(lora={"rnak": 2})
 
 
 def test_dpo_with_lora_in_a_pipeline_is_refused_unless_the_reference_is_precomputed_or_free():
