@@ -109,8 +109,9 @@ class ReferenceModel:
 
 class AdapterFreeReference:
     """DPO / KTO's reference under LoRA: the policy (its GPT2ModelSequential, or the one-stage GPT2ModelPipe's
-    layers as one) with its adapters detached, in eval mode, without gradients. The interface of ReferenceModel;
-    ``save`` / ``load`` have nothing to write or read (the base is the adapter checkpoints' lora_base)."""
+    layers as one) with its adapters detached, in eval mode, without gradients. What the batches and the saves use
+    of ReferenceModel (``holds``, ``logps``, ``save``); ``save`` writes nothing (the base is the adapter
+    checkpoints' lora_base)."""
 
     holds = True
 
@@ -121,14 +122,8 @@ class AdapterFreeReference:
         self.parallel_state, self.fp32 = parallel_state, fp32
         self.defer_logits = not any(hasattr(p, "ds_id") for p in policy.parameters())  # as start_reference sets
 
-    def to(self, device) -> "AdapterFreeReference":
-        return self
-
     def save(self, checkpoint_dir: str) -> None:
         """Nothing: the reference is the base checkpoint, which the adapter checkpoint names."""
-
-    def load(self, checkpoint_dir: str) -> bool:
-        return True
 
     @torch.no_grad()
     def logps(self, inputs, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

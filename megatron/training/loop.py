@@ -185,8 +185,8 @@ def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str])
 
     fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
     if ctx.model_config.lora:  # the base: the policy with its adapters off, no second copy
-        reference, source = AdapterFreeReference(engine.module, ctx.parallel_state, fp32), \
-            "the base model (the policy with its LoRA adapters off)"
+        reference = AdapterFreeReference(engine.module, ctx.parallel_state, fp32)
+        source = "the base model (the policy with its LoRA adapters off)"
     else:
         reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
         source = start_reference(reference, engine.module, resumed)
