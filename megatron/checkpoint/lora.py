@@ -33,11 +33,11 @@ from deepspeed.runtime.zero.utils import ZeRORuntimeException
 from megatron.checkpoint.engine import (FoundCheckpoint, _master_weights_from_loaded, _verified_by_rank0,
                                         resolve_checkpoint, saved_without_optimizer)
 from megatron.checkpoint.files import checkpoint_kind, read_client_state
-from megatron.checkpoint.rng_state import process_rank
 from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, file_layout, model_files, optimizer_layout
 from megatron.checkpoint.integrity import file_digest, manifest_of
 from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, is_zero3, model_config_of, read_args_file,
                                                  read_checkpoint, read_slots, resolve_checkpoint_dir)
+from megatron.checkpoint.rng_state import process_rank
 from megatron.checkpoint.tensor_parallel import split_full
 from megatron.checkpoint.training_state import client_state as saved_client_state
 from megatron.checkpoint.training_state import flat_name
@@ -139,7 +139,8 @@ def _check_adapter_split(path: str, model_config) -> None:
 def load_base_resharded(engine, model_config, checkpoint: FoundCheckpoint) -> Dict[str, Any]:
     """Base checkpoint ``checkpoint``, saved with another tensor / pipeline split, into ``engine``'s frozen
     parameters: its full tensors (read_checkpoint, already verified), this rank's shard of each; returns its client
-    state. The names are checked as ``checked_names`` checks a base: every parameter but the adapters, no other."""
+    state. The names are checked as ``checked_names`` checks a base: every parameter but the adapters, and no other
+    (on one pipeline stage of several: every parameter of this stage's layers)."""
     try:
         state = read_checkpoint(checkpoint.path, verified_kind=checkpoint.kind).state
     except ConversionError as exc:
@@ -147,6 +148,8 @@ def load_base_resharded(engine, model_config, checkpoint: FoundCheckpoint) -> Di
     params = {flat_name(name, model_config.num_layers): param for name, param in engine.module.named_parameters()
               if not is_lora_parameter(name)}
     missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+    if getattr(engine.module, "num_stages", 1) > 1:  # the other stages' layers are theirs to take
+        unexpected = []
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {checkpoint.path} does not fit this LoRA model: missing base tensors "
                               f"{missing[:6]}{' ...' if len(missing) > 6 else ''}"
