@@ -22,11 +22,13 @@ LORA = {"r": 4, "alpha": 8, "target_modules": ["query_key_value", "dense", "line
 
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory):
-    """A base checkpoint (one step of full training) and a LoRA run of 6 steps on it without ZeRO, saving at 3:
-    (the LoRA run, the base's save directory)."""
+    """A base checkpoint (one step of full training, without a pipeline) and a LoRA run of 6 steps on it without
+    ZeRO in a one-stage pipeline (the base resharded as it loads), saving at 3: (the LoRA run, the base's save
+    directory)."""
     tmp_path = tmp_path_factory.mktemp("lora")
     data = build_tiny_corpus(tmp_path / "corpus", num_files=20)
-    base = TrainingRun(tmp_path / "base", data, num_gpus=1, train_iters=1, checkpoint_factor=1, load=None, **PIPE)
+    base = TrainingRun(tmp_path / "base", data, num_gpus=1, train_iters=1, checkpoint_factor=1, load=None,
+                       pipe_parallel_size=0)
     base.launch()
     base.assert_ok()
     base_dir = tmp_path / "base" / "ckpt"
@@ -34,6 +36,8 @@ def lora_run(tmp_path_factory):
                            load=str(base_dir), finetune=True, lora=LORA, **PIPE)
     straight.launch()
     straight.assert_ok()
+    assert f"note: base checkpoint {base_dir}/global_step1 was saved with model_parallel_size 1 and " \
+           f"pipe_parallel_size 0; resharding its weights for this run's 1 and 1" in straight.result.stdout
     return straight, base_dir
 
 
@@ -74,8 +78,7 @@ def test_lora_trains_saves_adapters_only_and_resumes_exactly(lora_run, tmp_path)
 @pytest.mark.parametrize("stage", [2, 3])
 def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run, tmp_path, stage):
     """ZeRO 2 / 3 on two data-parallel ranks (micro-batches of 2: the same global batch of 4 as the run without ZeRO
-    on one rank), without a pipeline, on the base saved as a one-stage pipeline (its weights resharded as they load;
-    under ZeRO-3 into its partitions): the same losses as that run, checkpoints of the adapters only (their optimizer
+    on one rank), without a pipeline (under ZeRO-3 the base loads into its partitions): the same losses as that run, checkpoints of the adapters only (their optimizer
     partitions too), a resume from one gives the losses of the run that did not stop, and merge_lora.py gives the
     weights the run without ZeRO merges to."""
     straight, base_dir = lora_run
@@ -85,9 +88,6 @@ def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run
                                                   "log_dir": str(tmp_path / "zero" / "logs")})
     zero.launch()
     zero.assert_ok()
-    if stage < 3:  # ZeRO-3 always loads the base into its partitions, without a note
-        assert f"note: base checkpoint {base_dir}/global_step1 was saved with model_parallel_size 1 and " \
-               f"pipe_parallel_size 1; resharding" in zero.result.stdout
     without, with_zero = straight.losses(), zero.losses()
     print(f"losses without ZeRO (1 rank): {without}\nwith ZeRO {stage} (2 ranks): {with_zero}")
     assert sorted(with_zero) == sorted(without)
@@ -118,15 +118,16 @@ def test_lora_under_zero_gives_the_losses_of_zero_0_and_resumes_exactly(lora_run
 
 
 def test_lora_in_a_two_stage_pipeline_gives_one_stages_losses_resumes_and_merges(lora_run, tmp_path):
-    """Pipeline parallel 2 (each stage adapts its own layers, checkpoints of the adapters in per-layer files): the
-    losses of the one-stage run on the same base, an exact resume, and merge_lora.py gives the one-stage run's
-    merged weights to fp32 precision."""
+    """Pipeline parallel 2 (each stage adapts its own layers, checkpoints of the adapters in per-layer files; each
+    stage takes its layers of the base saved without a pipeline): the losses of the one-stage run on the same base,
+    an exact resume, and merge_lora.py gives the one-stage run's merged weights to fp32 precision."""
     straight, base_dir = lora_run
     piped = TrainingRun(tmp_path / "pp2", {}, **{**straight.config, "num_gpus": 2, "pipe_parallel_size": 2,
                                                   "save": str(tmp_path / "pp2" / "ckpt"),
                                                   "log_dir": str(tmp_path / "pp2" / "logs")})
     piped.launch()
     piped.assert_ok()
+    assert "pipe_parallel_size 0; resharding its weights for this run's 1 and 2" in piped.result.stdout
     one, two = straight.losses(), piped.losses()
     print("losses, one stage:", one, "\ntwo stages:", two)
     assert sorted(two) == sorted(one) and all(abs(two[i] - one[i]) <= 1e-5 * abs(one[i]) for i in one), (one, two)
