@@ -161,8 +161,10 @@ def load_lazily(path: str) -> Any:
 
 
 def read_client_state(path: str) -> Dict[str, Any]:
-    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file."""
-    files = sorted(f for f in model_files(path) if MP_FILE.search(os.path.basename(f)))
+    """The client state (every entry but `module`) of checkpoint ``path``'s first mp_rank file (ZeRO-3's first
+    zero_pp_rank_0_mp_rank_XX file, where it keeps it)."""
+    files = sorted(f for f in model_files(path) if MP_FILE.search(os.path.basename(f))) or \
+        sorted(f for f in model_files(path) if os.path.basename(f).startswith("zero_pp_rank_0_mp_rank_"))
     if not files:
         raise CheckpointError(f"{path} holds no mp_rank_XX_model_states.pt file")
     return {key: value for key, value in load_lazily(files[0]).items() if key != "module"}

@@ -15,23 +15,32 @@ load_checkpoint):
     the recorded manifest digest, and its weights loaded; then the adapters, and (unless finetune / no_load_optim)
     their optimizer state, LR schedule and iteration: the run continues as if it had not stopped.
 Every load checks its names: a base must give every tensor but the adapters, an adapter checkpoint every adapter.
-Both load with the tensor / pipeline split they were saved with (resharding does not know the adapters' names)."""
+A base saved with another tensor / pipeline split than the run's is resharded as it loads (``load_base_resharded``:
+its full tensors read and each rank's shard cut with megatron.checkpoint.tensor_parallel's rules, into the frozen
+parameters, whatever the ZeRO stage; under ZeRO-3, which partitions the frozen base too, the base always loads so,
+into its partitions, DeepSpeed reading only its own ZeRO-3 files). The adapters load with the split they
+were saved with (their optimizer state is DeepSpeed's files of that split): resume with it."""
 
 import contextlib
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
+import deepspeed
 import torch
-
+import torch.distributed as dist
 from deepspeed.runtime.zero.utils import ZeRORuntimeException
 
 from megatron.checkpoint.engine import (FoundCheckpoint, _master_weights_from_loaded, _verified_by_rank0,
                                         resolve_checkpoint, saved_without_optimizer)
 from megatron.checkpoint.files import checkpoint_kind, read_client_state
-from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, MP_FILE, file_layout, model_files
+from megatron.checkpoint.format import GPT_NEOX, LORA_BASE_KEY, file_layout, model_files, optimizer_layout
 from megatron.checkpoint.integrity import file_digest, manifest_of
-from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, _read_slots, model_config_of, read_args_file,
-                                                 read_checkpoint, resolve_checkpoint_dir)
+from megatron.checkpoint.neox_checkpoint import (NeoxCheckpoint, is_zero3, model_config_of, read_args_file,
+                                                 read_checkpoint, read_slots, resolve_checkpoint_dir)
+from megatron.checkpoint.rng_state import process_rank
+from megatron.checkpoint.tensor_parallel import split_full
+from megatron.checkpoint.training_state import client_state as saved_client_state
+from megatron.checkpoint.training_state import flat_name
 from megatron.errors import CheckpointError, ConversionError
 from megatron.model.gpt2_model import slot_prefixes
 from megatron.model.lora import is_lora_parameter
@@ -48,11 +57,11 @@ def base_pointer(checkpoint: FoundCheckpoint) -> Dict[str, Any]:
 
 
 def adapter_base(path: str) -> Optional[Dict[str, Any]]:
-    """The base pointer of checkpoint ``path``; None for a full checkpoint. A checkpoint without mp_rank files (ZeRO-3
-    keeps its client state in zero_pp_rank_* files) is a full one: LoRA runs refuse ZeRO."""
-    if not any(MP_FILE.search(os.path.basename(f)) for f in model_files(path)):
+    """The base pointer of checkpoint ``path``; None for a full checkpoint (or one without model-states files)."""
+    try:
+        return read_client_state(path).get(LORA_BASE_KEY)
+    except CheckpointError:
         return None
-    return read_client_state(path).get(LORA_BASE_KEY)
 
 
 def base_checkpoint(pointer: Mapping[str, Any], adapters: str, base_dir: Optional[str] = None) -> FoundCheckpoint:
@@ -109,13 +118,83 @@ def checked_names(engine, wanted: str, path: str) -> Iterator[None]:
                               + (f"; tensors this model does not have: {sorted(unexpected)[:6]}" if unexpected else ""))
 
 
-def _check_split(path: str, model_config) -> None:
+def _same_split(path: str, model_config) -> bool:
+    """Whether checkpoint ``path`` was saved with this run's tensor-parallel size and pipeline (or no pipeline)."""
     tp, pp = file_layout(path)
-    if tp != model_config.model_parallel_size or (pp >= 1) != model_config.is_pipe_parallel:
-        raise CheckpointError(f"checkpoint {path} was saved with model_parallel_size {tp} and "
-                              f"pipe_parallel_size {pp}; a LoRA run loads it with the same split (this run: "
-                              f"{model_config.model_parallel_size} and {model_config.pipe_parallel_size}). Set "
-                              f"those, or convert the base to this split first")
+    if tp == 0 and is_zero3(model_files(path)):  # ZeRO-3: no pipeline; its files name the tensor-parallel ranks
+        tp = len({name.split("mp_rank_")[1] for name in map(os.path.basename, model_files(path))})
+    return tp == model_config.model_parallel_size and (pp >= 1) == model_config.is_pipe_parallel
+
+
+def _check_adapter_split(path: str, model_config) -> None:
+    if not _same_split(path, model_config):
+        tp, pp = file_layout(path)
+        raise CheckpointError(f"adapter checkpoint {path} was saved with model_parallel_size {tp} and "
+                              f"pipe_parallel_size {pp}; a LoRA run resumes its adapters (and their optimizer state) "
+                              f"with the split they were saved with (this run: {model_config.model_parallel_size} and "
+                              f"{model_config.pipe_parallel_size}). Set those, or merge the adapters into the base "
+                              f"(tools/ckpts/merge_lora.py), which any split loads")
+
+
+def load_base_resharded(engine, model_config, checkpoint: FoundCheckpoint) -> Dict[str, Any]:
+    """Base checkpoint ``checkpoint``, saved with another tensor / pipeline split, into ``engine``'s frozen
+    parameters: its full tensors (read_checkpoint, already verified), this rank's shard of each; returns its client
+    state. The names are checked as ``checked_names`` checks a base: every parameter but the adapters, and no other
+    (on one pipeline stage of several: every parameter of this stage's layers)."""
+    try:
+        state = read_checkpoint(checkpoint.path, verified_kind=checkpoint.kind).state
+    except ConversionError as exc:
+        raise CheckpointError(str(exc)) from None
+    params = {flat_name(name, model_config.num_layers): param for name, param in engine.module.named_parameters()
+              if not is_lora_parameter(name)}
+    missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+    if getattr(engine.module, "num_stages", 1) > 1:  # the other stages' layers are theirs to take
+        unexpected = []
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {checkpoint.path} does not fit this LoRA model: missing base tensors "
+                              f"{missing[:6]}{' ...' if len(missing) > 6 else ''}"
+                              + (f"; tensors this model does not have: {unexpected[:6]}" if unexpected else ""))
+    tp_rank, world = optimizer_layout(engine)["tensor_rank"], model_config.model_parallel_size
+    with torch.no_grad():
+        for name, param in params.items():
+            try:
+                shard = split_full(name, state[name], world, model_config)[tp_rank]
+            except ConversionError as exc:
+                raise CheckpointError(f"base checkpoint {checkpoint.path}: {exc}") from None
+            shape = tuple(getattr(param, "ds_shape", param.shape))
+            if tuple(shard.shape) != shape:
+                raise CheckpointError(f"base checkpoint {checkpoint.path}: {name} has shape {tuple(state[name].shape)}"
+                                      f", whose shard {tuple(shard.shape)} does not fit this model's {shape} at "
+                                      f"model_parallel_size {world}")
+            _assign(param, shard)
+    return saved_client_state(checkpoint.path)
+
+
+def _assign(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+    """``param`` = ``value``; under ZeRO-3 (a partitioned parameter) gathered whole, set, and partitioned again."""
+    if not hasattr(param, "ds_id"):
+        param.copy_(value.to(param.dtype))
+        return
+    source = dist.get_global_rank(param.ds_process_group, 0)  # every rank sets the same value; one broadcasts it
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=source):
+        param.data.copy_(value.to(param.dtype))
+
+
+def _zero3(engine) -> bool:
+    return any(hasattr(param, "ds_id") for param in engine.module.parameters())
+
+
+def _load_base(model_config, engine, base: FoundCheckpoint) -> Dict[str, Any]:
+    """The base's weights into the engine (resharded when saved with another split); its client state."""
+    same = _same_split(base.path, model_config)
+    if same and not _zero3(engine):
+        return _engine_load(engine, base, "base", True, False, False)
+    if process_rank() == 0 and not same:
+        tp, pp = file_layout(base.path)
+        print(f"note: base checkpoint {base.path} was saved with model_parallel_size {tp} and pipe_parallel_size "
+              f"{pp}; resharding its weights for this run's {model_config.model_parallel_size} and "
+              f"{model_config.pipe_parallel_size}", flush=True)
+    return load_base_resharded(engine, model_config, base)  # ZeRO-3: into its partitions (DeepSpeed reads its own)
 
 
 def _engine_load(engine, checkpoint: FoundCheckpoint, wanted: str, module_only: bool, load_optim: bool,
@@ -141,23 +220,28 @@ def load_lora_checkpoint(neox_args, model_config, engine, checkpoint: Optional[F
                               f"(load={neox_args.load!r}): set load to the base checkpoint's directory, with "
                               f"finetune: true (tools/ckpts/convert_hf_to_neox.py writes both for a Hugging Face model)")
     path = checkpoint.path
-    _check_split(path, model_config)
     pointer = adapter_base(path) if checkpoint.kind != GPT_NEOX else None
     if pointer is None:
         if not neox_args.finetune:
             raise CheckpointError(f"lora: load={checkpoint.load_dir} names {path}, a full checkpoint (no adapters): "
                                   f"its optimizer state is the whole model's. To start adapters on it as the base, "
                                   f"set finetune: true")
-        client_state = _engine_load(engine, checkpoint, "base", True, False, False)
+        client_state = _load_base(model_config, engine, checkpoint)
         _master_weights_from_loaded(engine)
         engine.lora_base = base_pointer(checkpoint)
         return 0, client_state, path
-    base = base_checkpoint(pointer, path)
-    _check_split(base.path, model_config)
-    _engine_load(engine, base, "base", True, False, False)
+    _check_adapter_split(path, model_config)
     finetune = neox_args.finetune
     schedule_only = saved_without_optimizer(checkpoint) and not (finetune or neox_args.no_load_optim)
     load_optim = not (neox_args.no_load_optim or finetune or schedule_only)
+    if not load_optim and _zero3(engine):
+        raise CheckpointError(f"lora under ZeRO-3: adapter checkpoint {path} would load without its optimizer state "
+                              f"(finetune / no_load_optim), but ZeRO-3 keeps the adapters' weights in that state (its "
+                              f"model files hold placeholders), so they would stay at their initial values. Resume "
+                              f"with finetune: false and no_load_optim: false, or start from these adapters under "
+                              f"ZeRO stage 1 or 2")
+    base = base_checkpoint(pointer, path)
+    _load_base(model_config, engine, base)
     client_state = _engine_load(engine, checkpoint, "adapters", finetune, load_optim, load_optim or schedule_only)
     if not load_optim:
         _master_weights_from_loaded(engine)
@@ -170,7 +254,7 @@ def read_adapter_checkpoint(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[st
     adapter checkpoint ``path`` (a global_stepN directory or a save directory with ``latest``)."""
     path = resolve_checkpoint_dir(path)
     args = read_args_file(path)
-    pointer = read_client_state(path).get(LORA_BASE_KEY)
+    pointer = adapter_base(path)
     if not args.get("lora") or pointer is None:
         raise ConversionError(f"{path} is not a LoRA run's adapter checkpoint (its neox_args.json has no lora "
                               f"section, or its client state no {LORA_BASE_KEY}); it is a full checkpoint already")
@@ -178,7 +262,7 @@ def read_adapter_checkpoint(path: str) -> Tuple[Dict[str, torch.Tensor], Dict[st
     config = model_config_of(args, path, model_parallel_size=max(tp, 1), pipe_parallel_size=pp, padded_vocab_size=1)
     prefixes = slot_prefixes(config.num_layers)
     adapters = {}
-    for slot, state in _read_slots(path, model_files(path), config, tp, pp, None).items():
+    for slot, state in read_slots(path, model_files(path), config, tp, pp, None).items():
         adapters.update({prefixes[slot] + name: value for name, value in state.items()})
     others = [name for name in adapters if not name.endswith((A_SUFFIX, B_SUFFIX))]
     if others or not adapters:

@@ -247,10 +247,7 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None,
     num_layers = config.num_layers
     try:
         old = _old_layout(path, files, num_layers) if kind == OURS_OLD else None
-        if any(os.path.basename(f).startswith("zero_pp_rank_") for f in files) and pp == 0:
-            slots = _read_zero3(path, config, old)
-        else:
-            slots = _read_slots(path, files, config, tp, pp, old)
+        slots = read_slots(path, files, config, tp, pp, old)
         state = {}
 
         prefixes = slot_prefixes(num_layers)
@@ -265,6 +262,19 @@ def read_checkpoint(path: str, args: Optional[Mapping[str, Any]] = None,
                               f"checkpoint of this layout")
     config = config.replace(padded_vocab_size=int(vocab.shape[0]))
     return NeoxCheckpoint(state=state, args=args, config=config, path=path, kind=kind, layout=(tp, pp))
+
+
+def read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: int, old: Optional[str]
+               ) -> Dict[int, Dict[str, torch.Tensor]]:
+    """{slot: its full tensors} of checkpoint ``path``: from ZeRO-3's partitioned files or from the model files."""
+    if is_zero3(files) and pp == 0:
+        return _read_zero3(path, config, old)
+    return _read_slots(path, files, config, tp, pp, old)
+
+
+def is_zero3(files: List[str]) -> bool:
+    """Whether a checkpoint's model files are ZeRO-3's (``zero_pp_rank_*``: the weights in its partitions)."""
+    return any(os.path.basename(f).startswith("zero_pp_rank_") for f in files)
 
 
 def _read_slots(path: str, files: List[str], config: ModelConfig, tp: int, pp: int, old: Optional[str]

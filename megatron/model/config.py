@@ -564,14 +564,15 @@ class ModelConfig:
         if self.soft_prompt_tokens is not None and self.soft_prompt_tokens < 1:
             problems.append(f"soft_prompt_tuning.n_tokens={self.soft_prompt_tokens} must be >= 1")
         problems += lora_problems(self.lora_dict if isinstance(self.lora, tuple) else self.lora, self.num_layers,
-                                  self.attention_types, self.moe_layers, self.pipe_parallel_size)
+                                  self.attention_types, self.moe_layers)
         if self.lora and self.soft_prompt_tokens is not None:
             problems.append("lora with soft_prompt_tuning: each freezes the rest of the model for itself; use one")
-        if self.lora and self.train_impl != "normal":
-            problems.append(f"lora with train_impl {self.train_impl!r}: not implemented (a reward model's new value "
-                            f"head would stay frozen; DPO / KTO's reference model is not built with adapters); use "
-                            f"train_impl 'normal', or merge the adapters (tools/ckpts/merge_lora.py) and post-train "
-                            f"the merged model")
+        if self.lora and self.train_impl == "rm":
+            problems.append("lora with train_impl 'rm': not implemented yet (LoRA trains the adapters only, so the "
+                            "reward model's new value head would stay frozen at its initial values, and adapter "
+                            "checkpoints, merge_lora.py and the peft export hold adapters only); train the reward "
+                            "model without lora, or merge the adapters (tools/ckpts/merge_lora.py) and train it on "
+                            "the merged model")
         if self.contiguous_checkpointing and not self.partition_activations:
             problems.append("contiguous_checkpointing=true needs partition_activations=true")
         if self.partition_activations and self.sequence_parallel and self.checkpoint_activations:

@@ -10,6 +10,7 @@ the frozen embedding's output has none, so the adapters inside the checkpointed 
 backward failed: "element 0 of tensors does not require grad")."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Dict, Iterator, Tuple
 
 import torch
@@ -80,3 +81,18 @@ def _output_requires_grad(module: nn.Module, inputs: Any, output: Tuple[torch.Te
 def lora_state(model: nn.Module) -> Dict[str, nn.Parameter]:
     """The adapters' parameters by name (this rank's shards)."""
     return {name: param for name, param in model.named_parameters() if is_lora_parameter(name)}
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` computing its frozen base alone (every adapter detached from its linear layer, and put back on
+    exit): DPO / KTO's reference under LoRA (megatron.post_training.reference.AdapterFreeReference), without a
+    second copy of the weights."""
+    adapted = [(module, module.lora) for module in model.modules() if getattr(module, "lora", None) is not None]
+    try:
+        for module, _ in adapted:
+            module.lora = None
+        yield model
+    finally:
+        for module, adapter in adapted:
+            module.lora = adapter

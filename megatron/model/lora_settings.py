@@ -49,8 +49,8 @@ def normalized_lora(value: Optional[Mapping[str, Any]]) -> Optional[Dict[str, An
     return {**DEFAULTS, **out}
 
 
-def lora_problems(value: Any, num_layers: int, attention_types: Tuple[str, ...] = (), moe_layers: Tuple[int, ...] = (),
-                  pipe_parallel_size: int = 0) -> List[str]:
+def lora_problems(value: Any, num_layers: int, attention_types: Tuple[str, ...] = (), moe_layers: Tuple[int, ...] = ()
+                  ) -> List[str]:
     """What is wrong with a (normalized) lora section for this model, each problem naming lora's key."""
     if value is None:
         return []
@@ -107,8 +107,4 @@ def lora_problems(value: Any, num_layers: int, attention_types: Tuple[str, ...] 
         problems.append(f"lora.target_modules: the MLP of layers {moe} is a mixture of experts, whose experts LoRA "
                         f"does not adapt; target query_key_value / dense only, or leave those layers out with "
                         f"lora.layers_to_transform")
-    if pipe_parallel_size > 1:
-        problems.append(f"lora with pipe_parallel_size={pipe_parallel_size}: not implemented (adapter checkpoints and "
-                        f"their base pointer are written for one pipeline stage); use pipe_parallel_size 0 or 1 and "
-                        f"tensor parallelism")
     return problems

@@ -255,10 +255,19 @@ def training_problems(args: NeoXArgsSchema) -> List[str]:
         problems.append("no_save_optim=true with ZeRO stage 3: stage 3 keeps the weights themselves in its optimizer "
                         "partitions, so a checkpoint without them would hold no weights; use ZeRO stage 0-2 or save "
                         "the optimizer state")
-    if args.lora and args.zero_stage != 0:
-        problems.append(f"lora with zero_optimization.stage={args.zero_stage}: not implemented (a LoRA run loads its "
-                        f"base and adapters through DeepSpeed's engine without ZeRO's partitioned files); the optimizer "
-                        f"state is the adapters' only, so use stage 0")
+    if args.lora and args.zero_stage == 3 and args.model_parallel_size > 1:
+        problems.append(f"lora with zero_optimization.stage=3 and model_parallel_size={args.model_parallel_size}: not "
+                        f"supported yet: ZeRO-3 keeps the adapters in its partitioned files, which this project reads "
+                        f"(merge_lora.py, export_lora_to_peft.py, generate.py) at model_parallel_size 1 only; use "
+                        f"ZeRO stage 1 or 2 with tensor parallelism, or model_parallel_size 1 with ZeRO-3")
+    if args.lora and args.pipe_parallel_size > 1 and args.train_impl in ("dpo", "kto") and not (
+            args.precompute_model_name or (args.train_impl == "dpo" and args.dpo_reference_free)):
+        problems.append(f"lora with train_impl {args.train_impl!r} and pipe_parallel_size={args.pipe_parallel_size}: "
+                        f"not implemented yet. Under LoRA the reference model is the policy with its adapters off, "
+                        f"and the reference log-probabilities are computed where the labels are read, on the last "
+                        f"pipeline stage, which holds its own layers only. Precompute them (text_gen_type "
+                        f"'precompute' and precompute_model_name){', set dpo_reference_free' if args.train_impl == 'dpo' else ''}"
+                        f", or use pipe_parallel_size 0 or 1")
     problems += curriculum_problems(args.curriculum_learning, args.seq_length, args.train_impl,
                                     args.sequence_parallel, args.model_parallel_size)
     problems += comms_logger_problems(args.comms_logger)

@@ -15,6 +15,10 @@ Its weights are the policy's when the run starts: those loaded from `load` (e.g.
 `finetune: true`) or, with nothing to load, the initial ones. Each checkpoint of the run stores them beside the
 policy (`dpo_reference_mp_rank_XX.pt`, one per tensor-parallel rank, for KTO too), so a resumed run compares
 with the same reference, not with the policy it resumes.
+
+Under LoRA (the `lora` section) the reference is the policy's own model with its adapters switched off
+(AdapterFreeReference): the frozen base, which is where the adapters start. No second copy of the weights is built
+or saved: the base is the checkpoint each adapter checkpoint points at (`lora_base`, verified on resume).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import torch
 from megatron.checkpoint.files import load_checkpoint_file
 from megatron.checkpoint.format import REFERENCE_FILE
 from megatron.model.gpt2_model import GPT2ModelPipe, GPT2ModelSequential, cast_model, model_dtype
+from megatron.model.lora import adapters_disabled
 from megatron.mpu.host_collectives import broadcast_object, gather_object
 from megatron.post_training.dpo import sequence_logps
 
@@ -100,6 +105,39 @@ class ReferenceModel:
             raise RuntimeError("the reference model is held by the last pipeline stage only")
         logits = self.model(inputs, defer_logits=self.defer_logits)
         return sequence_logps(logits, labels, loss_mask, self.parallel_state.get_model_parallel_group(), self.fp32)
+
+
+class AdapterFreeReference:
+    """DPO / KTO's reference under LoRA: the policy (its GPT2ModelSequential, or the one-stage GPT2ModelPipe's
+    layers as one) with its adapters detached, in eval mode, without gradients. What the batches and the saves use
+    of ReferenceModel (``holds``, ``logps``, ``save``); ``save`` writes nothing (the base is the adapter
+    checkpoints' lora_base)."""
+
+    holds = True
+
+    def __init__(self, policy: torch.nn.Module, parallel_state, fp32: bool = True) -> None:
+        if getattr(policy, "num_stages", 1) > 1:
+            raise ValueError("LoRA's reference runs the policy's whole model on one stage (pipe_parallel_size <= 1)")
+        self.model = policy.to_sequential() if hasattr(policy, "to_sequential") else policy
+        self.parallel_state, self.fp32 = parallel_state, fp32
+        self.defer_logits = not any(hasattr(p, "ds_id") for p in policy.parameters())  # as start_reference sets
+
+    def save(self, checkpoint_dir: str) -> None:
+        """Nothing: the reference is the base checkpoint, which the adapter checkpoint names."""
+
+    @torch.no_grad()
+    def logps(self, inputs, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+        """ReferenceModel.logps of the base: the policy's layers without their adapters (and without dropout)."""
+        modes = {module: module.training for module in self.model.modules()}
+        self.model.eval()
+        try:
+            with adapters_disabled(self.model):
+                logits = self.model(inputs, defer_logits=self.defer_logits)
+                return sequence_logps(logits, labels, loss_mask, self.parallel_state.get_model_parallel_group(),
+                                      self.fp32)
+        finally:
+            for module, training in modes.items():
+                module.training = training
 
 
 def gathered_zero3_parameters(model: torch.nn.Module):

@@ -37,7 +37,7 @@ from megatron.observability.gradient_noise_scale import GradientNoiseScale
 from megatron.observability.profiler import step_profiler
 from megatron.observability.timers import Timers
 from megatron.observability.training_logger import DeepSpeedMonitorSink, MemoryProfiler, TrainingLogger
-from megatron.post_training.reference import ReferenceModel, start_reference
+from megatron.post_training.reference import AdapterFreeReference, ReferenceModel, start_reference
 from megatron.post_training.reinforce import ReinforceReference
 from megatron.training.autoresume import AutoResumeCheck, load_autoresume
 from megatron.training.batches import (ModelBatches, batch_streams, curriculum_step, difficulty_sampling,
@@ -189,16 +189,24 @@ def _start_reference(neox_args, ctx: RunContext, engine, resumed: Optional[str])
             return None  # no KL term
         reference = ReinforceReference(ctx.model_config, ctx.parallel_state, neox_args.kl_impl,
                                        neox_args.fp32_reinforce).to(ctx.device)
+        source = start_reference(reference, engine.module, resumed)
     elif neox_args.train_impl not in ("dpo", "kto") or neox_args.precompute_model_name or (
             neox_args.train_impl == "dpo" and neox_args.dpo_reference_free):
         return None  # none needed, or read from precomputed files (megatron.post_training.precompute)
+    elif ctx.model_config.lora:  # the base: the policy with its adapters off, no second copy
+        reference = AdapterFreeReference(engine.module, ctx.parallel_state, _reference_fp32(neox_args))
+        source = "the base model (the policy with its LoRA adapters off)"
     else:
-        fp32 = neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
-        reference = ReferenceModel(ctx.model_config, ctx.parallel_state, fp32).to(ctx.device)
-    source = start_reference(reference, engine.module, resumed)
+        reference = ReferenceModel(ctx.model_config, ctx.parallel_state, _reference_fp32(neox_args)).to(ctx.device)
+        source = start_reference(reference, engine.module, resumed)
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(f"{neox_args.train_impl.upper()} reference model: {source}", flush=True)
     return reference
+
+
+def _reference_fp32(neox_args) -> bool:
+    """DPO's / KTO's reference log-probabilities in fp32 (dpo_fp32 / kto_fp32)."""
+    return neox_args.dpo_fp32 if neox_args.train_impl == "dpo" else neox_args.kto_fp32
 
 
 def pretrain(neox_args) -> Dict[str, Any]:

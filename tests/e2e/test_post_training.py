@@ -120,3 +120,33 @@ def test_reward_model_under_zero3_learns_the_preference_and_exports_to_transform
             assert score == pytest.approx(want, abs=1e-4)
             scores[kind].append(score)
     assert sum(c > r for c, r in zip(scores["pos"], scores["neg"])) / len(WORDS) > 0.9
+
+
+def test_lora_dpo_uses_the_base_as_reference_and_trains_the_adapters(pairs, tmp_path):
+    """DPO with LoRA adapters at tensor parallel 2 on a base checkpoint saved at 1: the reference is the base itself (the
+    policy with its adapters off: no reference copy, none saved), the first step has loss ln 2, the preference is
+    learnt, and the checkpoints hold the adapters only (their resume is test_lora_train's: the reference, being the
+    base, needs nothing of its own)."""
+    from megatron.checkpoint.files import load_checkpoint_file
+
+    common = dict(num_gpus=2, model_parallel_size=2, dpo_beta=0.5, train_micro_batch_size_per_gpu=4)
+    base = TrainingRun(tmp_path / "base", pairs, train_iters=1, checkpoint_factor=1, load=None,
+                       **{**common, "num_gpus": 1, "model_parallel_size": 1})  # resharded to TP 2 as it loads
+    base.launch()
+    base.assert_ok()
+    lora = {"r": 4, "alpha": 16, "target_modules": ["query_key_value", "dense", "linear1", "linear2"]}
+    run = TrainingRun(tmp_path / "run", pairs, train_iters=8, checkpoint_factor=4, load=str(tmp_path / "base" / "ckpt"),
+                      finetune=True, lora=lora, **common)
+    run.launch()
+    run.assert_ok()
+    assert "DPO reference model: the base model (the policy with its LoRA adapters off)" in run.result.stdout
+    records = run.records()
+    assert abs(records[0]["lm_loss"] - math.log(2)) < 1e-6 and records[0]["reward_margin"] == 0.0
+    last = records[-3:]
+    assert sum(r["reward_accuracy"] for r in last) / 3 > 0.9, [r["reward_accuracy"] for r in records]
+    assert sum(r["lm_loss"] for r in last) / 3 < math.log(2) - 0.1
+    ckpt = tmp_path / "run" / "ckpt" / "global_step4"
+    assert not list(ckpt.glob("dpo_reference_*"))
+    for rank in (0, 1):
+        module = load_checkpoint_file(str(ckpt / f"mp_rank_0{rank}_model_states.pt"))["module"]
+        assert len(module) == 2 * 2 * 4 and all(".lora.lora_" in name for name in module), list(module)

@@ -58,8 +58,7 @@ def test_layers_it_cannot_adapt_are_refused():
     assert not tiny_config(attention_config=[[["mamba", "global"], 1]], lora={"layers_to_transform": 1}).problems()
     rm = tiny_config(train_impl="rm", lora={"r": 2}).problems()
     assert any("lora with train_impl 'rm': not implemented" in p for p in rm), rm
-    pipe = tiny_config(pipe_parallel_size=2, lora={"r": 2}).problems()
-    assert any("pipe_parallel_size=2: not implemented" in p for p in pipe), pipe
+    assert not tiny_config(pipe_parallel_size=2, lora={"r": 2}).problems()  # a pipeline of stages adapts each
 
 
 def test_defaults_and_names():
@@ -188,9 +187,22 @@ def test_tp2_dropout_masks_are_independent_per_partition_on_row_parallel_targets
     run_distributed(_dropout_masks_at_tp2, world_size=2)
 
 
-def test_zero_with_lora_is_refused_by_the_arguments():
+def test_zero_with_lora_is_accepted_but_zero_3_with_tensor_parallelism():
+    from tests.neox_arguments.helpers import problems_of, tiny
+
+    assert "lora with zero_optimization.stage=3 and model_parallel_size=2: not supported yet: ZeRO-3 keeps the " \
+        "adapters in its partitioned files" in problems_of(lora={"r": 2}, zero_optimization={"stage": 3},
+                                                           model_parallel_size=2, num_gpus=2)
+    for stage in (1, 2, 3):
+        assert tiny(lora={"r": 2}, zero_optimization={"stage": stage}).zero_stage == stage
+    assert "lora.rnak is not a LoRA setting; did you mean rank" in problems_of(lora={"rnak": 2})
+
+
+def test_dpo_with_lora_in_a_pipeline_is_refused_unless_the_reference_is_precomputed_or_free():
     from tests.neox_arguments.helpers import problems_of
 
-    assert "lora with zero_optimization.stage=2: not implemented" in problems_of(
-        lora={"r": 2}, zero_optimization={"stage": 2})
-    assert "lora.rnak is not a LoRA setting; did you mean rank" in problems_of(lora={"rnak": 2})
+    dpo = dict(lora={"r": 2}, num_gpus=2, train_impl="dpo", dataset_impl="pairwise")
+    refused = "lora with train_impl 'dpo' and pipe_parallel_size=2: not implemented yet. Under LoRA the reference"
+    assert refused in problems_of(**dpo, pipe_parallel_size=2)
+    assert "lora with" not in problems_of(**dpo, pipe_parallel_size=2, dpo_reference_free=True)  # data still missing
+    assert "lora with" not in problems_of(**dpo, pipe_parallel_size=1)

@@ -138,3 +138,44 @@ def test_a_planted_reference_file_is_refused_naming_it(tmp_path) -> None:
     with pytest.raises(CheckpointError, match=r"dpo_reference_mp_rank_00.pt holds a Python object .*posix.system"):
         ReferenceModel(config, state).load(str(tmp_path))
     assert not (tmp_path / "ran").exists()
+
+
+def test_lora_reference_is_the_base_without_a_copy_and_gives_an_explicit_copys_loss() -> None:
+    """Under LoRA the reference is the policy with its adapters off (AdapterFreeReference): the log-probabilities and
+    the DPO loss of an explicit frozen copy of the base, with no second set of weights; a step moves the adapters
+    only, and the reference stays the base."""
+    from megatron.model.lora import is_lora_parameter
+    from megatron.post_training.reference import AdapterFreeReference
+    from tests.model.test_lora import randomize_lora_b
+
+    targets = {"r": 2, "alpha": 4, "target_modules": ["query_key_value", "dense", "linear1", "linear2"]}
+    config, state = tiny_config(hidden_dropout=0.1, attention_dropout=0.0, lora=targets), SingleProcessState()
+    policy = build_model(config, state)
+    randomize_lora_b(policy)  # adapters that change the output
+    explicit = ReferenceModel(tiny_config(hidden_dropout=0.1, attention_dropout=0.0), state)
+    explicit.model.load_state_dict({n: t for n, t in policy.state_dict().items() if not is_lora_parameter(n)})
+    reference = AdapterFreeReference(policy, state)
+    adapted = sum(getattr(m, "lora", None) is not None for m in policy.modules())
+    assert {p.data_ptr() for p in reference.model.parameters()} == {p.data_ptr() for p in policy.parameters()}
+    inputs, (labels, loss_mask) = pair_batch()
+    loss_fn = DPOLoss(beta=0.1, reference_free=False, fp32=True)
+    base_logps = explicit.logps(inputs, labels, loss_mask)
+    logps = reference.logps(inputs, labels, loss_mask)
+    assert policy.training and sum(getattr(m, "lora", None) is not None for m in policy.modules()) == adapted == 8
+    torch.testing.assert_close(logps, base_logps, rtol=0, atol=1e-6)
+    policy.eval()  # the policy's own log-probabilities (with the adapters) differ from the base's
+    with torch.no_grad():
+        assert (sequence_logps(policy(inputs), labels, loss_mask) - base_logps).abs().max() > 1e-2
+    policy.train()
+    torch.manual_seed(3)
+    loss = loss_fn(policy(inputs), (labels, loss_mask, logps))
+    torch.manual_seed(3)
+    explicit_loss = float(loss_fn(policy(inputs), (labels, loss_mask, base_logps)).detach())
+    print("DPO loss, reference = adapters off:", float(loss.detach()), "explicit frozen copy:", explicit_loss)
+    assert float(loss.detach()) == pytest.approx(explicit_loss, abs=1e-6) and abs(explicit_loss - math.log(2)) > 1e-3
+    loss.backward()
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    torch.optim.SGD([p for p in policy.parameters() if p.requires_grad], lr=0.5).step()
+    moved = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(is_lora_parameter(n) for n in moved), sorted(moved)
+    torch.testing.assert_close(reference.logps(inputs, labels, loss_mask), base_logps, rtol=0, atol=1e-6)

@@ -385,8 +385,11 @@ class NeoXArgsModel:
     linear1, linear2 — GPT-NeoX's dense_h_to_4h / dense_4h_to_h name the last two; default [query_key_value]),
     layers_to_transform (layer numbers from 0; default null: every layer). peft's names lora_alpha and lora_dropout
     are accepted. E.g. {r: 16, alpha: 32, target_modules: [query_key_value, dense, linear1, linear2]}. Needs load (the
-    base checkpoint) with finetune: true; checkpoints hold the adapters and a pointer to the base. QLoRA (a 4-bit
-    base), ZeRO stages 1-3 and pipe_parallel_size > 1 are refused. Not a GPT-NeoX argument (GPT-NeoX has no LoRA). See
+    base checkpoint) with finetune: true; checkpoints hold the adapters and a pointer to the base. Works with ZeRO
+    stages 0-3 (stage 3 at model_parallel_size 1), any tensor / pipeline split (a base saved in another is
+    resharded as it loads) and train_impl dpo / kto (the reference is the base: the policy with its adapters off).
+    QLoRA (a 4-bit base), ZeRO-3 with tensor parallelism, train_impl rm, and dpo / kto with a reference model at
+    pipe_parallel_size > 1 are refused. Not a GPT-NeoX argument (GPT-NeoX has no LoRA). See
     docs/fine-tuning.md.
     """
 
