@@ -88,6 +88,8 @@ SCAN_CHUNK = 32
 LOG_SPACE_LIMIT = 30.0
 """The largest |A| x (a chunk's sum of dt) / 2 the matmul form takes: its factors exp(+-a) stay within
 exp(+-30) ~ 1e13, and their products within fp32's range (module docstring)."""
+STEP_BLOCK = 32
+"""Steps per block of ``StepScan`` (its [block, b, n, d] buffers: small enough to stay in cache)."""
 MIN_MATMUL_CHUNK = 4
 """Below this chunk size (steps too large for the log-space factors) the stable scan runs instead."""
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 0.001, 0.1, 1e-4
@@ -117,18 +119,21 @@ SCAN_FORMS = ("steps", "matmul")
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                    D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
                    delta_bias: Optional[torch.Tensor] = None, delta_softplus: bool = True,
-                   initial_state: Optional[torch.Tensor] = None, chunk_size: int = SCAN_CHUNK,
+                   initial_state: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None,
                    form: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(y [b, s, d] in u's dtype, last state [b, d, n] fp32) of the selective SSM (see module docstring).
 
     u, delta, z: [b, s, d]; A: [d, n]; B, C: [b, s, n]; D, delta_bias: [d]; initial_state [b, d, n] (zeros
     when None). Computed in fp32. ``form`` (one of SCAN_FORMS; None: "steps" on CPU, "matmul" elsewhere):
-    "steps" is ``StepScan``, "matmul" the matmul form where the steps allow it (``matmul_chunk``), otherwise (and
+    "steps" is ``StepScan`` in blocks of ``chunk_size`` steps (default STEP_BLOCK), "matmul" the matmul form in
+    chunks of ``chunk_size`` (default SCAN_CHUNK) where the steps allow it (``matmul_chunk``), otherwise (and
     for one step: decoding) chunk by chunk with the stable scan (checkpointed when gradients are needed)."""
     if form is None:
         form = "steps" if u.device.type == "cpu" else "matmul"
     if form not in SCAN_FORMS:
         raise ValueError(f"selective_scan: form={form!r} is not one of {SCAN_FORMS}")
+    if chunk_size is None:
+        chunk_size = STEP_BLOCK if form == "steps" else SCAN_CHUNK
     dtype = u.dtype
     u, delta, A, B, C = u.float(), delta.float(), A.float(), B.float(), C.float()
     if delta_bias is not None:
@@ -138,8 +143,8 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     b, s, d = u.shape
     state = initial_state.float() if initial_state is not None else u.new_zeros(b, d, A.size(1))
     chunk = matmul_chunk(delta, A, chunk_size) if s > 1 and form == "matmul" else None
-    if form == "steps":
-        y, state = StepScan.apply(u, delta, A, B, C, state)
+    if form == "steps" and s > 0:
+        y, state = StepScan.apply(u, delta, A, B, C, state, max(chunk_size, 1))
     elif chunk is not None:
         y, state = _matmul_scan(u, delta, A, B, C, state, chunk)
     else:
@@ -206,54 +211,83 @@ def _matmul_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch
 
 class StepScan(torch.autograd.Function):
     """(C . h_t for each step [b, s, d], the last state [b, d, n]) of fp32 inputs u, delta (softplus applied)
-    [b, s, d], A [d, n], B, C [b, s, n], from the state h0 [b, d, n]: the recurrence one step at a time, as one
-    in-place multiply-add per step over the [b, n, d] state, with a hand-written backward (the same recurrence
-    run backwards) instead of autograd's graph of ~s small nodes.
+    [b, s, d], A [d, n], B, C [b, s, n], from the state h0 [b, d, n], in blocks of ``block`` steps: the
+    recurrence one step at a time, as one in-place multiply-add per step over the [b, n, d] state, with a
+    hand-written backward (the same recurrence run backwards) instead of autograd's graph of ~s small nodes.
 
     Why on CPU: Mamba-1's decays exp(dt A) are per (channel, state), so every form handles [b, s, d, n] tensors
     elementwise; the matmul form needs ~a dozen passes over them (and Q x larger intra-chunk products), this
     one two in the forward (decays, inputs; then the steps and one batched matmul for C . h) and about six in the
     backward, all in the [s, b, n, d] layout (the long inner-channel axis innermost, so the broadcasts over n
-    vectorise) and in place where possible: a fresh [s, b, n, d] buffer costs more in page faults than a pass.
-    Stable at any step size (decays <= 1). Saves the states and the decays ([s, b, n, d] each)."""
+    vectorise) and in place where possible. Only the state entering each block is saved: the backward recomputes
+    a block's decays and states just before it needs them, so the [block, b, n, d] buffers stay in cache and
+    are reused by the allocator (a fresh [s, b, n, d] buffer cost more in page faults than a pass over it), and
+    the memory kept for the backward is that of a [s / block, b, n, d] state. Stable at any step size (decays
+    <= 1)."""
 
     @staticmethod
-    def forward(ctx, u, delta, A, B, C, h0):
+    def forward(ctx, u, delta, A, B, C, h0, block: int):
         dt = delta.transpose(0, 1).unsqueeze(2).contiguous()              # [s, b, 1, d]
         dt_x = (delta * u).transpose(0, 1).unsqueeze(2).contiguous()      # [s, b, 1, d]
         B_t = B.transpose(0, 1).unsqueeze(-1).contiguous()                # [s, b, n, 1]
         C_t = C.transpose(0, 1).unsqueeze(-2).contiguous()                # [s, b, 1, n]
         A_t = A.t().contiguous()                                          # [n, d]
-        decay = torch.mul(dt, A_t).exp_()                                 # [s, b, n, d]: exp(dt_t A)
-        states = torch.mul(B_t, dt_x)                                     # [s, b, n, d]: dt_t x_t B_t, then h_t
-        h = h0.transpose(1, 2)
+        y = dt.new_empty(dt.shape)                                        # [s, b, 1, d]
+        h = h0.transpose(1, 2).contiguous()                               # [b, n, d]
+        entering = []
+        for part in _blocks(dt.size(0), block):
+            entering.append(h)
+            states = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h)[0]
+            torch.matmul(C_t[part], states, out=y[part])                  # C_t . h_t
+            h = states[-1].clone()
+        ctx.block = block
+        ctx.save_for_backward(u, delta, A_t, dt, dt_x, B_t, C_t, torch.stack(entering))
+        return y.squeeze(2).transpose(0, 1), h.transpose(1, 2)
+
+    @staticmethod
+    def _states(dt, dt_x, B_t, A_t, h):
+        """(states h_t, decays exp(dt_t A)) [T, b, n, d] of one block from the state h before it."""
+        decay = torch.mul(dt, A_t).exp_()
+        states = torch.mul(B_t, dt_x)                                     # dt_t x_t B_t, then h_t
         for state, step_decay in zip(states.unbind(0), decay.unbind(0)):
             h = state.addcmul_(step_decay, h)                             # h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t
-        y = torch.matmul(C_t, states).squeeze(2).transpose(0, 1)          # [b, s, d]
-        ctx.save_for_backward(u, delta, A_t, h0, dt, dt_x, B_t, C_t, states, decay)
-        return y, states[-1].transpose(1, 2).clone()
+        return states, decay
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, d_last):
-        u, delta, A_t, h0, dt, dt_x, B_t, C_t, states, decay = ctx.saved_tensors
+        u, delta, A_t, dt, dt_x, B_t, C_t, entering = ctx.saved_tensors
         dy_t = dy.transpose(0, 1).unsqueeze(2).contiguous()               # [s, b, 1, d]
-        grad = torch.mul(C_t.transpose(-1, -2), dy_t)                     # [s, b, n, d]: dL/dh_t from y_t ...
-        grad[-1] += d_last.transpose(1, 2)
-        grads, decays = grad.unbind(0), decay.unbind(0)
-        for t in range(len(grads) - 1, 0, -1):                           # ... plus what h_t passes on to h_{t+1}
-            grads[t - 1].addcmul_(decays[t], grads[t])
-        d_h0 = (decay[0] * grad[0]).transpose(1, 2)
-        d_dt_x = torch.matmul(B_t.transpose(-1, -2), grad).squeeze(2).transpose(0, 1)  # [b, s, d]
-        d_B = torch.matmul(grad, dt_x.transpose(-1, -2)).squeeze(-1).transpose(0, 1)   # [b, s, n]
-        d_C = torch.matmul(states, dy_t.transpose(-1, -2)).squeeze(-1).transpose(0, 1)  # [b, s, n]
-        # dL/d(dt_t A) = grad_t * decay_t * h_{t-1}, in place of grad; its product with dt in place of decay
-        d_log_decay = grad.mul_(decay)
-        d_log_decay[1:].mul_(states[:-1])
-        d_log_decay[0].mul_(h0.transpose(1, 2))
-        d_A = torch.mul(d_log_decay, dt, out=decay).sum((0, 1)).t()
-        d_dt = d_log_decay.mul_(A_t).sum(2).transpose(0, 1)
-        return d_dt_x * delta, d_dt + d_dt_x * u, d_A, d_B, d_C, d_h0
+        d_dt_x, d_dt = torch.empty_like(dt), torch.empty_like(dt)         # [s, b, 1, d]
+        d_B, d_C = torch.empty_like(B_t), torch.empty_like(B_t)           # [s, b, n, 1]
+        d_A = torch.zeros_like(A_t)
+        carry = d_last.transpose(1, 2)                                    # dL/dh at the end of the block
+        for index, part in reversed(list(enumerate(_blocks(dt.size(0), ctx.block)))):
+            h0 = entering[index]
+            states, decay = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h0)
+            grad = torch.mul(C_t[part].transpose(-1, -2), dy_t[part])     # dL/dh_t from y_t ...
+            grad[-1] += carry
+            grads, decays = grad.unbind(0), decay.unbind(0)
+            for t in range(len(grads) - 1, 0, -1):                       # ... plus what h_t passes on to h_{t+1}
+                grads[t - 1].addcmul_(decays[t], grads[t])
+            carry = decay[0] * grad[0]
+            torch.matmul(B_t[part].transpose(-1, -2), grad, out=d_dt_x[part])
+            torch.matmul(grad, dt_x[part].transpose(-1, -2), out=d_B[part])
+            torch.matmul(states, dy_t[part].transpose(-1, -2), out=d_C[part])
+            # dL/d(dt_t A) = grad_t * decay_t * h_{t-1}, in place of grad; its product with dt in place of decay
+            d_log_decay = grad.mul_(decay)
+            d_log_decay[1:].mul_(states[:-1])
+            d_log_decay[0].mul_(h0)
+            d_A += torch.mul(d_log_decay, dt[part], out=decay).sum((0, 1))
+            torch.sum(d_log_decay.mul_(A_t), dim=2, keepdim=True, out=d_dt[part])
+        d_dt_x, d_dt = d_dt_x.squeeze(2).transpose(0, 1), d_dt.squeeze(2).transpose(0, 1)
+        return (d_dt_x * delta, d_dt + d_dt_x * u, d_A.t(), d_B.squeeze(-1).transpose(0, 1),
+                d_C.squeeze(-1).transpose(0, 1), carry.transpose(1, 2), None)
+
+
+def _blocks(steps: int, block: int):
+    """The slices of ``steps`` steps in blocks of ``block`` (the last one shorter)."""
+    return [slice(start, min(start + block, steps)) for start in range(0, steps, block)]
 
 
 def _stable_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,

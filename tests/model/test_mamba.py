@@ -45,7 +45,7 @@ def run(fn, inputs, **kwargs):
 @pytest.mark.parametrize("form", SCAN_FORMS)
 @pytest.mark.parametrize("step_bias", [0.0, 20.0], ids=["ordinary_steps", "huge_steps"])
 def test_scan_equals_the_per_step_reference_fp32(step_bias, form):
-    """45 steps (for the matmul form: in chunks of 16, a partial last chunk) from a random state; huge steps
+    """45 steps in chunks (matmul form) or blocks (step form) of 16, a partial last one, from a random state; huge steps
     (softplus(~20) x A down to -8) decay to 0 without overflow: the step form and the matmul form's stable
     fallback only multiply decays <= 1. Outputs, last state and every gradient (u, delta, A, B, C, D, z, the
     step bias, the initial state)."""
@@ -102,11 +102,15 @@ def test_scan_equals_the_per_step_reference_bf16(form):
         torch.testing.assert_close(got[2][name].float(), grad, **BF16_TOLERANCE, msg=name)
 
 
-def test_chunk_size_does_not_change_the_result():
-    with torch.no_grad():
-        a = selective_scan(**scan_inputs(), chunk_size=1, form="matmul")
-        b = selective_scan(**scan_inputs(), chunk_size=64, form="matmul")
+@pytest.mark.parametrize("form", SCAN_FORMS)
+def test_chunk_size_does_not_change_the_result(form):
+    """Chunks (matmul form) or blocks (step form) of 1 step and of more than the 45 steps give one result."""
+    a = run(selective_scan, scan_inputs(), chunk_size=1, form=form)
+    b = run(selective_scan, scan_inputs(), chunk_size=64, form=form)
     torch.testing.assert_close(a[0], b[0], **FP32_TOLERANCE)
+    torch.testing.assert_close(a[1], b[1], **FP32_TOLERANCE)
+    for name, grad in a[2].items():
+        torch.testing.assert_close(b[2][name], grad, **FP32_TOLERANCE, msg=name)
 
 
 def test_causal_conv_continues_from_its_state():
