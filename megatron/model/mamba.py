@@ -220,9 +220,9 @@ class StepScan(torch.autograd.Function):
     one two in the forward (decays, inputs; then the steps and one batched matmul for C . h) and about six in the
     backward, all in the [s, b, n, d] layout (the long inner-channel axis innermost, so the broadcasts over n
     vectorise) and in place where possible. Only the state entering each block is saved: the backward recomputes
-    a block's decays and states just before it needs them, so the [block, b, n, d] buffers stay in cache and
-    are reused by the allocator (a fresh [s, b, n, d] buffer cost more in page faults than a pass over it), and
-    the memory kept for the backward is that of a [s / block, b, n, d] state. Stable at any step size (decays
+    a block's decays and states just before it needs them, into [block, b, n, d] buffers allocated once per call
+    that stay in cache (a fresh [s, b, n, d] buffer cost more in page faults than a pass over it), and the
+    memory kept for the backward is that of a [s / block, b, n, d] state. Stable at any step size (decays
     <= 1)."""
 
     @staticmethod
@@ -235,9 +235,10 @@ class StepScan(torch.autograd.Function):
         y = dt.new_empty(dt.shape)                                        # [s, b, 1, d]
         h = h0.transpose(1, 2).contiguous()                               # [b, n, d]
         entering = []
+        buffers = StepScan._buffers(dt, B_t, block)
         for part in _blocks(dt.size(0), block):
             entering.append(h)
-            states = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h)[0]
+            states = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h, *buffers)[0]
             torch.matmul(C_t[part], states, out=y[part])                  # C_t . h_t
             h = states[-1].clone()
         ctx.block = block
@@ -245,10 +246,17 @@ class StepScan(torch.autograd.Function):
         return y.squeeze(2).transpose(0, 1), h.transpose(1, 2)
 
     @staticmethod
-    def _states(dt, dt_x, B_t, A_t, h):
-        """(states h_t, decays exp(dt_t A)) [T, b, n, d] of one block from the state h before it."""
-        decay = torch.mul(dt, A_t).exp_()
-        states = torch.mul(B_t, dt_x)                                     # dt_t x_t B_t, then h_t
+    def _buffers(dt, B_t, block: int):
+        """Two [block, b, n, d] buffers, reused by every block of one forward or backward."""
+        shape = (min(block, dt.size(0)), dt.size(1), B_t.size(2), dt.size(3))
+        return dt.new_empty(shape), dt.new_empty(shape)
+
+    @staticmethod
+    def _states(dt, dt_x, B_t, A_t, h, decay, states):
+        """(states h_t, decays exp(dt_t A)) [T, b, n, d] of one block from the state h before it, written into
+        the first T steps of the buffers ``decay`` and ``states``."""
+        decay = torch.mul(dt, A_t, out=decay[:dt.size(0)]).exp_()
+        states = torch.mul(B_t, dt_x, out=states[:dt.size(0)])           # dt_t x_t B_t, then h_t
         for state, step_decay in zip(states.unbind(0), decay.unbind(0)):
             h = state.addcmul_(step_decay, h)                             # h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t
         return states, decay
@@ -262,10 +270,13 @@ class StepScan(torch.autograd.Function):
         d_B, d_C = torch.empty_like(B_t), torch.empty_like(B_t)           # [s, b, n, 1]
         d_A = torch.zeros_like(A_t)
         carry = d_last.transpose(1, 2)                                    # dL/dh at the end of the block
+        buffers = StepScan._buffers(dt, B_t, ctx.block)
+        grad_buffer = torch.empty_like(buffers[0])
         for index, part in reversed(list(enumerate(_blocks(dt.size(0), ctx.block)))):
             h0 = entering[index]
-            states, decay = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h0)
-            grad = torch.mul(C_t[part].transpose(-1, -2), dy_t[part])     # dL/dh_t from y_t ...
+            states, decay = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h0, *buffers)
+            grad = torch.mul(C_t[part].transpose(-1, -2), dy_t[part],     # dL/dh_t from y_t ...
+                             out=grad_buffer[:len(states)])
             grad[-1] += carry
             grads, decays = grad.unbind(0), decay.unbind(0)
             for t in range(len(grads) - 1, 0, -1):                       # ... plus what h_t passes on to h_{t+1}
