@@ -25,7 +25,13 @@ the ranks, so every rank's dt, B and C are those of the whole layer: TP=N comput
 (GPT-NeoX's mixer skips that sum and chunks each rank's in_proj rows into x and z, so its model_parallel_size
 > 1 Mamba is another function: such checkpoints are refused, megatron.checkpoint.engine.gpt_neox_mamba_problem.)
 
-The selective scan (``selective_scan``) is matmul-shaped, in the state-space-duality form (Dao & Gu, 2024)
+The selective scan (``selective_scan``) takes one of two forms. On CPU (the default there) ``StepScan``: the
+recurrence one in-place multiply-add per step over the [b, n, d] state, in blocks of ``STEP_BLOCK`` steps
+recomputed in its hand-written backward (the recurrence run backwards); Mamba-1's per-(channel, state) decays
+make every form elementwise over [b, s, d, n] tensors, and on CPU the fewest passes over cache-sized buffers
+win (in one process, 1 thread, CPU time, the 4-layer hidden-256 model's training step went from 0.35x to
+0.99x the attention model's with it and the convolution below). Elsewhere it is matmul-shaped, in the
+state-space-duality form (Dao & Gu, 2024)
 written out for Mamba-1's per-channel, per-state A: the sequence is cut into chunks of ``SCAN_CHUNK`` steps; in
 a chunk the cumulative sums of dt give the log decays a_t = A (cum_t - m) (m: half the chunk's total, so that
 |a| stays within half its range), and with P_t = C_t exp(a_t), K_s = B_s exp(-a_s) each channel's outputs
@@ -38,7 +44,7 @@ where a sequence's steps are too large for that (it is checked on the host per c
 can reach the tens), the chunk is halved, and below 4 steps the scan falls back to the form that is stable at
 any step size: inside a chunk a log-depth (Hillis-Steele) scan over the step pairs (exp(dt A), dt B x), which
 only ever multiplies decays <= 1, each chunk recomputed in the backward (activation checkpointing). Decoding
-(a forward of one step) takes that step path too. Both equal ``selective_scan_reference`` (the per-step
+(a forward of one step) takes that stable path in the matmul form. All equal ``selective_scan_reference`` (the per-step
 recurrence), which tests check in fp32 and bf16: outputs, last state and every gradient.
 
 Kernels (GPU, optional, requirements/requirements-mamba.txt): mamba_causal_conv_fusion calls
@@ -66,6 +72,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from megatron.model.checkpoint_layout import MAMBA_LAYER, install_hooks
@@ -82,6 +89,8 @@ SCAN_CHUNK = 32
 LOG_SPACE_LIMIT = 30.0
 """The largest |A| x (a chunk's sum of dt) / 2 the matmul form takes: its factors exp(+-a) stay within
 exp(+-30) ~ 1e13, and their products within fp32's range (module docstring)."""
+STEP_BLOCK = 32
+"""Steps per block of ``StepScan`` (its [block, b, n, d] buffers: small enough to stay in cache)."""
 MIN_MATMUL_CHUNK = 4
 """Below this chunk size (steps too large for the log-space factors) the stable scan runs instead."""
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 0.001, 0.1, 1e-4
@@ -104,16 +113,28 @@ def _scan_chunk(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.
     return torch.einsum("btdn,btn->btd", states, C), states[:, -1].clone()  # not a view: frees states
 
 
+SCAN_FORMS = ("steps", "matmul")
+"""``selective_scan``'s forms: "steps" (the CPU default) and "matmul" (with its stable fallback; elsewhere)."""
+
+
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                    D: Optional[torch.Tensor] = None, z: Optional[torch.Tensor] = None,
                    delta_bias: Optional[torch.Tensor] = None, delta_softplus: bool = True,
-                   initial_state: Optional[torch.Tensor] = None, chunk_size: int = SCAN_CHUNK
-                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+                   initial_state: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None,
+                   form: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(y [b, s, d] in u's dtype, last state [b, d, n] fp32) of the selective SSM (see module docstring).
 
     u, delta, z: [b, s, d]; A: [d, n]; B, C: [b, s, n]; D, delta_bias: [d]; initial_state [b, d, n] (zeros
-    when None). Computed in fp32: in the matmul form where the steps allow it (``matmul_chunk``), otherwise (and
+    when None). Computed in fp32. ``form`` (one of SCAN_FORMS; None: "steps" on CPU, "matmul" elsewhere):
+    "steps" is ``StepScan`` in blocks of ``chunk_size`` steps (default STEP_BLOCK), "matmul" the matmul form in
+    chunks of ``chunk_size`` (default SCAN_CHUNK) where the steps allow it (``matmul_chunk``), otherwise (and
     for one step: decoding) chunk by chunk with the stable scan (checkpointed when gradients are needed)."""
+    if form is None:
+        form = "steps" if u.device.type == "cpu" else "matmul"
+    if form not in SCAN_FORMS:
+        raise ValueError(f"selective_scan: form={form!r} is not one of {SCAN_FORMS}")
+    if chunk_size is None:
+        chunk_size = STEP_BLOCK if form == "steps" else SCAN_CHUNK
     dtype = u.dtype
     u, delta, A, B, C = u.float(), delta.float(), A.float(), B.float(), C.float()
     if delta_bias is not None:
@@ -122,8 +143,10 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         delta = F.softplus(delta)
     b, s, d = u.shape
     state = initial_state.float() if initial_state is not None else u.new_zeros(b, d, A.size(1))
-    chunk = matmul_chunk(delta, A, chunk_size) if s > 1 else None
-    if chunk is not None:
+    chunk = matmul_chunk(delta, A, chunk_size) if s > 1 and form == "matmul" else None
+    if form == "steps" and s > 0:
+        y, state = StepScan.apply(u, delta, A, B, C, state, max(chunk_size, 1))
+    elif chunk is not None:
         y, state = _matmul_scan(u, delta, A, B, C, state, chunk)
     else:
         y, state = _stable_scan(u, delta, A, B, C, state, chunk_size)
@@ -187,6 +210,98 @@ def _matmul_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch
     return y, state
 
 
+class StepScan(torch.autograd.Function):
+    """(C . h_t for each step [b, s, d], the last state [b, d, n]) of fp32 inputs u, delta (softplus applied)
+    [b, s, d], A [d, n], B, C [b, s, n], from the state h0 [b, d, n], in blocks of ``block`` steps: the
+    recurrence one step at a time, as one in-place multiply-add per step over the [b, n, d] state, with a
+    hand-written backward (the same recurrence run backwards) instead of autograd's graph of ~s small nodes.
+
+    Why on CPU: Mamba-1's decays exp(dt A) are per (channel, state), so every form handles [b, s, d, n] tensors
+    elementwise; the matmul form needs ~a dozen passes over them (and Q x larger intra-chunk products), this
+    one two in the forward (decays, inputs; then the steps and one batched matmul for C . h) and about six in the
+    backward, all in the [s, b, n, d] layout (the long inner-channel axis innermost, so the broadcasts over n
+    vectorise) and in place where possible. Only the state entering each block is saved: the backward recomputes
+    a block's decays and states just before it needs them, into [block, b, n, d] buffers allocated once per call
+    that stay in cache (a fresh [s, b, n, d] buffer cost more in page faults than a pass over it), and the
+    memory kept for the backward is that of a [s / block, b, n, d] state. Stable at any step size (decays
+    <= 1)."""
+
+    @staticmethod
+    def forward(ctx, u, delta, A, B, C, h0, block: int):
+        dt = delta.transpose(0, 1).unsqueeze(2).contiguous()              # [s, b, 1, d]
+        dt_x = (delta * u).transpose(0, 1).unsqueeze(2).contiguous()      # [s, b, 1, d]
+        B_t = B.transpose(0, 1).unsqueeze(-1).contiguous()                # [s, b, n, 1]
+        C_t = C.transpose(0, 1).unsqueeze(-2).contiguous()                # [s, b, 1, n]
+        A_t = A.t().contiguous()                                          # [n, d]
+        y = dt.new_empty(dt.shape)                                        # [s, b, 1, d]
+        h = h0.transpose(1, 2).contiguous()                               # [b, n, d]
+        entering = []
+        buffers = StepScan._buffers(dt, B_t, block)
+        for part in _blocks(dt.size(0), block):
+            entering.append(h)
+            states = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h, *buffers)[0]
+            torch.matmul(C_t[part], states, out=y[part])                  # C_t . h_t
+            h = states[-1].clone()
+        ctx.block = block
+        ctx.save_for_backward(u, delta, A_t, dt, dt_x, B_t, C_t, torch.stack(entering))
+        return y.squeeze(2).transpose(0, 1), h.transpose(1, 2)
+
+    @staticmethod
+    def _buffers(dt, B_t, block: int):
+        """Two [block, b, n, d] buffers, reused by every block of one forward or backward."""
+        shape = (min(block, dt.size(0)), dt.size(1), B_t.size(2), dt.size(3))
+        return dt.new_empty(shape), dt.new_empty(shape)
+
+    @staticmethod
+    def _states(dt, dt_x, B_t, A_t, h, decay, states):
+        """(states h_t, decays exp(dt_t A)) [T, b, n, d] of one block from the state h before it, written into
+        the first T steps of the buffers ``decay`` and ``states``."""
+        decay = torch.mul(dt, A_t, out=decay[:dt.size(0)]).exp_()
+        states = torch.mul(B_t, dt_x, out=states[:dt.size(0)])           # dt_t x_t B_t, then h_t
+        for state, step_decay in zip(states.unbind(0), decay.unbind(0)):
+            h = state.addcmul_(step_decay, h)                             # h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t
+        return states, decay
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, d_last):
+        u, delta, A_t, dt, dt_x, B_t, C_t, entering = ctx.saved_tensors
+        dy_t = dy.transpose(0, 1).unsqueeze(2).contiguous()               # [s, b, 1, d]
+        d_dt_x, d_dt = torch.empty_like(dt), torch.empty_like(dt)         # [s, b, 1, d]
+        d_B, d_C = torch.empty_like(B_t), torch.empty_like(B_t)           # [s, b, n, 1]
+        d_A = torch.zeros_like(A_t)
+        carry = d_last.transpose(1, 2)                                    # dL/dh at the end of the block
+        buffers = StepScan._buffers(dt, B_t, ctx.block)
+        grad_buffer = torch.empty_like(buffers[0])
+        for index, part in reversed(list(enumerate(_blocks(dt.size(0), ctx.block)))):
+            h0 = entering[index]
+            states, decay = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h0, *buffers)
+            grad = torch.mul(C_t[part].transpose(-1, -2), dy_t[part],     # dL/dh_t from y_t ...
+                             out=grad_buffer[:len(states)])
+            grad[-1] += carry
+            grads, decays = grad.unbind(0), decay.unbind(0)
+            for t in range(len(grads) - 1, 0, -1):                       # ... plus what h_t passes on to h_{t+1}
+                grads[t - 1].addcmul_(decays[t], grads[t])
+            carry = decay[0] * grad[0]
+            torch.matmul(B_t[part].transpose(-1, -2), grad, out=d_dt_x[part])
+            torch.matmul(grad, dt_x[part].transpose(-1, -2), out=d_B[part])
+            torch.matmul(states, dy_t[part].transpose(-1, -2), out=d_C[part])
+            # dL/d(dt_t A) = grad_t * decay_t * h_{t-1}, in place of grad; its product with dt in place of decay
+            d_log_decay = grad.mul_(decay)
+            d_log_decay[1:].mul_(states[:-1])
+            d_log_decay[0].mul_(h0)
+            d_A += torch.mul(d_log_decay, dt[part], out=decay).sum((0, 1))
+            torch.sum(d_log_decay.mul_(A_t), dim=2, keepdim=True, out=d_dt[part])
+        d_dt_x, d_dt = d_dt_x.squeeze(2).transpose(0, 1), d_dt.squeeze(2).transpose(0, 1)
+        return (d_dt_x * delta, d_dt + d_dt_x * u, d_A.t(), d_B.squeeze(-1).transpose(0, 1),
+                d_C.squeeze(-1).transpose(0, 1), carry.transpose(1, 2), None)
+
+
+def _blocks(steps: int, block: int):
+    """The slices of ``steps`` steps in blocks of ``block`` (the last one shorter)."""
+    return [slice(start, min(start + block, steps)) for start in range(0, steps, block)]
+
+
 def _stable_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                  state: torch.Tensor, chunk_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """(C . h_t for each step [b, s, d], the last state) chunk by chunk with ``_scan_chunk``, stable at any step
@@ -240,9 +355,14 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     tail = window[:, window.size(1) - (width - 1):]
     if s <= width or window.device.type == "cpu":
         # k multiply-adds per channel: for decoding steps a conv call costs ~100x more on CPU, and for training on
-        # CPU the depthwise conv's backward took 1.3 s per layer at [2, 512, 512] (oneDNN), this one milliseconds
-        out = (window.unfold(1, width, 1) * weight.squeeze(1)).sum(-1)    # [b, s, d]
-        return (out if bias is None else out + bias), tail
+        # CPU the depthwise conv's backward took 1.3 s per layer at [2, 512, 512] (oneDNN), this one milliseconds;
+        # one shifted [b, s, d] multiply-add per tap (a product over unfold's [b, s, d, k] and its sum over the
+        # inner k took 4x longer, forward and backward)
+        taps = weight.squeeze(1).t()                                      # [k, d]
+        out = window[:, :s] * taps[0] if bias is None else torch.addcmul(bias, window[:, :s], taps[0])
+        for j in range(1, width):
+            out = torch.addcmul(out, window[:, j:j + s], taps[j])         # [b, s, d]
+        return out, tail
     out = F.conv1d(window.transpose(1, 2), weight, bias, groups=d)        # [b, d, s]
     return out.transpose(1, 2), tail
 

@@ -1,12 +1,13 @@
-"""Mamba: the selective scan (its matmul form, and the stable chunked form it falls back to for large steps) equals
-the per-step recurrence (outputs, last state and gradients; fp32 and bf16), the causal convolution continues from
+"""Mamba: the selective scan (its step form, the CPU default; its matmul form, and the stable chunked form that one falls
+back to for large steps) equals the per-step recurrence (outputs, last state and gradients; fp32 and bf16), the causal convolution continues from
 its state, fp32 parameters, and the GPU flags' refusal."""
 
 import pytest
 import torch
 
 from megatron.model.gpt2_model import build_model
-from megatron.model.mamba import causal_conv1d, matmul_chunk, selective_scan, selective_scan_reference
+from megatron.model.mamba import (SCAN_FORMS, causal_conv1d, matmul_chunk, selective_scan,
+                                  selective_scan_reference)
 from megatron.mpu import SingleProcessState
 from megatron.errors import ConfigError
 from tests.model.helpers import random_batch, tiny_config
@@ -41,12 +42,18 @@ def run(fn, inputs, **kwargs):
     return y, state, {k: v.grad for k, v in inputs.items()}
 
 
+@pytest.mark.parametrize("form", SCAN_FORMS)
 @pytest.mark.parametrize("step_bias", [0.0, 20.0], ids=["ordinary_steps", "huge_steps"])
-def test_chunked_scan_equals_the_per_step_reference_fp32(step_bias):
-    """45 steps in chunks of 16 (a partial last chunk); huge steps (softplus(~20) x A down to -8) decay to 0
-    without overflow: the chunked form only multiplies decays <= 1."""
+def test_scan_equals_the_per_step_reference_fp32(step_bias, form):
+    """45 steps in chunks (matmul form) or blocks (step form) of 16, a partial last one, from a random state; huge steps
+    (softplus(~20) x A down to -8) decay to 0 without overflow: the step form and the matmul form's stable
+    fallback only multiply decays <= 1. Outputs, last state and every gradient (u, delta, A, B, C, D, z, the
+    step bias, the initial state)."""
     ref = run(selective_scan_reference, scan_inputs(step_bias=step_bias))
-    got = run(selective_scan, scan_inputs(step_bias=step_bias), chunk_size=16)
+    got = run(selective_scan, scan_inputs(step_bias=step_bias), chunk_size=16, form=form)
+    worst = {"y": (got[0] - ref[0]).abs().max().item(), "state": (got[1] - ref[1]).abs().max().item(),
+             **{name: (got[2][name] - grad).abs().max().item() for name, grad in ref[2].items()}}
+    print(form, "scan, largest differences:", worst)
     torch.testing.assert_close(got[0], ref[0], **FP32_TOLERANCE)
     torch.testing.assert_close(got[1], ref[1], **FP32_TOLERANCE)
     for name, grad in ref[2].items():
@@ -63,7 +70,7 @@ def test_matmul_scan_equals_the_per_step_reference_fp32(chunk):
     delta = torch.nn.functional.softplus(inputs["delta"] + inputs["delta_bias"])
     assert matmul_chunk(delta, inputs["A"], chunk) == chunk
     ref = run(selective_scan_reference, scan_inputs(step_bias=-3.0))
-    got = run(selective_scan, inputs, chunk_size=chunk)
+    got = run(selective_scan, inputs, chunk_size=chunk, form="matmul")
     worst = {"y": (got[0] - ref[0]).abs().max().item(), "state": (got[1] - ref[1]).abs().max().item(),
              **{name: (got[2][name] - grad).abs().max().item() for name, grad in ref[2].items()}}
     print("matmul scan, largest differences:", worst)
@@ -82,11 +89,12 @@ def test_large_steps_take_the_stable_scan():
     assert matmul_chunk(delta[:, :1] * 0.01, inputs["A"], 16) == 16  # the same A with small steps: it fits
 
 
-def test_chunked_scan_equals_the_per_step_reference_bf16():
+@pytest.mark.parametrize("form", SCAN_FORMS)
+def test_scan_equals_the_per_step_reference_bf16(form):
     inputs = scan_inputs(dtype=torch.bfloat16)
     as_fp32 = {k: v.detach().float().requires_grad_() for k, v in inputs.items()}
     ref = run(selective_scan_reference, as_fp32)
-    got = run(selective_scan, inputs)
+    got = run(selective_scan, inputs, form=form)
     assert got[0].dtype == torch.bfloat16
     torch.testing.assert_close(got[0].float(), ref[0], **BF16_TOLERANCE)
     torch.testing.assert_close(got[1], ref[1], **FP32_TOLERANCE)  # the state stays fp32
@@ -94,11 +102,15 @@ def test_chunked_scan_equals_the_per_step_reference_bf16():
         torch.testing.assert_close(got[2][name].float(), grad, **BF16_TOLERANCE, msg=name)
 
 
-def test_chunk_size_does_not_change_the_result():
-    with torch.no_grad():
-        a = selective_scan(**scan_inputs(), chunk_size=1)
-        b = selective_scan(**scan_inputs(), chunk_size=64)
+@pytest.mark.parametrize("form", SCAN_FORMS)
+def test_chunk_size_does_not_change_the_result(form):
+    """Chunks (matmul form) or blocks (step form) of 1 step and of more than the 45 steps give one result."""
+    a = run(selective_scan, scan_inputs(), chunk_size=1, form=form)
+    b = run(selective_scan, scan_inputs(), chunk_size=64, form=form)
     torch.testing.assert_close(a[0], b[0], **FP32_TOLERANCE)
+    torch.testing.assert_close(a[1], b[1], **FP32_TOLERANCE)
+    for name, grad in a[2].items():
+        torch.testing.assert_close(b[2][name], grad, **FP32_TOLERANCE, msg=name)
 
 
 def test_causal_conv_continues_from_its_state():
