@@ -76,9 +76,9 @@ from megatron.mpu.host_collectives import barrier, broadcast_object
 from megatron.utils.optional_deps import MissingOptionalDependency
 
 
-def _rng_states() -> Dict[str, Any]:
+def _rng_states(tracker=None) -> Dict[str, Any]:
     """What a checkpoint saves (a seam tests replace to interrupt a save)."""
-    return rng_states()
+    return rng_states(tracker)
 
 
 def directory_bytes(path: str) -> int:
@@ -166,13 +166,14 @@ def _save_failure(path: str, exc: BaseException) -> CheckpointError:
 def save_checkpoint(neox_args, model_config, iteration: int, engine,
                     extra_state: Optional[Dict[str, Any]] = None,
                     write_extra: Optional[Callable[[str], None]] = None, complete: bool = True,
-                    non_persistent: bool = False) -> str:
+                    non_persistent: bool = False, rng_tracker=None) -> str:
     """Save on every rank; returns the checkpoint directory. `extra_state` holds e.g. the data position;
     `write_extra(directory)` (every rank) adds files before the checkpoint is marked complete (DPO's reference).
     ``complete=False``: the engine's files may still be being written (async_save's BackgroundWriter); the caller
     completes the checkpoint with complete_checkpoint once they are (megatron.checkpoint.async_save).
     ``non_persistent``: into the non-persistent directory, which then keeps only this checkpoint
-    (megatron.checkpoint.non_persistent)."""
+    (megatron.checkpoint.non_persistent). ``rng_tracker``: the model's RNGStatesTracker, whose streams are saved
+    with the rank's RNG states (a resume then draws the dropout masks the uninterrupted run drew)."""
     save_dir = os.path.normpath(non_persistent_dir(neox_args)) if non_persistent else neox_args.save
     tag = tag_for(iteration)
     path = os.path.join(save_dir, tag)
@@ -195,7 +196,7 @@ def save_checkpoint(neox_args, model_config, iteration: int, engine,
             engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False, **lora)
         os.makedirs(path, exist_ok=True)
         if not neox_args.no_save_rng:
-            torch.save(_rng_states(), rng_file(path, rank))
+            torch.save(_rng_states(rng_tracker), rng_file(path, rank))
         if rank == 0:
             with open(os.path.join(path, ARGS_FILE), "w", encoding="utf-8") as handle:
                 json.dump(saved_args(neox_args, model_config), handle, indent=1, sort_keys=True, default=str)
@@ -506,7 +507,7 @@ def _check_gpt_neox_optimizer_state(path: str, model_config) -> None:
                               f"true to keep its iteration)")
 
 
-def restore_rng(neox_args, path: Optional[str], client_state: Mapping[str, Any]) -> None:
+def restore_rng(neox_args, path: Optional[str], client_state: Mapping[str, Any], rng_tracker=None) -> None:
     """Set this process's RNG to what checkpoint ``path`` saved of it (``client_state``: as load_checkpoint
     returned it), unless fine-tuning, no_load_rng or nothing to load. The one place a resume sets the RNG: call it
     where the uninterrupted run stood when it saved, i.e. after whatever setup draws (building the data streams),
@@ -515,7 +516,7 @@ def restore_rng(neox_args, path: Optional[str], client_state: Mapping[str, Any])
         return
     states = saved_rng_states(path, client_state, process_rank())
     if states is not None:
-        set_rng_states(states)
+        set_rng_states(states, rng_tracker)
 
 
 def load_checkpoint(neox_args, model_config, engine, checkpoint: Optional[FoundCheckpoint]

@@ -46,21 +46,36 @@ def _numpy_state() -> tuple:
     return name, keys.tolist(), int(position), int(has_gauss), float(cached_gaussian)
 
 
-def rng_states() -> Dict[str, Any]:
-    """This process's RNG states (python, numpy, torch [, cuda]), as the checkpoint saves them: plain data."""
+TRACKER_KEY = "tracker"
+"""The entry holding the model's RNGStatesTracker streams (megatron.mpu.random: the model-parallel stream that
+attention dropout and row-parallel LoRA dropout draw from), {name: (CPU state, CUDA state or None)}."""
+
+
+def rng_states(tracker=None) -> Dict[str, Any]:
+    """This process's RNG states (python, numpy, torch [, cuda], and ``tracker``'s named streams when given), as the
+    checkpoint saves them: plain data."""
     states = {"python": random.getstate(), "numpy": _numpy_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state()
+    if tracker is not None:
+        states[TRACKER_KEY] = tracker.get_states()
     return states
 
 
-def set_rng_states(states: Mapping[str, Any]) -> None:
-    """Restore the states ``rng_states`` returned (or, from checkpoints saved before, numpy's as an ndarray)."""
+def set_rng_states(states: Mapping[str, Any], tracker=None) -> None:
+    """Restore the states ``rng_states`` returned (or, from checkpoints saved before, numpy's as an ndarray), and
+    ``tracker``'s streams where the checkpoint holds them (one saved before they were kept leaves the tracker at its
+    seeds: such a resume draws other dropout masks than the uninterrupted run did)."""
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state(states["cuda"])
+    if tracker is not None and TRACKER_KEY in states:
+        saved = dict(states[TRACKER_KEY])
+        if not torch.cuda.is_available():  # a CUDA run's streams resumed on CPU: their CPU half only
+            saved = {name: (cpu, None) for name, (cpu, _cuda) in saved.items()}
+        tracker.set_states(saved)
 
 
 def saved_rng_states(path: str, client_state: Mapping[str, Any], rank: int) -> Optional[Dict[str, Any]]:

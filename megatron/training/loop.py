@@ -262,7 +262,7 @@ def _train_and_evaluate(neox_args, ctx: RunContext, do_train: bool, check_space:
     schedule_of_lengths = start_curriculum(neox_args, engine, iteration, client_state) if do_train else None
     # the first step draws from the checkpoint's RNG state, as the uninterrupted run did at that step (MoE router
     # jitter and dropout draw the same noise), whatever building the batch streams drew: set here, and only here
-    restore_rng(neox_args, loaded_from, client_state)
+    restore_rng(neox_args, loaded_from, client_state, ctx.rng_tracker)
     run = _TrainingRun(neox_args, ctx, (engine, optimizer, lr_scheduler), schedule, state, schedule_of_lengths,
                        streams, reference, stop, deadline, do_train)
     if loaded_from is not None:
@@ -455,7 +455,8 @@ class _TrainingRun:
                                    {**run_state(self.state, self.curriculum), **sampler_records(self.train_batches)[1],
                                     **validation_state(neox_args, self.engine, self.ctx)},
                                    write_extra=self.reference.save if self.reference is not None else None,
-                                   complete=background is None, non_persistent=non_persistent)
+                                   complete=background is None, non_persistent=non_persistent,
+                                   rng_tracker=self.ctx.rng_tracker)
             if background is not None:
                 self.save_started[path] = started
                 self.logger.log_save_started(path, at)

@@ -499,3 +499,25 @@ def test_latest_naming_a_deleted_directory_with_nothing_to_resume_is_one_clear_e
         find_checkpoint(args)  # train.py, generate.py and eval.py find their checkpoint here
     assert message in "".join(load_problems(args))  # deepy.py refuses before launch
     assert finished_run_message(args) is None  # not "nothing to train ... at iteration 4"
+
+
+def test_the_model_parallel_rng_stream_resumes_where_it_was_saved(tmp_path):
+    """The tracker's streams (attention dropout's, row-parallel LoRA dropout's) are saved with the rank's RNG states
+    and set back by restore_rng: after a resume the stream draws what the uninterrupted run drew next."""
+    from megatron.mpu.random import RNGStatesTracker
+
+    args = args_for(tmp_path)
+    tracker = RNGStatesTracker()
+    tracker.add("model-parallel-rng", 1234)
+    with tracker.fork("model-parallel-rng"):
+        torch.rand(5)  # the stream moved on by some steps' masks
+    path = save_checkpoint(args, _model(args), 4, FakeEngine(), rng_tracker=tracker)
+    with tracker.fork("model-parallel-rng"):
+        expected = torch.rand(3)
+    resumed = RNGStatesTracker()
+    resumed.add("model-parallel-rng", 1234)  # as a relaunch seeds it
+    iteration, client_state, loaded = load_checkpoint(args, _model(args), FakeEngine(), find_checkpoint(args))
+    restore_rng(args, loaded, client_state, resumed)
+    with resumed.fork("model-parallel-rng"):
+        assert torch.equal(torch.rand(3), expected)
+    assert loaded == path

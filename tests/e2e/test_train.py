@@ -106,7 +106,7 @@ def test_pipeline_matches_single_rank_logs_every_stage_and_resumes(data, tmp_pat
 
 def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path):
     """A DeepSpeed `scheduler` dict replaces the built-in schedule: DeepSpeed builds it, the logged lr is the one
-    it sets, and it resumes from the checkpoint. Evaluation also reports the character-level perplexity, and the
+    it sets, and it resumes from the checkpoint exactly, attention dropout's masks included. Evaluation also reports the character-level perplexity, and the
     resumed run finds its checkpoint's loss on the fixed sequence again (checkpoint_validation_with_forward_pass).
     The straight run uploads each complete checkpoint to S3 (s3_path; a real S3 server on 127.0.0.1, moto's), in
     chunks of s3_chunk_size, byte-identical (tests/checkpoint/test_s3_upload.py: interruptions and failures)."""
@@ -116,6 +116,7 @@ def test_deepspeed_scheduler_dict_sets_the_lr_and_resumes_exactly(data, tmp_path
     peak = TINY_MODEL["optimizer"]["params"]["lr"]
     settings = dict(num_gpus=1, train_iters=8, eval_interval=4, char_level_ppl=True,
                     checkpoint_validation_with_forward_pass=True,
+                    attention_dropout=0.1,  # its masks come from the tracker's stream, saved and resumed with the rest
                     lr_decay_style="linear", min_lr=0.0, warmup=0.01,  # the built-in schedule's defaults
                     scheduler={"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3, "total_num_steps": 8,
                                                                     "warmup_type": "linear"}})

@@ -76,9 +76,9 @@ def _install_hooks() -> None:
         Armed.saving = iteration
         return original_save(neox_args, model_config, iteration, engine, *args, **kwargs)
 
-    def rng_states():  # called after DeepSpeed has written its files: the save is half done
+    def rng_states(*args):  # called after DeepSpeed has written its files: the save is half done
         _stop_here("save", Armed.saving)
-        return original_rng()
+        return original_rng(*args)
 
     def write_atomically(path, text):
         if os.path.basename(path) == checkpoint_format.LATEST_FILE:  # COMPLETE is written, `latest` not yet
