@@ -51,7 +51,8 @@ whose flag is off is its PyTorch reference. The masked kernel fills hidden score
 convention), which gives the same probabilities as -inf wherever a query sees at least one key. "flash" layers never use
 the fused softmax: they call flash-attn 2 where it is installed and can do the call (CUDA, fp16/bf16;
 see megatron.model.flash), and otherwise attend like "global" layers without the fusion flags.
-Without either flag attention uses SDPA, the fastest choice on CPU and GPU.
+Without either flag attention uses SDPA, the fastest choice on CPU and GPU (on a CPU in bf16 or fp16, SDPA in fp32:
+``sdpa``).
 
 A batch of packed documents (the attention_mask slot holding where documents start, [b, s], megatron.model.batch)
 attends within each document as if it were run alone, without an s x s mask: ``_documents_context``, after the QK
@@ -86,6 +87,23 @@ from megatron.model.ring_attention import ring_attention
 from megatron.model.sparsity_config import SPARSE_TYPES
 from megatron.mpu import ColumnParallelLinear, RowParallelLinear
 from megatron.mpu.context_parallel import chunk_positions
+
+
+HALF_PRECISIONS = (torch.bfloat16, torch.float16)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """F.scaled_dot_product_attention, except that on a CPU half-precision q, k, v attend in fp32 (the result in
+    their dtype). PyTorch's CPU flash kernel gains nothing from bf16 and its backward is slower than fp32's: forward
+    and backward at [8, 4, 128, 32] (the quickstart's) took 2.4x fp32's time in bf16 and 1.2x through fp32, and
+    at [1, 8, 2048, 128] no more in fp32 than in bf16 (measured on a 2-core AMD EPYC with avx512_bf16, 2026-11-28).
+    The softmax in fp32 is also the more precise one. A float mask (a bias) goes to fp32 with them."""
+    if q.device.type != "cpu" or q.dtype not in HALF_PRECISIONS:
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    mask = kwargs.get("attn_mask")
+    if mask is not None and mask.is_floating_point():
+        kwargs["attn_mask"] = mask.float()
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs).to(q.dtype)
 
 
 def qkv_blocks(config: ModelConfig):
@@ -322,8 +340,8 @@ class ParallelSelfAttention(nn.Module):
                              self._single_query_sees_all(s, attention_mask)):
             # Fast path (flash / memory-efficient kernels where available): causal mask or none, no bias.
             with self._dropout_stream(dropout):
-                context = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=s > 1,
-                                                         enable_gqa=gqa, scale=self.softmax_scale)
+                context = sdpa(q, k, v, dropout_p=dropout, is_causal=s > 1, enable_gqa=gqa,
+                               scale=self.softmax_scale)
             return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
         q_pos = torch.arange(offset, offset + s, device=q.device)
         k_pos = torch.arange(k.size(2), device=q.device)
@@ -340,8 +358,7 @@ class ParallelSelfAttention(nn.Module):
                 mask = allowed
                 if bias is not None:
                     mask = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
-                context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa,
-                                                         scale=self.softmax_scale)
+                context = sdpa(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa, scale=self.softmax_scale)
         return context.transpose(1, 2).reshape(b, s, self.local_heads * d)
 
     def _flash_applies(self, q: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> bool:

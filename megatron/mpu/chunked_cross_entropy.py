@@ -51,13 +51,24 @@ CHUNK_LOGITS_BYTES = 256 * 2 ** 20
 """A chunk's fp32 logits take at most this much (about 1,300 tokens of a 50k vocabulary on one rank). Its
 temporaries (the logits in the model's dtype, their fp32 copy, the gradient) stay within about twice that; the
 matmuls keep at least a few hundred rows, enough to run at full speed on a GPU."""
+CPU_CHUNK_LOGITS_BYTES = 16 * 2 ** 20
+"""On a CPU a chunk's fp32 logits take at most this much (or CHUNK_LOGITS_BYTES if smaller), unless that is fewer
+tokens than the hidden size. glibc's malloc maps every allocation of 32 MiB or more afresh and unmaps it when freed,
+so a chunk's logits that large page-fault all their pages on every step: on issue 34's 2-core AMD EPYC VM, casting
+the quickstart's [1024, 8192] bf16 logits to fp32 took 25-39 ms in one piece and 2.2 ms in four (2026-11-28). The
+floor of hidden-size tokens keeps a chunk's logits at least as large as the weight's gradient ([vocabulary shard,
+hidden], fp32) that every chunk reads and writes."""
 CHUNK_ALIGNMENT = 128
 
 
-def default_chunk_tokens(vocab_per_rank: int) -> int:
-    """Tokens per chunk: as many as keep a chunk's fp32 logits within CHUNK_LOGITS_BYTES, rounded down to a multiple
-    of CHUNK_ALIGNMENT (matmul tiles) where that leaves any."""
-    tokens = max(1, CHUNK_LOGITS_BYTES // (4 * max(1, vocab_per_rank)))
+def default_chunk_tokens(vocab_per_rank: int, hidden: int = 0, cpu: bool = False) -> int:
+    """Tokens per chunk: as many as keep a chunk's fp32 logits within CHUNK_LOGITS_BYTES (on a ``cpu``, within
+    CPU_CHUNK_LOGITS_BYTES but at least ``hidden`` tokens), rounded down to a multiple of CHUNK_ALIGNMENT (matmul
+    tiles) where that leaves any."""
+    per_token = 4 * max(1, vocab_per_rank)
+    tokens = max(1, CHUNK_LOGITS_BYTES // per_token)
+    if cpu and CPU_CHUNK_LOGITS_BYTES < CHUNK_LOGITS_BYTES:
+        tokens = min(tokens, max(CPU_CHUNK_LOGITS_BYTES // per_token, hidden, 1))
     return tokens // CHUNK_ALIGNMENT * CHUNK_ALIGNMENT if tokens >= CHUNK_ALIGNMENT else tokens
 
 
@@ -160,7 +171,8 @@ def _flatten(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, c
     if weight.dim() != 2 or weight.size(1) != hidden.size(-1):
         raise ValueError(f"linear cross entropy: weight {tuple(weight.shape)} is not [vocabulary shard, "
                          f"{hidden.size(-1)}]")
-    chunk = default_chunk_tokens(weight.size(0)) if chunk_tokens is None else int(chunk_tokens)
+    chunk = default_chunk_tokens(weight.size(0), weight.size(1), weight.device.type == "cpu") \
+        if chunk_tokens is None else int(chunk_tokens)
     if chunk < 1:
         raise ValueError(f"linear cross entropy: chunk_tokens must be >= 1, got {chunk_tokens}")
     return hidden.reshape(-1, hidden.size(-1)), target.reshape(-1), chunk

@@ -316,6 +316,22 @@ def test_bf16_with_fp32_softmax_close_to_fp32():
     assert abs(loss.item() - ref_loss.item()) < 2e-2
 
 
+@pytest.mark.parametrize("window", [None, 4])
+def test_bf16_attention_on_cpu_computes_in_fp32(window):
+    """On a CPU, bf16 queries, keys and values attend through SDPA in fp32 (PyTorch's CPU kernel is slower in bf16,
+    megatron.model.attention.sdpa): the layer's result is fp32 attention's, rounded to bf16, on the causal path and
+    with a mask (a sliding window)."""
+    model = build_model(tiny_config(precision="bfloat16", sliding_window_width=window), SingleProcessState())
+    q, k, v = (torch.randn(2, 16, 4, 8, generator=torch.Generator().manual_seed(i)).bfloat16() for i in range(3))
+    position = torch.arange(16)
+    allowed = (position[None, :] <= position[:, None]) & (position[None, :] >= position[:, None] - (window or 16))
+    fp32 = [t.float().transpose(1, 2) for t in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(*fp32, attn_mask=allowed)
+    context = model.layers[0].attention._core(q, k, v, None)
+    assert torch.equal(context, expected.bfloat16().transpose(1, 2).reshape(2, 16, 32)), \
+        (context.float() - expected.transpose(1, 2).reshape(2, 16, 32)).abs().max()
+
+
 def test_dropout_only_in_training():
     model = build_model(tiny_config(attention_dropout=0.5, hidden_dropout=0.5), SingleProcessState())
     inputs, _ = random_batch()

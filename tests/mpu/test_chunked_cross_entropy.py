@@ -132,6 +132,22 @@ def test_default_chunk_keeps_a_chunks_logits_within_budget():
     assert default_chunk_tokens(10 ** 9) == 1
 
 
+def test_cpu_chunks_stay_below_glibcs_fresh_mapping_size():
+    """On a CPU a chunk's fp32 logits stay within CPU_CHUNK_LOGITS_BYTES (16 MiB: glibc maps 32 MiB afresh on every
+    allocation), but a chunk has at least hidden-size tokens: the quickstart's 1024 tokens x 8192 vocabulary go in
+    two chunks of 512, and the largest tensor the bf16 loss makes is one chunk's logits."""
+    assert default_chunk_tokens(8192, 128, cpu=True) == 512
+    assert default_chunk_tokens(50304, 768, cpu=True) == 768  # 83 tokens would fit: the hidden-size floor
+    assert default_chunk_tokens(8192, 128) == 8192  # elsewhere CHUNK_LOGITS_BYTES alone
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(1024, 8, generator=gen).bfloat16().requires_grad_()
+    weight = torch.randn(8192, 8, generator=gen).bfloat16().requires_grad_()
+    target = torch.randint(0, 8192, (1024,), generator=gen)
+    with LargestTensor() as mode:
+        weighted_linear_cross_entropy(hidden, weight, target, torch.ones(1024)).backward()
+    assert mode.largest == 512 * 8192
+
+
 def test_bad_shapes_are_refused_with_the_shapes():
     hidden, weight, target, mask = _case()
     with pytest.raises(ValueError, match=r"hidden \(3, 8, 16\) does not match target \(3, 7\)"):
