@@ -98,7 +98,8 @@ def _as_gpt_neox_writes_it(ckpt: Path, out: Path) -> Path:
         state = torch.load(path, weights_only=False)
         for key in (LAYOUT_KEY, "consumed_train_samples", "consumed_valid_samples"):
             state.pop(key)
-        state.update({GPT_NEOX_KEYS[name]: value for name, value in rng.items()})
+        # GPT-NeoX's four generators (its CUDA tracker's states, rng_tracker_states, have no CPU form to give)
+        state.update({GPT_NEOX_KEYS[name]: value for name, value in rng.items() if name in GPT_NEOX_KEYS})
         torch.save(state, path)
     (out / "latest").write_text(ckpt.name)
     return out / ckpt.name
