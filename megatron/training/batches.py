@@ -2,7 +2,7 @@
 precomputed reference log-probabilities), resumed from the TrainState's position, the sequence-length
 curriculum that cuts them, and data_efficiency's difficulty sampler of the training split (megatron.data.difficulty)
 with its logged bounds and checkpointed state."""
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -66,14 +66,18 @@ def difficulty_sampling(neox_args, engine, ctx: RunContext, client_state: Dict[s
         neox_args.gradient_accumulation_steps, dist.get_rank(), state)
 
 
-def sampler_records(batches: Optional["ModelBatches"]) -> Tuple[Dict[str, int], Dict[str, Any]]:
-    """(what the logs say, what a checkpoint keeps) of the training stream's difficulty sampler: the bound of
-    each metric for the last step, and its state."""
+def sampler_logs(batches: Optional["ModelBatches"]) -> Dict[str, int]:
+    """What the logs say of the training stream's difficulty sampler: the bound of each metric for the last step."""
     sampler = getattr(batches, "sampler", None)
     if sampler is None:
-        return {}, {}
-    return ({f"data_efficiency_difficulty/{metric}": value for metric, value in sampler.difficulties().items()},
-            {SAMPLER_STATE_KEY: sampler.state_dict()})
+        return {}
+    return {f"data_efficiency_difficulty/{metric}": value for metric, value in sampler.difficulties().items()}
+
+
+def sampler_state(batches: Optional["ModelBatches"]) -> Dict[str, Any]:
+    """What a checkpoint keeps of the training stream's difficulty sampler (its state, taken only when saving)."""
+    sampler = getattr(batches, "sampler", None)
+    return {} if sampler is None else {SAMPLER_STATE_KEY: sampler.state_dict()}
 
 
 def data_source(neox_args, split: str) -> str:

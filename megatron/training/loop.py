@@ -41,7 +41,7 @@ from megatron.post_training.reference import AdapterFreeReference, ReferenceMode
 from megatron.post_training.reinforce import ReinforceReference
 from megatron.training.autoresume import AutoResumeCheck, load_autoresume
 from megatron.training.batches import (ModelBatches, batch_streams, curriculum_step, difficulty_sampling,
-                                       sampler_records, start_curriculum)
+                                       sampler_logs, sampler_state, start_curriculum)
 from megatron.training.checkpoint_validation import check_loaded_checkpoint, validation_state
 from megatron.training.mup_run import base_shapes_and_coord_check
 from megatron.training.setup import setup_model_and_optimizer
@@ -400,7 +400,7 @@ class _TrainingRun:
             extras["curriculum_seqlen"] = seqlen
         if self.engine.random_ltd_enabled():
             extras.update(random_ltd_metrics(self.engine.module, self.engine.random_ltd_scheduler))
-        extras.update(sampler_records(self.train_batches)[0])
+        extras.update(sampler_logs(self.train_batches))
         self.logger.log_train(iteration=iteration, lm_loss=loss, lr=current_lr(self.lr_scheduler),
                               grad_norm=grad_norm, step_time=time.perf_counter() - started, skipped=skipped,
                               extras=extras, batch_size=batch_size, seq_length=seqlen)
@@ -452,7 +452,7 @@ class _TrainingRun:
                 self.uploads.wait()  # its upload is done before this save's completion prunes it (keep_last_n)
             started = time.perf_counter()
             path = save_checkpoint(neox_args, self.ctx.model_config, at, self.engine,
-                                   {**run_state(self.state, self.curriculum), **sampler_records(self.train_batches)[1],
+                                   {**run_state(self.state, self.curriculum), **sampler_state(self.train_batches),
                                     **validation_state(neox_args, self.engine, self.ctx)},
                                    write_extra=self.reference.save if self.reference is not None else None,
                                    complete=background is None, non_persistent=non_persistent,
@@ -486,14 +486,12 @@ class _TrainingRun:
             return False
         self.save()
         stop_name = self.stop.signal_name
-        if signalled:
-            self.summary["stopped_by"] = stop_name or "another rank's signal"
+        if signalled:  # train.py exits 128 + the signal (megatron.launch.signals); otherwise 0
+            self.summary["stopped_by"], self.summary["signal"] = stop_name or "another rank's signal", stop_name
         else:
             self.summary["stopped_by"] = "adlr_autoresume" if resume else "exit_duration_in_mins"
-        if signalled:  # train.py exits 128 + the signal (megatron.launch.signals); otherwise 0
-            self.summary["signal"] = stop_name
-        elif resume and (not dist.is_initialized() or dist.get_rank() == 0):
-            self.autoresume.request_resume()
+            if resume and (not dist.is_initialized() or dist.get_rank() == 0):
+                self.autoresume.request_resume()
         if self.logger.is_logging_rank:
             self._say_why_stopped(signalled)
         return True
