@@ -24,7 +24,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         if not keep_dtype:
             logits = logits.float()
         world = group_size(group)
-        logits_max = logits.max(dim=-1).values
+        logits_max = logits.amax(dim=-1)
         if world > 1:
             collectives().all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
         shifted = logits - logits_max.unsqueeze(-1)

@@ -12,6 +12,7 @@ from megatron.mpu import vocab_parallel_cross_entropy
 from megatron.mpu.chunked_cross_entropy import (
     CHUNK_ALIGNMENT,
     default_chunk_tokens,
+    exp_in_place,
     linear_cross_entropy,
     weighted_linear_cross_entropy,
 )
@@ -194,3 +195,17 @@ def test_on_a_gpu_the_chunked_loss_matches_the_whole_one_in_a_fraction_of_the_me
         print(f"{name} gradient: relative L2 error {error:.1e}")
         assert error < 1e-2
     assert peak < want_peak / 4
+
+
+def test_exp_in_place_is_exp_to_float_rounding_where_the_loss_uses_it():
+    """The loss exponentiates logits minus their row maximum (<= 0) through exp2 in fp32: within 2^-24 |x| (the
+    rounding of x log2 e) plus exp2's own ulps of exp, exactly 1 at 0; half precision keeps exp itself."""
+    x = torch.cat([torch.linspace(-40.0, 0.0, 100_001), torch.zeros(3)])
+    got, want = exp_in_place(x.clone()), torch.exp(x.double())
+    relative = ((got.double() - want) / want).abs()
+    bound = 2.0 ** -24 * x.abs().double() + 2.0 ** -21
+    print(f"worst relative error {relative.max().item():.2e}; worst against the bound "
+          f"{(relative / bound).max().item():.2f}")
+    assert torch.all(relative <= bound) and torch.all(got[-3:] == 1.0)
+    half = torch.linspace(-8.0, 0.0, 101).bfloat16()
+    assert torch.equal(exp_in_place(half.clone()), torch.exp(half))
