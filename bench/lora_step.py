@@ -14,16 +14,14 @@ backward through the activations.
 Prints one markdown table row per mode, under a title with the date, the commit and the machine."""
 
 import argparse
-import datetime
 import os
-import subprocess
 import sys
 import tempfile
 from typing import Dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import (REPO, machine_description, median, plain_train_config, print_table,  # noqa: E402
+from bench.common import (machine_description, median, plain_train_config, print_table,  # noqa: E402
                           step_time_and_peak, train_with_deepy)
 from bench.train_throughput import write_data  # noqa: E402
 
@@ -72,14 +70,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv=None) -> None:
     args = parse_args(argv)
     runs = {mode: [] for mode in MODES}
@@ -102,8 +92,7 @@ def main(argv=None) -> None:
     shape = SIZES[args.size]
     print_table(f"LoRA (r {args.rank}, alpha {LORA['alpha']}, {', '.join(LORA['target_modules'])}) vs full "
                 f"fine-tuning: {args.size} ({shape['num_layers']} layers, hidden {shape['hidden_size']}), seq "
-                f"{args.seq}, batch {args.batch}, {args.precision}; {datetime.date.today()}, commit {commit()}, on "
-                f"{machine_description()}",
+                f"{args.seq}, batch {args.batch}, {args.precision}, on {machine_description()}",
                 ["mode", "trained parameters", "peak MB", "vs full MB", "step s", "step time vs full"], rows)
 
 

@@ -20,7 +20,8 @@ from typing import Dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import median, median_of_turning_runs, print_table, train_with_deepy  # noqa: E402
+from bench.common import (machine_description, median, median_of_turning_runs, print_table,  # noqa: E402
+                          train_with_deepy)
 from bench.train_throughput import SIZES, ours_config, write_data  # noqa: E402
 
 CONTENDERS = {
@@ -75,7 +76,8 @@ def main() -> None:
         s = summary[name]
         rows.append([CONTENDERS[name][0], f"{s['step_time'] * 1000:.0f}", f"{s['peak_mb']:,.0f}",
                      f"{base['step_time'] / s['step_time']:.2f}", f"{s['loss']:.6f}"])
-    print_table(f"ZeRO-Offload, {args.size} model, seq {args.seq}, batch {args.batch}, {args.precision}",
+    print_table(f"ZeRO-Offload, {args.size} model, seq {args.seq}, batch {args.batch}, {args.precision}, on "
+                f"{machine_description()}",
                 ["contender", "step ms", "peak GPU MB" if on_gpu else "peak RSS MB", "speed vs no offload",
                  "last loss"], rows)
 

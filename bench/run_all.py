@@ -53,6 +53,8 @@ EXTRA_SET = (
     Benchmark("offload", ("bench/offload_throughput.py", "--size", "small", "--seq", "256", "--steps", "2",
                           "--warmup", "1", "--repeats", "1"), 5.0),
     Benchmark("async_save", ("bench/async_save.py",), 5.0),
+    Benchmark("lora", ("bench/lora_step.py", "--size", "small", "--seq", "256", "--batch", "4", "--steps", "3",
+                       "--repeats", "2"), 2.0),
 )
 """--all adds these (about 20 minutes more)."""
 
