@@ -6,11 +6,11 @@ matmul rates):
 
     python tools/datasets/prepare_data.py      # once: the stdlib corpus the quickstart and preprocessing use
     python bench/run_all.py                    # the ~20-minute set
-    python bench/run_all.py --all              # + the larger model, ZeRO-Offload and async_save (~20 min more)
+    python bench/run_all.py --all              # + the 125M-class model, DeepSpeed's MoE, ZeRO-Offload, async_save, LoRA
     python bench/run_all.py --only moe,recurrent --out /tmp/tables.md
     python bench/run_all.py --list             # the commands, without running them
 
-Each benchmark runs in its own process (its contenders in theirs, the order turning every repeat, medians of 2
+Each benchmark runs in its own process (its contenders in theirs, the order turning every repeat, medians of 2 or 3
 repeats); one that fails is reported and the others still run; the exit code is 1 when any failed."""
 
 import argparse
@@ -89,7 +89,7 @@ def run(benchmark: Benchmark) -> Tuple[int, str]:
 
 def parse_args(argv: Sequence[str] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--all", action="store_true", help="add the larger model, ZeRO-Offload and async_save")
+    parser.add_argument("--all", action="store_true", help="add the 125M-class model, DeepSpeed's MoE layer, ZeRO-Offload, async_save and LoRA")
     parser.add_argument("--only", help="comma list of benchmark names (see --list)")
     parser.add_argument("--list", action="store_true", help="print the benchmarks and their commands, run nothing")
     parser.add_argument("--out", help="also write the tables to this markdown file")
