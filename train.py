@@ -9,8 +9,17 @@ diverged (a non-finite loss, fp16 overflow without end), 128 + N stopped by sign
 
 import sys
 
+import torch
+
 from megatron.errors import EXIT_DIVERGED, CheckpointError, ConfigError, DataError, TokenizerError, TrainingDiverged
 from megatron.neox_arguments import NeoXArgs
+from megatron.utils.host_memory import reuse_freed_host_memory
+
+
+def keep_host_memory_for_reuse() -> None:
+    """On a CPU run, glibc's malloc keeps freed memory for the next step (megatron.utils.host_memory)."""
+    if not torch.cuda.is_available():
+        reuse_freed_host_memory()
 
 
 def main() -> int:
@@ -20,6 +29,7 @@ def main() -> int:
     neox_args = None
     try:
         neox_args = NeoXArgs.consume_neox_args()
+        keep_host_memory_for_reuse()
         from megatron.training.loop import pretrain
 
         summary = pretrain(neox_args)
