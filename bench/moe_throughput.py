@@ -5,7 +5,7 @@
   (b) the dropless MoE (moe_type megablocks): E SwiGLU experts of width F in every layer, top-k routing;
   (c) DeepSpeed's MoE layer (moe_type deepspeed) with the same experts, router and top-k, capacity factor 1
       with token dropping, no residual MLP;
-  (d) transformers' MixtralForCausalLM of the same shape (random weights, torch.optim.AdamW; its own attention
+  (d) transformers' MixtralForCausalLM of the same shape (random weights, fused torch.optim.AdamW; its own attention
       and RMSNorm, bench/train_competitors.py).
 
 (a)-(c) train through deepy.py on the same data.

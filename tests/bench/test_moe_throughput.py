@@ -30,9 +30,16 @@ def test_mixtral_has_the_same_shape():
 
     shape = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32, "vocab_size": 128,
              "num_experts": 4, "top_k": 2, "expert_width": 48}
-    model, _, loss_of = build_mixtral(shape, torch.device("cpu"))
+    model, optimizer, loss_of = build_mixtral(shape, torch.device("cpu"))
     experts = model.model.layers[0].mlp.experts
     assert tuple(experts.gate_up_proj.shape) == (4, 2 * 48, 64) and model.config.num_experts_per_tok == 2
     assert len(model.model.layers) == 2
     tokens = torch.randint(0, 128, (2, 32))
-    assert torch.isfinite(loss_of(tokens, tokens))
+    loss = loss_of(tokens, tokens)
+    assert torch.isfinite(loss)
+    # at its fastest: torch's fused AdamW (as the project's own Adam on CPU), which steps here
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"], optimizer.defaults
+    before = experts.gate_up_proj.detach().clone()
+    loss.backward()
+    optimizer.step()
+    assert not torch.equal(before, experts.gate_up_proj)

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from megatron.model.gpt2_model import build_model
 from megatron.model.init_functions import Initializer
 from megatron.model.moe import DroplessMoE, moe_layers, moe_metrics, set_aux_loss_scale
+from megatron.model.moe import layer as moe_layer_module
+from megatron.model.moe.layer import combine
 from megatron.model.moe.router import load_balancing_loss, sinkhorn
 from megatron.model.config import ModelConfig
 from megatron.mpu import SingleProcessState
@@ -108,33 +110,66 @@ def uses_in_graph(out: torch.Tensor, params) -> list:
     return [counts[id(p)] for p in params]
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "gelu"])
-def test_split_experts_are_bit_identical_to_sliced_experts(activation, monkeypatch):
-    """The experts split once per forward (unbind of the stacked weights, split of the rows) give the outputs and
-    every gradient of the per-expert slicing they replace, bit for bit; one expert gets no token."""
-    config = moe_config(activation=activation, moe_num_experts=5, moe_top_k=2)
+def unused_expert_case(config: ModelConfig, seed: int):
+    """A layer of 5 experts whose expert 4 is never chosen (its gradients must be zeros), its input, and ``run()``:
+    the output and the gradients of (x, every parameter) for a fixed random output gradient."""
     layer = _layer(config).train()
     with torch.no_grad():
-        layer.router.layer.weight[4] = 0.0  # x[..., 0] = 1: expert 4 is never chosen, its gradients must be zeros
+        layer.router.layer.weight[4] = 0.0  # x[..., 0] = 1: expert 4 is never chosen
         layer.router.layer.weight[4, 0] = -1e3
-    x = torch.randn(2, 6, config.hidden_size, generator=torch.Generator().manual_seed(3))
+    x = torch.randn(2, 6, config.hidden_size, generator=torch.Generator().manual_seed(seed))
     x = x.index_fill(-1, torch.tensor([0]), 1.0).requires_grad_()
     names, params = zip(*[("x", x)] + list(layer.named_parameters()))
-    grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(4))
+    grad_out = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 1))
 
     def run():
         out = layer(x)
         return out, torch.autograd.grad((out * grad_out).sum(), params, allow_unused=True)
+    return layer, x, names, run
 
-    got, got_grads = run()
-    edges = uses_in_graph(layer(x), [layer.experts.mlp.w1, layer.experts.mlp.w2])
-    assert edges == [1, 1], f"the stacked weights are used {edges} times in the graph: sliced per expert"
-    monkeypatch.setattr(type(layer.experts.mlp), "forward", sliced_experts_forward)
-    want, want_grads = run()
+
+def assert_bit_identical(layer, names, got_run, want_run) -> None:
+    """Both runs give the same output and gradients, bit for bit, and only expert 4 got no token."""
+    (got, got_grads), (want, want_grads) = got_run, want_run
     assert layer.load.routed[4] == 0 and (layer.load.routed[:4] > 0).all()
     assert torch.equal(got, want), f"outputs differ by {(got - want).abs().max().item():.3g}"
     for name, g, w in zip(names, got_grads, want_grads):
         assert torch.equal(g, w), f"{name}: gradients differ by {(g - w).abs().max().item():.3g}"
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "gelu"])
+def test_split_experts_are_bit_identical_to_sliced_experts(activation, monkeypatch):
+    """The experts split once per forward (unbind of the stacked weights, split of the rows) give the outputs and
+    every gradient of the per-expert slicing they replace, bit for bit; one expert gets no token."""
+    layer, x, names, run = unused_expert_case(moe_config(activation=activation, moe_num_experts=5, moe_top_k=2), 3)
+    got = run()
+    edges = uses_in_graph(layer(x), [layer.experts.mlp.w1, layer.experts.mlp.w2])
+    assert edges == [1, 1], f"the stacked weights are used {edges} times in the graph: sliced per expert"
+    monkeypatch.setattr(type(layer.experts.mlp), "forward", sliced_experts_forward)
+    assert_bit_identical(layer, names, got, run())
+
+
+def indexed_dispatch(tokens: torch.Tensor, token_of_slot: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The dispatch as the layer computed it before megatron.model.moe.dispatch: advanced indexing."""
+    return tokens[token_of_slot]
+
+
+def indexed_combine(routing, order, token_of_slot, positions, out_sorted) -> torch.Tensor:
+    """The combine as the layer computed it before megatron.model.moe.dispatch: index_add_ into zeros."""
+    return combine(out_sorted.new_zeros(positions.shape[0], out_sorted.shape[-1]), routing, order, token_of_slot,
+                   out_sorted)
+
+
+@pytest.mark.parametrize("top_k", [2, 3])
+def test_permutation_dispatch_is_bit_identical_to_indexing(top_k, monkeypatch):
+    """Routing rows by permutation gathers (megatron.model.moe.dispatch) gives the outputs and every gradient of
+    indexing and index_add_ into zeros, bit for bit (a token's slots added in the same order); one expert gets no
+    token."""
+    layer, _, names, run = unused_expert_case(moe_config(activation="swiglu", moe_num_experts=5, moe_top_k=top_k), 5)
+    got = run()
+    monkeypatch.setattr(moe_layer_module, "dispatch", indexed_dispatch)
+    monkeypatch.setattr(moe_layer_module, "combine_all", indexed_combine)
+    assert_bit_identical(layer, names, got, run())
 
 
 def test_load_balancing_loss_by_hand():

@@ -3,6 +3,7 @@
 * ``layer``: the dropless layer (``moe_type: megablocks``), plain PyTorch;
 * ``deepspeed_layer``: DeepSpeed's token-dropping layer (``moe_type: deepspeed``);
 * ``router``: top-k and Sinkhorn routing, jitter, the load-balancing loss;
+* ``dispatch``: the dropless layer's rows moved between token order and expert order (permutation gathers);
 * ``stats``: the auxiliary loss's gradient and the per-layer expert load for the logs;
 * ``expert_parallel``: the dropless layer with its experts split over data-parallel ranks (moe_expert_parallel_size
   > 1; DeepSpeed's layer does it itself, deepspeed_layer);

@@ -47,7 +47,8 @@ from deepspeed.moe.layer import MoE
 from torch import nn
 
 from megatron.model.config import ModelConfig
-from megatron.model.moe.layer import (GroupedExperts, SlotCounts, combine, expert_mlp, route, run_by_expert,
+from megatron.model.moe.dispatch import slot_positions
+from megatron.model.moe.layer import (GroupedExperts, SlotCounts, combine_all, expert_mlp, route, run_by_expert,
                                       sequence_parallel_moe)
 from megatron.model.moe.router import Router
 from megatron.model.moe.stats import MoELayerBase
@@ -143,7 +144,7 @@ class ExpertParallelDroplessMoE(MoE, MoELayerBase):
             out_sorted = reduce_from_model_parallel_region(out_sorted, self.model_group)
         else:
             out_sorted = out_block
-        combined = combine(tokens, routing, order, token_of_slot, out_sorted)
+        combined = combine_all(routing, order, token_of_slot, slot_positions(order, self.top_k), out_sorted)
         return self._finish(combined, aux, counts, float(order.numel())).view(shape)
 
     def _read_counts(self, counts: torch.Tensor) -> SlotCounts:

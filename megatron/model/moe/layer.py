@@ -10,6 +10,8 @@ Every token reaches its ``moe_top_k`` experts; nothing is dropped and there is n
    MegaBlocks, as a loop);
 4. each slot's output is scaled by its combine weight and summed back into its token's row.
 
+Steps 2 and 4 move rows as permutations (megatron.model.moe.dispatch), their gradients gathers too.
+
 Parameters carry GPT-NeoX's names and layouts (its ParallelDroplessMoE), so checkpoints cross unchanged:
 ``router.layer.weight`` [E, hidden]; ``experts.mlp.w1`` [E * F, hidden] (expert e's rows e*F .. (e+1)*F);
 ``experts.mlp.w2`` [E * F, hidden] (the down projection, used as x @ w2_e), each split by rows (by expert) over
@@ -34,6 +36,7 @@ from torch import nn
 
 from megatron.model.activations import elementwise_activation
 from megatron.model.config import ModelConfig
+from megatron.model.moe.dispatch import combine_slots, dispatch, slot_positions
 from megatron.model.moe.router import Router, expert_counts
 from megatron.model.moe.stats import MoELayerBase
 from megatron.model.parameter_marks import MOE_EXPERT_FLAG
@@ -109,11 +112,23 @@ def route(router: nn.Module, tokens: torch.Tensor, num_experts: int, top_k: int)
     return routing, aux, order, counts, order // top_k
 
 
+def weighted_slots(routing, order: torch.Tensor, out_sorted: torch.Tensor) -> torch.Tensor:
+    """Each sorted slot's output [slots, hidden] times its router weight (``order``: those slots' ids)."""
+    return out_sorted * routing.weights.reshape(-1)[order].to(out_sorted.dtype).unsqueeze(-1)
+
+
 def combine(tokens: torch.Tensor, routing, order: torch.Tensor, token_of_slot: torch.Tensor,
             out_sorted: torch.Tensor) -> torch.Tensor:
-    """Each sorted slot's output [T x k, hidden] times its router weight, summed into its token's row."""
-    weights = routing.weights.reshape(-1)[order].to(out_sorted.dtype)
-    return torch.zeros_like(tokens).index_add_(0, token_of_slot, out_sorted * weights.unsqueeze(-1))
+    """Some sorted slots' outputs [slots, hidden] (``order`` / ``token_of_slot``: those slots') times their router
+    weights, summed into their tokens' rows of a [T, hidden] zero tensor (``combine_all`` when every slot is there)."""
+    return torch.zeros_like(tokens).index_add_(0, token_of_slot, weighted_slots(routing, order, out_sorted))
+
+
+def combine_all(routing, order: torch.Tensor, token_of_slot: torch.Tensor, positions: torch.Tensor,
+                out_sorted: torch.Tensor) -> torch.Tensor:
+    """Every sorted slot's output [T x k, hidden] times its router weight, summed into its token's row: ``combine``'s
+    numbers, as gathers (megatron.model.moe.dispatch)."""
+    return combine_slots(weighted_slots(routing, order, out_sorted), token_of_slot, positions)
 
 
 EXPERT_PARALLEL_KEY = re.compile(r"^(.*\.)deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(w[123])$")
@@ -195,8 +210,9 @@ class DroplessMoE(MoELayerBase):
         tokens = x.reshape(-1, shape[-1])
         routing, aux, order, counts, token_of_slot = route(self.router, tokens, self.num_experts, self.top_k)
         slots = SlotCounts(counts.tolist())  # the layer's one host sync
+        positions = slot_positions(order, self.top_k)
         if self.tp == 1:
-            out_sorted = self.experts.mlp(tokens[token_of_slot], slots.per_expert)
+            out_sorted = self.experts.mlp(dispatch(tokens, token_of_slot, positions), slots.per_expert)
         else:
             start, stop = slots.span(self.local_experts)
             expert_in = copy_to_model_parallel_region(tokens, self.group)[token_of_slot[start:stop]]
@@ -204,7 +220,7 @@ class DroplessMoE(MoELayerBase):
             out_sorted = torch.cat([local_out.new_zeros(start, shape[-1]), local_out,
                                     local_out.new_zeros(order.numel() - stop, shape[-1])])
             out_sorted = reduce_from_model_parallel_region(out_sorted, self.group)
-        out = combine(tokens, routing, order, token_of_slot, out_sorted)
+        out = combine_all(routing, order, token_of_slot, positions, out_sorted)
         return self._finish(out, aux, counts, float(order.numel())).view(shape)
 
     def _sequence_parallel_forward(self, x: torch.Tensor) -> torch.Tensor:
