@@ -359,8 +359,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     window = torch.cat([previous.to(x.dtype), x], dim=1)                   # [b, k - 1 + s, d]
     tail = window[:, window.size(1) - (width - 1):]
     if s <= width or window.device.type == "cpu":
-        # k multiply-adds per channel: for decoding steps a conv call costs ~100x more on CPU, and for training on
-        # CPU the depthwise conv's backward took 1.3 s per layer at [2, 512, 512] (oneDNN), this one milliseconds;
+        # k multiply-adds per channel (decoding steps, and continuations on CPU; training takes ZeroStartConv, the
+        # same sums with their own backward): for decoding steps a conv call costs ~100x more on CPU, and on CPU
+        # the depthwise conv's backward took 1.3 s per layer at [2, 512, 512] (oneDNN), this one milliseconds;
         # one shifted [b, s, d] multiply-add per tap (a product over unfold's [b, s, d, k] and its sum over the
         # inner k took 4x longer, forward and backward)
         taps = weight.squeeze(1).t()                                      # [k, d]
