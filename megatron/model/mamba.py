@@ -93,6 +93,7 @@ STEP_BLOCK = 32
 """Steps per block of ``StepScan`` (its [block, b, n, d] buffers: small enough to stay in cache)."""
 MIN_MATMUL_CHUNK = 4
 """Below this chunk size (steps too large for the log-space factors) the stable scan runs instead."""
+LOG2_E = 1.0 / math.log(2.0)
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 0.001, 0.1, 1e-4
 
 
@@ -233,17 +234,18 @@ class StepScan(torch.autograd.Function):
         B_t = B.transpose(0, 1).unsqueeze(-1).contiguous()                # [s, b, n, 1]
         C_t = C.transpose(0, 1).unsqueeze(-2).contiguous()                # [s, b, 1, n]
         A_t = A.t().contiguous()                                          # [n, d]
+        A2_t = A_t * LOG2_E                                               # for exp2 (StepScan._states)
         y = dt.new_empty(dt.shape)                                        # [s, b, 1, d]
         h = h0.transpose(1, 2).contiguous()                               # [b, n, d]
         entering = []
         buffers = StepScan._buffers(dt, B_t, block)
         for part in _blocks(dt.size(0), block):
             entering.append(h)
-            states = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h, *buffers)[0]
+            states = StepScan._states(dt[part], dt_x[part], B_t[part], A2_t, h, *buffers)[0]
             torch.matmul(C_t[part], states, out=y[part])                  # C_t . h_t
             h = states[-1].clone()
         ctx.block = block
-        ctx.save_for_backward(u, delta, A_t, dt, dt_x, B_t, C_t, torch.stack(entering))
+        ctx.save_for_backward(u, delta, A_t, A2_t, dt, dt_x, B_t, C_t, torch.stack(entering))
         return y.squeeze(2).transpose(0, 1), h.transpose(1, 2)
 
     @staticmethod
@@ -253,10 +255,11 @@ class StepScan(torch.autograd.Function):
         return dt.new_empty(shape), dt.new_empty(shape)
 
     @staticmethod
-    def _states(dt, dt_x, B_t, A_t, h, decay, states):
+    def _states(dt, dt_x, B_t, A2_t, h, decay, states):
         """(states h_t, decays exp(dt_t A)) [T, b, n, d] of one block from the state h before it, written into
-        the first T steps of the buffers ``decay`` and ``states``."""
-        decay = torch.mul(dt, A_t, out=decay[:dt.size(0)]).exp_()
+        the first T steps of the buffers ``decay`` and ``states``. A2_t is A log2(e) [n, d]: exp2 costs a third
+        of exp on CPU (torch 2.13, AVX512), and the decays were the scan's costliest pass."""
+        decay = torch.exp2(torch.mul(dt, A2_t, out=decay[:dt.size(0)]), out=decay[:dt.size(0)])
         states = torch.mul(B_t, dt_x, out=states[:dt.size(0)])           # dt_t x_t B_t, then h_t
         for state, step_decay in zip(states.unbind(0), decay.unbind(0)):
             h = state.addcmul_(step_decay, h)                             # h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t
@@ -265,7 +268,7 @@ class StepScan(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, d_last):
-        u, delta, A_t, dt, dt_x, B_t, C_t, entering = ctx.saved_tensors
+        u, delta, A_t, A2_t, dt, dt_x, B_t, C_t, entering = ctx.saved_tensors
         dy_t = dy.transpose(0, 1).unsqueeze(2).contiguous()               # [s, b, 1, d]
         d_dt_x, d_dt = torch.empty_like(dt), torch.empty_like(dt)         # [s, b, 1, d]
         d_B, d_C = torch.empty_like(B_t), torch.empty_like(B_t)           # [s, b, n, 1]
@@ -275,7 +278,7 @@ class StepScan(torch.autograd.Function):
         grad_buffer = torch.empty_like(buffers[0])
         for index, part in reversed(list(enumerate(_blocks(dt.size(0), ctx.block)))):
             h0 = entering[index]
-            states, decay = StepScan._states(dt[part], dt_x[part], B_t[part], A_t, h0, *buffers)
+            states, decay = StepScan._states(dt[part], dt_x[part], B_t[part], A2_t, h0, *buffers)
             grad = torch.mul(C_t[part].transpose(-1, -2), dy_t[part],     # dL/dh_t from y_t ...
                              out=grad_buffer[:len(states)])
             grad[-1] += carry
@@ -349,13 +352,16 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     ``previous`` holds the k - 1 inputs before x (zeros when None: the sequence starts here)."""
     b, s, d = x.shape
     width = weight.size(-1)
+    if previous is None and x.device.type == "cpu" and s >= width:  # training and prompts on CPU
+        return ZeroStartConv.apply(x, weight.squeeze(1).t(), bias), x[:, s - (width - 1):].clone()
     if previous is None:
         previous = x.new_zeros(b, width - 1, d)
     window = torch.cat([previous.to(x.dtype), x], dim=1)                   # [b, k - 1 + s, d]
     tail = window[:, window.size(1) - (width - 1):]
     if s <= width or window.device.type == "cpu":
-        # k multiply-adds per channel: for decoding steps a conv call costs ~100x more on CPU, and for training on
-        # CPU the depthwise conv's backward took 1.3 s per layer at [2, 512, 512] (oneDNN), this one milliseconds;
+        # k multiply-adds per channel (decoding steps, and continuations on CPU; training takes ZeroStartConv, the
+        # same sums with their own backward): for decoding steps a conv call costs ~100x more on CPU, and on CPU
+        # the depthwise conv's backward took 1.3 s per layer at [2, 512, 512] (oneDNN), this one milliseconds;
         # one shifted [b, s, d] multiply-add per tap (a product over unfold's [b, s, d, k] and its sum over the
         # inner k took 4x longer, forward and backward)
         taps = weight.squeeze(1).t()                                      # [k, d]
@@ -365,6 +371,41 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         return out, tail
     out = F.conv1d(window.transpose(1, 2), weight, bias, groups=d)        # [b, d, s]
     return out.transpose(1, 2), tail
+
+
+class ZeroStartConv(torch.autograd.Function):
+    """The depthwise causal convolution of x [b, s, d] (s >= k) with taps [k, d] and bias [d] (or None), from
+    zeros before the sequence (training, prompts), as k in-place multiply-adds into one output on shifted
+    slices, and the same in its backward: no zero-padded window, and none of the zero-filled [b, s + k - 1, d]
+    gradients that autograd's slice and concatenation backwards write per tap."""
+
+    @staticmethod
+    def forward(ctx, x, taps, bias):
+        s, width = x.size(1), taps.size(0)
+        out = torch.mul(x, taps[-1]) if bias is None else torch.addcmul(bias, x, taps[-1])
+        for j in range(width - 1):
+            shift = width - 1 - j                                         # tap j reads the input shift steps back
+            out[:, shift:].addcmul_(x[:, :s - shift], taps[j])
+        ctx.save_for_backward(x, taps)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, taps = ctx.saved_tensors
+        s, width = x.size(1), taps.size(0)
+        d_x = torch.mul(grad, taps[-1])
+        d_taps = torch.empty_like(taps)
+        buffer = torch.empty(grad.numel(), dtype=grad.dtype, device=grad.device)
+        for j in range(width):
+            shift = width - 1 - j
+            if shift:
+                d_x[:, :s - shift].addcmul_(grad[:, shift:], taps[j])
+            product = buffer[:grad.size(0) * (s - shift) * grad.size(2)].view(grad.size(0), s - shift, -1)
+            # contiguous: torch's sum over the outer dims of a strided slice took 10x longer
+            torch.sum(torch.mul(grad[:, shift:], x[:, :s - shift], out=product), dim=(0, 1), out=d_taps[j])
+        return d_x, d_taps, grad.sum((0, 1)) if ctx.has_bias else None
 
 
 # --------------------------------------------------------------------------------------------------

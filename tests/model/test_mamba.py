@@ -130,6 +130,26 @@ def test_causal_conv_continues_from_its_state():
     torch.testing.assert_close(whole, conv.transpose(1, 2))
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_causal_conv_gradients_equal_torch_conv1d(with_bias):
+    """Training's convolution (from zeros, its own backward on CPU) against torch's depthwise convolution over the
+    zero-padded sequence: output and the gradients of the input (a strided view, as the mixer's x of [x | z]),
+    the taps and the bias, in float64."""
+    g = torch.Generator().manual_seed(2)
+    xz = torch.randn(2, 9, 10, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(5, 1, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(5, generator=g, dtype=torch.float64, requires_grad=True) if with_bias else None
+    params = [xz, weight] + ([bias] if with_bias else [])
+    x = xz[..., :5]
+    out, _ = causal_conv1d(x, weight, bias)
+    expected = torch.nn.functional.conv1d(torch.nn.functional.pad(x.transpose(1, 2), (3, 0)), weight, bias,
+                                          groups=5).transpose(1, 2)
+    cotangent = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(torch.autograd.grad(out, params, cotangent), torch.autograd.grad(expected, params, cotangent)):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("keep", [True, False])
 def test_selective_fp32_params_keeps_A_and_D_in_fp32(keep):
     config = tiny_config(attention_config=[[["mamba"], 2]], precision="bfloat16", mamba_selective_fp32_params=keep)
