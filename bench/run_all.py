@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Every CPU benchmark table of bench/README.md in one command, sized to finish in about 20 minutes on 2 idle
+"""Every CPU benchmark table of bench/README.md in one command, sized to finish in about 15 minutes on 2 idle
 cores (the estimate per table is printed first; a loaded machine takes longer), each table printed as it finishes
 and all of them together at the end, ready to paste (each title carries the date, commit, CPU and its fp32 / bf16
 matmul rates):
 
     python tools/datasets/prepare_data.py      # once: the stdlib corpus the quickstart and preprocessing use
-    python bench/run_all.py                    # the ~20-minute set
+    python bench/run_all.py                    # the ~15-minute set
     python bench/run_all.py --all              # + the 125M-class model, DeepSpeed's MoE, ZeRO-Offload, async_save, LoRA
     python bench/run_all.py --only moe,recurrent --out /tmp/tables.md
     python bench/run_all.py --list             # the commands, without running them
@@ -34,29 +34,29 @@ class Benchmark:
 
 
 DEFAULT_SET = (
-    Benchmark("train", ("bench/train_throughput.py", "--steps", "3", "--warmup", "1", "--repeats", "2"), 4.0),
+    Benchmark("train", ("bench/train_throughput.py", "--steps", "3", "--warmup", "1", "--repeats", "2"), 2.5),
     Benchmark("train_bf16", ("bench/train_throughput.py", "--precision", "bf16", "--steps", "3", "--warmup", "1",
-                             "--repeats", "2"), 3.0),
+                             "--repeats", "2"), 2.0),
     Benchmark("moe", ("bench/moe_throughput.py", "--only", "dense,megablocks,mixtral", "--steps", "2", "--warmup",
                       "1", "--repeats", "3"), 3.5),
-    Benchmark("recurrent", ("bench/recurrent_throughput.py", "--steps", "2", "--warmup", "1", "--repeats", "3"), 2.5),
+    Benchmark("recurrent", ("bench/recurrent_throughput.py", "--steps", "2", "--warmup", "1", "--repeats", "3"), 2.0),
     Benchmark("generate", ("bench/generate_throughput.py", "--repeats", "3"), 1.0),
-    Benchmark("preprocess", ("bench/preprocess_throughput.py", "--repeats", "1"), 1.0),
-    Benchmark("quickstart_precision", ("bench/quickstart_precision.py", "--repeats", "2"), 4.0),
+    Benchmark("preprocess", ("bench/preprocess_throughput.py", "--repeats", "1"), 0.5),
+    Benchmark("quickstart_precision", ("bench/quickstart_precision.py", "--repeats", "2"), 3.0),
 )
-"""The tables re-measured by default (about 20 minutes)."""
+"""The tables re-measured by default (about 15 minutes on 2 idle cores)."""
 EXTRA_SET = (
     Benchmark("train_large", ("bench/train_throughput.py", "--size", "large", "--steps", "2", "--warmup", "1",
-                              "--repeats", "2"), 6.0),
+                              "--repeats", "2"), 4.0),
     Benchmark("moe_deepspeed", ("bench/moe_throughput.py", "--only", "dense,deepspeed", "--steps", "2", "--warmup",
-                                "1", "--repeats", "2"), 3.0),
+                                "1", "--repeats", "2"), 2.0),
     Benchmark("offload", ("bench/offload_throughput.py", "--size", "small", "--seq", "256", "--steps", "2",
-                          "--warmup", "1", "--repeats", "1"), 5.0),
-    Benchmark("async_save", ("bench/async_save.py",), 5.0),
+                          "--warmup", "1", "--repeats", "1"), 1.5),
+    Benchmark("async_save", ("bench/async_save.py",), 2.0),
     Benchmark("lora", ("bench/lora_step.py", "--size", "small", "--seq", "256", "--batch", "4", "--steps", "3",
-                       "--repeats", "2"), 2.0),
+                       "--repeats", "2"), 1.0),
 )
-"""--all adds these (about 20 minutes more)."""
+"""--all adds these (about 10 minutes more)."""
 
 
 def tables(output: str) -> List[str]:

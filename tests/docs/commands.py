@@ -190,9 +190,6 @@ COMMANDS: Dict[str, Entry] = {
     # bench/README.md
     "python bench/packed_attention_memory.py": Mapped(
         {"tests/bench/test_packed_attention_memory.py": ("packed_attention_memory",)}, "at tiny sizes, in-process"),
-    "python bench/lora_step.py --size small --seq 256 --batch 4 --steps 3": Mapped(
-        {"tests/bench/test_lora_step.py": ("lora_step", "train_config", "--size", "--seq")},
-        "its contenders' configs; --batch and --steps only size the timed run", unchecked=("--batch", "--steps")),
     # tools/ckpts/README.md
     "python tools/ckpts/upgrade_checkpoint.py --input_dir checkpoints/old/global_step1000 --output_dir "
     "checkpoints/new": Mapped(
