@@ -245,7 +245,7 @@ class StepScan(torch.autograd.Function):
             torch.matmul(C_t[part], states, out=y[part])                  # C_t . h_t
             h = states[-1].clone()
         ctx.block = block
-        ctx.save_for_backward(u, delta, A_t, A2_t, dt, dt_x, B_t, C_t, torch.stack(entering))
+        ctx.save_for_backward(u, delta, A_t, dt, dt_x, B_t, C_t, torch.stack(entering))
         return y.squeeze(2).transpose(0, 1), h.transpose(1, 2)
 
     @staticmethod
@@ -268,7 +268,8 @@ class StepScan(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy, d_last):
-        u, delta, A_t, A2_t, dt, dt_x, B_t, C_t, entering = ctx.saved_tensors
+        u, delta, A_t, dt, dt_x, B_t, C_t, entering = ctx.saved_tensors
+        A2_t = A_t * LOG2_E                                               # as the forward's, for the recompute
         dy_t = dy.transpose(0, 1).unsqueeze(2).contiguous()               # [s, b, 1, d]
         d_dt_x, d_dt = torch.empty_like(dt), torch.empty_like(dt)         # [s, b, 1, d]
         d_B, d_C = torch.empty_like(B_t), torch.empty_like(B_t)           # [s, b, n, 1]

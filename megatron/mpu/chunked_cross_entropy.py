@@ -80,8 +80,8 @@ def exp_in_place(x: torch.Tensor) -> torch.Tensor:
     on [512, 8192] fp32 (a chunk of the quickstart's logits), one core of issue 34's AMD EPYC (AVX512, torch
     2.13, 2026-11-28) took 5.1 ms for exp and 1.3 ms for exp2, and the loss calls it on every chunk. The result
     differs from exp's by the rounding of x log2 e: a relative 2^-24 |x| at most, besides exp2's own ulps (below
-    1.3e-6 for the |x| < 20 whose exponentials count against the row's maximum), and by nothing where x is 0. In half precision
-    (fp16_lm_cross_entropy) that rounding would be 2^-8 |x|: there it is exp."""
+    1.3e-6 for the |x| < 20 whose exponentials count against the row's maximum), and by nothing where x is 0. In
+    half precision (fp16_lm_cross_entropy) that rounding would be 2^-8 |x|: there it is exp."""
     if x.dtype != torch.float32:
         return x.exp_()
     return x.mul_(LOG2_E).exp2_()
